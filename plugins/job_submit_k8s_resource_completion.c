@@ -1,0 +1,143 @@
+/*
+ * job_submit/k8s_resource_completion: every job requests the count-only GRES
+ * k8scpu/k8smemory matching the CPUs and memory it will use on each node.
+ *
+ * Thin shim: copy the job's options into a flat struct, ask the Python core
+ * (pyk8sres.completion via libpyk8sres_core.so), apply its answer.
+ * No I/O, no allocation on the Python side that Slurm must free.
+ */
+#define _GNU_SOURCE /* dladdr */
+#include <inttypes.h>
+#include <string.h>
+
+#include <slurm/slurm.h>
+#include <slurm/slurm_errno.h>
+
+#include "core_loader.h"
+
+const char plugin_name[] = "k8scpu/k8smemory completion for shared Slurm/Kubernetes nodes";
+const char plugin_type[] = "job_submit/k8s_resource_completion";
+const uint32_t plugin_version = SLURM_VERSION_NUMBER;
+
+/* Exported by libslurmfull (xmalloc.h and read_config.h are not public). */
+extern char *slurm_xstrdup(const char *str);
+extern void slurm_xfree(void **ptr);
+extern slurm_conf_t slurm_conf;
+
+static struct pyk8sres_core core;
+
+int init(void)
+{
+	char err[PYK8SRES_OUT_LEN] = "";
+
+	if (pyk8sres_core_load(&core, plugin_type, (void *) init))
+		return SLURM_ERROR;
+	if (core.reconfigure(slurm_conf.slurm_conf, err, sizeof(err))) {
+		slurm_error("%s: %s: %s", plugin_type, __func__, err);
+		return SLURM_ERROR;
+	}
+	slurm_verbose("%s: %s: loaded (Slurm %d.%d.%d)", plugin_type, __func__,
+		      SLURM_VERSION_MAJOR(SLURM_VERSION_NUMBER),
+		      SLURM_VERSION_MINOR(SLURM_VERSION_NUMBER),
+		      SLURM_VERSION_MICRO(SLURM_VERSION_NUMBER));
+	return SLURM_SUCCESS;
+}
+
+/* Python stays loaded: an interpreter cannot be unloaded and started again. */
+int fini(void)
+{
+	return SLURM_SUCCESS;
+}
+
+static void fill_request(struct pyk8sres_job *req, const job_desc_msg_t *d,
+			 uint32_t uid, int is_modify)
+{
+	memset(req, 0, sizeof(*req));
+	req->slurm_version = SLURM_VERSION_NUMBER;
+	req->is_modify = is_modify;
+	req->uid = uid;
+	req->cpus_per_task = d->cpus_per_task;
+	req->num_tasks = d->num_tasks;
+	req->ntasks_per_node = d->ntasks_per_node;
+	req->min_cpus = d->min_cpus;
+	req->max_cpus = d->max_cpus;
+	req->min_nodes = d->min_nodes;
+	req->max_nodes = d->max_nodes;
+	req->pn_min_cpus = d->pn_min_cpus;
+	req->pn_min_memory = d->pn_min_memory;
+	req->bitflags = d->bitflags;
+	req->shared = d->shared;
+	req->contiguous = d->contiguous;
+	req->het_job_offset = d->het_job_offset;
+	req->def_mem_per_cpu = slurm_conf.def_mem_per_cpu;
+	req->partition = d->partition;
+	req->tres_per_node = d->tres_per_node;
+	req->tres_per_task = d->tres_per_task;
+	req->tres_per_job = d->tres_per_job;
+	req->tres_per_socket = d->tres_per_socket;
+	req->cpus_per_tres = d->cpus_per_tres;
+	req->mem_per_tres = d->mem_per_tres;
+	req->array_inx = d->array_inx;
+	req->cur_num_tasks = NO_VAL;
+	req->cur_cpus_per_task = NO_VAL16;
+	req->cur_min_cpus = NO_VAL;
+	req->cur_min_nodes = NO_VAL;
+	req->cur_pn_min_cpus = NO_VAL16;
+	req->cur_pn_min_memory = NO_VAL64;
+	req->cur_ntasks_per_node = NO_VAL16;
+}
+
+static void replace(char **field, const char *value)
+{
+	slurm_xfree((void **) field);
+	*field = value[0] ? slurm_xstrdup(value) : NULL;
+}
+
+/* Returns SLURM_SUCCESS, or an error with *err_msg set for the user. */
+static int complete(job_desc_msg_t *d, uint32_t uid, int is_modify,
+		    char **err_msg)
+{
+	struct pyk8sres_job req;
+	char node_tres[PYK8SRES_OUT_LEN], task_tres[PYK8SRES_OUT_LEN];
+	char err[PYK8SRES_OUT_LEN] = "";
+	int changed = 0, rc;
+
+	fill_request(&req, d, uid, is_modify);
+	rc = core.job_submit(&req, &changed, node_tres, sizeof(node_tres),
+			     task_tres, sizeof(task_tres), err, sizeof(err));
+	if (rc) {
+		slurm_debug("%s: %s: rejected job from uid %u: %s", plugin_type,
+			    __func__, uid, err);
+		if (err_msg)
+			*err_msg = slurm_xstrdup(err);
+		return ESLURM_INVALID_GRES;
+	}
+	if (changed & 1)
+		replace(&d->tres_per_node, node_tres);
+	if (changed & 2)
+		replace(&d->tres_per_task, task_tres);
+	slurm_debug("%s: %s: uid %u tres_per_node=%s tres_per_task=%s",
+		    plugin_type, __func__, uid,
+		    d->tres_per_node ? d->tres_per_node : "",
+		    d->tres_per_task ? d->tres_per_task : "");
+	return SLURM_SUCCESS;
+}
+
+int job_submit(job_desc_msg_t *job_desc, uint32_t submit_uid, char **err_msg)
+{
+	return complete(job_desc, submit_uid, 0, err_msg);
+}
+
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23, 2, 0)
+int job_modify(job_desc_msg_t *job_desc, void *job_ptr, uint32_t submit_uid,
+	       char **err_msg)
+#else
+int job_modify(job_desc_msg_t *job_desc, void *job_ptr, uint32_t submit_uid)
+#endif
+{
+#if SLURM_VERSION_NUMBER < SLURM_VERSION_NUM(23, 2, 0)
+	char **err_msg = NULL;
+#endif
+	(void) job_ptr;
+	return complete(job_desc, submit_uid, 1, err_msg);
+}

@@ -1,0 +1,85 @@
+/*
+ * The C ABI of the embedded Python core (libpyk8sres_core.so, built by cffi).
+ *
+ * This file is the single contract between the Slurm plugins and Python:
+ * pyk8sres/_core_build.py feeds the text between the CFFI markers to
+ * ffi.embedding_api(), and pyk8sres/embed.py implements every function.
+ * Keep it flat: fixed-size integers, NUL-terminated strings, caller-owned
+ * output buffers (Slurm memory must come from xmalloc, Python's from Python).
+ * Every function returns 0 on success; non-zero with a message in `err`.
+ */
+#ifndef PYK8SRES_CORE_H
+#define PYK8SRES_CORE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define PYK8SRES_PING_SENTINEL 0x6b38 /* "k8": proves Python really ran */
+#define PYK8SRES_OUT_LEN 1024
+
+/* CFFI-BEGIN */
+/* A job as the job_submit plugin sees it: Slurm's NO_VAL/NO_VAL16/NO_VAL64
+ * for unset numbers, NULL for unset strings. */
+struct pyk8sres_job {
+	uint32_t slurm_version;    /* SLURM_VERSION_NUMBER the plugin was built for */
+	uint32_t is_modify;        /* 1 from job_modify(): only changed fields set */
+	uint32_t uid;
+	uint16_t cpus_per_task;
+	uint32_t num_tasks;
+	uint16_t ntasks_per_node;
+	uint32_t min_cpus;
+	uint32_t max_cpus;
+	uint32_t min_nodes;
+	uint32_t max_nodes;
+	uint16_t pn_min_cpus;
+	uint64_t pn_min_memory;    /* MB per node, or per CPU with MEM_PER_CPU bit */
+	uint64_t bitflags;
+	uint16_t shared;           /* 0 = --exclusive */
+	uint16_t contiguous;
+	uint32_t het_job_offset;   /* NO_VAL if not a heterogeneous component */
+	uint64_t def_mem_per_cpu;  /* slurm.conf DefMemPerCPU/DefMemPerNode */
+	const char *partition;
+	const char *tres_per_node;
+	const char *tres_per_task;
+	const char *tres_per_job;
+	const char *tres_per_socket;
+	const char *cpus_per_tres;
+	const char *mem_per_tres;
+	const char *array_inx;
+	const char *script_name;   /* unused by policy: kept for messages */
+	/* job_modify only: the job as it stands (NO_VAL/NULL on submit) */
+	uint32_t cur_num_tasks;
+	uint16_t cur_cpus_per_task;
+	uint32_t cur_min_cpus;
+	uint32_t cur_min_nodes;
+	uint16_t cur_pn_min_cpus;
+	uint64_t cur_pn_min_memory;
+	uint16_t cur_ntasks_per_node;
+	const char *cur_tres_per_node;
+	const char *cur_tres_per_task;
+	const char *cur_partition;
+};
+
+/* Returns PYK8SRES_PING_SENTINEL once Python is up and the core imported. */
+int pyk8sres_ping(char *err, size_t errlen);
+
+/* Completion policy. On return 0, `changed` says whether to replace the job's
+ * tres_per_node / tres_per_task with `tres_per_node_out` / `tres_per_task_out`
+ * (empty string = clear the field). Non-zero: reject with `err`. */
+int pyk8sres_job_submit(const struct pyk8sres_job *job,
+			int *changed,
+			char *tres_per_node_out, size_t tres_per_node_len,
+			char *tres_per_task_out, size_t tres_per_task_len,
+			char *err, size_t errlen);
+
+/* Reload configuration (slurm.conf dir) after init/reconfigure. */
+int pyk8sres_reconfigure(const char *slurm_conf_path, char *err, size_t errlen);
+
+/* node_features: the k8scpu/k8smemory counts a node should carry when it
+ * registers, from its hardware and the sync daemon's state file. */
+int pyk8sres_node_counts(const char *node_name, uint32_t cpus,
+			 uint64_t real_memory_mb,
+			 uint64_t *k8scpu, uint64_t *k8smemory,
+			 char *err, size_t errlen);
+/* CFFI-END */
+
+#endif

@@ -1,0 +1,85 @@
+"""The `pyk8sres` command."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cluster_up(args) -> int:
+    from . import cluster
+    c = cluster.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
+                   base_port=args.base_port,
+                   node_features={"auto": None, "yes": True, "no": False}[args.node_features])
+    print(f"# local Slurm cluster up in {c.work}: nodes {','.join(cluster.node_names(args.nodes))}")
+    print(f"export SLURM_CONF={c.conf}")
+    if args.kubernetes:
+        from . import kubeapi_server
+        server = kubeapi_server.KubeAPIServer().start(
+            f"{c.work}/kube", port=args.kube_port)
+        print(f"export KUBECONFIG={server.kubeconfig}")
+    return 0
+
+
+def _cluster_down(args) -> int:
+    from . import cluster
+    stopped = cluster.down(args.workdir)
+    try:
+        from . import kubeapi_server
+        stopped += kubeapi_server.down(f"{args.workdir}/kube") or []
+    except (ImportError, AttributeError):
+        pass
+    print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    return 0
+
+
+def _install_plugins(args) -> int:
+    from . import install
+    for path in install.install_plugins(args.plugin_dir, check_version=not args.force):
+        print(path)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pyk8sres", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("install-plugins", help="install the Slurm plugins into a PluginDir")
+    p.add_argument("--plugin-dir", required=True)
+    p.add_argument("--force", action="store_true", help="skip the Slurm version check")
+    p.set_defaults(func=_install_plugins)
+
+    c = sub.add_parser("cluster", help="a local Slurm (+ Kubernetes API) cluster for tests and demos")
+    csub = c.add_subparsers(dest="action", required=True)
+    u = csub.add_parser("up")
+    u.add_argument("--workdir", required=True)
+    u.add_argument("--nodes", type=int, default=2)
+    u.add_argument("--cpus", type=int, default=4)
+    u.add_argument("--memory", type=int, default=8000, help="MB per node")
+    u.add_argument("--base-port", type=int, default=17000,
+                   help="slurmctld port; slurmd n<i> uses base+i")
+    u.add_argument("--node-features", choices=("auto", "yes", "no"), default="auto",
+                   help="use node_features/k8s_resources instead of Gres= in slurm.conf")
+    u.add_argument("--kubernetes", action="store_true", help="also start a Kubernetes API server")
+    u.add_argument("--kube-port", type=int, default=16443)
+    u.set_defaults(func=_cluster_up)
+    d = csub.add_parser("down")
+    d.add_argument("--workdir", required=True)
+    d.set_defaults(func=_cluster_down)
+
+    s = sub.add_parser("sync", help="keep Slurm and Kubernetes in step (daemon)", add_help=False)
+    s.set_defaults(func=lambda a: __import__("pyk8sres.sync").sync.main(a.rest))
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except Exception as exc:  # a CLI prints one clear line, not a traceback
+        name = type(exc).__name__
+        if name in ("ClusterError", "InstallError", "SlurmError", "ConfigError"):
+            print(f"pyk8sres: error: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The admin's settings: `k8s_resources.conf`, next to slurm.conf.
+
+Slurm style `Key=Value` lines, `#` comments, keys case-insensitive.  Unknown
+keys and bad values are errors (a typo must not silently change policy).
+Read at plugin init and on `scontrol reconfigure`, never per job.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+CONF_NAME = "k8s_resources.conf"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    # What a job_submit internal failure (a bug, not bad user input) does:
+    # "reject" the job with a message, or "accept" it unchanged.
+    on_internal_error: str = "reject"
+    # A job asking for less k8scpu/k8smemory than it uses: "correct" it up,
+    # or "reject" it.
+    under_request: str = "correct"
+    # Where the sync daemon records each node's counts (node_features reads it).
+    state_file: str = "/var/spool/slurm/k8s_resources.state"
+    # Capacity kept away from both schedulers (kubelet, system daemons).
+    reserve_cpus: int = 0
+    reserve_memory_mb: int = 0
+
+
+_CHOICES = {
+    "on_internal_error": ("reject", "accept"),
+    "under_request": ("correct", "reject"),
+}
+_KEYS = {
+    "oninternalerror": "on_internal_error",
+    "underrequest": "under_request",
+    "statefile": "state_file",
+    "reservecpus": "reserve_cpus",
+    "reservememory": "reserve_memory_mb",
+}
+
+
+def parse(text: str, *, source: str = CONF_NAME, base: Config = Config()) -> Config:
+    values: dict[str, object] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, sep, value = line.partition("=")
+        field = _KEYS.get(key.strip().lower())
+        if not sep or field is None:
+            raise ConfigError(f"{source}:{lineno}: unknown setting {key.strip()!r}"
+                              f" (known: {', '.join(sorted(_KEYS))})")
+        value = value.strip()
+        if field in _CHOICES:
+            value = value.lower()
+            if value not in _CHOICES[field]:
+                raise ConfigError(f"{source}:{lineno}: {key.strip()} must be one of "
+                                  f"{'/'.join(_CHOICES[field])}, not {value!r}")
+        elif isinstance(getattr(base, field), int):
+            if not value.isdigit():
+                raise ConfigError(f"{source}:{lineno}: {key.strip()} needs a "
+                                  f"non-negative integer, not {value!r}")
+            value = int(value)
+        values[field] = value
+    return dataclasses.replace(base, **values)
+
+
+def conf_path(slurm_conf_path: str) -> str:
+    return os.path.join(os.path.dirname(slurm_conf_path) or ".", CONF_NAME)
+
+
+def load(slurm_conf_path: str) -> Config:
+    """The settings next to `slurm_conf_path`; defaults when the file is absent."""
+    path = conf_path(slurm_conf_path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return parse(f.read(), source=path)
+    except FileNotFoundError:
+        return Config()

@@ -1,0 +1,161 @@
+"""The boundary between slurmctld and Python: every C entry point lives here.
+
+Nothing escapes: each function catches every exception and turns it into a
+return code plus a message in the caller's buffer.  Hot path (job_submit)
+does no I/O and allocates little; configuration is read in reconfigure().
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from . import completion, config
+from .completion import NO_VAL, NO_VAL16, NO_VAL64, INFINITE, INFINITE16
+
+PING_SENTINEL = 0x6b38
+OK, USER_ERROR, INTERNAL_ERROR = 0, 1, 2
+
+log = logging.getLogger("pyk8sres")
+
+_site = completion.Site()
+_config = config.Config()
+
+
+class _SlurmLogHandler(logging.Handler):
+    """Python log records -> slurmctld's log (error/info/verbose/debug)."""
+
+    def __init__(self, lib):
+        super().__init__()
+        self.lib = lib
+
+    def emit(self, record):
+        try:
+            level = 0 if record.levelno >= logging.ERROR else (
+                1 if record.levelno >= logging.WARNING else (
+                    2 if record.levelno >= logging.INFO else 3))
+            self.lib.pyk8sres_log(level, self.format(record).encode(errors="replace"))
+        except Exception:  # logging must never break a call
+            pass
+
+
+def _text(ffi, ptr) -> str | None:
+    return None if ptr == ffi.NULL else ffi.string(ptr).decode("utf-8", "replace")
+
+
+def _put(ffi, buf, size: int, text: str) -> None:
+    data = text.encode("utf-8", "replace")[: max(size - 1, 0)]
+    if size > 0:
+        ffi.memmove(buf, data + b"\0", len(data) + 1)
+
+
+def _u(value, none):
+    return None if value == none else value
+
+
+def job_from_c(ffi, c) -> completion.Job:
+    per_node, per_cpu = completion.decode_memory(_u(c.pn_min_memory, NO_VAL64))
+    return completion.Job(
+        cpus_per_task=_u(c.cpus_per_task, NO_VAL16) or None,
+        num_tasks=_u(c.num_tasks, NO_VAL) or None,
+        ntasks_per_node=_u(_u(c.ntasks_per_node, NO_VAL16), INFINITE16) or None,
+        min_cpus=_u(c.min_cpus, NO_VAL) or None,
+        min_nodes=_u(c.min_nodes, NO_VAL) or None,
+        max_nodes=_u(_u(c.max_nodes, NO_VAL), INFINITE) or None,
+        pn_min_cpus=_u(c.pn_min_cpus, NO_VAL16) or None,
+        mem_per_node=per_node,
+        mem_per_cpu=per_cpu,
+        exclusive=c.shared == completion.JOB_SHARED_NONE,
+        partition=_text(ffi, c.partition),
+        tres_per_node=_text(ffi, c.tres_per_node),
+        tres_per_task=_text(ffi, c.tres_per_task),
+        tres_per_job=_text(ffi, c.tres_per_job),
+        tres_per_socket=_text(ffi, c.tres_per_socket),
+        cpus_per_tres=_text(ffi, c.cpus_per_tres),
+        mem_per_tres=_text(ffi, c.mem_per_tres),
+    )
+
+
+def site_for(c_def_mem: int, slurm_version: int):
+    """The Site, refreshed if slurmctld's own defaults changed (reconfigure)."""
+    global _site
+    per_node, per_cpu = completion.decode_memory(c_def_mem)
+    cluster = completion.MemDefault(per_cpu=per_cpu, per_node=per_node)
+    if cluster != _site.cluster_mem or slurm_version != _site.slurm_version:
+        _site = completion.Site(slurm_version=slurm_version,
+                                under_request=_config.under_request,
+                                cluster_mem=cluster,
+                                partition_mem=_site.partition_mem,
+                                default_partition=_site.default_partition)
+    return _site
+
+
+def reconfigure(slurm_conf_path: str) -> None:
+    global _config, _site
+    from . import slurmconf
+    _config = config.load(slurm_conf_path)
+    partitions, default = slurmconf.load_partition_memory(slurm_conf_path)
+    _site = completion.Site(slurm_version=_site.slurm_version,
+                            under_request=_config.under_request,
+                            cluster_mem=_site.cluster_mem,
+                            partition_mem=partitions, default_partition=default)
+
+
+def bind(ffi, lib) -> None:
+    """Register the entry points declared in plugins/pyk8sres_core.h."""
+    if not log.handlers:
+        handler = _SlurmLogHandler(lib)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.DEBUG)
+        log.propagate = False
+
+    @ffi.def_extern(error=-1)
+    def pyk8sres_ping(err, errlen):
+        return PING_SENTINEL
+
+    @ffi.def_extern(error=INTERNAL_ERROR)
+    def pyk8sres_reconfigure(path, err, errlen):
+        try:
+            reconfigure(_text(ffi, path) or os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+            return OK
+        except Exception as exc:
+            _put(ffi, err, errlen, f"{type(exc).__name__}: {exc}")
+            return USER_ERROR if isinstance(exc, (config.ConfigError, OSError)) else INTERNAL_ERROR
+
+    @ffi.def_extern(error=INTERNAL_ERROR)
+    def pyk8sres_job_submit(c, changed, node_out, node_len, task_out, task_len, err, errlen):
+        try:
+            changed[0] = 0
+            site = site_for(c.def_mem_per_cpu, c.slurm_version)
+            result = completion.complete(job_from_c(ffi, c), site)
+            if result.tres_per_node is not None:
+                _put(ffi, node_out, node_len, result.tres_per_node)
+                changed[0] |= 1
+            if result.tres_per_task is not None:
+                _put(ffi, task_out, task_len, result.tres_per_task)
+                changed[0] |= 2
+            return OK
+        except (completion.PolicyError, ValueError) as exc:
+            _put(ffi, err, errlen, str(exc))
+            return USER_ERROR
+        except BaseException as exc:  # a bug: never let it reach slurmctld
+            log.exception("job_submit/k8s_resource_completion: internal error")
+            if _config.on_internal_error == "accept":
+                return OK
+            _put(ffi, err, errlen, f"internal error ({type(exc).__name__}); "
+                 "the job was not submitted, please tell your administrator")
+            return INTERNAL_ERROR
+
+    @ffi.def_extern(error=INTERNAL_ERROR)
+    def pyk8sres_node_counts(node, cpus, real_memory, k8scpu, k8smemory, err, errlen):
+        try:
+            from . import nodefeatures, nodestate
+            state = nodestate.read_state(_config.state_file) \
+                if os.path.exists(_config.state_file) else None
+            cpu, mem = nodefeatures.node_counts(_config, _text(ffi, node), cpus,
+                                                real_memory, state)
+            k8scpu[0], k8smemory[0] = cpu, mem
+            return OK
+        except BaseException as exc:
+            _put(ffi, err, errlen, f"{type(exc).__name__}: {exc}")
+            return INTERNAL_ERROR

@@ -1,0 +1,87 @@
+"""Slurm TRES-per-X strings: parse, edit, format.
+
+22.05 writes `gres:gpu:2,gres:k8scpu:3`; 23.02 and later `gres/gpu:2,...`.
+We edit only our own two names and leave every other entry as it was.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from . import GRES_CPU, GRES_MEMORY
+
+OURS = (GRES_CPU, GRES_MEMORY)
+# Slurm's count suffixes (gres.c): binary multiples.
+_SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+_COUNT = re.compile(r"^(\d+)([kmgtp]?)$", re.I)
+# Slurm keeps GRES counts in uint64; anything near that is a typo or an attack.
+MAX_COUNT = 1 << 62
+
+
+class GresError(ValueError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    text: str            # the entry as written, to keep foreign entries intact
+    name: str | None     # GRES name, None for a non-GRES TRES (e.g. "cpu:2")
+    count: int | None    # None when the entry has no parsable count
+
+
+def parse_count(text: str) -> int | None:
+    match = _COUNT.match(text)
+    if not match:
+        return None
+    return int(match.group(1)) * _SUFFIX[match.group(2).lower()]
+
+
+def parse(tres: str | None) -> list[Entry]:
+    """Entries of a TRES string; raises GresError for malformed k8s entries."""
+    entries = []
+    for text in (tres or "").replace(";", ",").split(","):
+        text = text.strip()
+        if not text:
+            continue
+        body = text
+        for prefix in ("gres:", "gres/"):
+            if body.startswith(prefix):
+                body = body[len(prefix):]
+                break
+        else:
+            entries.append(Entry(text, None, None))
+            continue
+        fields = body.split(":")
+        name = fields[0]
+        count = parse_count(fields[-1]) if len(fields) > 1 else 1
+        if name in OURS:
+            if len(fields) > 2 or count is None:
+                raise GresError(f"invalid GRES {body!r}: {name} takes a plain count, "
+                                f"e.g. {name}:4")
+            if count > MAX_COUNT:
+                raise GresError(f"invalid GRES {body!r}: count too large")
+        entries.append(Entry(text, name, count))
+    return entries
+
+
+def count_of(entries: list[Entry], name: str) -> int | None:
+    """Total requested of `name` (Slurm adds repeated entries), None if absent."""
+    counts = [e.count or 0 for e in entries if e.name == name]
+    return sum(counts) if counts else None
+
+
+def entry_text(name: str, count: int, slurm_version: int) -> str:
+    sep = "/" if slurm_version >= 0x170200 else ":"
+    return f"gres{sep}{name}:{count}"
+
+
+def with_counts(entries: list[Entry], counts: dict[str, int], slurm_version: int) -> str:
+    """Format `entries` with each name in `counts` set to exactly that count:
+    one entry per name (no duplicates), foreign entries untouched."""
+    texts = [e.text for e in entries if e.name not in counts]
+    texts += [entry_text(name, count, slurm_version) for name, count in counts.items()]
+    return ",".join(texts)
+
+
+def without(entries: list[Entry], names) -> str:
+    return ",".join(e.text for e in entries if e.name not in names)

@@ -1,0 +1,81 @@
+"""`pyk8sres install-plugins`: put the built plugins into a Slurm PluginDir.
+
+A wheel cannot write into Slurm's PluginDir, so this is an explicit step.
+Every file lands on a new inode (write a temp file, then rename): a daemon
+that has the old .so mapped keeps its copy instead of crashing.  The Python
+core stays inside the installed package; a symlink next to the plugins
+points at it (the plugins find it beside themselves).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+
+PACKAGE_LIB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib")
+PLUGINS = ("job_submit_k8s_resource_completion.so", "node_features_k8s_resources.so")
+CORE = "libpyk8sres_core.so"
+
+
+class InstallError(RuntimeError):
+    pass
+
+
+def built_for() -> str:
+    with open(os.path.join(PACKAGE_LIB, "slurm_version.txt"), encoding="utf-8") as f:
+        return f.read().strip()
+
+
+def installed_slurm() -> str | None:
+    """Version of the Slurm on this machine (`scontrol --version`), or None."""
+    try:
+        out = subprocess.run(["scontrol", "--version"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    parts = out.split()
+    return parts[1] if len(parts) >= 2 else None
+
+
+def _atomic_copy(src: str, dst: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dst), prefix=".pyk8sres-")
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dst)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _atomic_symlink(target: str, dst: str) -> None:
+    tmp = dst + ".pyk8sres-new"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, dst)
+
+
+def install_plugins(plugin_dir: str, *, check_version: bool = True) -> list[str]:
+    """Install every built plugin into `plugin_dir`; returns the paths written."""
+    if not os.path.isdir(PACKAGE_LIB):
+        raise InstallError(f"{PACKAGE_LIB} missing: pyk8sres was not built (pip install .)")
+    if check_version:
+        ours, theirs = built_for(), installed_slurm()
+        if theirs and theirs != ours:
+            raise InstallError(f"plugins were built for Slurm {ours} but Slurm {theirs} is "
+                               "installed: rebuild (pip install --force-reinstall .)")
+    os.makedirs(plugin_dir, exist_ok=True)
+    written = []
+    for name in PLUGINS:
+        src = os.path.join(PACKAGE_LIB, name)
+        if os.path.exists(src):
+            _atomic_copy(src, os.path.join(plugin_dir, name))
+            written.append(os.path.join(plugin_dir, name))
+    if not written:
+        raise InstallError(f"no plugins in {PACKAGE_LIB}")
+    _atomic_symlink(os.path.join(PACKAGE_LIB, CORE), os.path.join(plugin_dir, CORE))
+    written.append(os.path.join(plugin_dir, CORE))
+    return written

@@ -1,0 +1,316 @@
+"""The one module that talks to Kubernetes (official ``kubernetes`` client).
+
+Everything comes back as plain JSON dicts (we ask the client for the raw
+response and parse it ourselves): the policy in usage.py works on dicts, and
+at 30,000 pods the client's model objects would cost far too much memory.
+
+Every call has a client-side timeout.  Watches follow the usual informer
+rules: list (paged) then watch from the list's resourceVersion, follow
+bookmarks, relist on 410 Gone, back off on errors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from typing import Callable, Iterator
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger("pyk8sres.kube")
+
+GROUP = "pyk8sres.io"
+VERSION = "v1alpha1"
+PLURAL = "genericnodes"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "pyk8sres-sync"}
+MERGE_PATCH = "application/merge-patch+json"
+
+# The CRD we need; created by `ensure_crd()` if missing.  Columns match the
+# reference product's `kubectl get genericnode`.
+GENERIC_NODE_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": f"{PLURAL}.{GROUP}"},
+    "spec": {
+        "group": GROUP,
+        "scope": "Cluster",
+        "names": {"plural": PLURAL, "singular": "genericnode", "kind": "GenericNode",
+                  "listKind": "GenericNodeList", "shortNames": ["gn"]},
+        "versions": [{
+            "name": VERSION, "served": True, "storage": True,
+            "subresources": {"status": {}},
+            "additionalPrinterColumns": [
+                {"name": "ClusterName", "type": "string", "jsonPath": ".spec.clusterName"},
+                {"name": "Alias", "type": "string", "jsonPath": ".spec.alias"},
+                {"name": "Type", "type": "string", "jsonPath": ".spec.type"},
+                {"name": "AllocatedResources", "type": "string",
+                 "jsonPath": ".status.allocatedResources"},
+            ],
+            "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {
+                    "spec": {"type": "object", "properties": {
+                        "clusterName": {"type": "string"},
+                        "alias": {"type": "string"},
+                        "type": {"type": "string"}}},
+                    "status": {"type": "object",
+                               "x-kubernetes-preserve-unknown-fields": True},
+                },
+            }},
+        }],
+    },
+}
+
+
+class Gone(Exception):
+    """410: our resourceVersion is too old; relist."""
+
+
+def _json(resp) -> dict:
+    try:
+        return json.loads(resp.data)
+    finally:
+        resp.release_conn()
+
+
+class Kube:
+    """Thin wrapper over the API; timeouts on every call."""
+
+    def __init__(self, kubeconfig: str | None = None, context: str | None = None,
+                 timeout: float = 10.0):
+        self.timeout = timeout
+        if kubeconfig:
+            api = config.new_client_from_config(config_file=kubeconfig, context=context)
+        else:
+            try:
+                cfg = client.Configuration()
+                config.load_incluster_config(client_configuration=cfg)
+                api = client.ApiClient(cfg)
+            except config.ConfigException:
+                api = config.new_client_from_config(context=context)
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.ext = client.ApiextensionsV1Api(api)
+        # Set to False once the server rejects the "spec.nodeName!=" selector;
+        # from then on we filter unbound pods client-side.
+        self.pod_field_selector_ok = True
+
+    # ------------------------------------------------------------ pods/nodes
+
+    def _lister(self, kind: str):
+        if kind == "pods":
+            return self.core.list_pod_for_all_namespaces
+        if kind == "nodes":
+            return self.core.list_node
+        raise ValueError(kind)
+
+    def _selector(self, kind: str) -> str | None:
+        if kind == "pods" and self.pod_field_selector_ok:
+            return "spec.nodeName!="
+        return None
+
+    def _call(self, kind: str, **kw):
+        """One list/watch request; falls back once if the field selector is refused."""
+        fn = self._lister(kind)
+        try:
+            return fn(field_selector=self._selector(kind), _preload_content=False, **kw)
+        except ApiException as e:
+            if e.status == 400 and self._selector(kind):
+                log.warning("server refused field selector for %s (%s); filtering "
+                            "client-side", kind, e.reason)
+                self.pod_field_selector_ok = False
+                return fn(_preload_content=False, **kw)
+            raise
+
+    def list(self, kind: str, page: int = 500) -> tuple[list[dict], str]:
+        """All objects (paged, one consistent snapshot) and the list's resourceVersion."""
+        items: list[dict] = []
+        token = None
+        while True:
+            kw = {"limit": page, "_request_timeout": self.timeout}
+            if token:
+                kw["_continue"] = token
+            try:
+                body = _json(self._call(kind, **kw))
+            except ApiException as e:
+                if e.status == 410:  # continue token expired: start over
+                    items, token = [], None
+                    continue
+                raise
+            items.extend(body.get("items") or [])
+            meta = body.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                return items, meta.get("resourceVersion", "")
+
+    def watch(self, kind: str, resource_version: str, timeout_seconds: int = 60
+              ) -> Iterator[tuple[str, dict]]:
+        """Open a watch from resource_version; return an iterator of (type, object).
+
+        The request is made here (so the caller knows the watch is open when
+        this returns); the iterator runs until the server ends the watch.
+        BOOKMARK events are yielded too (their object carries only the new
+        resourceVersion).  Raises Gone on 410; silence longer than the server
+        timeout plus a margin raises a read timeout (a stale connection).
+        """
+        try:
+            resp = self._call(kind, watch=True, resource_version=resource_version,
+                              allow_watch_bookmarks=True, timeout_seconds=timeout_seconds,
+                              _request_timeout=(self.timeout, timeout_seconds + self.timeout))
+        except ApiException as e:
+            if e.status == 410:
+                raise Gone(str(e.reason)) from e
+            raise
+        return self._events(resp)
+
+    @staticmethod
+    def _events(resp) -> Iterator[tuple[str, dict]]:
+        try:
+            buf = b""
+            for chunk in resp.stream(amt=None, decode_content=False):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    ev = json.loads(line)
+                    if ev.get("type") == "ERROR":
+                        obj = ev.get("object") or {}
+                        if obj.get("code") == 410:
+                            raise Gone(obj.get("message", "410 Gone"))
+                        raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+                    yield ev["type"], ev["object"]
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    # ------------------------------------------------------------ GenericNode
+
+    def ensure_crd(self) -> None:
+        """Create the GenericNode CRD if it is not there (needs RBAC for CRDs)."""
+        try:
+            self.ext.read_custom_resource_definition(
+                GENERIC_NODE_CRD["metadata"]["name"], _preload_content=False,
+                _request_timeout=self.timeout).release_conn()
+            return
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        try:
+            self.ext.create_custom_resource_definition(
+                GENERIC_NODE_CRD, _preload_content=False,
+                _request_timeout=self.timeout).release_conn()
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        # The new resource takes a moment to be served.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                self.list_generic_nodes()
+                return
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+            time.sleep(0.2)
+
+    def list_generic_nodes(self) -> dict[str, dict]:
+        body = _json(self.custom.list_cluster_custom_object(
+            GROUP, VERSION, PLURAL, _preload_content=False, _request_timeout=self.timeout))
+        return {o["metadata"]["name"]: o for o in body.get("items") or []}
+
+    def create_generic_node(self, name: str, spec: dict, status: dict) -> dict:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GenericNode",
+                "metadata": {"name": name, "labels": dict(MANAGED_BY)}, "spec": spec}
+        obj = _json(self.custom.create_cluster_custom_object(
+            GROUP, VERSION, PLURAL, body, _preload_content=False,
+            _request_timeout=self.timeout))
+        # status is a subresource: create ignores it, set it separately.
+        return self.patch_generic_node(name, status=status) if status else obj
+
+    def patch_generic_node(self, name: str, spec: dict | None = None,
+                           status: dict | None = None) -> dict:
+        """Merge-patch spec and/or status."""
+        obj = None
+        if spec is not None:
+            obj = _json(self.custom.patch_cluster_custom_object(
+                GROUP, VERSION, PLURAL, name, {"spec": spec}, _content_type=MERGE_PATCH,
+                _preload_content=False, _request_timeout=self.timeout))
+        if status is not None:
+            # A merge patch merges maps but replaces lists, which is what we want
+            # for allocatedResources.  null removes keys we no longer set.
+            obj = _json(self.custom.patch_cluster_custom_object_status(
+                GROUP, VERSION, PLURAL, name, {"status": status}, _content_type=MERGE_PATCH,
+                _preload_content=False, _request_timeout=self.timeout))
+        return obj or {}
+
+    def delete_generic_node(self, name: str) -> None:
+        try:
+            self.custom.delete_cluster_custom_object(
+                GROUP, VERSION, PLURAL, name, _preload_content=False,
+                _request_timeout=self.timeout).release_conn()
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+class Informer(threading.Thread):
+    """List+watch one kind forever, feeding a handler.
+
+    handler.replace(kind, items)  after every (re)list: the full truth
+    handler.event(kind, type, obj) for ADDED/MODIFIED/DELETED
+    handler.health(kind, ok)      False on any error, True once the watch is open again
+
+    Level-triggered: after any failure we re-watch from the last
+    resourceVersion we saw, or relist if the server says 410.
+    """
+
+    def __init__(self, kube: Kube, kind: str, handler, watch_timeout: int = 60,
+                 backoff_max: float = 30.0, stop: threading.Event | None = None):
+        super().__init__(name=f"informer-{kind}", daemon=True)
+        self.kube, self.kind, self.handler = kube, kind, handler
+        self.watch_timeout = watch_timeout
+        self.backoff_max = backoff_max
+        self.stop_event = stop or threading.Event()
+        self.rv: str | None = None
+        self.relists = 0
+
+    def run(self) -> None:
+        backoff = 0.5
+        while not self.stop_event.is_set():
+            try:
+                if self.rv is None:
+                    items, self.rv = self.kube.list(self.kind)
+                    self.relists += 1
+                    self.handler.replace(self.kind, items)
+                    del items
+                # Server-side timeout jittered so pod and node watches do not
+                # reconnect in lockstep.
+                t = max(1, int(self.watch_timeout * random.uniform(0.8, 1.0)))
+                events = self.kube.watch(self.kind, self.rv, t)
+                self.handler.health(self.kind, True)  # open, from a known rv: in sync
+                backoff = 0.5
+                for typ, obj in events:
+                    rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if typ != "BOOKMARK":
+                        self.handler.event(self.kind, typ, obj)
+                    if rv:
+                        self.rv = rv
+                    if self.stop_event.is_set():
+                        return
+                # Watch ended normally (server timeout); loop re-watches from rv.
+            except Gone as e:
+                log.info("%s: resourceVersion %s expired (%s); relisting", self.kind, self.rv, e)
+                self.rv = None
+            except Exception as e:  # network, 5xx, timeouts: never fatal
+                self.handler.health(self.kind, False)
+                log.warning("%s: %s: %s; retrying in %.1fs", self.kind, type(e).__name__,
+                            e, backoff)
+                if self.stop_event.wait(backoff):
+                    return
+                backoff = min(self.backoff_max, backoff * 2)

@@ -1,0 +1,141 @@
+"""The one module that talks to Slurm (through its client commands).
+
+Why scontrol and not REST or pyslurm: slurmrestd in 22.05 cannot update
+node GRES, and no pyslurm release builds against Debian's 22.05/24.11.
+Every call has a timeout; failures raise SlurmError with scontrol's words.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+
+from . import GRES_CPU, GRES_MEMORY
+
+TIMEOUT = 15.0
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:.]*)=")
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    cpus: int
+    real_memory: int                 # MB
+    gres: dict                       # current count per GRES name
+    gres_used: dict                  # allocated to jobs per GRES name
+    alloc_cpus: int
+    alloc_memory: int                # MB
+    state: str                       # e.g. IDLE, MIXED, IDLE+DRAIN
+    reported_gres: dict              # hardware capacity: {k8scpu: CPUs, k8smemory: RealMemory}
+    gres_raw: str = ""               # Gres= as scontrol prints it
+
+    @property
+    def drained(self) -> bool:
+        return any(flag in self.state for flag in ("DRAIN", "DOWN", "INVALID"))
+
+
+def run(*args: str, timeout: float = TIMEOUT, check: bool = True) -> str:
+    """Run a Slurm client command; returns stdout."""
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError as exc:
+        raise SlurmError(f"{args[0]} not found: install slurm-client") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmError(f"{' '.join(args)} timed out after {timeout}s") from exc
+    if check and proc.returncode != 0:
+        raise SlurmError(f"{' '.join(args)}: {(proc.stderr or proc.stdout).strip()}")
+    return proc.stdout
+
+
+def parse_record(line: str) -> dict:
+    """One `scontrol show -o` record -> {Key: value} (values may hold spaces)."""
+    matches = list(_FIELD.finditer(line))
+    record = {}
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        record[match.group(1)] = line[match.end():end].strip()
+    return record
+
+
+def parse_gres(text: str | None) -> dict:
+    """'k8scpu:3,gpu:tesla:2(IDX:0-1)' -> {'k8scpu': 3, 'gpu': 2}; (null) -> {}."""
+    counts: dict = {}
+    if not text or text == "(null)":
+        return counts
+    for entry in re.sub(r"\([^)]*\)", "", text).split(","):
+        fields = entry.strip().split(":")
+        if not fields[0]:
+            continue
+        count = fields[-1] if len(fields) > 1 else "1"
+        counts[fields[0]] = counts.get(fields[0], 0) + (int(count) if count.isdigit() else 0)
+    return counts
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def node_from_record(rec: dict) -> SlurmNode:
+    cpus = _int(rec.get("CPUTot"))
+    memory = _int(rec.get("RealMemory"))
+    return SlurmNode(
+        name=rec.get("NodeName", ""),
+        cpus=cpus,
+        real_memory=memory,
+        gres=parse_gres(rec.get("Gres")),
+        gres_used=parse_gres(rec.get("GresUsed")),
+        alloc_cpus=_int(rec.get("CPUAlloc")),
+        alloc_memory=_int(rec.get("AllocMem")),
+        state=rec.get("State", ""),
+        reported_gres={GRES_CPU: cpus, GRES_MEMORY: memory},
+        gres_raw=rec.get("Gres", ""),
+    )
+
+
+def list_nodes() -> list[SlurmNode]:
+    out = run("scontrol", "-d", "show", "node", "-o")
+    return [node_from_record(parse_record(line)) for line in out.splitlines() if line.strip()]
+
+
+def get_node(name: str) -> SlurmNode:
+    out = run("scontrol", "-d", "show", "node", "-o", name)
+    return node_from_record(parse_record(out.strip().splitlines()[0]))
+
+
+def gres_update_text(current_raw: str, counts: dict) -> str:
+    """The Gres= value for `scontrol update`: our counts replaced, others kept."""
+    kept = [e for e in re.sub(r"\([^)]*\)", "", current_raw or "").split(",")
+            if e and e != "(null)" and e.split(":")[0] not in counts]
+    return ",".join(kept + [f"{name}:{count}" for name, count in counts.items()])
+
+
+def set_node_gres(name: str, counts: dict, current_raw: str | None = None) -> None:
+    """Set the node's count of each GRES in `counts` (others unchanged)."""
+    if current_raw is None:
+        current_raw = get_node(name).gres_raw
+    run("scontrol", "update", f"NodeName={name}", f"Gres={gres_update_text(current_raw, counts)}")
+
+
+def cluster_name() -> str:
+    for line in run("scontrol", "show", "config").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ClusterName":
+            return value.strip()
+    return ""
+
+
+def show_job(job_id: str | int) -> dict:
+    out = run("scontrol", "show", "job", "-o", str(job_id))
+    return parse_record(out.strip().splitlines()[0])
+
+
+def conf_path() -> str:
+    return os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")

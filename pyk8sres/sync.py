@@ -1,0 +1,410 @@
+"""`pyk8sres sync`: keep Slurm and Kubernetes honest on shared nodes.
+
+Kubernetes -> Slurm: each shared node's k8scpu/k8smemory = capacity minus
+what pods bound there request.  Slurm -> Kubernetes: one GenericNode per
+shared node shows both sides' allocations.
+
+Level-triggered: watches keep an in-memory cache current and wake the loop;
+every cycle recomputes the desired counts from the cache and Slurm's current
+view (pure: usage.desired_state), records them in the state file, then
+applies only what differs from what Slurm shows.  A periodic cycle (every
+few seconds) also heals slurmctld restarts/reconfigures, which reset counts.
+
+Threads: one informer per kind (pods, nodes) fills the cache; the main
+thread reconciles.  All Kubernetes calls live in kube.py, all Slurm calls
+in slurm.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import tomllib
+from typing import Mapping
+
+from . import nodestate
+from . import usage as U
+
+log = logging.getLogger("pyk8sres.sync")
+
+
+# ----------------------------------------------------------------- config
+
+@dataclasses.dataclass
+class SyncConfig:
+    kubeconfig: str | None = None          # None: in-cluster, else ~/.kube/config
+    context: str | None = None
+    # state_file / reserves: None means "as k8s_resources.conf next to
+    # slurm.conf says", so the daemon and the slurmctld plugin agree.
+    state_file: str | None = None
+    reserve_cpus: int | None = None
+    reserve_memory_mb: int | None = None
+    node_key: str = "pyk8sres.io/slurm-node"   # annotation/label naming the Slurm node
+    map_by_name: bool = True                    # else only the annotation/label maps
+    slurm_worker_selector: str = "pyk8sres.io/slurm-worker=true"  # pods that ARE Slurm
+    cluster_name: str | None = None             # GenericNode spec.clusterName; None: Slurm's
+    resync_seconds: float = 1.0     # compare desired vs Slurm even without events
+    debounce_seconds: float = 0.005  # let a burst of pod events land in one cycle
+    request_timeout: float = 10.0   # client-side timeout of every API call
+    watch_timeout: int = 60         # server-side watch duration
+    backoff_max: float = 30.0
+    generic_nodes: bool = True      # write GenericNode objects
+    create_crd: bool = True         # create the GenericNode CRD if missing
+    log_level: str = "INFO"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def load_config(path: str | None, base: SyncConfig | None = None) -> SyncConfig:
+    """SyncConfig from a TOML file (keys as the field names; '-' may be '_').
+
+    Unknown keys and wrong types are errors: a typo must not change policy.
+    """
+    cfg = base or SyncConfig()
+    if not path:
+        return cfg
+    with open(path, "rb") as f:
+        try:
+            doc = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: {e}") from e
+    doc = doc.get("sync", doc)  # allow an optional [sync] table
+    fields = {f.name: f for f in dataclasses.fields(SyncConfig)}
+    values = {}
+    for k, v in doc.items():
+        name = k.replace("-", "_")
+        if name not in fields:
+            raise ConfigError(f"{path}: unknown setting {k!r} (known: {', '.join(fields)})")
+        default = getattr(SyncConfig(), name)
+        want = type(default) if default is not None else (
+            int if name.startswith("reserve") else str)
+        if want is float and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        if not isinstance(v, want) or (want is int and isinstance(v, bool)):
+            raise ConfigError(f"{path}: {k} must be {want.__name__}, not {v!r}")
+        values[name] = v
+    return dataclasses.replace(cfg, **values)
+
+
+def fill_from_slurm_conf(cfg: SyncConfig) -> SyncConfig:
+    """Take state file and reserves from k8s_resources.conf where not set."""
+    from . import config as plugin_config
+    slurm_conf = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
+    pc = plugin_config.load(slurm_conf)
+    return dataclasses.replace(
+        cfg,
+        state_file=cfg.state_file or pc.state_file,
+        reserve_cpus=pc.reserve_cpus if cfg.reserve_cpus is None else cfg.reserve_cpus,
+        reserve_memory_mb=(pc.reserve_memory_mb if cfg.reserve_memory_mb is None
+                           else cfg.reserve_memory_mb))
+
+
+# ----------------------------------------------------------------- cache
+
+class Cache:
+    """What the watches told us, reduced to what the policy needs.
+
+    Pods are stored as PodUsage (node + exact requests), nodes as the few
+    metadata fields the mapping reads: 30,000 pods fit in a few MB.
+    Implements the Informer handler interface (replace/event/health).
+    """
+
+    KINDS = ("pods", "nodes")
+
+    def __init__(self, worker_selector: str = "", node_key: str = "pyk8sres.io/slurm-node"):
+        self.terms = U.parse_selector(worker_selector)
+        self.node_key = node_key
+        self.lock = threading.Lock()
+        self.pods: dict[str, U.PodUsage] = {}
+        self.nodes: dict[str, dict] = {}
+        self.listed: set[str] = set()
+        self.ok = {k: False for k in self.KINDS}
+        self.changed = threading.Event()
+
+    # -- reducing objects
+    @staticmethod
+    def _key(obj: Mapping) -> str:
+        m = obj.get("metadata") or {}
+        return f"{m.get('namespace', '')}/{m.get('name', '')}"
+
+    def _slim_node(self, obj: Mapping) -> dict:
+        m = obj.get("metadata") or {}
+        slim = {"name": m.get("name")}
+        for part in ("annotations", "labels"):
+            v = (m.get(part) or {}).get(self.node_key)
+            if v is not None:
+                slim[part] = {self.node_key: v}
+        return {"metadata": slim}
+
+    def _pod(self, obj: Mapping) -> U.PodUsage | None:
+        pu = U.pod_usage(obj, self.terms)
+        if pu is not None and pu.error:
+            old = self.pods.get(self._key(obj))
+            if old is None or old.error != pu.error:
+                log.warning("%s; its node keeps its last applied counts", pu.error)
+        return pu
+
+    # -- Informer handler interface
+    def replace(self, kind: str, items: list[dict]) -> None:
+        if kind == "pods":
+            new = {}
+            for o in items:
+                pu = self._pod(o)
+                if pu is not None:
+                    new[self._key(o)] = pu
+            with self.lock:
+                self.pods = new
+        else:
+            new = {o["metadata"]["name"]: self._slim_node(o) for o in items}
+            with self.lock:
+                self.nodes = new
+        with self.lock:
+            self.listed.add(kind)
+            self.ok[kind] = True
+        self.changed.set()
+
+    def event(self, kind: str, typ: str, obj: dict) -> None:
+        key = self._key(obj) if kind == "pods" else (obj.get("metadata") or {}).get("name")
+        table = self.pods if kind == "pods" else self.nodes
+        if typ == "DELETED":
+            new = None
+        elif kind == "pods":
+            new = self._pod(obj)
+        else:
+            new = self._slim_node(obj)
+        with self.lock:
+            old = table.get(key)
+            if new is None:
+                table.pop(key, None)
+            else:
+                table[key] = new
+        if old != new:  # status-only pod updates change nothing we count
+            self.changed.set()
+
+    def health(self, kind: str, ok: bool) -> None:
+        with self.lock:
+            was = self.ok[kind]
+            self.ok[kind] = ok
+        if was != ok:
+            log.log(logging.INFO if ok else logging.WARNING, "%s watch %s", kind,
+                    "in sync again" if ok else "lost: counts will only go down until it is back")
+            self.changed.set()
+
+    def snapshot(self) -> tuple[list[U.PodUsage], dict[str, dict], bool]:
+        with self.lock:
+            healthy = all(k in self.listed and self.ok[k] for k in self.KINDS)
+            return list(self.pods.values()), dict(self.nodes), healthy
+
+
+# ----------------------------------------------------------------- reconcile
+
+class Reconciler:
+    """One cycle: desired = f(cache, Slurm), write state, apply differences,
+    update GenericNodes.  Holds what we last applied (from the state file at
+    start, so a daemon restart never forgets and never hands back capacity)."""
+
+    def __init__(self, cfg: SyncConfig, cache: Cache, slurm, kube=None):
+        self.cfg, self.cache, self.slurm, self.kube = cfg, cache, slurm, kube
+        self.last_applied: dict[str, dict[str, int]] = {}
+        self.last_unmanaged: list[str] = []
+        try:
+            st = nodestate.read_state(cfg.state_file)
+            self.last_applied, self.last_unmanaged = st["nodes"], st["unmanaged"]
+        except FileNotFoundError:
+            pass
+        except nodestate.StateError as e:
+            log.error("ignoring unreadable state file: %s", e)
+        self.warned: set[str] = set()
+        self.gn_written: dict[str, tuple[dict, dict]] | None = None
+        self.gn_exists: set[str] = set()
+        self.cluster = cfg.cluster_name
+        self.applied_total = 0
+
+    def _warn_new(self, warnings: list[str]) -> None:
+        now = set(warnings)
+        for w in sorted(now - self.warned):
+            log.warning("%s", w)
+        self.warned = now
+
+    def cycle(self, slurm_nodes=None) -> U.Desired | None:
+        if slurm_nodes is None:
+            try:
+                slurm_nodes = self.slurm.list_nodes()
+            except Exception as e:  # slurmctld down: nothing we can do this cycle
+                log.warning("cannot read Slurm nodes: %s", e)
+                return None
+        pods, knodes, healthy = self.cache.snapshot()
+        d = U.desired_state(
+            pods, knodes, slurm_nodes, self.last_applied, self.last_unmanaged, healthy,
+            key=self.cfg.node_key, map_by_name=self.cfg.map_by_name,
+            reserve_cpu=self.cfg.reserve_cpus or 0,
+            reserve_memory_mb=self.cfg.reserve_memory_mb or 0)
+        self._warn_new(d.warnings)
+
+        # The state file first: a slurmctld that restarts after this point
+        # reads these counts instead of handing pods' capacity to jobs.
+        state = {**self.last_applied, **d.targets}
+        if state != self.last_applied or d.unmanaged != self.last_unmanaged:
+            try:
+                nodestate.write_state(self.cfg.state_file, state, unmanaged=d.unmanaged)
+            except (OSError, nodestate.StateError) as e:
+                log.error("cannot write state file %s: %s", self.cfg.state_file, e)
+            self.last_applied, self.last_unmanaged = state, d.unmanaged
+
+        for name, counts in U.differences(d.targets, slurm_nodes).items():
+            try:
+                self.slurm.set_node_gres(name, counts)
+                self.applied_total += 1
+                log.info("applied %s %s", name,
+                         " ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+            except Exception as e:  # SlurmError, node gone, slurmctld down
+                log.warning("cannot set %s on %s: %s", counts, name, e)
+
+        if self.kube is not None and self.cfg.generic_nodes and healthy:
+            try:
+                self.sync_generic_nodes(d, slurm_nodes)
+            except Exception as e:
+                log.warning("GenericNode update failed: %s", e)
+        return d
+
+    def sync_generic_nodes(self, d: U.Desired, slurm_nodes) -> None:
+        """Make GenericNodes match (write only what changed)."""
+        from .kube import MANAGED_BY
+        from kubernetes.client.exceptions import ApiException
+        if self.cluster is None:
+            try:
+                self.cluster = self.slurm.cluster_name()
+            except Exception:
+                self.cluster = ""
+        if self.gn_written is None:
+            if self.cfg.create_crd:
+                self.kube.ensure_crd()
+            existing = self.kube.list_generic_nodes()
+            self.gn_exists = set(existing)
+            self.gn_written = {
+                n: (o.get("spec") or {}, o.get("status") or {}) for n, o in existing.items()
+                if all((o["metadata"].get("labels") or {}).get(k) == v
+                       for k, v in MANAGED_BY.items())}
+        by_name = {n.name: n for n in slurm_nodes}
+        want = {k: U.generic_node_body(k, by_name[s], d.usage.get(s), self.cluster)
+                for k, s in d.k8s_to_slurm.items() if s in by_name}
+        for name, (spec, status) in sorted(want.items()):
+            old = self.gn_written.get(name)
+            if old == (spec, status):
+                continue
+            try:
+                if name not in self.gn_exists:
+                    self.kube.create_generic_node(name, spec, status)
+                    self.gn_exists.add(name)
+                else:
+                    old_spec, old_status = old or (None, {})
+                    patch = dict(status)
+                    patch.update({k: None for k in old_status if k not in status})
+                    self.kube.patch_generic_node(
+                        name, spec=spec if spec != old_spec else None, status=patch)
+            except ApiException as e:
+                if e.status == 409:    # created by someone else meanwhile: patch next time
+                    self.gn_exists.add(name)
+                elif e.status == 404:  # deleted meanwhile: create next time
+                    self.gn_exists.discard(name)
+                    self.gn_written.pop(name, None)
+                else:
+                    raise
+                continue
+            self.gn_written[name] = (spec, status)
+        for name in sorted(set(self.gn_written) - set(want)):
+            self.kube.delete_generic_node(name)
+            self.gn_written.pop(name)
+            self.gn_exists.discard(name)
+
+
+# ----------------------------------------------------------------- daemon
+
+def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False) -> int:
+    from .kube import Informer
+    cache = Cache(cfg.slurm_worker_selector, cfg.node_key)
+    rec = Reconciler(cfg, cache, slurm, kube)
+    if once:
+        ok = True
+        for kind in Cache.KINDS:
+            try:
+                items, _ = kube.list(kind)
+                cache.replace(kind, items)
+            except Exception as e:
+                log.error("cannot list %s: %s", kind, e)
+                ok = False
+        return 0 if rec.cycle() is not None and ok else 1
+
+    informers = [Informer(kube, k, cache, cfg.watch_timeout, cfg.backoff_max, stop)
+                 for k in ("nodes", "pods")]
+    for i in informers:
+        i.start()
+    next_resync = 0.0
+    while not stop.is_set():
+        woke = cache.changed.wait(timeout=max(0.0, next_resync - time.monotonic()))
+        if stop.is_set():
+            break
+        if woke and cfg.debounce_seconds:
+            time.sleep(cfg.debounce_seconds)
+        cache.changed.clear()
+        rec.cycle()
+        if time.monotonic() >= next_resync:
+            next_resync = time.monotonic() + cfg.resync_seconds
+    return 0
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        prog="pyk8sres sync",
+        description="Mirror Kubernetes pod requests into Slurm k8scpu/k8smemory counts "
+                    "and Slurm allocations into GenericNode objects.")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument("--config", help="TOML file with SyncConfig settings")
+    p.add_argument("--once", action="store_true", help="one reconcile, then exit")
+    p.add_argument("--state-file", help="node state file (default: from k8s_resources.conf)")
+    p.add_argument("--cluster-name", help="GenericNode spec.clusterName (default: Slurm's)")
+    p.add_argument("--resync", type=float, dest="resync_seconds",
+                   help="seconds between full comparisons with Slurm")
+    p.add_argument("--reserve-cpus", type=int)
+    p.add_argument("--reserve-memory", type=int, dest="reserve_memory_mb", metavar="MB")
+    p.add_argument("--no-generic-nodes", action="store_false", dest="generic_nodes",
+                   default=None, help="do not write GenericNode objects")
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load_config(a.config)
+    except (OSError, ConfigError) as e:
+        print(f"pyk8sres sync: {e}", file=sys.stderr)
+        return 2
+    overrides = {f.name: getattr(a, f.name) for f in dataclasses.fields(SyncConfig)
+                 if getattr(a, f.name, None) is not None}
+    cfg = fill_from_slurm_conf(dataclasses.replace(cfg, **overrides))
+    logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
+                        format="%(asctime)s pyk8sres sync: %(levelname)s %(message)s")
+
+    from . import slurm
+    from .kube import Kube
+    kube = Kube(cfg.kubeconfig, cfg.context, cfg.request_timeout)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("starting: state file %s, reserve %s CPUs / %s MB, resync %.1fs",
+             cfg.state_file, cfg.reserve_cpus, cfg.reserve_memory_mb, cfg.resync_seconds)
+    return run(cfg, slurm, kube, stop, once=a.once)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,453 @@
+"""Pure policy for the sync daemon: Kubernetes quantities, pod requests, node
+mapping, the Slurm counts we want, and the GenericNode status we show.
+
+Nothing here does I/O.  Pods and nodes are plain dicts in the Kubernetes JSON
+shape (camelCase keys, as the API server sends them), Slurm nodes are any
+object with the fields of ``pyk8sres.slurm.SlurmNode``.  Keeping it pure makes
+every rule testable with a table and keeps the daemon (sync.py) thin.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Iterable, Mapping
+
+CPU_GRES = "k8scpu"
+MEM_GRES = "k8smemory"
+MI = 1024 * 1024
+
+
+class QuantityError(ValueError):
+    """A Kubernetes quantity we cannot read (or must not trust)."""
+
+
+# --------------------------------------------------------------------------
+# Quantities
+# --------------------------------------------------------------------------
+
+_SUFFIX = {
+    "": Fraction(1),
+    "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
+    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9),
+    "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
+    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40), "Pi": Fraction(2**50), "Ei": Fraction(2**60),
+}
+# Kubernetes grammar: <sign><digits>[.<digits>]<suffix>, suffix one of the
+# above or a decimal exponent e<int>/E<int>.
+_QUANTITY_RE = re.compile(
+    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
+    r"(?:(?P<exp>[eE][+-]?\d+)|(?P<suf>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$")
+
+
+def parse_quantity(value) -> Fraction:
+    """Exact value of a Kubernetes quantity ("1735m", "1.5Gi", "1e3")."""
+    if isinstance(value, bool):
+        raise QuantityError(f"not a quantity: {value!r}")
+    if isinstance(value, int):
+        return Fraction(value)
+    if not isinstance(value, str):
+        # float / None / dict: the API server only ever sends strings or ints.
+        raise QuantityError(f"not a quantity: {value!r}")
+    m = _QUANTITY_RE.match(value.strip())
+    if not m:
+        raise QuantityError(f"malformed quantity {value!r}")
+    num = Fraction(m.group("num"))  # Fraction parses decimal strings exactly
+    if m.group("exp"):
+        exp = int(m.group("exp")[1:])
+        if abs(exp) > 30:  # absurd, and would make huge integers
+            raise QuantityError(f"quantity exponent out of range: {value!r}")
+        return num * Fraction(10) ** exp
+    return num * _SUFFIX[m.group("suf") or ""]
+
+
+def request_quantity(value) -> Fraction:
+    """A quantity used as a resource request: must be >= 0."""
+    q = parse_quantity(value)
+    if q < 0:
+        raise QuantityError(f"negative request {value!r}")
+    return q
+
+
+def format_cpu(cores: Fraction) -> str:
+    """Kubernetes style: whole cores "3", else millicores "2735m" (rounded up)."""
+    if cores == int(cores):
+        return str(int(cores))
+    return f"{math.ceil(cores * 1000)}m"
+
+
+def format_memory(nbytes: Fraction) -> str:
+    """Like the reference: "4000Mi"; "0" for nothing; Ki or bytes if not whole Mi."""
+    b = math.ceil(nbytes)
+    if b == 0:
+        return "0"
+    if b % MI == 0:
+        return f"{b // MI}Mi"
+    if b % 1024 == 0:
+        return f"{b // 1024}Ki"
+    return str(b)
+
+
+# --------------------------------------------------------------------------
+# Pod requests
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PodUsage:
+    """What one pod holds on its node, or why we cannot tell.
+
+    cpu is in cores, memory in bytes, both exact.  ``error`` set means the pod
+    has data we could not read: its node must be treated as unknown.
+    """
+    node: str
+    cpu: Fraction = Fraction(0)
+    memory: Fraction = Fraction(0)
+    error: str | None = None
+
+
+def _requests_of(resources: Mapping | None) -> dict[str, Fraction]:
+    """cpu/memory requests of one container (or pod-level) resources block.
+
+    A limit without a request means request = limit (the API server defaults
+    it that way; we do the same in case it did not).
+    """
+    resources = resources or {}
+    requests = resources.get("requests") or {}
+    limits = resources.get("limits") or {}
+    out = {}
+    for name in ("cpu", "memory"):
+        if name in requests:
+            out[name] = request_quantity(requests[name])
+        elif name in limits:
+            out[name] = request_quantity(limits[name])
+    return out
+
+
+def _add(a: dict, b: Mapping) -> None:
+    for k, v in b.items():
+        a[k] = a.get(k, 0) + v
+
+
+def _max(a: dict, b: Mapping) -> None:
+    for k, v in b.items():
+        a[k] = max(a.get(k, 0), v)
+
+
+def pod_requests(pod: Mapping) -> dict[str, Fraction]:
+    """Effective cpu/memory requests of a pod, as the kube-scheduler counts them.
+
+    max(sum of app containers + sidecars, each init container's need) plus pod
+    overhead.  A sidecar (init container with restartPolicy Always) keeps running,
+    so it adds to every init container started after it and to the app sum
+    (Kubernetes' AggregateContainerRequests).  Pod-level requests
+    (spec.resources), when set, replace the container sum for that resource.
+    Raises QuantityError on malformed data.
+    """
+    spec = pod.get("spec") or {}
+    total: dict[str, Fraction] = {}
+    for c in spec.get("containers") or []:
+        _add(total, _requests_of(c.get("resources")))
+
+    sidecars: dict[str, Fraction] = {}
+    init_need: dict[str, Fraction] = {}
+    for c in spec.get("initContainers") or []:
+        req = _requests_of(c.get("resources"))
+        if c.get("restartPolicy") == "Always":
+            _add(total, req)
+            _add(sidecars, req)
+            need = dict(sidecars)
+        else:
+            need = dict(req)
+            _add(need, sidecars)
+        _max(init_need, need)
+    _max(total, init_need)
+
+    pod_level = _requests_of(spec.get("resources"))
+    total.update(pod_level)
+
+    for name, q in (spec.get("overhead") or {}).items():
+        if name in ("cpu", "memory"):
+            total[name] = total.get(name, 0) + request_quantity(q)
+    return {"cpu": Fraction(total.get("cpu", 0)),
+            "memory": Fraction(total.get("memory", 0))}
+
+
+def parse_selector(selector: str) -> list[tuple[str, str, str | None]]:
+    """Equality-based label selector: "a=b,c!=d,e,!f" -> [(op, key, value)]."""
+    terms = []
+    for part in (selector or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "!=" in part:
+            k, v = part.split("!=", 1)
+            terms.append(("!=", k.strip(), v.strip()))
+        elif "==" in part:
+            k, v = part.split("==", 1)
+            terms.append(("=", k.strip(), v.strip()))
+        elif "=" in part:
+            k, v = part.split("=", 1)
+            terms.append(("=", k.strip(), v.strip()))
+        elif part.startswith("!"):
+            terms.append(("!", part[1:].strip(), None))
+        else:
+            terms.append(("exists", part, None))
+    return terms
+
+
+def selector_matches(terms, labels: Mapping | None) -> bool:
+    """True if labels match every term; an empty selector matches nothing
+    here (it is used to *exclude* pods, so empty must exclude none)."""
+    if not terms:
+        return False
+    labels = labels or {}
+    for op, k, v in terms:
+        if op == "=" and labels.get(k) != v:
+            return False
+        if op == "!=" and labels.get(k) == v:
+            return False
+        if op == "exists" and k not in labels:
+            return False
+        if op == "!" and k in labels:
+            return False
+    return True
+
+
+def pod_usage(pod: Mapping, slurm_worker_terms=()) -> PodUsage | None:
+    """The usage a pod adds to its node, or None if it holds nothing.
+
+    Unbound, terminal (Succeeded/Failed) and Slurm-worker pods hold nothing:
+    Slurm's own workers are what the k8s counts are carved out *for*.
+    """
+    spec = pod.get("spec") or {}
+    node = spec.get("nodeName")
+    if not node:
+        return None
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    if selector_matches(slurm_worker_terms, (pod.get("metadata") or {}).get("labels")):
+        return None
+    try:
+        req = pod_requests(pod)
+    except (QuantityError, AttributeError, TypeError, ValueError) as e:
+        meta = pod.get("metadata") or {}
+        return PodUsage(node=node, error=(
+            f"pod {meta.get('namespace')}/{meta.get('name')}: {e}"))
+    return PodUsage(node=node, cpu=req["cpu"], memory=req["memory"])
+
+
+# --------------------------------------------------------------------------
+# Node mapping
+# --------------------------------------------------------------------------
+
+def slurm_node_for(k8s_node: Mapping, key: str, slurm_names: set[str] | frozenset,
+                   map_by_name: bool = True) -> str | None:
+    """Slurm node a Kubernetes node is, or None.
+
+    The annotation (then label) ``key`` names it explicitly; otherwise the same
+    name if that Slurm node exists.  An explicit name that Slurm does not know
+    maps to nothing (we cannot set counts on it).
+    """
+    meta = k8s_node.get("metadata") or {}
+    for source in (meta.get("annotations") or {}, meta.get("labels") or {}):
+        if source.get(key):
+            name = source[key]
+            return name if name in slurm_names else None
+    name = meta.get("name")
+    if map_by_name and name in slurm_names:
+        return name
+    return None
+
+
+# --------------------------------------------------------------------------
+# Desired Slurm counts
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NodeUsage:
+    """Sum of Kubernetes requests on one Slurm node."""
+    cpu: Fraction = Fraction(0)
+    memory: Fraction = Fraction(0)
+    errors: tuple[str, ...] = ()
+
+
+def usage_by_slurm_node(pods: Iterable[PodUsage], k8s_to_slurm: Mapping[str, str | None],
+                        slurm_names, map_by_name: bool = True) -> dict[str, NodeUsage]:
+    """Aggregate pod usage per Slurm node.
+
+    A pod on a Kubernetes node we have no object for falls back to the
+    same-name rule: better to count it than to forget it.
+    """
+    cpu: dict[str, Fraction] = {}
+    mem: dict[str, Fraction] = {}
+    errs: dict[str, list[str]] = {}
+    for p in pods:
+        if p.node in k8s_to_slurm:
+            s = k8s_to_slurm[p.node]
+        else:
+            s = p.node if (map_by_name and p.node in slurm_names) else None
+        if s is None:
+            continue
+        cpu[s] = cpu.get(s, 0) + p.cpu
+        mem[s] = mem.get(s, 0) + p.memory
+        if p.error:
+            errs.setdefault(s, []).append(p.error)
+    return {s: NodeUsage(Fraction(cpu[s]), Fraction(mem[s]), tuple(errs.get(s, ())))
+            for s in cpu}
+
+
+def _full(node, gres: str, base: int) -> int:
+    """Highest count Slurm accepts: what slurmd reports, at most the node size."""
+    reported = (node.reported_gres or {}).get(gres)
+    return base if reported is None else min(base, reported)
+
+
+def desired_counts(slurm_node, usage: NodeUsage | None, reserve_cpu: int = 0,
+                   reserve_memory_mb: int = 0) -> dict[str, int]:
+    """Free k8scpu / k8smemory for one Slurm node (pure: no health rules).
+
+    k8scpu = max(0, cpus - reserve - ceil(cpu requests)), never above what
+    slurmd reports (a higher count drains the node).  Same for memory in MB.
+    """
+    usage = usage or NodeUsage()
+    cpu_used = math.ceil(usage.cpu)
+    mem_used = math.ceil(usage.memory / MI)
+    cpu = max(0, slurm_node.cpus - reserve_cpu - cpu_used)
+    mem = max(0, slurm_node.real_memory - reserve_memory_mb - mem_used)
+    return {CPU_GRES: min(cpu, _full(slurm_node, CPU_GRES, cpu)),
+            MEM_GRES: min(mem, _full(slurm_node, MEM_GRES, mem))}
+
+
+def guard(desired: Mapping[str, int], last_applied: Mapping[str, int] | None,
+          trusted: bool) -> dict[str, int]:
+    """Never hand capacity back to Slurm on data we do not trust.
+
+    Untrusted (API unreachable, watch not synced, malformed pod on the node):
+    counts may only go down from what we last applied; with nothing applied
+    yet, the node gets 0 (Slurm starts nothing there until we know).
+    """
+    if trusted:
+        return dict(desired)
+    last = last_applied or {}
+    return {k: min(v, last.get(k, 0)) for k, v in desired.items()}
+
+
+def plan(slurm_nodes, usage: Mapping[str, NodeUsage], managed: Iterable[str],
+         last_applied: Mapping[str, Mapping[str, int]], healthy: bool,
+         reserve_cpu: int = 0, reserve_memory_mb: int = 0
+         ) -> tuple[dict[str, dict[str, int]], list[str]]:
+    """Target counts for every managed Slurm node, plus warnings.
+
+    managed = Slurm nodes some Kubernetes node maps to, plus those we set
+    before (so a node that stops being shared gets its capacity back, once
+    the data is trusted).  Nodes without k8scpu/k8smemory GRES are skipped.
+    """
+    by_name = {n.name: n for n in slurm_nodes}
+    targets: dict[str, dict[str, int]] = {}
+    warnings: list[str] = []
+    for name in sorted(set(managed)):
+        node = by_name.get(name)
+        if node is None:
+            continue
+        has = set(node.gres or {}) | set(node.reported_gres or {})
+        if CPU_GRES not in has or MEM_GRES not in has:
+            warnings.append(f"node {name}: no {CPU_GRES}/{MEM_GRES} GRES, not managed")
+            continue
+        u = usage.get(name)
+        want = desired_counts(node, u, reserve_cpu, reserve_memory_mb)
+        bad = bool(u and u.errors)
+        if bad:
+            warnings.append(f"node {name}: holding counts, " + "; ".join(u.errors))
+        targets[name] = guard(want, last_applied.get(name), healthy and not bad)
+    return targets, warnings
+
+
+def differences(targets: Mapping[str, Mapping[str, int]], slurm_nodes
+                ) -> dict[str, dict[str, int]]:
+    """Nodes whose observed Slurm counts differ from the target (what to apply).
+
+    Comparing with what Slurm *shows* (not what we last sent) is what makes a
+    slurmctld restart or reconfigure heal on the next cycle.
+    """
+    by_name = {n.name: n for n in slurm_nodes}
+    out = {}
+    for name, want in targets.items():
+        node = by_name.get(name)
+        if node is None:
+            continue
+        have = node.gres or {}
+        if any(have.get(k) != v for k, v in want.items()):
+            out[name] = dict(want)
+    return out
+
+
+# --------------------------------------------------------------------------
+# GenericNode
+# --------------------------------------------------------------------------
+
+def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
+                      cluster_name: str) -> tuple[dict, dict]:
+    """(spec, status) of the GenericNode for one shared node.
+
+    Slurm side: CPUs and memory Slurm jobs hold; Kubernetes side: exact pod
+    requests, formatted like the reference ("2735m", "3417Mi").
+    """
+    usage = usage or NodeUsage()
+    spec = {"clusterName": cluster_name, "alias": slurm_node.name, "type": "Slurm"}
+    status = {
+        "allocatedResources": [
+            {"type": "Slurm", "allocated": {
+                "cpu": format_cpu(Fraction(slurm_node.alloc_cpus)),
+                "memory": format_memory(Fraction(slurm_node.alloc_memory) * MI)}},
+            {"type": "Kubernetes", "allocated": {
+                "cpu": format_cpu(usage.cpu),
+                "memory": format_memory(usage.memory)}},
+        ],
+        "capacity": {"cpu": format_cpu(Fraction(slurm_node.cpus)),
+                     "memory": format_memory(Fraction(slurm_node.real_memory) * MI)},
+    }
+    if usage.errors:
+        status["errors"] = list(usage.errors)[:10]
+    return spec, status
+
+
+@dataclass
+class Desired:
+    """Everything one reconcile decides, computed from a snapshot (pure)."""
+    targets: dict[str, dict[str, int]]      # Slurm node -> counts to hold
+    unmanaged: list[str]                    # Slurm nodes no Kubernetes node shares
+    usage: dict[str, NodeUsage]             # Slurm node -> Kubernetes requests
+    k8s_to_slurm: dict[str, str]            # mapped Kubernetes node -> Slurm node
+    warnings: list[str]
+
+
+def desired_state(pods: Iterable[PodUsage], k8s_nodes: Mapping[str, Mapping], slurm_nodes,
+                  last_applied: Mapping[str, Mapping[str, int]], last_unmanaged: Iterable[str],
+                  healthy: bool, *, key: str = "pyk8sres.io/slurm-node",
+                  map_by_name: bool = True, reserve_cpu: int = 0,
+                  reserve_memory_mb: int = 0) -> Desired:
+    """desired = f(cache, slurm_nodes, config): the whole reconcile decision.
+
+    While the Kubernetes data is not trusted we keep the previous
+    `unmanaged` list (declaring a node unshared hands it full capacity).
+    """
+    slurm_names = frozenset(n.name for n in slurm_nodes)
+    mapping = {k: slurm_node_for(n, key, slurm_names, map_by_name)
+               for k, n in k8s_nodes.items()}
+    usage = usage_by_slurm_node(pods, mapping, slurm_names, map_by_name)
+    managed = {s for s in mapping.values() if s} | set(usage) | set(last_applied)
+    targets, warnings = plan(slurm_nodes, usage, managed, last_applied, healthy,
+                             reserve_cpu, reserve_memory_mb)
+    for k, s in mapping.items():
+        if s is None and (key in ((k8s_nodes[k].get("metadata") or {}).get("annotations") or {})
+                          or key in ((k8s_nodes[k].get("metadata") or {}).get("labels") or {})):
+            warnings.append(f"kubernetes node {k}: {key} names no Slurm node")
+    if healthy:
+        unmanaged = sorted(slurm_names - set(targets) - set(last_applied))
+    else:
+        unmanaged = sorted(set(last_unmanaged) - set(targets))
+    return Desired(targets, unmanaged, usage,
+                   {k: s for k, s in mapping.items() if s}, warnings)

@@ -1,0 +1,314 @@
+"""Table-driven tests of the pure sync policy in pyk8sres.usage."""
+
+from dataclasses import dataclass, field
+from fractions import Fraction as F
+
+import pytest
+
+from pyk8sres import usage as u
+
+MI = 1024 * 1024
+
+
+# ---------------------------------------------------------------- quantities
+
+@pytest.mark.parametrize("text,value", [
+    ("1735m", F(1735, 1000)),
+    ("2393Mi", F(2393 * MI)),
+    ("1.5Gi", F(3, 2) * 2**30),
+    ("1e3", F(1000)),
+    ("1E3", F(1000)),
+    ("1e-3", F(1, 1000)),
+    ("100k", F(100_000)),
+    ("0.5", F(1, 2)),
+    (".5", F(1, 2)),
+    ("1.", F(1)),
+    ("0", F(0)),
+    ("4", F(4)),
+    ("4000Mi", F(4000 * MI)),
+    ("128974848", F(128974848)),
+    ("129e6", F(129_000_000)),
+    ("123Mi", F(123 * MI)),
+    ("1Ki", F(1024)),
+    ("5G", F(5 * 10**9)),
+    ("250u", F(250, 10**6)),
+    ("100n", F(100, 10**9)),
+    ("  2 ", F(2)),
+    (3, F(3)),
+    ("0.1", F(1, 10)),          # exact, no float rounding
+])
+def test_parse_quantity(text, value):
+    assert u.parse_quantity(text) == value
+
+
+@pytest.mark.parametrize("text", [
+    "", "abc", "1.5.5", "1x", "Mi", "1 Mi", "1mi", "1KI", "--1", "1e", "1e3Mi",
+    None, 1.5, True, {}, "1e9999",
+])
+def test_parse_quantity_rejects(text):
+    with pytest.raises(u.QuantityError):
+        u.parse_quantity(text)
+
+
+def test_negative_request_rejected():
+    assert u.parse_quantity("-1") == -1
+    with pytest.raises(u.QuantityError):
+        u.request_quantity("-1")
+
+
+@pytest.mark.parametrize("cores,text", [
+    (F(0), "0"), (F(3), "3"), (F(2735, 1000), "2735m"), (F(1, 2), "500m"),
+    (F(1, 3000), "1m"),  # below a millicore rounds up, never hides usage
+])
+def test_format_cpu(cores, text):
+    assert u.format_cpu(cores) == text
+
+
+@pytest.mark.parametrize("nbytes,text", [
+    (F(0), "0"), (F(4000 * MI), "4000Mi"), (F(3417 * MI), "3417Mi"),
+    (F(1536 * 1024), "1536Ki"), (F(1000), "1000"), (F(1, 2), "1"),
+])
+def test_format_memory(nbytes, text):
+    assert u.format_memory(nbytes) == text
+
+
+# ---------------------------------------------------------------- pod requests
+
+def ctr(cpu=None, mem=None, restart=None, limits=None):
+    c = {"name": "c", "resources": {}}
+    req = {}
+    if cpu is not None:
+        req["cpu"] = cpu
+    if mem is not None:
+        req["memory"] = mem
+    if req:
+        c["resources"]["requests"] = req
+    if limits:
+        c["resources"]["limits"] = limits
+    if restart:
+        c["restartPolicy"] = restart
+    return c
+
+
+def pod(containers=(), init=(), overhead=None, node="n1", phase="Running",
+        labels=None, pod_resources=None, name="p"):
+    spec = {"containers": list(containers)}
+    if init:
+        spec["initContainers"] = list(init)
+    if overhead:
+        spec["overhead"] = overhead
+    if pod_resources:
+        spec["resources"] = pod_resources
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "namespace": "default", "labels": labels or {}},
+            "spec": spec, "status": {"phase": phase}}
+
+
+@pytest.mark.parametrize("case,p,cpu,mem", [
+    ("empty", pod(), "0", "0"),
+    ("one container", pod([ctr("1735m", "2393Mi")]), "1735m", "2393Mi"),
+    ("app sum", pod([ctr("1", "1Gi"), ctr("500m", "512Mi")]), "1500m", "1536Mi"),
+    ("init bigger than apps", pod([ctr("1", "1Gi")], init=[ctr("2", "100Mi")]),
+     "2", "1Gi"),
+    ("largest init, not the sum",
+     pod([ctr("100m")], init=[ctr("2"), ctr("3"), ctr("1")]), "3", "0"),
+    ("overhead added", pod([ctr("1", "1Gi")], overhead={"cpu": "250m", "memory": "120Mi"}),
+     "1250m", "1144Mi"),
+    ("overhead on top of init max",
+     pod([ctr("1")], init=[ctr("2")], overhead={"cpu": "100m"}), "2100m", "0"),
+    ("sidecar adds to apps", pod([ctr("1", "1Gi")], init=[ctr("500m", "256Mi", "Always")]),
+     "1500m", "1280Mi"),
+    ("sidecar before init adds to it",
+     pod([ctr("100m")], init=[ctr("1", None, "Always"), ctr("2")]), "3", "0"),
+    ("sidecar after init does not add to it",
+     pod([ctr("100m")], init=[ctr("2"), ctr("1", None, "Always")]), "2", "0"),
+    ("two sidecars then init",
+     pod([ctr("1")], init=[ctr("1", None, "Always"), ctr("1", None, "Always"), ctr("1")]),
+     "3", "0"),
+    ("limits default requests", pod([ctr(limits={"cpu": "2", "memory": "1Gi"})]), "2", "1Gi"),
+    ("request wins over limit", pod([ctr("1", limits={"cpu": "2"})]), "1", "0"),
+    ("pod-level requests replace container sum",
+     pod([ctr("1", "1Gi"), ctr("1", "1Gi")], pod_resources={"requests": {"cpu": "3"}}),
+     "3", "2Gi"),
+    ("exact decimal", pod([ctr("0.1"), ctr("0.2")]), "300m", "0"),
+])
+def test_pod_requests(case, p, cpu, mem):
+    r = u.pod_requests(p)
+    assert r["cpu"] == u.parse_quantity(cpu), case
+    assert r["memory"] == u.parse_quantity(mem), case
+
+
+WORKER = u.parse_selector("pyk8sres.io/slurm-worker=true")
+
+
+@pytest.mark.parametrize("case,p,expect", [
+    ("running", pod([ctr("1")]), ("n1", "1")),
+    ("pending but bound", pod([ctr("1")], phase="Pending"), ("n1", "1")),
+    ("unknown phase counts", pod([ctr("1")], phase="Unknown"), ("n1", "1")),
+    ("unbound", pod([ctr("1")], node=None), None),
+    ("succeeded", pod([ctr("1")], phase="Succeeded"), None),
+    ("failed", pod([ctr("1")], phase="Failed"), None),
+    ("slurm worker", pod([ctr("4")], labels={"pyk8sres.io/slurm-worker": "true"}), None),
+    ("label other value counts", pod([ctr("1")], labels={"pyk8sres.io/slurm-worker": "no"}),
+     ("n1", "1")),
+])
+def test_pod_usage(case, p, expect):
+    got = u.pod_usage(p, WORKER)
+    if expect is None:
+        assert got is None, case
+    else:
+        assert (got.node, got.cpu, got.error) == (expect[0], u.parse_quantity(expect[1]), None)
+
+
+@pytest.mark.parametrize("bad", [
+    pod([ctr("lots")]),
+    pod([ctr("1", "12 GB")]),
+    pod([ctr("-1")]),
+    pod([ctr("1")], overhead={"cpu": "x"}),
+    pod([ctr("1")], init=[ctr("1.2.3")]),
+    {"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"resources": "oops"}]}},
+])
+def test_malformed_pod_is_an_error_not_zero(bad):
+    got = u.pod_usage(bad, WORKER)
+    assert got is not None and got.node == "n1"
+    assert got.error and "pod" in got.error
+
+
+@pytest.mark.parametrize("sel,labels,match", [
+    ("a=b", {"a": "b"}, True),
+    ("a=b", {"a": "c"}, False),
+    ("a==b", {"a": "b"}, True),
+    ("a!=b", {"a": "c"}, True),
+    ("a!=b", {}, True),
+    ("a", {"a": ""}, True),
+    ("!a", {"a": "x"}, False),
+    ("a=b,c=d", {"a": "b"}, False),
+    ("a=b,c=d", {"a": "b", "c": "d"}, True),
+    ("", {"a": "b"}, False),  # empty selector excludes nobody
+])
+def test_selector(sel, labels, match):
+    assert u.selector_matches(u.parse_selector(sel), labels) is match
+
+
+# ---------------------------------------------------------------- mapping
+
+KEY = "pyk8sres.io/slurm-node"
+SLURM = {"n1", "n2", "worker-0"}
+
+
+def knode(name, annotations=None, labels=None):
+    return {"metadata": {"name": name, "annotations": annotations or {}, "labels": labels or {}}}
+
+
+@pytest.mark.parametrize("case,node,by_name,expect", [
+    ("same name", knode("n1"), True, "n1"),
+    ("same name disabled", knode("n1"), False, None),
+    ("no such slurm node", knode("kx"), True, None),
+    ("annotation", knode("cn-hongkong.10.1.0.19", annotations={KEY: "worker-0"}), True, "worker-0"),
+    ("label", knode("k1", labels={KEY: "n2"}), True, "n2"),
+    ("annotation beats label", knode("k1", {KEY: "n1"}, {KEY: "n2"}), True, "n1"),
+    ("annotation beats same name", knode("n1", {KEY: "n2"}), True, "n2"),
+    ("annotation naming unknown node", knode("n1", {KEY: "zz"}), True, None),
+])
+def test_slurm_node_for(case, node, by_name, expect):
+    assert u.slurm_node_for(node, KEY, SLURM, by_name) == expect, case
+
+
+def test_usage_by_slurm_node():
+    pods = [u.PodUsage("k1", F(1), F(MI)), u.PodUsage("k1", F(1, 2), F(0)),
+            u.PodUsage("n2", F(2), F(0)),            # no node object: same name
+            u.PodUsage("kx", F(8), F(0)),            # unmapped: ignored
+            u.PodUsage("k1", error="pod a/b: bad")]
+    got = u.usage_by_slurm_node(pods, {"k1": "n1", "kx": None}, SLURM)
+    assert got == {"n1": u.NodeUsage(F(3, 2), F(MI), ("pod a/b: bad",)),
+                   "n2": u.NodeUsage(F(2), F(0))}
+
+
+# ---------------------------------------------------------------- desired counts
+
+@dataclass(frozen=True)
+class SNode:
+    name: str = "n1"
+    cpus: int = 4
+    real_memory: int = 8000
+    gres: dict = field(default_factory=lambda: {"k8scpu": 4, "k8smemory": 8000})
+    gres_used: dict = field(default_factory=dict)
+    alloc_cpus: int = 0
+    alloc_memory: int = 0
+    state: str = "IDLE"
+    reported_gres: dict = field(default_factory=lambda: {"k8scpu": 4, "k8smemory": 8000})
+
+
+@pytest.mark.parametrize("case,node,usage,reserve,expect", [
+    ("idle", SNode(), None, (0, 0), (4, 8000)),
+    ("reference: 1735m/2393Mi", SNode(), u.NodeUsage(F(1735, 1000), F(2393 * MI)), (0, 0),
+     (2, 5607)),
+    ("reference after scale-up", SNode(), u.NodeUsage(F(2735, 1000), F(3417 * MI)), (0, 0),
+     (1, 4583)),
+    ("memory rounds up to MB", SNode(), u.NodeUsage(F(0), F(MI + 1)), (0, 0), (4, 7998)),
+    ("never negative", SNode(), u.NodeUsage(F(10), F(10**12)), (0, 0), (0, 0)),
+    ("reserve", SNode(), u.NodeUsage(F(1), F(0)), (1, 1000), (2, 7000)),
+    ("capped by what slurmd reports", SNode(reported_gres={"k8scpu": 2, "k8smemory": 3000}),
+     None, (0, 0), (2, 3000)),
+    ("no reported gres: node size", SNode(reported_gres={}), None, (0, 0), (4, 8000)),
+])
+def test_desired_counts(case, node, usage, reserve, expect):
+    got = u.desired_counts(node, usage, *reserve)
+    assert (got["k8scpu"], got["k8smemory"]) == expect, case
+
+
+@pytest.mark.parametrize("case,desired,last,trusted,expect", [
+    ("trusted raises", {"k8scpu": 4}, {"k8scpu": 1}, True, {"k8scpu": 4}),
+    ("untrusted never raises", {"k8scpu": 4}, {"k8scpu": 1}, False, {"k8scpu": 1}),
+    ("untrusted may lower", {"k8scpu": 0}, {"k8scpu": 1}, False, {"k8scpu": 0}),
+    ("untrusted, nothing known", {"k8scpu": 4}, None, False, {"k8scpu": 0}),
+])
+def test_guard(case, desired, last, trusted, expect):
+    assert u.guard(desired, last, trusted) == expect, case
+
+
+def test_plan_rules():
+    nodes = [SNode("n1"), SNode("n2"), SNode("n3"),
+             SNode("plain", gres={}, reported_gres={})]
+    usage = {"n1": u.NodeUsage(F(1), F(1000 * MI)),
+             "n2": u.NodeUsage(F(1), F(0), ("pod x/y: malformed quantity 'lots'",))}
+    last = {"n2": {"k8scpu": 2, "k8smemory": 5000}, "n3": {"k8scpu": 0, "k8smemory": 0}}
+    targets, warnings = u.plan(nodes, usage, {"n1", "n2", "plain"} | set(last), last, True)
+    assert targets == {
+        "n1": {"k8scpu": 3, "k8smemory": 7000},
+        "n2": {"k8scpu": 2, "k8smemory": 5000},     # bad pod: hold last applied
+        "n3": {"k8scpu": 4, "k8smemory": 8000},     # no longer shared: capacity back
+    }
+    assert any("n2" in w and "lots" in w for w in warnings)
+    assert any("plain" in w for w in warnings)
+
+    # Same world, API server unreachable: nothing goes up.
+    targets, _ = u.plan(nodes, usage, {"n1", "n2"} | set(last), last, False)
+    assert targets == {"n1": {"k8scpu": 0, "k8smemory": 0},
+                       "n2": {"k8scpu": 2, "k8smemory": 5000},
+                       "n3": {"k8scpu": 0, "k8smemory": 0}}
+
+
+@pytest.mark.parametrize("case,gres,target,changed", [
+    ("equal", {"k8scpu": 3, "k8smemory": 7000}, {"k8scpu": 3, "k8smemory": 7000}, False),
+    ("slurmctld restarted (back to conf)", {"k8scpu": 4, "k8smemory": 8000},
+     {"k8scpu": 3, "k8smemory": 7000}, True),
+    ("one differs", {"k8scpu": 3, "k8smemory": 8000}, {"k8scpu": 3, "k8smemory": 7000}, True),
+])
+def test_differences(case, gres, target, changed):
+    got = u.differences({"n1": target, "gone": target}, [SNode(gres=gres)])
+    assert got == ({"n1": target} if changed else {}), case
+
+
+def test_generic_node_body_matches_reference():
+    node = SNode(name="slurm-test-worker-cpu-0", alloc_cpus=3, alloc_memory=4000)
+    spec, status = u.generic_node_body(
+        "cn-hongkong.10.1.0.19", node, u.NodeUsage(F(2735, 1000), F(3417 * MI)), "c1")
+    assert spec == {"clusterName": "c1", "alias": "slurm-test-worker-cpu-0", "type": "Slurm"}
+    assert status["allocatedResources"] == [
+        {"type": "Slurm", "allocated": {"cpu": "3", "memory": "4000Mi"}},
+        {"type": "Kubernetes", "allocated": {"cpu": "2735m", "memory": "3417Mi"}}]
+    assert status["capacity"] == {"cpu": "4", "memory": "8000Mi"}
+    _, idle = u.generic_node_body("k", SNode(), None, "c1")
+    assert idle["allocatedResources"][0]["allocated"] == {"cpu": "0", "memory": "0"}
