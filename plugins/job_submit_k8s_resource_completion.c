@@ -15,6 +15,11 @@
 
 #include "core_loader.h"
 
+#ifdef PYK8SRES_SLURM_SOURCE
+/* Built with the installed Slurm's own source: job_modify can see the job. */
+#include "src/slurmctld/slurmctld.h"
+#endif
+
 const char plugin_name[] = "k8scpu/k8smemory completion for shared Slurm/Kubernetes nodes";
 const char plugin_type[] = "job_submit/k8s_resource_completion";
 const uint32_t plugin_version = SLURM_VERSION_NUMBER;
@@ -82,9 +87,43 @@ static void fill_request(struct pyk8sres_job *req, const job_desc_msg_t *d,
 	req->cur_cpus_per_task = NO_VAL16;
 	req->cur_min_cpus = NO_VAL;
 	req->cur_min_nodes = NO_VAL;
-	req->cur_pn_min_cpus = NO_VAL16;
+	req->cur_max_nodes = NO_VAL;
+	req->cur_pn_min_cpus = NO_VAL;
 	req->cur_pn_min_memory = NO_VAL64;
 	req->cur_ntasks_per_node = NO_VAL16;
+	req->cur_whole_node = NO_VAL16;
+}
+
+/* job_modify: the current job, so a partial update can be completed. */
+static void fill_current(struct pyk8sres_job *req, void *job)
+{
+#ifdef PYK8SRES_SLURM_SOURCE
+	job_record_t *job_ptr = job;
+	struct job_details *details = job_ptr ? job_ptr->details : NULL;
+
+	if (!details)
+		return;
+	req->has_current = 1;
+	req->cur_num_tasks = details->num_tasks;
+	req->cur_cpus_per_task = details->cpus_per_task;
+	req->cur_min_cpus = details->min_cpus;
+	req->cur_min_nodes = details->min_nodes;
+	req->cur_max_nodes = details->max_nodes;
+	req->cur_pn_min_cpus = details->pn_min_cpus;
+	req->cur_pn_min_memory = details->pn_min_memory;
+	req->cur_ntasks_per_node = details->ntasks_per_node;
+	req->cur_whole_node = details->whole_node;
+	req->cur_tres_per_node = job_ptr->tres_per_node;
+	req->cur_tres_per_task = job_ptr->tres_per_task;
+	req->cur_tres_per_job = job_ptr->tres_per_job;
+	req->cur_tres_per_socket = job_ptr->tres_per_socket;
+	req->cur_cpus_per_tres = job_ptr->cpus_per_tres;
+	req->cur_mem_per_tres = job_ptr->mem_per_tres;
+	req->cur_partition = job_ptr->partition;
+#else
+	(void) req;
+	(void) job;
+#endif
 }
 
 static void replace(char **field, const char *value)
@@ -94,8 +133,8 @@ static void replace(char **field, const char *value)
 }
 
 /* Returns SLURM_SUCCESS, or an error with *err_msg set for the user. */
-static int complete(job_desc_msg_t *d, uint32_t uid, int is_modify,
-		    char **err_msg)
+static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
+		    int is_modify, char **err_msg)
 {
 	struct pyk8sres_job req;
 	char node_tres[PYK8SRES_OUT_LEN], task_tres[PYK8SRES_OUT_LEN];
@@ -103,6 +142,8 @@ static int complete(job_desc_msg_t *d, uint32_t uid, int is_modify,
 	int changed = 0, rc;
 
 	fill_request(&req, d, uid, is_modify);
+	if (is_modify)
+		fill_current(&req, job_ptr);
 	rc = core.job_submit(&req, &changed, node_tres, sizeof(node_tres),
 			     task_tres, sizeof(task_tres), err, sizeof(err));
 	if (rc) {
@@ -125,7 +166,7 @@ static int complete(job_desc_msg_t *d, uint32_t uid, int is_modify,
 
 int job_submit(job_desc_msg_t *job_desc, uint32_t submit_uid, char **err_msg)
 {
-	return complete(job_desc, submit_uid, 0, err_msg);
+	return complete(job_desc, NULL, submit_uid, 0, err_msg);
 }
 
 #if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23, 2, 0)
@@ -138,6 +179,5 @@ int job_modify(job_desc_msg_t *job_desc, void *job_ptr, uint32_t submit_uid)
 #if SLURM_VERSION_NUMBER < SLURM_VERSION_NUM(23, 2, 0)
 	char **err_msg = NULL;
 #endif
-	(void) job_ptr;
-	return complete(job_desc, submit_uid, 1, err_msg);
+	return complete(job_desc, job_ptr, submit_uid, 1, err_msg);
 }

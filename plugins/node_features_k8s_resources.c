@@ -117,30 +117,53 @@ static void _core_reconfigure(void)
 		error("%s: %s: %s", plugin_type, __func__, err);
 }
 
+/* The node's GRES record for `plugin_id`, or NULL. */
+static gres_node_state_t *_gres_ns(node_record_t *node_ptr, uint32_t plugin_id)
+{
+	gres_state_t *gres_state;
+
+	if (!node_ptr->gres_list ||
+	    !(gres_state = list_find_first(node_ptr->gres_list, gres_find_id,
+					   &plugin_id)))
+		return NULL;
+	return gres_state->gres_data;
+}
+
 /*
  * Set one count-only GRES on the node to `count` (the total Slurm may use).
  * gres_node_feature() does the bookkeeping (record, gres string, the
  * node_feature flag that stops registration from comparing counts), but it
  * stores avail = count - allocated: on a busy node that subtracts the running
- * jobs twice, since the scheduler subtracts them again.  Undo that.
+ * jobs twice, since the scheduler subtracts them again.  We set avail = count.
+ *
+ * Never below what running jobs hold: when slurmctld rebuilds allocations
+ * (startup, reconfigure, a dynamic node joining) it drops the GRES of every
+ * job that does not fit the node's count (seen: GresUsed k8scpu 2 -> 0,
+ * "overallocated resources"), after which Slurm would hand them out twice.
+ * Kept at the held amount, nothing new fits until the jobs end.
  */
 static int _set_gres(node_record_t *node_ptr, char *name, uint64_t count)
 {
 	uint32_t plugin_id = gres_build_id(name);
-	gres_state_t *gres_state;
 	gres_node_state_t *gres_ns;
+	uint64_t size = count;
 
-	gres_node_feature(node_ptr->name, name, count, &node_ptr->gres,
+	if ((gres_ns = _gres_ns(node_ptr, plugin_id)) &&
+	    (gres_ns->gres_cnt_alloc > count)) {
+		size = gres_ns->gres_cnt_alloc;
+		verbose("%s: %s: node %s: %s=%" PRIu64 " is below the %" PRIu64
+			" running jobs hold; keeping %" PRIu64 " until they end",
+			plugin_type, __func__, node_ptr->name, name, count,
+			size, size);
+	}
+	gres_node_feature(node_ptr->name, name, size, &node_ptr->gres,
 			  &node_ptr->gres_list);
-	if (!node_ptr->gres_list ||
-	    !(gres_state = list_find_first(node_ptr->gres_list, gres_find_id,
-					   &plugin_id)) ||
-	    !(gres_ns = gres_state->gres_data)) {
+	if (!(gres_ns = _gres_ns(node_ptr, plugin_id))) {
 		error("%s: %s: node %s has no %s record after setting it",
 		      plugin_type, __func__, node_ptr->name, name);
 		return SLURM_ERROR;
 	}
-	gres_ns->gres_cnt_avail = count;
+	gres_ns->gres_cnt_avail = size;
 	return SLURM_SUCCESS;
 }
 

@@ -46,16 +46,24 @@ struct pyk8sres_job {
 	const char *mem_per_tres;
 	const char *array_inx;
 	const char *script_name;   /* unused by policy: kept for messages */
-	/* job_modify only: the job as it stands (NO_VAL/NULL on submit) */
+	/* job_modify only: the job as it stands, when the plugin was built
+	 * with the Slurm source (has_current = 1); NO_VAL/NULL otherwise. */
+	uint32_t has_current;
 	uint32_t cur_num_tasks;
 	uint16_t cur_cpus_per_task;
 	uint32_t cur_min_cpus;
 	uint32_t cur_min_nodes;
-	uint16_t cur_pn_min_cpus;
+	uint32_t cur_max_nodes;
+	uint32_t cur_pn_min_cpus;
 	uint64_t cur_pn_min_memory;
 	uint16_t cur_ntasks_per_node;
+	uint16_t cur_whole_node;
 	const char *cur_tres_per_node;
 	const char *cur_tres_per_task;
+	const char *cur_tres_per_job;
+	const char *cur_tres_per_socket;
+	const char *cur_cpus_per_tres;
+	const char *cur_mem_per_tres;
 	const char *cur_partition;
 };
 

@@ -180,9 +180,10 @@ def required(job: Job, site: Site) -> tuple[dict, dict]:
         else:
             per_node[GRES_MEMORY] = mem_cpu * node_cpus
     # else: --mem=0 or no default anywhere: the whole node; nothing to count.
+    limits = {GRES_CPU: NO_VAL, GRES_MEMORY: gres.MAX_COUNT}  # Slurm's own field widths
     for counts in (per_node, per_task):
         for name, value in counts.items():
-            if value > gres.MAX_COUNT:
+            if value > limits[name]:
                 raise PolicyError(f"{name}:{value} is larger than any node can have")
     return per_node, per_task
 
@@ -233,3 +234,43 @@ def complete(job: Job, site: Site) -> Result:
             new_node = stripped
     new_task = _apply(job.tres_per_task, per_task, site, "tres_per_task") if per_task else None
     return Result(new_node, new_task, per_node, per_task)
+
+
+# Fields of a job_modify that change what the job uses per node.
+SHAPE_FIELDS = ("cpus_per_task", "num_tasks", "ntasks_per_node", "min_cpus", "min_nodes",
+                "max_nodes", "pn_min_cpus", "mem_per_node", "mem_per_cpu", "tres_per_node",
+                "tres_per_task", "tres_per_job", "tres_per_socket", "cpus_per_tres",
+                "mem_per_tres", "partition")
+
+
+def complete_modify(change: Job, current: Job | None, site: Site) -> Result:
+    """job_modify: `change` holds only the fields being updated.
+
+    Unrelated updates (time limit, name, ...) leave the GRES alone.  A shape
+    change is completed against the job as it stands; our own earlier
+    k8scpu/k8smemory entries are recomputed (not kept as if the user had
+    asked for them) unless the update itself sets the GRES.
+    """
+    changed = [f for f in SHAPE_FIELDS if getattr(change, f) is not None]
+    if not changed:
+        return Result(None, None, {}, {})
+    if current is None:
+        raise PolicyError("this build of k8s_resource_completion cannot see a submitted "
+                          f"job, so it cannot update {', '.join(changed)}; cancel and "
+                          "resubmit the job (or rebuild pyk8sres with -Dslurm_source)")
+    merged = {f.name: getattr(current, f.name) for f in dataclasses.fields(Job)}
+    for name in ("tres_per_node", "tres_per_task"):
+        if getattr(change, name) is None:  # drop our completion, keep the rest
+            merged[name] = gres.without(gres.parse(merged[name]), gres.OURS) or None
+    merged.update({f: getattr(change, f) for f in changed})
+    result = complete(Job(**merged), site)
+
+    def final(new, field):
+        """Set the field when the job would otherwise end up different."""
+        value = new if new is not None else (merged[field] or "")
+        would_be = getattr(change, field) if getattr(change, field) is not None \
+            else getattr(current, field)
+        return None if value == (would_be or "") else value
+    return Result(final(result.tres_per_node, "tres_per_node"),
+                  final(result.tres_per_task, "tres_per_task"),
+                  result.per_node, result.per_task)

@@ -53,6 +53,7 @@ def _u(value, none):
 
 
 def job_from_c(ffi, c) -> completion.Job:
+    """The submitted job, or for job_modify only the fields being changed."""
     per_node, per_cpu = completion.decode_memory(_u(c.pn_min_memory, NO_VAL64))
     return completion.Job(
         cpus_per_task=_u(c.cpus_per_task, NO_VAL16) or None,
@@ -72,6 +73,32 @@ def job_from_c(ffi, c) -> completion.Job:
         tres_per_socket=_text(ffi, c.tres_per_socket),
         cpus_per_tres=_text(ffi, c.cpus_per_tres),
         mem_per_tres=_text(ffi, c.mem_per_tres),
+    )
+
+
+def current_from_c(ffi, c) -> completion.Job | None:
+    """job_modify: the job as it stands (None if the plugin cannot see it)."""
+    if not c.has_current:
+        return None
+    per_node, per_cpu = completion.decode_memory(_u(c.cur_pn_min_memory, NO_VAL64))
+    return completion.Job(
+        cpus_per_task=_u(c.cur_cpus_per_task, NO_VAL16) or None,
+        num_tasks=_u(c.cur_num_tasks, NO_VAL) or None,
+        ntasks_per_node=_u(_u(c.cur_ntasks_per_node, NO_VAL16), INFINITE16) or None,
+        min_cpus=_u(c.cur_min_cpus, NO_VAL) or None,
+        min_nodes=_u(c.cur_min_nodes, NO_VAL) or None,
+        max_nodes=_u(_u(c.cur_max_nodes, NO_VAL), INFINITE) or None,
+        pn_min_cpus=_u(c.cur_pn_min_cpus, NO_VAL) or None,
+        mem_per_node=per_node,
+        mem_per_cpu=per_cpu,
+        exclusive=c.cur_whole_node == 1,
+        partition=_text(ffi, c.cur_partition),
+        tres_per_node=_text(ffi, c.cur_tres_per_node),
+        tres_per_task=_text(ffi, c.cur_tres_per_task),
+        tres_per_job=_text(ffi, c.cur_tres_per_job),
+        tres_per_socket=_text(ffi, c.cur_tres_per_socket),
+        cpus_per_tres=_text(ffi, c.cur_cpus_per_tres),
+        mem_per_tres=_text(ffi, c.cur_mem_per_tres),
     )
 
 
@@ -127,7 +154,11 @@ def bind(ffi, lib) -> None:
         try:
             changed[0] = 0
             site = site_for(c.def_mem_per_cpu, c.slurm_version)
-            result = completion.complete(job_from_c(ffi, c), site)
+            job = job_from_c(ffi, c)
+            if c.is_modify:
+                result = completion.complete_modify(job, current_from_c(ffi, c), site)
+            else:
+                result = completion.complete(job, site)
             if result.tres_per_node is not None:
                 _put(ffi, node_out, node_len, result.tres_per_node)
                 changed[0] |= 1

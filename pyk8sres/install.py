@@ -38,6 +38,11 @@ def installed_slurm() -> str | None:
     return parts[1] if len(parts) >= 2 else None
 
 
+def _version_tuple(text: str) -> tuple:
+    """'22.05.8' and '22.5.8' are the same Slurm."""
+    return tuple(int(p) if p.isdigit() else p for p in text.split("-")[0].split("."))
+
+
 def _atomic_copy(src: str, dst: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dst), prefix=".pyk8sres-")
     os.close(fd)
@@ -64,7 +69,7 @@ def install_plugins(plugin_dir: str, *, check_version: bool = True) -> list[str]
         raise InstallError(f"{PACKAGE_LIB} missing: pyk8sres was not built (pip install .)")
     if check_version:
         ours, theirs = built_for(), installed_slurm()
-        if theirs and theirs != ours:
+        if theirs and _version_tuple(theirs) != _version_tuple(ours):
             raise InstallError(f"plugins were built for Slurm {ours} but Slurm {theirs} is "
                                "installed: rebuild (pip install --force-reinstall .)")
     os.makedirs(plugin_dir, exist_ok=True)

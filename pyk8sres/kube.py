@@ -173,9 +173,9 @@ class Kube:
         try:
             buf = b""
             for chunk in resp.stream(amt=None, decode_content=False):
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
+                lines = (buf + chunk).split(b"\n")
+                buf = lines.pop()          # an incomplete last line waits for more
+                for line in lines:
                     if not line.strip():
                         continue
                     ev = json.loads(line)

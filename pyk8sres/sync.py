@@ -112,8 +112,9 @@ def fill_from_slurm_conf(cfg: SyncConfig) -> SyncConfig:
 class Cache:
     """What the watches told us, reduced to what the policy needs.
 
-    Pods are stored as PodUsage (node + exact requests), nodes as the few
-    metadata fields the mapping reads: 30,000 pods fit in a few MB.
+    Pods are stored as PodUsage (node + requests as ints), nodes as the few
+    metadata fields the mapping reads: 30,000 pods fit in a few MB.  Per-node
+    sums are kept as events arrive, so a reconcile costs O(nodes), not O(pods).
     Implements the Informer handler interface (replace/event/health).
     """
 
@@ -125,6 +126,8 @@ class Cache:
         self.lock = threading.Lock()
         self.pods: dict[str, U.PodUsage] = {}
         self.nodes: dict[str, dict] = {}
+        # k8s node -> [cpu, memory, {pod key: error}]
+        self.sums: dict[str, list] = {}
         self.listed: set[str] = set()
         self.ok = {k: False for k in self.KINDS}
         self.changed = threading.Event()
@@ -152,6 +155,18 @@ class Cache:
                 log.warning("%s; its node keeps its last applied counts", pu.error)
         return pu
 
+    def _account(self, key: str, pu: U.PodUsage, sign: int) -> None:
+        s = self.sums.setdefault(pu.node, [0, 0, {}])
+        s[0] += sign * pu.cpu
+        s[1] += sign * pu.memory
+        if pu.error:
+            if sign > 0:
+                s[2][key] = pu.error
+            else:
+                s[2].pop(key, None)
+        if s[0] == 0 and s[1] == 0 and not s[2] and sign < 0:
+            del self.sums[pu.node]
+
     # -- Informer handler interface
     def replace(self, kind: str, items: list[dict]) -> None:
         if kind == "pods":
@@ -161,7 +176,9 @@ class Cache:
                 if pu is not None:
                     new[self._key(o)] = pu
             with self.lock:
-                self.pods = new
+                self.pods, self.sums = new, {}
+                for k, pu in new.items():
+                    self._account(k, pu, +1)
         else:
             new = {o["metadata"]["name"]: self._slim_node(o) for o in items}
             with self.lock:
@@ -182,12 +199,18 @@ class Cache:
             new = self._slim_node(obj)
         with self.lock:
             old = table.get(key)
+            if old == new:      # status-only pod updates change nothing we count
+                return
             if new is None:
-                table.pop(key, None)
+                del table[key]
             else:
                 table[key] = new
-        if old != new:  # status-only pod updates change nothing we count
-            self.changed.set()
+            if kind == "pods":
+                if old is not None:
+                    self._account(key, old, -1)
+                if new is not None:
+                    self._account(key, new, +1)
+        self.changed.set()
 
     def health(self, kind: str, ok: bool) -> None:
         with self.lock:
@@ -198,10 +221,13 @@ class Cache:
                     "in sync again" if ok else "lost: counts will only go down until it is back")
             self.changed.set()
 
-    def snapshot(self) -> tuple[list[U.PodUsage], dict[str, dict], bool]:
+    def snapshot(self) -> tuple[dict[str, U.NodeUsage], dict[str, dict], bool]:
+        """(usage per Kubernetes node, slim nodes, healthy)."""
         with self.lock:
             healthy = all(k in self.listed and self.ok[k] for k in self.KINDS)
-            return list(self.pods.values()), dict(self.nodes), healthy
+            usage = {n: U.NodeUsage(c, m, tuple(e.values()))
+                     for n, (c, m, e) in self.sums.items()}
+            return usage, dict(self.nodes), healthy
 
 
 # ----------------------------------------------------------------- reconcile
@@ -227,6 +253,7 @@ class Reconciler:
         self.gn_exists: set[str] = set()
         self.cluster = cfg.cluster_name
         self.applied_total = 0
+        self.slurm_view = None   # name -> SlurmNode as of the last refresh
 
     def _warn_new(self, warnings: list[str]) -> None:
         now = set(warnings)
@@ -234,16 +261,22 @@ class Reconciler:
             log.warning("%s", w)
         self.warned = now
 
-    def cycle(self, slurm_nodes=None) -> U.Desired | None:
+    def cycle(self, slurm_nodes=None, refresh: bool = True) -> U.Desired | None:
+        """One reconcile.  refresh=False reuses the Slurm view of the last
+        refresh (kept current with what we applied since): pod events then
+        cost no `scontrol show node`; the periodic refresh still catches
+        anything Slurm changed on its own (restart, reconfigure, jobs)."""
         if slurm_nodes is None:
-            try:
-                slurm_nodes = self.slurm.list_nodes()
-            except Exception as e:  # slurmctld down: nothing we can do this cycle
-                log.warning("cannot read Slurm nodes: %s", e)
-                return None
-        pods, knodes, healthy = self.cache.snapshot()
+            if refresh or self.slurm_view is None:
+                try:
+                    self.slurm_view = {n.name: n for n in self.slurm.list_nodes()}
+                except Exception as e:  # slurmctld down: nothing we can do this cycle
+                    log.warning("cannot read Slurm nodes: %s", e)
+                    return None
+            slurm_nodes = list(self.slurm_view.values())
+        k8s_usage, knodes, healthy = self.cache.snapshot()
         d = U.desired_state(
-            pods, knodes, slurm_nodes, self.last_applied, self.last_unmanaged, healthy,
+            k8s_usage, knodes, slurm_nodes, self.last_applied, self.last_unmanaged, healthy,
             key=self.cfg.node_key, map_by_name=self.cfg.map_by_name,
             reserve_cpu=self.cfg.reserve_cpus or 0,
             reserve_memory_mb=self.cfg.reserve_memory_mb or 0)
@@ -259,10 +292,15 @@ class Reconciler:
                 log.error("cannot write state file %s: %s", self.cfg.state_file, e)
             self.last_applied, self.last_unmanaged = state, d.unmanaged
 
+        raw = {n.name: getattr(n, "gres_raw", None) for n in slurm_nodes}
         for name, counts in U.differences(d.targets, slurm_nodes).items():
             try:
-                self.slurm.set_node_gres(name, counts)
+                # Passing the Gres= text we just read saves one scontrol call.
+                self.slurm.set_node_gres(name, counts, current_raw=raw.get(name))
                 self.applied_total += 1
+                if self.slurm_view is not None and name in self.slurm_view:
+                    n = self.slurm_view[name]
+                    self.slurm_view[name] = dataclasses.replace(n, gres={**n.gres, **counts})
                 log.info("applied %s %s", name,
                          " ".join(f"{k}={v}" for k, v in sorted(counts.items())))
             except Exception as e:  # SlurmError, node gone, slurmctld down
@@ -355,8 +393,9 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
         if woke and cfg.debounce_seconds:
             time.sleep(cfg.debounce_seconds)
         cache.changed.clear()
-        rec.cycle()
-        if time.monotonic() >= next_resync:
+        refresh = time.monotonic() >= next_resync
+        rec.cycle(refresh=refresh)
+        if refresh:
             next_resync = time.monotonic() + cfg.resync_seconds
     return 0
 

@@ -14,6 +14,11 @@ from pyk8sres import usage as U
 MI = 1024 * 1024
 
 
+def N(*cores):
+    """cores -> nanocores, the unit PodUsage/NodeUsage use."""
+    return int(F(*cores) * 10**9)
+
+
 @dataclass(frozen=True)
 class SNode:
     name: str
@@ -37,7 +42,7 @@ class SlurmWorld:
     def list_nodes(self):
         return list(self.nodes.values())
 
-    def set_node_gres(self, name, counts):
+    def set_node_gres(self, name, counts, current_raw=None):
         n = self.nodes[name]
         self.nodes[name] = dataclasses.replace(n, gres={**n.gres, **counts})
 
@@ -89,12 +94,12 @@ def test_cache_tracks_watch_events():
     c.event("pods", "MODIFIED", pod("a", "n1"))          # nothing we count changed
     assert not c.changed.is_set()
     c.event("pods", "ADDED", pod("b", "n1", cpu="2"))
-    assert c.changed.is_set() and c.pods["ns/b"].cpu == 2
+    assert c.changed.is_set() and c.pods["ns/b"].cpu == 2 * 10**9
     c.event("pods", "MODIFIED", pod("b", "n1", phase="Failed"))
     c.event("pods", "ADDED", pod("w", "n1", labels={"pyk8sres.io/slurm-worker": "true"}))
     c.event("pods", "DELETED", pod("a", "n1"))
-    pods, nodes, healthy = c.snapshot()
-    assert pods == [] and healthy
+    usage, nodes, healthy = c.snapshot()
+    assert usage == {} and c.pods == {} and healthy
 
 
 def test_cache_health_needs_both_lists_and_live_watches():
@@ -123,10 +128,10 @@ def test_desired_state_table():
     nodes = [SNode("n1"), SNode("n2"), SNode("n3"), SNode("n4")]
     knodes = {"n1": knode("n1"), "k8s-b": knode("k8s-b", **{"pyk8sres.io/slurm-node": "n2"}),
               "kx": knode("kx")}
-    pods = [U.PodUsage("n1", F(1735, 1000), F(2393 * MI)),
-            U.PodUsage("k8s-b", F(1), F(1000 * MI)),
-            U.PodUsage("kx", F(3), F(0))]                  # unmapped node: ignored
-    d = U.desired_state(pods, knodes, nodes, {}, [], True)
+    pods = [U.PodUsage("n1", N(1735, 1000), 2393 * MI),
+            U.PodUsage("k8s-b", N(1), 1000 * MI),
+            U.PodUsage("kx", N(3), 0)]                  # unmapped node: ignored
+    d = U.desired_state(U.usage_by_k8s_node(pods), knodes, nodes, {}, [], True)
     assert d.targets == {"n1": {"k8scpu": 2, "k8smemory": 5607},
                          "n2": {"k8scpu": 3, "k8smemory": 7000}}
     assert d.unmanaged == ["n3", "n4"]
@@ -134,7 +139,7 @@ def test_desired_state_table():
 
     # Unhealthy, previous state known: never above it; unmanaged list kept.
     last = {"n1": {"k8scpu": 1, "k8smemory": 9000}}
-    d = U.desired_state(pods, knodes, nodes, last, ["n4"], False)
+    d = U.desired_state(U.usage_by_k8s_node(pods), knodes, nodes, last, ["n4"], False)
     assert d.targets["n1"] == {"k8scpu": 1, "k8smemory": 5607}
     assert d.targets["n2"] == {"k8scpu": 0, "k8smemory": 0}
     assert d.unmanaged == ["n4"]
@@ -258,3 +263,100 @@ def test_config_rejects(tmp_path, text):
 def test_cli_flags_override(tmp_path, monkeypatch):
     a = sync.parse_args(["--once", "--state-file", "/x", "--resync", "3", "--no-generic-nodes"])
     assert a.once and a.state_file == "/x" and a.resync_seconds == 3 and a.generic_nodes is False
+
+
+def test_cache_sums_match_a_full_recount():
+    """Incremental per-node sums == summing the pods from scratch, after
+    random adds, modifies, moves, terminal phases, bad data and deletes."""
+    import random
+    rnd = random.Random(7)
+    c = sync.Cache("pyk8sres.io/slurm-worker=true")
+    c.replace("pods", [])
+    c.replace("nodes", [])
+    for _ in range(2000):
+        name = f"p{rnd.randrange(40)}"
+        if rnd.random() < 0.25:
+            c.event("pods", "DELETED", pod(name, "n1"))
+            continue
+        cpu = rnd.choice(["100m", "1", "1.5", "bad", "250m"])
+        phase = rnd.choice(["Running", "Running", "Pending", "Succeeded"])
+        c.event("pods", "MODIFIED", pod(name, rnd.choice(["n1", "n2", None]), cpu, "1Mi", phase))
+    usage, _, _ = c.snapshot()
+    assert usage == U.usage_by_k8s_node(c.pods.values())
+
+
+def test_event_cycles_reuse_the_slurm_view(world):
+    slurm, cache, rec, _ = world
+    rec.cycle()                                   # refresh
+    calls = []
+    real = slurm.list_nodes
+    slurm.list_nodes = lambda: calls.append(1) or real()
+    cache.event("pods", "ADDED", pod("a", "n1", "1", "0"))
+    rec.cycle(refresh=False)
+    assert slurm.counts("n1") == (3, 8000) and calls == []
+    slurm.restart()                               # Slurm forgot; the next refresh heals
+    rec.cycle(refresh=False)
+    rec.cycle(refresh=True)
+    assert slurm.counts("n1") == (3, 8000)
+
+
+class ScriptedServer:
+    """Stands in for kube.Kube at the informer's seam: each watch() call plays
+    the next scripted stream; we check the cache the informer leaves behind."""
+
+    def __init__(self, lists, watches):
+        self.lists, self.watches = list(lists), list(watches)
+        self.watch_rvs = []
+
+    def list(self, kind):
+        return self.lists.pop(0)
+
+    def watch(self, kind, rv, timeout):
+        self.watch_rvs.append(rv)
+        if not self.watches:
+            raise ConnectionError("no more script")
+        step = self.watches.pop(0)
+        if isinstance(step, Exception):
+            raise step
+
+        def gen():
+            for item in step:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        return gen()
+
+
+def test_informer_rewatch_relist_and_health():
+    import threading
+    from pyk8sres.kube import Gone, Informer
+
+    def ev(typ, name, rv, cpu="1"):
+        p = pod(name, "n1", cpu)
+        p["metadata"]["resourceVersion"] = rv
+        return typ, p
+
+    server = ScriptedServer(
+        lists=[([pod("a", "n1")], "10"), ([pod("z", "n1", "3")], "50")],
+        watches=[
+            [ev("ADDED", "b", "11"), ("BOOKMARK", {"metadata": {"resourceVersion": "20"}}),
+             ConnectionResetError("api server went away")],
+            [ev("DELETED", "a", "21"), Gone("too old")],
+            [ev("ADDED", "y", "51")],
+        ])
+    c = sync.Cache()
+    c.replace("nodes", [])
+    stop = threading.Event()
+    inf = Informer(server, "pods", c, watch_timeout=1, backoff_max=0.01, stop=stop)
+    inf.start()
+    deadline = __import__("time").monotonic() + 5
+    while server.watches and __import__("time").monotonic() < deadline:
+        __import__("time").sleep(0.01)
+    __import__("time").sleep(0.05)
+    stop.set()
+    inf.join(2)
+    # Re-watched from the bookmark's rv after the error; relisted after 410.
+    assert server.watch_rvs[:3] == ["10", "20", "50"]
+    assert set(c.pods) == {"ns/z", "ns/y"}
+    assert c.snapshot()[0]["n1"].cpu == 4 * 10**9
+    assert inf.relists == 2

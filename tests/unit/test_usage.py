@@ -10,6 +10,11 @@ from pyk8sres import usage as u
 MI = 1024 * 1024
 
 
+def N(*cores):
+    """cores -> nanocores, the unit PodUsage/NodeUsage use."""
+    return int(F(*cores) * 10**9)
+
+
 # ---------------------------------------------------------------- quantities
 
 @pytest.mark.parametrize("text,value", [
@@ -158,7 +163,7 @@ def test_pod_usage(case, p, expect):
     if expect is None:
         assert got is None, case
     else:
-        assert (got.node, got.cpu, got.error) == (expect[0], u.parse_quantity(expect[1]), None)
+        assert (got.node, got.cpu, got.error) == (expect[0], N(u.parse_quantity(expect[1])), None)
 
 
 @pytest.mark.parametrize("bad", [
@@ -215,14 +220,26 @@ def test_slurm_node_for(case, node, by_name, expect):
     assert u.slurm_node_for(node, KEY, SLURM, by_name) == expect, case
 
 
+def test_usage_by_k8s_node():
+    pods = [u.PodUsage("a", N(1), 5), u.PodUsage("a", N(1, 2), 1), u.PodUsage("b", 0, 0, "bad")]
+    assert u.usage_by_k8s_node(pods) == {"a": u.NodeUsage(N(3, 2), 6),
+                                         "b": u.NodeUsage(0, 0, ("bad",))}
+
+
+def test_two_k8s_nodes_on_one_slurm_node_add_up():
+    got = u.usage_by_slurm_node({"a": u.NodeUsage(1, 2), "b": u.NodeUsage(3, 4, ("x",))},
+                                {"a": "n1", "b": "n1"}, SLURM)
+    assert got == {"n1": u.NodeUsage(4, 6, ("x",))}
+
+
 def test_usage_by_slurm_node():
-    pods = [u.PodUsage("k1", F(1), F(MI)), u.PodUsage("k1", F(1, 2), F(0)),
-            u.PodUsage("n2", F(2), F(0)),            # no node object: same name
-            u.PodUsage("kx", F(8), F(0)),            # unmapped: ignored
+    pods = [u.PodUsage("k1", N(1), MI), u.PodUsage("k1", N(1, 2), 0),
+            u.PodUsage("n2", N(2), 0),            # no node object: same name
+            u.PodUsage("kx", N(8), 0),            # unmapped: ignored
             u.PodUsage("k1", error="pod a/b: bad")]
-    got = u.usage_by_slurm_node(pods, {"k1": "n1", "kx": None}, SLURM)
-    assert got == {"n1": u.NodeUsage(F(3, 2), F(MI), ("pod a/b: bad",)),
-                   "n2": u.NodeUsage(F(2), F(0))}
+    got = u.usage_by_slurm_node(u.usage_by_k8s_node(pods), {"k1": "n1", "kx": None}, SLURM)
+    assert got == {"n1": u.NodeUsage(N(3, 2), MI, ("pod a/b: bad",)),
+                   "n2": u.NodeUsage(N(2), 0)}
 
 
 # ---------------------------------------------------------------- desired counts
@@ -242,13 +259,13 @@ class SNode:
 
 @pytest.mark.parametrize("case,node,usage,reserve,expect", [
     ("idle", SNode(), None, (0, 0), (4, 8000)),
-    ("reference: 1735m/2393Mi", SNode(), u.NodeUsage(F(1735, 1000), F(2393 * MI)), (0, 0),
+    ("reference: 1735m/2393Mi", SNode(), u.NodeUsage(N(1735, 1000), 2393 * MI), (0, 0),
      (2, 5607)),
-    ("reference after scale-up", SNode(), u.NodeUsage(F(2735, 1000), F(3417 * MI)), (0, 0),
+    ("reference after scale-up", SNode(), u.NodeUsage(N(2735, 1000), 3417 * MI), (0, 0),
      (1, 4583)),
-    ("memory rounds up to MB", SNode(), u.NodeUsage(F(0), F(MI + 1)), (0, 0), (4, 7998)),
-    ("never negative", SNode(), u.NodeUsage(F(10), F(10**12)), (0, 0), (0, 0)),
-    ("reserve", SNode(), u.NodeUsage(F(1), F(0)), (1, 1000), (2, 7000)),
+    ("memory rounds up to MB", SNode(), u.NodeUsage(N(0), MI + 1), (0, 0), (4, 7998)),
+    ("never negative", SNode(), u.NodeUsage(N(10), 10**12), (0, 0), (0, 0)),
+    ("reserve", SNode(), u.NodeUsage(N(1), 0), (1, 1000), (2, 7000)),
     ("capped by what slurmd reports", SNode(reported_gres={"k8scpu": 2, "k8smemory": 3000}),
      None, (0, 0), (2, 3000)),
     ("no reported gres: node size", SNode(reported_gres={}), None, (0, 0), (4, 8000)),
@@ -271,8 +288,8 @@ def test_guard(case, desired, last, trusted, expect):
 def test_plan_rules():
     nodes = [SNode("n1"), SNode("n2"), SNode("n3"),
              SNode("plain", gres={}, reported_gres={})]
-    usage = {"n1": u.NodeUsage(F(1), F(1000 * MI)),
-             "n2": u.NodeUsage(F(1), F(0), ("pod x/y: malformed quantity 'lots'",))}
+    usage = {"n1": u.NodeUsage(N(1), 1000 * MI),
+             "n2": u.NodeUsage(N(1), 0, ("pod x/y: malformed quantity 'lots'",))}
     last = {"n2": {"k8scpu": 2, "k8smemory": 5000}, "n3": {"k8scpu": 0, "k8smemory": 0}}
     targets, warnings = u.plan(nodes, usage, {"n1", "n2", "plain"} | set(last), last, True)
     assert targets == {
@@ -304,7 +321,7 @@ def test_differences(case, gres, target, changed):
 def test_generic_node_body_matches_reference():
     node = SNode(name="slurm-test-worker-cpu-0", alloc_cpus=3, alloc_memory=4000)
     spec, status = u.generic_node_body(
-        "cn-hongkong.10.1.0.19", node, u.NodeUsage(F(2735, 1000), F(3417 * MI)), "c1")
+        "cn-hongkong.10.1.0.19", node, u.NodeUsage(N(2735, 1000), 3417 * MI), "c1")
     assert spec == {"clusterName": "c1", "alias": "slurm-test-worker-cpu-0", "type": "Slurm"}
     assert status["allocatedResources"] == [
         {"type": "Slurm", "allocated": {"cpu": "3", "memory": "4000Mi"}},

@@ -1,0 +1,341 @@
+"""Benchmark `pyk8sres sync` (a benchmark, not a timed test).
+
+For each cluster size (default 10, 100, 1000 nodes, ~30 pods per node):
+  - a real slurmctld whose nodes are defined in slurm.conf only (GRES
+    updates need no slurmd), ports 27200+ on 127.0.0.1;
+  - a real Kubernetes API server (pyk8sres.kubeapi_server), nodes n1..nN and
+    30 bound pods each;
+  - the daemon as its own process (`python -m pyk8sres.sync`).
+Measured: latency from a pod being bound (create with spec.nodeName) to the
+node's Slurm count being updated (the daemon's "applied" log line, same
+clock), p50/p99; the daemon's CPU time (startup, idle resync, per sample)
+and memory (peak RSS).  Compared with the 30 s polling interval of Slinky
+slurm-bridge, the nearest open-source peer.
+
+  python bench/bench_sync.py [--nodes 10,100,1000] [--pods-per-node 30] [--samples 100]
+
+Goal: p99 < 1 s at 1000 nodes, memory < 200 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime as dt
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+ROOT = "/tmp/helper-sync/bench"
+SLURM_PORT = 27200
+KUBE_PORT = 27250
+CPUS, MEM = 32, 128000
+POD_CPU, POD_MEM = "250m", "256Mi"     # 30 pods: 7.5 CPUs -> 8, 7680 MB
+PEER_INTERVAL = 30.0                   # Slinky slurm-bridge polls Slurm every 30 s
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+# ----------------------------------------------------------------- Slurm
+
+class BenchSlurm:
+    """munged + slurmctld only; nodes exist in slurm.conf, no slurmd."""
+
+    def __init__(self, work: str, nodes: int):
+        self.work, self.nodes = work, nodes
+        self.conf = f"{work}/etc/slurm.conf"
+        self.pids: list[int] = []
+
+    @property
+    def env(self):
+        return dict(os.environ, SLURM_CONF=self.conf)
+
+    def start(self):
+        w = self.work
+        shutil.rmtree(w, ignore_errors=True)
+        for d in ("etc", "munge", "state", "run", "log", "spool"):
+            os.makedirs(f"{w}/{d}")
+        os.chmod(f"{w}/munge", 0o700)
+        with open(f"{w}/munge/munge.key", "wb") as f:
+            f.write(os.urandom(1024))
+        os.chmod(f"{w}/munge/munge.key", 0o400)
+        host = socket.gethostname()
+        with open(self.conf, "w") as f:
+            f.write(f"""ClusterName=bench
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={SLURM_PORT}
+SlurmdPort={SLURM_PORT + 1}
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={w}/munge/munge.sock
+StateSaveLocation={w}/state
+SlurmdSpoolDir={w}/spool/%n
+SlurmctldPidFile={w}/run/slurmctld.pid
+SlurmctldLogFile={w}/log/slurmctld.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+SlurmdParameters=config_overrides
+GresTypes=k8scpu,k8smemory
+NodeName=n[1-{self.nodes}] NodeHostname={host} NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory={MEM} Gres=k8scpu:{CPUS},k8smemory:{MEM} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+""")
+        with open(f"{w}/etc/gres.conf", "w") as f:
+            f.write("Name=k8scpu Flags=CountOnly\nName=k8smemory Flags=CountOnly\n")
+        self._spawn(["munged", "-F", "--force", f"--socket={w}/munge/munge.sock",
+                     f"--key-file={w}/munge/munge.key", f"--pid-file={w}/munge/munged.pid",
+                     f"--log-file={w}/munge/munged.log", f"--seed-file={w}/munge/munged.seed"])
+        deadline = time.monotonic() + 10
+        while not os.path.exists(f"{w}/munge/munge.sock") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._spawn(["slurmctld", "-D", "-i", "-f", self.conf])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            r = subprocess.run(["scontrol", "ping"], env=self.env, capture_output=True, text=True)
+            if "is UP" in r.stdout:
+                return
+            time.sleep(0.2)
+        raise RuntimeError("slurmctld did not come up: see " + f"{w}/log")
+
+    def _spawn(self, argv):
+        out = open(f"{self.work}/log/{os.path.basename(argv[0])}.out", "ab")
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.pids.append(p.pid)
+
+    def stop(self):
+        for pid in reversed(self.pids):
+            _stop_pid(pid)
+        self.pids = []
+
+
+def _stop_pid(pid, timeout=10.0):
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+# ----------------------------------------------------------------- Kubernetes
+
+def start_api(work):
+    from pyk8sres import kubeapi_server
+    server = kubeapi_server.KubeAPIServer().start(work, port=KUBE_PORT)
+    return server
+
+
+def stop_api(server, work):
+    for meth in ("stop", "down", "close"):
+        if hasattr(server, meth):
+            getattr(server, meth)()
+            return
+    from pyk8sres import kubeapi_server
+    kubeapi_server.down(work)
+
+
+def populate(core, nodes: int, per_node: int):
+    def mk_node(i):
+        core.create_node({"metadata": {"name": f"n{i}"},
+                          "status": {"capacity": {"cpu": str(CPUS), "memory": f"{MEM}Mi"}}},
+                         _preload_content=False).release_conn()
+
+    def mk_pods(i):
+        for j in range(per_node):
+            pod(core, f"n{i}", f"p{i}-{j}", POD_CPU, POD_MEM)
+
+    with cf.ThreadPoolExecutor(8) as ex:
+        list(ex.map(mk_node, range(1, nodes + 1)))
+        list(ex.map(mk_pods, range(1, nodes + 1)))
+
+
+def pod(core, node, name, cpu, mem):
+    core.create_namespaced_pod("default", {
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "containers": [{
+            "name": "c", "image": "x", "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}},
+        _preload_content=False).release_conn()
+
+
+# ----------------------------------------------------------------- daemon
+
+class Daemon:
+    LINE = re.compile(r"^(\S+ \S+) pyk8sres sync: INFO applied (\S+) k8scpu=(\d+) k8smemory=(\d+)")
+
+    def __init__(self, work, kubeconfig, slurm: BenchSlurm):
+        self.log = f"{work}/sync.log"
+        open(self.log, "w").close()
+        self.pos = 0
+        env = dict(slurm.env, PYTHONPATH=REPO)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pyk8sres.sync", "--kubeconfig", kubeconfig,
+             "--state-file", f"{work}/state.json", "--cluster-name", "bench", "--resync", "1"],
+            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env,
+            start_new_session=True)
+
+    def cpu(self) -> float:
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+
+    def mem_mb(self) -> tuple[float, float]:
+        vals = {}
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("VmRSS", "VmHWM"):
+                    vals[k] = int(v.split()[0]) / 1024
+        return vals["VmRSS"], vals["VmHWM"]
+
+    def applied(self):
+        """New (time, node, cpu, mem) apply records since the last call."""
+        with open(self.log) as f:
+            f.seek(self.pos)
+            data = f.read()
+        cut = data.rfind("\n") + 1
+        self.pos += len(data[:cut].encode())
+        out = []
+        for line in data[:cut].splitlines():
+            m = self.LINE.match(line)
+            if m:
+                t = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                out.append((t, m.group(2), int(m.group(3)), int(m.group(4))))
+        return out
+
+    def stop(self):
+        _stop_pid(self.proc.pid)
+
+
+# ----------------------------------------------------------------- run
+
+def pct(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def bench(nodes: int, per_node: int, samples: int) -> dict:
+    from kubernetes import client, config
+    work = f"{ROOT}/{nodes}"
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    slurm = BenchSlurm(f"{work}/slurm", nodes)
+    slurm.start()
+    server = daemon = None
+    try:
+        server = start_api(f"{work}/kube")
+        core = client.CoreV1Api(config.new_client_from_config(server.kubeconfig))
+        t = time.monotonic()
+        populate(core, nodes, per_node)
+        print(f"  [{nodes} nodes] created {nodes} nodes, {nodes * per_node} pods in "
+              f"{time.monotonic() - t:.1f}s", flush=True)
+
+        used_cpu = -(-per_node * 250 // 1000)
+        used_mem = per_node * 256
+        expect = {f"n{i}": (CPUS - used_cpu, MEM - used_mem) for i in range(1, nodes + 1)}
+
+        t0 = time.monotonic()
+        daemon = Daemon(work, server.kubeconfig, slurm)
+        seen: dict[str, tuple[int, int]] = {}
+        while {n: seen.get(n) for n in expect} != expect:
+            for _, n, c, m in daemon.applied():
+                seen[n] = (c, m)
+            if daemon.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited; see {daemon.log}")
+            if time.monotonic() - t0 > 600:
+                raise RuntimeError("initial sync took over 600 s")
+            time.sleep(0.05)
+        startup = time.monotonic() - t0
+        time.sleep(3)  # let GenericNode creation settle
+        cpu_start = daemon.cpu()
+
+        # Idle: only the periodic comparison with Slurm runs.
+        c0, w0 = daemon.cpu(), time.monotonic()
+        time.sleep(10)
+        idle_cpu = (daemon.cpu() - c0) / (time.monotonic() - w0)
+
+        lat = []
+        c0 = daemon.cpu()
+        rnd = random.Random(1)
+        for k in range(samples):
+            node = f"n{rnd.randint(1, nodes)}"
+            cpu_now, mem_now = expect[node]
+            want = (cpu_now - 1, mem_now - 100)
+            daemon.applied()                      # skip older lines
+            tb = time.time()
+            pod(core, node, f"s{k}", "1", "100Mi")
+            deadline = time.monotonic() + 10
+            got = None
+            while got is None and time.monotonic() < deadline:
+                for ta, n, c, m in daemon.applied():
+                    if n == node and (c, m) == want:
+                        got = ta
+                time.sleep(0.002)
+            if got is None:
+                print(f"  sample {k}: {node} not updated within 10 s", flush=True)
+                lat.append(10.0)
+            else:
+                lat.append(max(0.0, got - tb))
+            expect[node] = want
+            time.sleep(0.05)
+        sample_cpu = (daemon.cpu() - c0) / samples
+        rss, hwm = daemon.mem_mb()
+        return {"nodes": nodes, "pods": nodes * per_node, "samples": samples,
+                "p50": statistics.median(lat), "p99": pct(lat, 99), "max": max(lat),
+                "startup_s": startup, "startup_cpu_s": cpu_start,
+                "idle_cpu_pct": 100 * idle_cpu, "cpu_ms_per_event": 1000 * sample_cpu,
+                "rss_mb": rss, "peak_rss_mb": hwm}
+    finally:
+        if daemon:
+            daemon.stop()
+        if server:
+            stop_api(server, f"{work}/kube")
+        slurm.stop()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--nodes", default="10,100,1000")
+    p.add_argument("--pods-per-node", type=int, default=30)
+    p.add_argument("--samples", type=int, default=100)
+    a = p.parse_args(argv)
+    results = []
+    for n in [int(x) for x in a.nodes.split(",")]:
+        r = bench(n, a.pods_per_node, a.samples)
+        results.append(r)
+        print(f"  {r}", flush=True)
+    print()
+    print(f"{'nodes':>6} {'pods':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+          f"{'vs 30s poll':>12} {'startup s':>9} {'idle CPU':>8} {'CPU/event':>10} {'peak RSS':>9}")
+    for r in results:
+        print(f"{r['nodes']:>6} {r['pods']:>6} {1000 * r['p50']:>8.1f} {1000 * r['p99']:>8.1f} "
+              f"{1000 * r['max']:>8.1f} {PEER_INTERVAL / r['p99']:>10.0f}x "
+              f"{r['startup_s']:>9.1f} {r['idle_cpu_pct']:>7.1f}% "
+              f"{r['cpu_ms_per_event']:>8.1f}ms {r['peak_rss_mb']:>7.0f}MB")
+    print("vs 30s poll = Slinky slurm-bridge's 30 s polling interval / our p99 "
+          "(its average wait is 15 s: / p50 gives that ratio x0.5).")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,197 @@
+"""job_submit/k8s_resource_completion inside a real slurmctld (root only).
+
+A local 3-node cluster (munged, slurmctld, 3 slurmd) is started from the
+installed package: every submission below goes through sbatch/srun/salloc,
+the real RPC, our plugin and the embedded Python, and is checked with
+`scontrol show job` / `scontrol -d show node`.
+Ports: PYK8SRES_TEST_JS_PORT (default 17100) .. +3.
+"""
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from pyk8sres import cluster, install
+
+BASE_PORT = int(os.environ.get("PYK8SRES_TEST_JS_PORT", "17100"))
+CPUS, MEMORY = 8, 16000
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the local cluster runs daemons as root"),
+    pytest.mark.skipif(not shutil.which("slurmctld") and not os.path.exists("/usr/sbin/slurmctld"),
+                       reason="slurmctld not installed (apt-get install slurmctld slurmd)"),
+]
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory):
+    work = str(tmp_path_factory.mktemp("js"))
+    handle = cluster.up(work, nodes=3, cpus=CPUS, memory=MEMORY, base_port=BASE_PORT,
+                        node_features=False, def_mem_per_cpu=100)
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = handle.conf
+    yield handle
+    cluster.down(work)
+    if old is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = old
+
+
+def run(*args, check=True, timeout=60):
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd="/tmp")
+    if check and proc.returncode:
+        raise AssertionError(f"{' '.join(args)} failed: {proc.stderr}")
+    return proc
+
+
+def sbatch(*opts, hold=True, script="sleep 300"):
+    args = ["sbatch", "--parsable", "--output=/dev/null"] + (["-H"] if hold else []) + list(opts)
+    out = run(*args, "--wrap", script).stdout.strip()
+    return out.split(";")[0]
+
+
+def job(job_id) -> dict:
+    out = run("scontrol", "-d", "show", "job", "-o", str(job_id)).stdout
+    return dict(re.findall(r"(?:^|\s)(TresPerNode|TresPerTask|NumCPUs|NumTasks|JobState|Reason|"
+                           r"NodeList|MinMemoryNode|MinMemoryCPU)=(\S*)", out.splitlines()[0]))
+
+
+def gres_used(node) -> dict:
+    out = run("scontrol", "-d", "show", "node", node).stdout
+    used = re.search(r"GresUsed=(\S+)", out).group(1)
+    return {k: int(v) for k, v in re.findall(r"(k8s\w+):(\d+)", used)}
+
+
+def wait_state(job_id, state, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = job(job_id)
+        if info.get("JobState") == state:
+            return info
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} not {state}: {job(job_id)}")
+
+
+@pytest.fixture(autouse=True)
+def clean_queue(c):
+    yield
+    run("scancel", "--user=root", check=False)
+    deadline = time.monotonic() + 20
+    while run("squeue", "-h", "-t", "R,PD,CG").stdout.strip() and time.monotonic() < deadline:
+        time.sleep(0.3)
+
+
+# sbatch options -> TresPerNode / TresPerTask (DefMemPerCPU=100)
+SUBMISSIONS = [
+    ([], "gres:k8scpu:1,gres:k8smemory:100", None),
+    (["-c", "3"], "gres:k8scpu:3,gres:k8smemory:300", None),
+    (["--cpus-per-task=3", "--mem=4000"], "gres:k8scpu:3,gres:k8smemory:4000", None),
+    (["-c", "2", "--mem-per-cpu=500"], "gres:k8scpu:2,gres:k8smemory:1000", None),
+    (["-N", "2", "--ntasks-per-node=2", "-c", "2"], "gres:k8scpu:4,gres:k8smemory:400", None),
+    (["-n", "5", "-N", "2"], "gres:k8scpu:3,gres:k8smemory:300", None),
+    (["-n", "6"], None, "gres:k8scpu:1,gres:k8smemory:100"),
+    (["-N", "3", "-c", "2"], "gres:k8scpu:2,gres:k8smemory:200", None),
+    (["--mincpus=6"], "gres:k8scpu:6,gres:k8smemory:600", None),
+    (["-c", "2", "--gres=k8scpu:5"], "gres:k8scpu:5,gres:k8smemory:200", None),
+    (["-c", "8", "--gres=k8scpu:0"], "gres:k8scpu:8,gres:k8smemory:800", None),
+    (["-c", "2", "--mem=0"], "gres:k8scpu:2", None),
+    (["-c", "2", "--exclusive"], "gres:k8scpu:2,gres:k8smemory:200", None),
+]
+
+
+@pytest.mark.parametrize("opts,per_node,per_task", SUBMISSIONS, ids=[" ".join(s[0]) or "plain"
+                                                                       for s in SUBMISSIONS])
+def test_sbatch_completion(c, opts, per_node, per_task):
+    info = job(sbatch(*opts))
+    assert info.get("TresPerNode") == per_node
+    assert info.get("TresPerTask") == per_task
+
+
+def test_job_array_every_task(c):
+    job_id = sbatch("--array=1-3", "-c", "2")
+    out = run("scontrol", "show", "job", "-o", job_id).stdout.splitlines()
+    assert out and all("TresPerNode=gres:k8scpu:2,gres:k8smemory:200" in line for line in out)
+
+
+def test_heterogeneous_job_every_component(c, tmp_path):
+    script = tmp_path / "het.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -c 2\n#SBATCH hetjob\n#SBATCH -c 3 --mem=700\nsleep 300\n")
+    out = run("sbatch", "--parsable", "-H", "--output=/dev/null", str(script)).stdout.strip()
+    lead = out.split("+")[0].split(";")[0]
+    lines = run("scontrol", "show", "job", "-o", lead).stdout.splitlines()
+    tres = sorted(re.search(r"TresPerNode=(\S+)", line).group(1) for line in lines)
+    assert tres == ["gres:k8scpu:2,gres:k8smemory:200", "gres:k8scpu:3,gres:k8smemory:700"]
+
+
+def test_srun_allocation_sees_completed_gres(c):
+    out = run("srun", "-c", "3", "--mem=400", "sh", "-c",
+              "scontrol show job -o $SLURM_JOB_ID").stdout
+    assert "TresPerNode=gres:k8scpu:3,gres:k8smemory:400" in out
+
+
+def test_salloc_allocation(c):
+    proc = run("salloc", "--no-shell", "-c", "2", "--mem-per-cpu=300")
+    job_id = re.search(r"Granted job allocation (\d+)", proc.stderr).group(1)
+    assert job(job_id)["TresPerNode"] == "gres:k8scpu:2,gres:k8smemory:600"
+
+
+def test_running_job_holds_gres_per_node(c):
+    job_id = sbatch("-n", "10", hold=False)
+    info = wait_state(job_id, "RUNNING")
+    assert info["TresPerTask"] == "gres:k8scpu:1,gres:k8smemory:100"
+    used = [gres_used(n) for n in ("n1", "n2", "n3")]
+    assert sum(u["k8scpu"] for u in used) == 10
+    assert sum(u["k8smemory"] for u in used) == 1000
+
+
+@pytest.mark.parametrize("gres,message", [
+    ("k8scpu:abc", "k8scpu takes a plain count"),
+    ("k8smemory:99999999999999999999", "count too large"),
+])
+def test_bad_gres_is_a_clear_error(c, gres, message):
+    proc = run("sbatch", "--output=/dev/null", f"--gres={gres}", "--wrap", "true", check=False)
+    assert proc.returncode != 0
+    assert f"sbatch: error: invalid GRES '{gres}': {message}" in proc.stderr
+    assert run("squeue", "-h").stdout.strip() == ""
+
+
+def test_huge_task_count_rejected_not_crashing(c):
+    proc = run("sbatch", "--output=/dev/null", "-N", "1", "-n", "100000", "-c", "65000",
+               "--wrap", "true", check=False)
+    assert proc.returncode != 0
+    assert run("scontrol", "ping").stdout.count("UP") == 1  # slurmctld is still there
+
+
+def test_update_recomputes_without_duplicates(c):
+    job_id = sbatch("-c", "2")
+    run("scontrol", "update", f"JobId={job_id}", "TimeLimit=10")
+    assert job(job_id)["TresPerNode"] == "gres:k8scpu:2,gres:k8smemory:200"
+    run("scontrol", "update", f"JobId={job_id}", "MinMemoryCPU=300")
+    assert job(job_id)["TresPerNode"] == "gres:k8scpu:2,gres:k8smemory:600"
+    proc = run("scontrol", "update", f"JobId={job_id}", "NumTasks=3", check=False)
+    if "cannot see a submitted job" in proc.stderr:
+        pytest.fail("plugin built without -Dslurm_source: job_modify cannot recompute")
+    assert job(job_id)["TresPerNode"] == "gres:k8scpu:6,gres:k8smemory:1800"
+    run("scontrol", "update", f"JobId={job_id}", "Gres=k8scpu:1")
+    assert job(job_id)["TresPerNode"] == "gres:k8scpu:6,gres:k8smemory:1800"
+
+
+def test_seed_scenario_kubernetes_usage_blocks_then_releases(c):
+    """Kubernetes holds 3 of n1's 8 CPUs: one -c 3 job fits, the next pends."""
+    run("scontrol", "update", "NodeName=n1", f"Gres=k8scpu:{CPUS - 3},k8smemory:{MEMORY}")
+    try:
+        first = sbatch("-w", "n1", "-c", "3", hold=False)
+        wait_state(first, "RUNNING")
+        second = sbatch("-w", "n1", "-c", "3", hold=False)
+        time.sleep(3)  # a few scheduling passes
+        info = job(second)
+        assert (info["JobState"], info["Reason"]) == ("PENDING", "Resources")
+        assert gres_used("n1")["k8scpu"] == 3
+    finally:
+        run("scontrol", "update", "NodeName=n1", f"Gres=k8scpu:{CPUS},k8smemory:{MEMORY}")
+    wait_state(second, "RUNNING")
+    assert gres_used("n1")["k8scpu"] == 6
