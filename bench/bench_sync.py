@@ -140,10 +140,13 @@ def _stop_pid(pid, timeout=10.0):
 
 # ----------------------------------------------------------------- Kubernetes
 
+KUBE_PATHS = None   # set from --apiserver/--etcd; None: kubeapi_server.build()
+
+
 def start_api(work):
     from pyk8sres import kubeapi_server
-    server = kubeapi_server.KubeAPIServer().start(work, port=KUBE_PORT)
-    return server
+    paths = kubeapi_server.Paths(*KUBE_PATHS, "kubectl") if KUBE_PATHS else None
+    return kubeapi_server.KubeAPIServer(paths).start(work, port=KUBE_PORT)
 
 
 def stop_api(server, work):
@@ -266,7 +269,18 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
                 raise RuntimeError("initial sync took over 600 s")
             time.sleep(0.05)
         startup = time.monotonic() - t0
-        time.sleep(3)  # let GenericNode creation settle
+        # GenericNodes are written by their own thread: wait for all of them
+        # so the idle figure is really idle.
+        custom = client.CustomObjectsApi(core.api_client)
+        while True:
+            gns = custom.list_cluster_custom_object("pyk8sres.io", "v1alpha1", "genericnodes")
+            if len(gns.get("items", [])) >= nodes:
+                break
+            if time.monotonic() - t0 > 900:
+                raise RuntimeError("GenericNodes not all created within 900 s")
+            time.sleep(0.5)
+        gn_ready = time.monotonic() - t0
+        time.sleep(2)
         cpu_start = daemon.cpu()
 
         # Idle: only the periodic comparison with Slurm runs.
@@ -302,7 +316,7 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
         rss, hwm = daemon.mem_mb()
         return {"nodes": nodes, "pods": nodes * per_node, "samples": samples,
                 "p50": statistics.median(lat), "p99": pct(lat, 99), "max": max(lat),
-                "startup_s": startup, "startup_cpu_s": cpu_start,
+                "startup_s": startup, "genericnodes_s": gn_ready, "startup_cpu_s": cpu_start,
                 "idle_cpu_pct": 100 * idle_cpu, "cpu_ms_per_event": 1000 * sample_cpu,
                 "rss_mb": rss, "peak_rss_mb": hwm}
     finally:
@@ -318,7 +332,12 @@ def main(argv=None):
     p.add_argument("--nodes", default="10,100,1000")
     p.add_argument("--pods-per-node", type=int, default=30)
     p.add_argument("--samples", type=int, default=100)
+    p.add_argument("--apiserver", help="pyk8sres-apiserver binary (default: kube/build.sh)")
+    p.add_argument("--etcd", help="etcd binary (with --apiserver)")
     a = p.parse_args(argv)
+    global KUBE_PATHS
+    if a.apiserver:
+        KUBE_PATHS = (a.apiserver, a.etcd or "etcd")
     results = []
     for n in [int(x) for x in a.nodes.split(",")]:
         r = bench(n, a.pods_per_node, a.samples)

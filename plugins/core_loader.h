@@ -41,7 +41,7 @@ struct pyk8sres_core {
 	int (*ping)(char *, size_t);
 	int (*job_submit)(const struct pyk8sres_job *, int *, char *, size_t,
 			  char *, size_t, char *, size_t);
-	int (*reconfigure)(const char *, char *, size_t);
+	int (*reconfigure)(const char *, int *, char *, size_t);
 	int (*node_counts)(const char *, uint32_t, uint64_t, uint64_t *,
 			   uint64_t *, char *, size_t);
 };

@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE /* dladdr */
 #include <inttypes.h>
+#include <time.h>
 #include <string.h>
 
 #include <slurm/slurm.h>
@@ -30,6 +31,8 @@ extern void slurm_xfree(void **ptr);
 extern slurm_conf_t slurm_conf;
 
 static struct pyk8sres_core core;
+static int accept_on_error; /* OnInternalError=accept in k8s_resources.conf */
+static time_t conf_seen;    /* slurm_conf.last_update we configured Python for */
 
 int init(void)
 {
@@ -37,10 +40,12 @@ int init(void)
 
 	if (pyk8sres_core_load(&core, plugin_type, (void *) init))
 		return SLURM_ERROR;
-	if (core.reconfigure(slurm_conf.slurm_conf, err, sizeof(err))) {
+	if (core.reconfigure(slurm_conf.slurm_conf, &accept_on_error, err,
+			     sizeof(err))) {
 		slurm_error("%s: %s: %s", plugin_type, __func__, err);
 		return SLURM_ERROR;
 	}
+	conf_seen = slurm_conf.last_update;
 	slurm_verbose("%s: %s: loaded (Slurm %d.%d.%d)", plugin_type, __func__,
 		      SLURM_VERSION_MAJOR(SLURM_VERSION_NUMBER),
 		      SLURM_VERSION_MINOR(SLURM_VERSION_NUMBER),
@@ -141,11 +146,26 @@ static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
 	char err[PYK8SRES_OUT_LEN] = "";
 	int changed = 0, rc;
 
+	/* slurmctld re-inits job_submit plugins only when their list changes:
+	 * follow `scontrol reconfigure` (partition defaults, our conf) here. */
+	if (slurm_conf.last_update != conf_seen) {
+		conf_seen = slurm_conf.last_update;
+		if (core.reconfigure(slurm_conf.slurm_conf, &accept_on_error,
+				     err, sizeof(err)))
+			slurm_error("%s: %s: reconfigure: %s (keeping the previous settings)",
+				    plugin_type, __func__, err);
+		err[0] = '\0';
+	}
 	fill_request(&req, d, uid, is_modify);
 	if (is_modify)
 		fill_current(&req, job_ptr);
 	rc = core.job_submit(&req, &changed, node_tres, sizeof(node_tres),
 			     task_tres, sizeof(task_tres), err, sizeof(err));
+	if (rc == PYK8SRES_INTERNAL_ERROR && accept_on_error) {
+		slurm_error("%s: %s: %s (job from uid %u accepted unchanged)",
+			    plugin_type, __func__, err, uid);
+		return SLURM_SUCCESS;
+	}
 	if (rc) {
 		slurm_debug("%s: %s: rejected job from uid %u: %s", plugin_type,
 			    __func__, uid, err);

@@ -52,11 +52,11 @@ const uint32_t plugin_version = SLURM_VERSION_NUMBER;
 #define GRES_MEM "k8smemory"
 
 /*
- * Layout we rely on.  The source headers define the structures, but the
- * shipped slurmctld was built from a configure run we only imitate; pin the
- * field types (always) and, for versions whose layout was checked against the
- * Debian binaries, the offsets, so a drift fails the build instead of
- * corrupting slurmctld's memory.
+ * Layout we rely on.  The structures come from the source headers, but the
+ * shipped slurmctld was built from a configure run we only imitate: pin the
+ * field types (always) and, for the Debian versions we verified (22.05.8 on
+ * bookworm; 24.11.5 on trixie, compiled against its source), the offsets,
+ * so a drift fails the build instead of corrupting slurmctld's memory.
  */
 #define FIELD_SIZE(t, f) sizeof(((t *) 0)->f)
 _Static_assert(FIELD_SIZE(node_record_t, cpus) == sizeof(uint16_t), "cpus");
@@ -73,6 +73,17 @@ AT(node_record_t, gres, 168);
 AT(node_record_t, gres_list, 176);
 AT(node_record_t, name, 232);
 AT(node_record_t, real_memory, 344);
+AT(gres_state_t, plugin_id, 4);
+AT(gres_state_t, gres_data, 8);
+AT(gres_node_state_t, node_feature, 25);
+AT(gres_node_state_t, gres_cnt_avail, 32);
+AT(gres_node_state_t, gres_cnt_alloc, 48);
+#elif SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(24,11,5)
+AT(node_record_t, cpus, 112);
+AT(node_record_t, gres, 192);
+AT(node_record_t, gres_list, 200);
+AT(node_record_t, name, 272);
+AT(node_record_t, real_memory, 376);
 AT(gres_state_t, plugin_id, 4);
 AT(gres_state_t, gres_data, 8);
 AT(gres_node_state_t, node_feature, 25);
@@ -112,8 +123,10 @@ static int _check_gres_types(void)
 static void _core_reconfigure(void)
 {
 	char err[PYK8SRES_OUT_LEN] = "";
+	int accept_on_error = 0; /* job_submit's setting: not ours */
 
-	if (core.reconfigure(slurm_conf.slurm_conf, err, sizeof(err)))
+	if (core.reconfigure(slurm_conf.slurm_conf, &accept_on_error, err,
+			     sizeof(err)))
 		error("%s: %s: %s", plugin_type, __func__, err);
 }
 

@@ -15,6 +15,8 @@
 
 #define PYK8SRES_PING_SENTINEL 0x6b38 /* "k8": proves Python really ran */
 #define PYK8SRES_OUT_LEN 1024
+#define PYK8SRES_USER_ERROR 1     /* bad job options: tell the user */
+#define PYK8SRES_INTERNAL_ERROR 2 /* a bug: OnInternalError decides */
 
 /* CFFI-BEGIN */
 /* A job as the job_submit plugin sees it: Slurm's NO_VAL/NO_VAL16/NO_VAL64
@@ -70,17 +72,20 @@ struct pyk8sres_job {
 /* Returns PYK8SRES_PING_SENTINEL once Python is up and the core imported. */
 int pyk8sres_ping(char *err, size_t errlen);
 
-/* Completion policy. On return 0, `changed` says whether to replace the job's
- * tres_per_node / tres_per_task with `tres_per_node_out` / `tres_per_task_out`
- * (empty string = clear the field). Non-zero: reject with `err`. */
-int pyk8sres_job_submit(const struct pyk8sres_job *job,
+/* Completion policy, in Python; called through pyk8sres_job_submit below.
+ * On return 0, `changed` bit 1/2 says to replace the job's tres_per_node /
+ * tres_per_task with the output (empty string = clear the field).
+ * Non-zero: reject with `err`. */
+int pyk8sres_job_submit_py(const struct pyk8sres_job *job,
 			int *changed,
 			char *tres_per_node_out, size_t tres_per_node_len,
 			char *tres_per_task_out, size_t tres_per_task_len,
 			char *err, size_t errlen);
 
-/* Reload configuration (slurm.conf dir) after init/reconfigure. */
-int pyk8sres_reconfigure(const char *slurm_conf_path, char *err, size_t errlen);
+/* Reload configuration (slurm.conf dir) after init/reconfigure.
+ * `accept_on_error` gets 1 when OnInternalError=accept. */
+int pyk8sres_reconfigure(const char *slurm_conf_path, int *accept_on_error,
+			 char *err, size_t errlen);
 
 /* node_features: the k8scpu/k8smemory counts a node should carry when it
  * registers, from its hardware and the sync daemon's state file. */
@@ -89,5 +94,13 @@ int pyk8sres_node_counts(const char *node_name, uint32_t cpus,
 			 uint64_t *k8scpu, uint64_t *k8smemory,
 			 char *err, size_t errlen);
 /* CFFI-END */
+
+/* Plain C in the core library: same contract as pyk8sres_job_submit_py,
+ * minus the per-thread cost of a cffi entry point (see _core_build.py). */
+int pyk8sres_job_submit(const struct pyk8sres_job *job,
+			int *changed,
+			char *tres_per_node_out, size_t tres_per_node_len,
+			char *tres_per_task_out, size_t tres_per_task_len,
+			char *err, size_t errlen);
 
 #endif

@@ -261,7 +261,7 @@ class Cluster:
 
 def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_port: int = 17000,
        node_features: bool | None = None, def_mem_per_cpu: int = 100, extra_conf: str = "",
-       k8s_conf: str = "") -> Cluster:
+       k8s_conf: str = "", synced: bool = False) -> Cluster:
     """Write the configuration, start every daemon, wait until nodes are idle."""
     if os.geteuid() != 0:
         raise ClusterError("the local cluster runs its daemons as root: run as root")
@@ -298,8 +298,14 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
                                 plugin_dir=slurm_plugin_dir(), extra=extra_conf))
     with open(os.path.join(work, "etc", "gres.conf"), "w") as f:
         f.write(GRES_CONF)
+    state_file = os.path.join(work, "state", "k8s_resources.state")
     with open(os.path.join(work, "etc", "k8s_resources.conf"), "w") as f:
-        f.write(f"StateFile={work}/state/k8s_resources.state\n{k8s_conf}")
+        f.write(f"StateFile={state_file}\n{k8s_conf}")
+    if node_features and not os.path.exists(state_file):
+        # node_features fails closed (0 k8scpu) on nodes nobody accounts for:
+        # without a sync daemon, declare every node Slurm-only.
+        from . import nodestate
+        nodestate.write_state(state_file, {}, unmanaged=() if synced else ("*",))
 
     try:
         cluster.start_munged()

@@ -21,7 +21,7 @@ as free; see README "Exclusive jobs".
 from __future__ import annotations
 
 import dataclasses
-import math
+import typing
 
 from . import GRES_CPU, GRES_MEMORY, gres
 
@@ -38,9 +38,9 @@ class PolicyError(ValueError):
     """Bad job options: shown to the user as `sbatch: error: ...`."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Job:
-    """The job options that matter here; None means "not given"."""
+class Job(typing.NamedTuple):
+    """The job options that matter here; None means "not given".
+    (A NamedTuple: it is built on every submission, and cheaply.)"""
     cpus_per_task: int | None = None
     num_tasks: int | None = None
     ntasks_per_node: int | None = None
@@ -258,7 +258,7 @@ def complete_modify(change: Job, current: Job | None, site: Site) -> Result:
         raise PolicyError("this build of k8s_resource_completion cannot see a submitted "
                           f"job, so it cannot update {', '.join(changed)}; cancel and "
                           "resubmit the job (or rebuild pyk8sres with -Dslurm_source)")
-    merged = {f.name: getattr(current, f.name) for f in dataclasses.fields(Job)}
+    merged = current._asdict()
     for name in ("tres_per_node", "tres_per_task"):
         if getattr(change, name) is None:  # drop our completion, keep the rest
             merged[name] = gres.without(gres.parse(merged[name]), gres.OURS) or None

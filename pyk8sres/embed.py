@@ -108,6 +108,7 @@ def site_for(c_def_mem: int, slurm_version: int):
     per_node, per_cpu = completion.decode_memory(c_def_mem)
     cluster = completion.MemDefault(per_cpu=per_cpu, per_node=per_node)
     if cluster != _site.cluster_mem or slurm_version != _site.slurm_version:
+        _forget_answers()
         _site = completion.Site(slurm_version=slurm_version,
                                 under_request=_config.under_request,
                                 cluster_mem=cluster,
@@ -120,11 +121,49 @@ def reconfigure(slurm_conf_path: str) -> None:
     global _config, _site
     from . import slurmconf
     _config = config.load(slurm_conf_path)
+    _forget_answers()
     partitions, default = slurmconf.load_partition_memory(slurm_conf_path)
     _site = completion.Site(slurm_version=_site.slurm_version,
                             under_request=_config.under_request,
                             cluster_mem=_site.cluster_mem,
                             partition_mem=partitions, default_partition=default)
+
+
+_ffi = None
+_job_ptr = None
+_lib = None
+
+
+def _forget_answers() -> None:
+    """The C side memoizes our answers: drop them when the inputs change."""
+    if _lib is not None:
+        _lib.pyk8sres_memo_clear()
+
+
+def job_submit(c) -> tuple:
+    """-> (rc, changed bits, tres_per_node, tres_per_task, error message)."""
+    try:
+        site = site_for(c.def_mem_per_cpu, c.slurm_version)
+        if c.is_modify:
+            result = completion.complete_modify(job_from_c(_ffi, c), current_from_c(_ffi, c), site)
+        else:
+            result = completion.complete(job_from_c(_ffi, c), site)
+        bits = (1 if result.tres_per_node is not None else 0) | \
+            (2 if result.tres_per_task is not None else 0)
+        return OK, bits, result.tres_per_node or "", result.tres_per_task or "", ""
+    except (completion.PolicyError, ValueError) as exc:
+        return USER_ERROR, 0, "", "", str(exc)
+    except BaseException as exc:  # a bug: never let it reach slurmctld
+        log.exception("job_submit/k8s_resource_completion: internal error")
+        if _config.on_internal_error == "accept":
+            return OK, 0, "", "", ""
+        return (INTERNAL_ERROR, 0, "", "", f"internal error ({type(exc).__name__}); the job "
+                "was not submitted, please tell your administrator")
+
+
+def job_submit_fast(address: int) -> tuple:
+    """The hot path from C (see _core_build.py): `address` is the job struct."""
+    return job_submit(_ffi.cast(_job_ptr, address))
 
 
 def bind(ffi, lib) -> None:
@@ -141,47 +180,32 @@ def bind(ffi, lib) -> None:
         return PING_SENTINEL
 
     @ffi.def_extern(error=INTERNAL_ERROR)
-    def pyk8sres_reconfigure(path, err, errlen):
+    def pyk8sres_reconfigure(path, accept_on_error, err, errlen):
         try:
             reconfigure(_text(ffi, path) or os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+            accept_on_error[0] = int(_config.on_internal_error == "accept")
             return OK
         except Exception as exc:
             _put(ffi, err, errlen, f"{type(exc).__name__}: {exc}")
             return USER_ERROR if isinstance(exc, (config.ConfigError, OSError)) else INTERNAL_ERROR
 
     @ffi.def_extern(error=INTERNAL_ERROR)
-    def pyk8sres_job_submit(c, changed, node_out, node_len, task_out, task_len, err, errlen):
-        try:
-            changed[0] = 0
-            site = site_for(c.def_mem_per_cpu, c.slurm_version)
-            job = job_from_c(ffi, c)
-            if c.is_modify:
-                result = completion.complete_modify(job, current_from_c(ffi, c), site)
-            else:
-                result = completion.complete(job, site)
-            if result.tres_per_node is not None:
-                _put(ffi, node_out, node_len, result.tres_per_node)
-                changed[0] |= 1
-            if result.tres_per_task is not None:
-                _put(ffi, task_out, task_len, result.tres_per_task)
-                changed[0] |= 2
-            return OK
-        except (completion.PolicyError, ValueError) as exc:
-            _put(ffi, err, errlen, str(exc))
-            return USER_ERROR
-        except BaseException as exc:  # a bug: never let it reach slurmctld
-            log.exception("job_submit/k8s_resource_completion: internal error")
-            if _config.on_internal_error == "accept":
-                return OK
-            _put(ffi, err, errlen, f"internal error ({type(exc).__name__}); "
-                 "the job was not submitted, please tell your administrator")
-            return INTERNAL_ERROR
+    def pyk8sres_job_submit_py(c, changed, node_out, node_len, task_out, task_len, err, errlen):
+        rc, bits, node, task, message = job_submit(c)
+        changed[0] = bits
+        _put(ffi, node_out, node_len, node)
+        _put(ffi, task_out, task_len, task)
+        _put(ffi, err, errlen, message)
+        return rc
+
+    global _ffi, _job_ptr, _lib
+    _ffi, _job_ptr, _lib = ffi, ffi.typeof("struct pyk8sres_job *"), lib
 
     @ffi.def_extern(error=INTERNAL_ERROR)
     def pyk8sres_node_counts(node, cpus, real_memory, k8scpu, k8smemory, err, errlen):
         try:
             from . import nodefeatures, nodestate
-            state = nodestate.read_state(_config.state_file) \
+            state = nodestate.read_state_cached(_config.state_file) \
                 if os.path.exists(_config.state_file) else None
             cpu, mem = nodefeatures.node_counts(_config, _text(ffi, node), cpus,
                                                 real_memory, state)

@@ -16,7 +16,7 @@ import logging
 import random
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -57,8 +57,17 @@ GENERIC_NODE_CRD = {
                         "clusterName": {"type": "string"},
                         "alias": {"type": "string"},
                         "type": {"type": "string"}}},
-                    "status": {"type": "object",
-                               "x-kubernetes-preserve-unknown-fields": True},
+                    # Same shape as deploy/crd-genericnode.yaml.
+                    "status": {"type": "object", "properties": {
+                        "allocatedResources": {"type": "array", "items": {
+                            "type": "object", "required": ["type"],
+                            "properties": {
+                                "type": {"type": "string", "enum": ["Slurm", "Kubernetes"]},
+                                "allocated": {"type": "object", "properties": {
+                                    "cpu": {"type": "string"},
+                                    "memory": {"type": "string"}}}}}},
+                        "capacity": {"type": "object", "properties": {
+                            "cpu": {"type": "string"}, "memory": {"type": "string"}}}}},
                 },
             }},
         }],
@@ -127,9 +136,14 @@ class Kube:
                 return fn(_preload_content=False, **kw)
             raise
 
-    def list(self, kind: str, page: int = 500) -> tuple[list[dict], str]:
-        """All objects (paged, one consistent snapshot) and the list's resourceVersion."""
-        items: list[dict] = []
+    def list(self, kind: str, page: int = 500, reduce=None) -> tuple[list, str]:
+        """All objects (paged, one consistent snapshot) and the list's resourceVersion.
+
+        reduce(obj), if given, is applied to each object as its page arrives
+        and only its result is kept: 30,000 full pod objects would cost
+        ~100 MB, their reductions a few MB.
+        """
+        items: list = []
         token = None
         while True:
             kw = {"limit": page, "_request_timeout": self.timeout}
@@ -142,7 +156,9 @@ class Kube:
                     items, token = [], None
                     continue
                 raise
-            items.extend(body.get("items") or [])
+            objs = body.pop("items", None) or []
+            items.extend(map(reduce, objs) if reduce else objs)
+            del objs
             meta = body.get("metadata") or {}
             token = meta.get("continue")
             if not token:
@@ -263,6 +279,7 @@ class Informer(threading.Thread):
     """List+watch one kind forever, feeding a handler.
 
     handler.replace(kind, items)  after every (re)list: the full truth
+      (or, if the handler has slim(kind, obj): replace_slim(kind, [slim(obj)...]))
     handler.event(kind, type, obj) for ADDED/MODIFIED/DELETED
     handler.health(kind, ok)      False on any error, True once the watch is open again
 
@@ -285,10 +302,17 @@ class Informer(threading.Thread):
         while not self.stop_event.is_set():
             try:
                 if self.rv is None:
-                    items, self.rv = self.kube.list(self.kind)
-                    self.relists += 1
-                    self.handler.replace(self.kind, items)
+                    # The handler may reduce objects as pages arrive (memory).
+                    slim = getattr(self.handler, "slim", None)
+                    if slim is not None:
+                        items, self.rv = self.kube.list(
+                            self.kind, reduce=lambda o: slim(self.kind, o))
+                        self.handler.replace_slim(self.kind, items)
+                    else:
+                        items, self.rv = self.kube.list(self.kind)
+                        self.handler.replace(self.kind, items)
                     del items
+                    self.relists += 1
                 # Server-side timeout jittered so pod and node watches do not
                 # reconnect in lockstep.
                 t = max(1, int(self.watch_timeout * random.uniform(0.8, 1.0)))

@@ -107,6 +107,26 @@ def read_state(path: str) -> dict:
     return validate(doc, source=path)
 
 
+_cache: dict[str, tuple[tuple, dict]] = {}
+
+
+def read_state_cached(path: str) -> dict:
+    """read_state() that re-parses only when the file changed.
+
+    slurmctld asks once per node at startup/reconfigure (N nodes -> N calls
+    under its write locks); the writer always renames a new file into
+    place, so (device, inode, size, mtime) identifies one content.
+    """
+    st = os.stat(path)  # FileNotFoundError propagates, as in read_state
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    hit = _cache.get(path)
+    if hit and hit[0] == key:
+        return hit[1]
+    state = read_state(path)
+    _cache[path] = (key, state)
+    return state
+
+
 def write_state(path: str, counts: Mapping[str, Mapping[str, int]], *,
                 unmanaged: Iterable[str] = ()) -> None:
     """Atomically replace the state at `path` with `counts` (node -> k8scpu/k8smemory).

@@ -11,8 +11,15 @@ applies only what differs from what Slurm shows.  A periodic cycle (every
 few seconds) also heals slurmctld restarts/reconfigures, which reset counts.
 
 Threads: one informer per kind (pods, nodes) fills the cache; the main
-thread reconciles.  All Kubernetes calls live in kube.py, all Slurm calls
-in slurm.py.
+thread reconciles and sets Slurm counts; one writer thread updates
+GenericNodes so the API server's speed never delays Slurm.  All Kubernetes
+calls live in kube.py, all Slurm calls in slurm.py.
+
+Safety rules (see usage.guard): counts only go down while the Kubernetes
+data is not trusted (no list yet, a watch broken, a malformed pod on the
+node); never above what slurmd reports; the state file is written before
+Slurm is touched, so a restarting slurmctld (node_features plugin) or
+daemon never hands pods' capacity to jobs.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from . import nodestate
 from . import usage as U
 
 log = logging.getLogger("pyk8sres.sync")
+GN_RELIST_SECONDS = 60.0
 
 
 # ----------------------------------------------------------------- config
@@ -168,22 +176,24 @@ class Cache:
             del self.sums[pu.node]
 
     # -- Informer handler interface
-    def replace(self, kind: str, items: list[dict]) -> None:
+    def slim(self, kind: str, obj: dict):
+        """Reduce one listed object to what we keep: (key, value or None)."""
         if kind == "pods":
-            new = {}
-            for o in items:
-                pu = self._pod(o)
-                if pu is not None:
-                    new[self._key(o)] = pu
-            with self.lock:
+            return self._key(obj), self._pod(obj)
+        return (obj.get("metadata") or {}).get("name"), self._slim_node(obj)
+
+    def replace(self, kind: str, items: list[dict]) -> None:
+        self.replace_slim(kind, [self.slim(kind, o) for o in items])
+
+    def replace_slim(self, kind: str, items: list[tuple]) -> None:
+        new = {k: v for k, v in items if v is not None}
+        with self.lock:
+            if kind == "pods":
                 self.pods, self.sums = new, {}
                 for k, pu in new.items():
                     self._account(k, pu, +1)
-        else:
-            new = {o["metadata"]["name"]: self._slim_node(o) for o in items}
-            with self.lock:
+            else:
                 self.nodes = new
-        with self.lock:
             self.listed.add(kind)
             self.ok[kind] = True
         self.changed.set()
@@ -251,9 +261,12 @@ class Reconciler:
         self.warned: set[str] = set()
         self.gn_written: dict[str, tuple[dict, dict]] | None = None
         self.gn_exists: set[str] = set()
+        self.gn_inputs: dict[str, tuple] = {}   # what each written body was built from
+        self.gn_listed = 0.0
         self.cluster = cfg.cluster_name
         self.applied_total = 0
         self.slurm_view = None   # name -> SlurmNode as of the last refresh
+        self.gn_thread: GenericNodeWriter | None = None  # None: write inline
 
     def _warn_new(self, warnings: list[str]) -> None:
         now = set(warnings)
@@ -307,11 +320,17 @@ class Reconciler:
                 log.warning("cannot set %s on %s: %s", counts, name, e)
 
         if self.kube is not None and self.cfg.generic_nodes and healthy:
-            try:
-                self.sync_generic_nodes(d, slurm_nodes)
-            except Exception as e:
-                log.warning("GenericNode update failed: %s", e)
+            if self.gn_thread is None:
+                self.sync_generic_nodes_safe(d, slurm_nodes)
+            else:
+                self.gn_thread.offer(d, slurm_nodes)
         return d
+
+    def sync_generic_nodes_safe(self, d, slurm_nodes) -> None:
+        try:
+            self.sync_generic_nodes(d, slurm_nodes)
+        except Exception as e:  # API down, conflicts: retried on the next cycle
+            log.warning("GenericNode update failed: %s", e)
 
     def sync_generic_nodes(self, d: U.Desired, slurm_nodes) -> None:
         """Make GenericNodes match (write only what changed)."""
@@ -322,21 +341,37 @@ class Reconciler:
                 self.cluster = self.slurm.cluster_name()
             except Exception:
                 self.cluster = ""
+        if self.gn_written is not None and time.monotonic() - self.gn_listed > GN_RELIST_SECONDS:
+            self.gn_written = None   # re-read now and then: heals edits/deletes by others
         if self.gn_written is None:
-            if self.cfg.create_crd:
+            if self.cfg.create_crd and not self.gn_listed:
                 self.kube.ensure_crd()
             existing = self.kube.list_generic_nodes()
+            self.gn_listed = time.monotonic()
+            self.gn_inputs = {}
             self.gn_exists = set(existing)
             self.gn_written = {
                 n: (o.get("spec") or {}, o.get("status") or {}) for n, o in existing.items()
                 if all((o["metadata"].get("labels") or {}).get(k) == v
                        for k, v in MANAGED_BY.items())}
         by_name = {n.name: n for n in slurm_nodes}
-        want = {k: U.generic_node_body(k, by_name[s], d.usage.get(s), self.cluster)
-                for k, s in d.k8s_to_slurm.items() if s in by_name}
-        for name, (spec, status) in sorted(want.items()):
+        # Building 1000 bodies every cycle is the costly part: skip nodes
+        # whose inputs are the same as when we last wrote them.
+        inputs = {}
+        for k, s in d.k8s_to_slurm.items():
+            n = by_name.get(s)
+            if n is not None:
+                u = d.usage.get(s) or U.NodeUsage()
+                inputs[k] = (s, n.cpus, n.real_memory, n.alloc_cpus, n.alloc_memory,
+                             u.cpu, u.memory, self.cluster)
+        for name, key in sorted(inputs.items()):
+            if self.gn_inputs.get(name) == key and name in self.gn_written:
+                continue
+            spec, status = U.generic_node_body(name, by_name[key[0]], d.usage.get(key[0]),
+                                               self.cluster)
             old = self.gn_written.get(name)
             if old == (spec, status):
+                self.gn_inputs[name] = key
                 continue
             try:
                 if name not in self.gn_exists:
@@ -354,14 +389,45 @@ class Reconciler:
                 elif e.status == 404:  # deleted meanwhile: create next time
                     self.gn_exists.discard(name)
                     self.gn_written.pop(name, None)
+                    self.gn_inputs.pop(name, None)
                 else:
                     raise
                 continue
             self.gn_written[name] = (spec, status)
-        for name in sorted(set(self.gn_written) - set(want)):
+            self.gn_inputs[name] = key
+        for name in sorted(set(self.gn_written) - set(inputs)):
             self.kube.delete_generic_node(name)
             self.gn_written.pop(name)
+            self.gn_inputs.pop(name, None)
             self.gn_exists.discard(name)
+
+
+class GenericNodeWriter(threading.Thread):
+    """Writes GenericNodes off the Slurm path: a slow or unreachable API
+    server must never delay lowering Slurm's counts.  Only the newest
+    decision matters (level-triggered), so it keeps one slot, not a queue."""
+
+    def __init__(self, rec: Reconciler, stop: threading.Event):
+        super().__init__(name="genericnodes", daemon=True)
+        self.rec, self.stop_event = rec, stop
+        self.lock = threading.Lock()
+        self.pending = None
+        self.wake = threading.Event()
+
+    def offer(self, d, slurm_nodes) -> None:
+        with self.lock:
+            self.pending = (d, slurm_nodes)
+        self.wake.set()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            if not self.wake.wait(0.5):
+                continue
+            self.wake.clear()
+            with self.lock:
+                job, self.pending = self.pending, None
+            if job is not None:
+                self.rec.sync_generic_nodes_safe(*job)
 
 
 # ----------------------------------------------------------------- daemon
@@ -385,6 +451,8 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
                  for k in ("nodes", "pods")]
     for i in informers:
         i.start()
+    rec.gn_thread = GenericNodeWriter(rec, stop)
+    rec.gn_thread.start()
     next_resync = 0.0
     while not stop.is_set():
         woke = cache.changed.wait(timeout=max(0.0, next_resync - time.monotonic()))

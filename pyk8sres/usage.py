@@ -431,8 +431,6 @@ def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
         "capacity": {"cpu": format_cpu(Fraction(slurm_node.cpus)),
                      "memory": format_memory(Fraction(slurm_node.real_memory) * MI)},
     }
-    if usage.errors:
-        status["errors"] = list(usage.errors)[:10]
     return spec, status
 
 

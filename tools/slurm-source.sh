@@ -10,6 +10,7 @@
 # with the tree already cached prints the path at once.
 #
 # Cache: ${PYK8SRES_CACHE:-/var/cache/pyk8sres}/slurm-src/<version>/src.
+# Release: PYK8SRES_DEBIAN_CODENAME (default: VERSION_CODENAME of /etc/os-release).
 # Mirrors: PYK8SRES_DEBIAN_MIRROR (default http://deb.debian.org/debian) and
 # PYK8SRES_DEBIAN_SECURITY_MIRROR (default http://deb.debian.org/debian-security).
 # Never touches /etc/apt: apt runs on a temporary sources list and temporary
@@ -49,7 +50,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/slurm-source.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT INT TERM
 mkdir -p "$tmp/lists/partial" "$tmp/archives/partial" "$tmp/parts" "$cache/dl"
 
-codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+codename=${PYK8SRES_DEBIAN_CODENAME:-$(. /etc/os-release && echo "${VERSION_CODENAME:-}")}
 [ -n "$codename" ] || die "cannot tell the Debian release from /etc/os-release"
 mirror=${PYK8SRES_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 secmirror=${PYK8SRES_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
@@ -79,8 +80,14 @@ else
 	# Debian 13's mirror was seen serving only the orig tarball (.dsc and
 	# debian tarball 404). The upstream tree is enough for headers + config.h.
 	say "full source package unavailable; falling back to the orig tarball"
-	rec=$(apt-cache "$@" showsrc "slurm-wlm=$version" 2>/dev/null) ||
-		die "slurm-wlm $version is not in the $codename source indexes; cannot build plugins that need Slurm internals for this version"
+	# showsrc prints every version it knows: keep the exact one.
+	all=$(apt-cache "$@" showsrc slurm-wlm 2>/dev/null) || all=
+	rec=$(printf '%s\n' "$all" | awk -v v="$version" \
+		'/^Package:/ { keep = 0 } /^Version: / { keep = ($2 == v) } keep')
+	if [ -z "$rec" ]; then
+		have=$(printf '%s\n' "$all" | sed -n 's/^Version: //p' | sort -u | tr '\n' ' ')
+		die "slurm-wlm $version is not in the $codename source indexes (they have: ${have:-nothing}); cannot build plugins that need Slurm internals for this version"
+	fi
 	dir=$(printf '%s\n' "$rec" | sed -n 's/^Directory: //p' | head -n1)
 	line=$(printf '%s\n' "$rec" | sed -n '/^Checksums-Sha256:/,/^[^ ]/p' |
 		grep -E ' slurm-wlm_[^ ]*\.orig\.tar\.[a-z0-9]+$' | head -n1)
@@ -104,9 +111,11 @@ fi
 # Configure as Debian's build does where it changes structure layouts
 # (debian/rules: --enable-multiple-slurmd; the emulator flavour with
 # --enable-front-end is a separate package and not what slurmctld runs).
+# --without-munge: 24.11's configure stops without libmunge-dev otherwise,
+# and munge changes no structure we use.
 say "configuring $src (about 20-60 s)"
 (cd "$src" && ./configure --quiet --sysconfdir=/etc/slurm --enable-multiple-slurmd \
-	--disable-debug --without-rpath >"$cache/configure.log" 2>&1) ||
+	--disable-debug --without-rpath --without-munge >"$cache/configure.log" 2>&1) ||
 	die "./configure failed, see $cache/configure.log"
 [ -f "$src/config.h" ] || die "./configure produced no config.h"
 rm -rf "$cache/dl"

@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/generic"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 	"k8s.io/apiserver/pkg/registry/rest"
@@ -110,13 +111,13 @@ func objectMetaFields(obj runtime.Object) fields.Set {
 func podFields(obj runtime.Object) fields.Set {
 	p := obj.(*corev1.Pod)
 	return generic.MergeFieldsSets(objectMetaFields(obj), fields.Set{
-		"spec.nodeName":           p.Spec.NodeName,
-		"spec.restartPolicy":      string(p.Spec.RestartPolicy),
-		"spec.schedulerName":      p.Spec.SchedulerName,
-		"spec.serviceAccountName": p.Spec.ServiceAccountName,
-		"spec.hostNetwork":        fmt.Sprint(p.Spec.HostNetwork),
-		"status.phase":            string(p.Status.Phase),
-		"status.podIP":            p.Status.PodIP,
+		"spec.nodeName":            p.Spec.NodeName,
+		"spec.restartPolicy":       string(p.Spec.RestartPolicy),
+		"spec.schedulerName":       p.Spec.SchedulerName,
+		"spec.serviceAccountName":  p.Spec.ServiceAccountName,
+		"spec.hostNetwork":         fmt.Sprint(p.Spec.HostNetwork),
+		"status.phase":             string(p.Status.Phase),
+		"status.podIP":             p.Status.PodIP,
 		"status.nominatedNodeName": p.Status.NominatedNodeName,
 	})
 }
@@ -164,9 +165,9 @@ type resourceDef struct {
 	namespaced bool
 	shortNames []string
 	categories []string
-	hasStatus  bool                             // spec/status split with a /status subresource
+	hasStatus  bool                            // spec/status split with a /status subresource
 	fieldsFn   func(runtime.Object) fields.Set // nil: metadata only
-	onCreate   func(obj runtime.Object)         // upstream-like defaults set by the server
+	onCreate   func(obj runtime.Object)        // upstream-like defaults set by the server
 	validate   func(obj, old runtime.Object) field.ErrorList
 	ttl        uint64 // seconds, 0 = forever (events expire like upstream's 1h)
 }
@@ -252,10 +253,10 @@ type strategy struct {
 	status bool // the /status subresource strategy
 }
 
-func (s strategy) NamespaceScoped() bool          { return s.def.namespaced }
-func (s strategy) AllowCreateOnUpdate() bool      { return false }
-func (s strategy) AllowUnconditionalUpdate() bool { return true }
-func (s strategy) Canonicalize(obj runtime.Object) {}
+func (s strategy) NamespaceScoped() bool                                             { return s.def.namespaced }
+func (s strategy) AllowCreateOnUpdate() bool                                         { return false }
+func (s strategy) AllowUnconditionalUpdate() bool                                    { return true }
+func (s strategy) Canonicalize(obj runtime.Object)                                   {}
 func (s strategy) WarningsOnCreate(ctx context.Context, obj runtime.Object) []string { return nil }
 func (s strategy) WarningsOnUpdate(ctx context.Context, obj, old runtime.Object) []string {
 	return nil
@@ -430,6 +431,9 @@ func buildCoreGroups(getter generic.RESTOptionsGetter) (*genericapiserver.APIGro
 			return nil, nil, err
 		}
 		m[def.resource] = &resourceStore{Store: store, def: def}
+		if def.resource == "namespaces" {
+			namespaceStore = store
+		}
 		if def.hasStatus {
 			statusStore := *store
 			st := strategy{ObjectTyper: coreScheme, NameGenerator: names.SimpleNameGenerator, def: def, status: true}
@@ -438,7 +442,10 @@ func buildCoreGroups(getter generic.RESTOptionsGetter) (*genericapiserver.APIGro
 			m[def.resource+"/status"] = &statusREST{store: &statusStore}
 		}
 		if def.resource == "pods" {
+			// Deleting a pod returns the pod (clients expect a Pod, not a Status).
+			store.ReturnDeletedObject = true
 			m["pods/binding"] = &bindingREST{store: store}
+			m["bindings"] = &legacyBindingREST{bindingREST{store: store}}
 		}
 	}
 	var others []*genericapiserver.APIGroupInfo
@@ -450,12 +457,44 @@ func buildCoreGroups(getter generic.RESTOptionsGetter) (*genericapiserver.APIGro
 	return byGroup[""], others, nil
 }
 
+// namespaceStore is kept to create the standard namespaces at start.
+var namespaceStore *genericregistry.Store
+
+// createStandardNamespaces makes "default", "kube-system", ... exist, as
+// kube-apiserver does: clients and tools assume them.
+func createStandardNamespaces(ctx context.Context) error {
+	for _, name := range []string{"default", "kube-system", "kube-public", "kube-node-lease"} {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		_, err := namespaceStore.Create(genericapirequest.WithNamespace(ctx, ""), ns, nil, &metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating namespace %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
 // ---- pods/binding: how a scheduler assigns a pod to a node ----
 
 type bindingREST struct{ store *genericregistry.Store }
 
-func (r *bindingREST) New() runtime.Object { return &corev1.Binding{} }
-func (r *bindingREST) Destroy()            {}
+func (r *bindingREST) New() runtime.Object   { return &corev1.Binding{} }
+func (r *bindingREST) Destroy()              {}
+func (r *bindingREST) NamespaceScoped() bool { return true }
+
+// legacyBindingREST serves POST /api/v1/namespaces/NS/bindings, the older
+// form of pods/binding (the pod name is the Binding's name).
+type legacyBindingREST struct{ bindingREST }
+
+func (r *legacyBindingREST) GetSingularName() string { return "binding" }
+
+func (r *legacyBindingREST) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc,
+	options *metav1.CreateOptions) (runtime.Object, error) {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return nil, err
+	}
+	return r.bindingREST.Create(ctx, m.GetName(), obj, createValidation, options)
+}
 
 func (r *bindingREST) Create(ctx context.Context, name string, obj runtime.Object, createValidation rest.ValidateObjectFunc,
 	options *metav1.CreateOptions) (runtime.Object, error) {

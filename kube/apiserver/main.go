@@ -27,21 +27,23 @@ import (
 	"syscall"
 	"time"
 
+	noopoteltrace "go.opentelemetry.io/otel/trace/noop"
 	extapiserver "k8s.io/apiextensions-apiserver/pkg/apiserver"
-	extopenapi "k8s.io/apiextensions-apiserver/pkg/generated/openapi"
 	extoptions "k8s.io/apiextensions-apiserver/pkg/cmd/server/options"
+	extopenapi "k8s.io/apiextensions-apiserver/pkg/generated/openapi"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/request/anonymous"
 	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	genericoptions "k8s.io/apiserver/pkg/server/options"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
+	"k8s.io/apiserver/pkg/util/compatibility"
 	utilopenapi "k8s.io/apiserver/pkg/util/openapi"
 	"k8s.io/apiserver/pkg/util/webhook"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"k8s.io/kube-openapi/pkg/common"
-	noopoteltrace "go.opentelemetry.io/otel/trace/noop"
 
 	// Generated at build time by kube/build.sh (openapi-gen over k8s.io/api):
 	// the OpenAPI models are what server-side apply and kubectl need.
@@ -86,6 +88,9 @@ func run(bind string, port int, etcdServers, etcdPrefix string, compaction time.
 
 	cfg := genericapiserver.NewRecommendedConfig(extapiserver.Codecs)
 	cfg.ExternalAddress = addr
+	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
+	cfg.MergedResourceConfig = extapiserver.DefaultAPIResourceConfigSource()
+	cfg.MergedResourceConfig.EnableVersions(coreGroupVersions...)
 	cfg.LoopbackClientConfig = loopback
 	// Anonymous users, everything allowed: a local test server only.
 	cfg.Authentication.Authenticator = anonymous.NewAuthenticator(nil)
@@ -109,11 +114,16 @@ func run(bind string, port int, etcdServers, etcdPrefix string, compaction time.
 			MasterCount:          1,
 		},
 	}
-	ext, err := extCfg.Complete().New(genericapiserver.NewEmptyDelegate())
+	completed := extCfg.Complete()
+	// apiextensions turns discovery off because kube-apiserver's aggregator
+	// serves it; here this server is the only one, so it serves discovery.
+	completed.GenericConfig.EnableDiscovery = true
+	ext, err := completed.New(genericapiserver.NewEmptyDelegate())
 	if err != nil {
 		return fmt.Errorf("creating apiextensions server: %w", err)
 	}
 	server := ext.GenericAPIServer
+	syncCRDGroupsIntoDiscovery(ext)
 
 	// Core objects are stored with their own codec (same etcd, same prefix).
 	coreEtcd := *etcdOpts
@@ -133,6 +143,17 @@ func run(bind string, port int, etcdServers, etcdPrefix string, compaction time.
 			return fmt.Errorf("installing %v: %w", g.PrioritizedVersions, err)
 		}
 	}
+
+	server.AddPostStartHookOrDie("pyk8sres-standard-namespaces", func(hc genericapiserver.PostStartHookContext) error {
+		// Retry until etcd answers; readyz stays red until this returns.
+		return wait.PollUntilContextCancel(hc, time.Second, true, func(ctx context.Context) (bool, error) {
+			if err := createStandardNamespaces(ctx); err != nil {
+				klog.Warningf("%v (retrying)", err)
+				return false, nil
+			}
+			return true, nil
+		})
+	})
 
 	prepared := server.PrepareRun()
 

@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -102,6 +101,5 @@ func (t table) ConvertToTable(ctx context.Context, obj runtime.Object, opts runt
 	if to, ok := opts.(*metav1.TableOptions); ok && to.NoHeaders {
 		out.ColumnDefinitions = nil
 	}
-	_ = fmt.Sprint
 	return out, nil
 }

@@ -247,3 +247,22 @@ def test_node_features_stay_as_configured(c):
         n = node(c, name)
         assert "k8s_resources_managed" not in n.get("AvailableFeatures", ""), n
         assert "k8s_resources_managed" not in n.get("ActiveFeatures", ""), n
+
+
+def test_corrupt_state_file_holds_and_keeps_node_up(c):
+    with open(c.state_file, "w") as f:
+        f.write("{not json")
+    restart_slurmd(c, "n2")
+    n2 = node(c, "n2")
+    assert gres(n2["GresUsed"]) == {"k8scpu": 0, "k8smemory": 0}
+    assert gres(n2["Gres"]) == {}, n2     # held at 0 (Slurm hides zero counts)
+    assert not re.search(r"DRAIN|DOWN|INVAL", n2["State"]), n2
+    log = open(os.path.join(c.work, "log", "slurmctld.log"), errors="replace").read()
+    assert "node_features/k8s_resources: _apply: node n2:" in log
+    assert "holding k8scpu/k8smemory at 0" in log
+    # The daemon writes a good file again: the next registration recovers.
+    write_state(c.state_file, {"n1": {"k8scpu": CPUS, "k8smemory": MEMORY},
+                               "n3": {"k8scpu": 2, "k8smemory": 2500}}, unmanaged=["n2"])
+    restart_slurmd(c, "n2")
+    expect(c, "n2", CPUS, MEMORY)
+    no_node_drained(c)

@@ -69,13 +69,20 @@ class Api:
                 return
         self.mod.down(self.work)
 
-    def compact(self) -> bool:
-        """Compact etcd history (forces 410 on old resourceVersions) if the harness can."""
-        for meth in ("compact", "compact_etcd"):
-            if hasattr(self.server, meth):
-                getattr(self.server, meth)()
-                return True
-        return False
+    def compact(self) -> None:
+        """Compact etcd's history up to now (etcd's own v3 HTTP gateway):
+        old resourceVersions are gone for good."""
+        import base64
+        import urllib.request
+
+        def post(path, body):
+            req = urllib.request.Request(self.server.etcd_url + path, json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.load(r)
+        rev = int(post("/v3/kv/range", {"key": base64.b64encode(b"/").decode()})
+                  ["header"]["revision"])
+        post("/v3/kv/compaction", {"revision": rev, "physical": True})
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +152,7 @@ def daemon(slurm, api):
     for p in api.core.list_pod_for_all_namespaces().items:
         _delete_pod(api, p.metadata.name, p.metadata.namespace)
     for n in api.core.list_node().items:
-        api.core.delete_node(n.metadata.name)
+        api.core.delete_node(n.metadata.name, _preload_content=False).release_conn()
 
 
 # ----------------------------------------------------------------- helpers
@@ -170,7 +177,8 @@ def k8s_node(api, name, slurm_node=None):
         meta["annotations"] = {"pyk8sres.io/slurm-node": slurm_node}
     api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": meta,
                           "status": {"capacity": {"cpu": str(NODE_CPUS),
-                                                  "memory": f"{NODE_MEM}Mi"}}})
+                                                  "memory": f"{NODE_MEM}Mi"}}},
+                          _preload_content=False).release_conn()
 
 
 def bound_pod(api, node, cpu, mem, name=None, labels=None, ns="default"):
@@ -180,13 +188,16 @@ def bound_pod(api, node, cpu, mem, name=None, labels=None, ns="default"):
         "metadata": {"name": name, "labels": labels or {}},
         "spec": {"nodeName": node, "containers": [{
             "name": "c", "image": "busybox",
-            "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}})
+            "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}},
+        _preload_content=False).release_conn()
     return name
 
 
 def _delete_pod(api, name, ns="default"):
     try:
-        api.core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+        # Raw response: client v37 fails to deserialize delete's Status body.
+        api.core.delete_namespaced_pod(name, ns, grace_period_seconds=0,
+                                       _preload_content=False).release_conn()
     except ApiException as e:
         if e.status != 404:
             raise
@@ -270,9 +281,12 @@ def test_terminal_unbound_and_worker_pods_do_not_count(slurm, api, daemon):
     api.core.create_namespaced_pod("default", {
         "metadata": {"name": "unbound"},
         "spec": {"containers": [{"name": "c", "image": "x",
-                                 "resources": {"requests": {"cpu": "4"}}}]}})
+                                 "resources": {"requests": {"cpu": "4"}}}]}},
+        _preload_content=False).release_conn()
     done = bound_pod(api, "n1", "2", "0")
-    api.core.patch_namespaced_pod_status(done, "default", {"status": {"phase": "Succeeded"}})
+    api.core.patch_namespaced_pod_status(
+        done, "default", {"status": {"phase": "Succeeded"}},
+        _content_type="application/merge-patch+json", _preload_content=False).release_conn()
     counted = bound_pod(api, "n1", "500m", "100Mi")
     wait_counts(slurm, (NODE_CPUS - 1, NODE_MEM - 100))
     wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "500m", "memory": "100Mi"})
@@ -342,20 +356,28 @@ def test_apiserver_down_never_hands_back_capacity(slurm, api, daemon):
 
 
 def test_410_relist(slurm, api, daemon):
+    """The daemon falls far behind (frozen past its watch timeout while pods
+    churn and etcd compacts): its watch resumes from a resourceVersion that
+    no longer exists, the server answers 410, and it must relist.  ~2 minutes."""
     k8s_node(api, "n1")
     p = bound_pod(api, "n1", "1", "0")
     wait_counts(slurm, (NODE_CPUS - 1, NODE_MEM))
-    daemon.stop()
-    _delete_pod(api, p)
-    for i in range(5):                      # churn, then compact history away
-        _delete_pod(api, bound_pod(api, "kx", "1", "0"))
-    q = bound_pod(api, "n1", "3", "0")
-    if not api.compact():
-        pytest.skip("harness cannot compact etcd")
-    daemon.start()
-    wait_counts(slurm, (NODE_CPUS - 3, NODE_MEM))
+    os.kill(daemon.proc.pid, signal.SIGSTOP)
+    try:
+        _delete_pod(api, p)
+        for i in range(300):
+            _delete_pod(api, bound_pod(api, "kx", "1", "0", name=f"churn-{i}"))
+        q = bound_pod(api, "n1", "3", "0")
+        api.compact()
+        time.sleep(80)           # past the server's watch timeout and cache window
+        api.compact()
+    finally:
+        os.kill(daemon.proc.pid, signal.SIGCONT)
+    wait_counts(slurm, (NODE_CPUS - 3, NODE_MEM), timeout=30)
     _delete_pod(api, q)
     wait_counts(slurm, (NODE_CPUS, NODE_MEM))
+    if "relisting" not in daemon.log_text():
+        pytest.skip("counts right, but the server never answered 410 (watch cache kept up)")
 
 
 def test_malformed_quantity(slurm, api, daemon):
@@ -402,4 +424,4 @@ def test_once(slurm, api, tmp_path):
         assert allocated(api, "n1")["Kubernetes"] == {"cpu": "1", "memory": "500Mi"}
     finally:
         _delete_pod(api, p)
-        api.core.delete_node("n1")
+        api.core.delete_node("n1", _preload_content=False).release_conn()

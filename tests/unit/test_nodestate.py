@@ -110,3 +110,14 @@ def test_cli_write_and_show(tmp_path, capsys):
     shown = json.loads(capsys.readouterr().out)
     assert shown["nodes"] == {"n1": {"k8scpu": 3, "k8smemory": 4000}}
     assert nodestate._main(["write", path, "--node", "n1=3"]) == 1
+
+
+def test_cached_read_sees_every_atomic_write(tmp_path):
+    path = str(tmp_path / "state")
+    for n in range(5):
+        write_state(path, {"n1": {"k8scpu": n, "k8smemory": n}})
+        assert nodestate.read_state_cached(path)["nodes"]["n1"]["k8scpu"] == n
+    assert nodestate.read_state_cached(path) is nodestate.read_state_cached(path)
+    os.unlink(path)
+    with pytest.raises(FileNotFoundError):
+        nodestate.read_state_cached(path)

@@ -308,8 +308,9 @@ class ScriptedServer:
         self.lists, self.watches = list(lists), list(watches)
         self.watch_rvs = []
 
-    def list(self, kind):
-        return self.lists.pop(0)
+    def list(self, kind, reduce=None):
+        items, rv = self.lists.pop(0)
+        return ([reduce(o) for o in items] if reduce else items), rv
 
     def watch(self, kind, rv, timeout):
         self.watch_rvs.append(rv)

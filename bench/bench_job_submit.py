@@ -1,0 +1,144 @@
+"""Benchmark: what job_submit/k8s_resource_completion costs inside slurmctld.
+
+Measured exactly, per submission, by a timing plugin listed on both sides of
+the plugin under test (JobSubmitPlugins=bench_timer,<plugin>,bench_timer).
+In one run, on one local cluster, over the same submissions:
+  none  - bench_timer,bench_timer (the baseline: nothing between the stamps)
+  ours  - our plugin (embedded Python, C-side memo of Python's answers)
+  lua   - Slurm's job_submit/lua running the same completion (bench/job_submit.lua)
+Two workloads: "mixed" cycles through a few common job shapes (what a real
+queue sees: most submissions repeat a shape), "unique" gives every
+submission a shape never seen before (every call goes into Python / Lua).
+Optionally with a big queue of held jobs (--queue 10000): job_submit/lua
+rebuilds a table of all jobs before its calls.
+
+Usage (root, after `pip install .`):  python3 bench/bench_job_submit.py [--jobs 1000] [--queue 0]
+Prints each figure and the ratios; exits 1 if the goals are missed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from pyk8sres import cluster
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MIXED = [["-c", "1"], ["-c", "2"], ["-c", "4", "--mem=2000"], ["-n", "4"],
+         ["-N", "2", "--ntasks-per-node=2"], ["-c", "2", "--mem-per-cpu=300"],
+         ["-n", "2", "-c", "2"], []]
+GOAL_MEDIAN_US, GOAL_P99_US = 30.0, 200.0
+
+
+def build_timer(plugin_dir: str) -> None:
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o",
+                    os.path.join(plugin_dir, "job_submit_bench_timer.so"),
+                    os.path.join(HERE, "job_submit_bench_timer.c")], check=True)
+
+
+def use_plugins(c: cluster.Cluster, plugins: str, timer_file: str) -> None:
+    with open(c.conf) as f:
+        text = f.read()
+    lines = [f"JobSubmitPlugins={plugins}" if line.startswith("JobSubmitPlugins=") else line
+             for line in text.splitlines()]
+    with open(c.conf, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    if os.path.exists(timer_file):
+        os.unlink(timer_file)
+    os.environ["BENCH_TIMER_FILE"] = timer_file
+    c.restart_slurmctld()
+
+
+def submit(c: cluster.Cluster, opts: list[str]) -> None:
+    subprocess.run(["sbatch", "-H", "--output=/dev/null", *opts, "--wrap", "true"],
+                   env=c.env, check=True, capture_output=True, cwd="/tmp")
+
+
+def fill_queue(c: cluster.Cluster, count: int) -> None:
+    """`count` held jobs, submitted in parallel (they stay for every config)."""
+    script = "for i in $(seq %d); do sbatch -H --output=/dev/null --wrap true >/dev/null; done"
+    procs = [subprocess.Popen(["sh", "-c", script % (count // 4)], env=c.env, cwd="/tmp")
+             for _ in range(4)]
+    for p in procs:
+        p.wait()
+
+
+def timings_us(path: str) -> list[float]:
+    with open(path) as f:
+        return [int(line) / 1000 for line in f if line.strip()]
+
+
+def summary(values: list[float]) -> dict:
+    values = sorted(values)
+    return {"n": len(values), "median": statistics.median(values),
+            "p99": values[min(len(values) - 1, int(len(values) * 0.99))],
+            "mean": statistics.fmean(values), "max": values[-1]}
+
+
+def run(jobs: int, queue: int, port: int) -> int:
+    work = tempfile.mkdtemp(prefix="pyk8sres-bench-")
+    c = cluster.up(work, nodes=2, cpus=8, memory=16000, base_port=port, node_features=False)
+    try:
+        build_timer(os.path.join(work, "plugins"))
+        shutil.copy(os.path.join(HERE, "job_submit.lua"), os.path.join(work, "etc"))
+        if queue:
+            print(f"filling the queue with {queue} held jobs ...", flush=True)
+            fill_queue(c, queue)
+        configs = {"none": "bench_timer,bench_timer",
+                   "ours": "bench_timer,k8s_resource_completion,bench_timer",
+                   "lua": "bench_timer,lua,bench_timer"}
+        results = {}
+        for workload in ("mixed", "unique"):
+            for name, plugins in configs.items():
+                timer_file = os.path.join(work, f"t-{name}-{workload}.txt")
+                use_plugins(c, plugins, timer_file)
+                for i in range(jobs):
+                    opts = MIXED[i % len(MIXED)] if workload == "mixed" else \
+                        ["-c", str(1 + i % 4), f"--mem={1000 + i}"]
+                    submit(c, opts)
+                time.sleep(0.2)
+                results[(name, workload)] = summary(timings_us(timer_file))
+    finally:
+        cluster.down(work)
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"\njob_submit cost inside slurmctld, microseconds per submission "
+          f"({jobs} submissions each, queue of {queue} held jobs)")
+    print(f"{'workload':8} {'plugin':6} {'n':>6} {'median':>9} {'p99':>9} {'mean':>9} {'max':>9}")
+    for (name, workload), s in results.items():
+        print(f"{workload:8} {name:6} {s['n']:>6} {s['median']:>9.1f} {s['p99']:>9.1f} "
+              f"{s['mean']:>9.1f} {s['max']:>9.1f}")
+    ok = True
+    for workload in ("mixed", "unique"):
+        base = results[("none", workload)]
+        ours, lua = results[("ours", workload)], results[("lua", workload)]
+        add_med, add_p99 = ours["median"] - base["median"], ours["p99"] - base["p99"]
+        print(f"\n[{workload}] ours adds {add_med:.1f} us median, {add_p99:.1f} us p99 over no plugin; "
+              f"lua adds {lua['median'] - base['median']:.1f} / {lua['p99'] - base['p99']:.1f}")
+        print(f"[{workload}] ratio ours/lua: median {ours['median'] / lua['median']:.2f}, "
+              f"p99 {ours['p99'] / lua['p99']:.2f}, mean {ours['mean'] / lua['mean']:.2f}")
+        if workload == "mixed":
+            met = add_med <= GOAL_MEDIAN_US and add_p99 <= GOAL_P99_US and \
+                ours["median"] < lua["median"]
+            print(f"[{workload}] goal (<= {GOAL_MEDIAN_US:.0f} us median, <= {GOAL_P99_US:.0f} us p99, "
+                  f"cheaper than lua): {'met' if met else 'MISSED'}")
+            ok = ok and met
+    return 0 if ok else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--queue", type=int, default=0, help="held jobs in the queue first")
+    parser.add_argument("--base-port", type=int, default=17300)
+    args = parser.parse_args()
+    return run(args.jobs, args.queue, args.base_port)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
