@@ -33,7 +33,10 @@ from pathlib import Path
 
 __all__ = ["Paths", "build", "KubeAPIServer", "BuildError", "StartError"]
 
-REPO = Path(__file__).resolve().parent.parent
+# A source checkout has kube/ and deploy/ at the top; an installed package
+# carries copies under pyk8sres/_data.
+_HERE = Path(__file__).resolve().parent
+REPO = _HERE.parent if (_HERE.parent / "kube" / "build.sh").exists() else _HERE / "_data"
 BUILD_SCRIPT = REPO / "kube" / "build.sh"
 HOST = "127.0.0.1"
 

