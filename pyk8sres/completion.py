@@ -11,12 +11,16 @@ When tasks may spread over any number of nodes (-n without -N), the per-node
 figure is unknown before scheduling, so CPUs (and per-CPU memory) are asked
 per task instead and Slurm multiplies by the tasks it places on each node.
 
-Whole-node requests (`--exclusive`, `--mem=0`, or no memory default at all):
-the job is then given every CPU / all memory of the nodes it lands on, which
-no submit-time number can express for nodes of unknown size.  We request
-what the job itself asked for (its CPUs, and for memory the largest default
-we can see) and document that the node's remaining k8s capacity is shown
-as free; see README "Exclusive jobs".
+Whole-node requests:
+  --exclusive  Slurm gives the job every CPU of its nodes and (seen on 22.05)
+               *all* of their k8scpu/k8smemory, i.e. everything Kubernetes
+               leaves there; pods keep what they hold.  We request the job's
+               own figures, so it starts wherever those fit.
+  --mem=0      "all of the node's memory" cannot be shared with pods and has
+               no count we could ask for: rejected with a clear message unless
+               the job is --exclusive (then it gets all k8smemory, as above).
+  no memory default anywhere (no DefMemPerCPU/DefMemPerNode): CPUs only;
+               slurm-conf/slurm.conf sets DefMemPerCPU for this reason.
 """
 from __future__ import annotations
 
@@ -167,6 +171,10 @@ def required(job: Job, site: Site) -> tuple[dict, dict]:
         per_node[GRES_CPU] = node_cpus
 
     mem_node, mem_cpu = job.mem_per_node, job.mem_per_cpu
+    if mem_node == 0 and not job.exclusive:
+        raise PolicyError("--mem=0 (all of a node's memory) cannot share the node with "
+                          "Kubernetes pods: ask for --mem=<MB>, or add --exclusive to take "
+                          "all the memory Kubernetes leaves")
     if mem_node is None and mem_cpu is None and mem_per_gpu and gpus:
         mem_node = mem_per_gpu * gpus
     if mem_node is None and mem_cpu is None:

@@ -98,7 +98,7 @@ SUBMISSIONS = [
     (["--mincpus=6"], "gres:k8scpu:6,gres:k8smemory:600", None),
     (["-c", "2", "--gres=k8scpu:5"], "gres:k8scpu:5,gres:k8smemory:200", None),
     (["-c", "8", "--gres=k8scpu:0"], "gres:k8scpu:8,gres:k8smemory:800", None),
-    (["-c", "2", "--mem=0"], "gres:k8scpu:2", None),
+    (["-c", "2", "--mem=0", "--exclusive"], "gres:k8scpu:2", None),
     (["-c", "2", "--exclusive"], "gres:k8scpu:2,gres:k8smemory:200", None),
 ]
 
@@ -157,6 +157,24 @@ def test_bad_gres_is_a_clear_error(c, gres, message):
     assert proc.returncode != 0
     assert f"sbatch: error: invalid GRES '{gres}': {message}" in proc.stderr
     assert run("squeue", "-h").stdout.strip() == ""
+
+
+def test_mem_zero_without_exclusive_is_refused(c):
+    proc = run("sbatch", "--output=/dev/null", "--mem=0", "--wrap", "true", check=False)
+    assert proc.returncode != 0
+    assert "--mem=0 (all of a node's memory) cannot share the node" in proc.stderr
+
+
+def test_exclusive_job_holds_everything_kubernetes_leaves(c):
+    run("scontrol", "update", "NodeName=n2", f"Gres=k8scpu:{CPUS - 2},k8smemory:{MEMORY - 1000}")
+    try:
+        job_id = sbatch("--exclusive", "-w", "n2", "-c", "2", hold=False)
+        wait_state(job_id, "RUNNING")
+        assert gres_used("n2") == {"k8scpu": CPUS - 2, "k8smemory": MEMORY - 1000}
+    finally:
+        run("scancel", "--user=root", check=False)
+        time.sleep(1)
+        run("scontrol", "update", "NodeName=n2", f"Gres=k8scpu:{CPUS},k8smemory:{MEMORY}")
 
 
 def test_huge_task_count_rejected_not_crashing(c):

@@ -31,7 +31,8 @@ CASES = [
     ("gpus: --gpus-per-node=2 --cpus-per-gpu=4 --mem-per-gpu=1000",
      Job(tres_per_node="gres:gpu:2", cpus_per_tres="gres:gpu:4", mem_per_tres="gres:gpu:1000"),
      "gres:gpu:2,gres:k8scpu:8,gres:k8smemory:2000", None),
-    ("--mem=0 (whole node memory): CPUs only", Job(cpus_per_task=2, mem_per_node=0),
+    ("--mem=0 --exclusive: Slurm gives all k8smemory", Job(cpus_per_task=2, mem_per_node=0,
+                                                            exclusive=True),
      "gres:k8scpu:2", None),
     ("user asked more: kept", Job(cpus_per_task=2, tres_per_node="gres:k8scpu:5"),
      "gres:k8scpu:5,gres:k8smemory:200", None),
@@ -92,6 +93,7 @@ REJECTED = [
     ("huge count", Job(tres_per_node="gres:k8scpu:99999999999999999999"), "too large"),
     ("negative count", Job(tres_per_node="gres:k8smemory:-5"), "plain count"),
     ("per job", Job(tres_per_job="gres:k8scpu:4"), "only be requested per node"),
+    ("--mem=0 on a shared node", Job(mem_per_node=0), "cannot share the node"),
     ("absurd shape", Job(num_tasks=2**31, min_nodes=1, cpus_per_task=2**15), "larger than any node"),
 ]
 
