@@ -2,32 +2,33 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
 def _cluster_up(args) -> int:
     from . import cluster
-    c = cluster.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
-                   base_port=args.base_port,
-                   node_features={"auto": None, "yes": True, "no": False}[args.node_features])
+    node_features = {"auto": None, "yes": True, "no": False}[args.node_features]
+    if args.kubernetes:
+        from . import hybrid
+        c, kas = hybrid.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
+                           base_port=args.base_port, kube_port=args.kube_port,
+                           node_features=node_features)
+    else:
+        c = cluster.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
+                       base_port=args.base_port, node_features=node_features)
     print(f"# local Slurm cluster up in {c.work}: nodes {','.join(cluster.node_names(args.nodes))}")
     print(f"export SLURM_CONF={c.conf}")
     if args.kubernetes:
-        from . import kubeapi_server
-        server = kubeapi_server.KubeAPIServer().start(
-            f"{c.work}/kube", port=args.kube_port)
-        print(f"export KUBECONFIG={server.kubeconfig}")
+        print(f"# Kubernetes API server {kas.url}, pyk8sres sync running (log: {c.work}/log/sync.out)")
+        print(f"export KUBECONFIG={kas.kubeconfig}")
+        print(f"export PATH={os.path.dirname(kas.paths.kubectl)}:$PATH  # kubectl")
     return 0
 
 
 def _cluster_down(args) -> int:
-    from . import cluster
-    stopped = cluster.down(args.workdir)
-    try:
-        from . import kubeapi_server
-        stopped += kubeapi_server.down(f"{args.workdir}/kube") or []
-    except (ImportError, AttributeError):
-        pass
+    from . import hybrid
+    stopped = hybrid.down(args.workdir)
     print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
     return 0
 
@@ -66,16 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--workdir", required=True)
     d.set_defaults(func=_cluster_down)
 
-    s = sub.add_parser("sync", help="keep Slurm and Kubernetes in step (daemon)", add_help=False)
-    s.set_defaults(func=lambda a: __import__("pyk8sres.sync").sync.main(a.rest))
-    s.add_argument("rest", nargs=argparse.REMAINDER)
+    # `sync` has its own parser (pyk8sres/sync.py); listed here for --help.
+    sub.add_parser("sync", help="keep Slurm and Kubernetes in step (daemon); see `pyk8sres sync -h`")
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["sync"]:
+        from . import sync
+        return sync.main(argv[1:])
     args = parser.parse_args(argv)
     try:
         return args.func(args)
     except Exception as exc:  # a CLI prints one clear line, not a traceback
         name = type(exc).__name__
-        if name in ("ClusterError", "InstallError", "SlurmError", "ConfigError"):
+        if name in ("ClusterError", "InstallError", "SlurmError", "ConfigError", "BuildError",
+                    "StartError"):
             print(f"pyk8sres: error: {exc}", file=sys.stderr)
             return 1
         raise

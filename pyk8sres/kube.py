@@ -283,8 +283,9 @@ class Informer(threading.Thread):
     handler.event(kind, type, obj) for ADDED/MODIFIED/DELETED
     handler.health(kind, ok)      False on any error, True once the watch is open again
 
-    Level-triggered: after any failure we re-watch from the last
-    resourceVersion we saw, or relist if the server says 410.
+    Level-triggered: a watch the server ends normally resumes from the last
+    resourceVersion (bookmarks keep it fresh); after 410 or any error we
+    relist, and the kind counts as unhealthy until the relist is in.
     """
 
     def __init__(self, kube: Kube, kind: str, handler, watch_timeout: int = 60,
@@ -333,7 +334,11 @@ class Informer(threading.Thread):
                 self.rv = None
             except Exception as e:  # network, 5xx, timeouts: never fatal
                 self.handler.health(self.kind, False)
-                log.warning("%s: %s: %s; retrying in %.1fs", self.kind, type(e).__name__,
+                # Relist rather than resume: a resumed watch looks healthy the
+                # moment it opens, before the server can say 410 -- and a cycle
+                # in that gap would trust a cache that missed events.
+                self.rv = None
+                log.warning("%s: %s: %s; relisting in %.1fs", self.kind, type(e).__name__,
                             e, backoff)
                 if self.stop_event.wait(backoff):
                     return

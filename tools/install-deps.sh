@@ -14,7 +14,7 @@ log() { echo "install-deps: $*" >&2; }
 [ "$(id -u)" = 0 ] || { log "run as root (Slurm daemons and apt need it)"; exit 1; }
 
 PY=${PYTHON:-python3}
-APT_PKGS="slurmctld slurmd slurm-client munge libslurm-dev slurm-wlm-basic-plugins
+APT_PKGS="slurmctld slurmd slurm-client munge libslurm-dev slurm-wlm-basic-plugins slurmrestd slurm-wlm-jwt-plugin
           gcc libc6-dev pkg-config dpkg-dev debian-archive-keyring util-linux curl"
 missing=$(for p in $APT_PKGS; do dpkg-query -W -f '${Status}\n' "$p" 2>/dev/null |
           grep -q "install ok installed" || echo "$p"; done)

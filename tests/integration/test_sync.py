@@ -2,19 +2,19 @@
 Kubernetes API server (no mocks).  We check the state of the world --
 Slurm's counts, job states, GenericNode objects -- never which calls were made.
 
-Needs root, the built plugins (`pyk8sres cluster up` works) and the API
-server harness (pyk8sres.kubeapi_server / tests/integration/conftest_kube.py);
-skips cleanly when either is missing.
+Needs root, the built plugins (`pyk8sres cluster up` works; skips if not)
+and the API server harness (tests/integration/conftest_kube.py; its first
+run builds the server).  Ports 27300-27302 (Slurm), 27400-27402 (API, etcd).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -25,49 +25,40 @@ from kubernetes import client, config  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
 from pyk8sres import cluster as slurm_cluster  # noqa: E402
+from pyk8sres.kubeapi_server import KubeAPIServer  # noqa: E402
+
+from conftest_kube import CRD_MANIFEST, kube_paths  # noqa: E402,F401  (fixture)
 
 GROUP, VERSION, PLURAL = "pyk8sres.io", "v1alpha1", "genericnodes"
 BASE_PORT = 27300          # slurmctld 27300, slurmd 27301..
 KUBE_PORT = 27400
 NODE_CPUS, NODE_MEM = 8, 16000
-ROOT = "/tmp/helper-sync/it"
+# Short paths: munge's socket path must stay under 108 bytes.
+ROOT = tempfile.mkdtemp(prefix="pyk8sres-sync-it-")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Slurm daemons)")
 
 
 # ----------------------------------------------------------------- fixtures
 
-def _kube_harness():
-    """The API server harness's module, or skip."""
-    for name in ("pyk8sres.kubeapi_server",):
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            pass
-    pytest.skip("no Kubernetes API server harness (pyk8sres.kubeapi_server)")
-
-
 class Api:
-    """A real API server we can stop and start, plus clients for it."""
+    """A real API server of our own (we stop and restart it, so not the
+    session-wide one), plus clients for it."""
 
-    def __init__(self, work):
-        self.mod = _kube_harness()
-        self.work = work
-        self.server = None
+    def __init__(self, paths, work):
+        self.paths, self.work = paths, work
         self.start()
+        self.server.apply(CRD_MANIFEST)
         self.core = client.CoreV1Api(config.new_client_from_config(self.kubeconfig))
         self.custom = client.CustomObjectsApi(config.new_client_from_config(self.kubeconfig))
 
     def start(self):
-        self.server = self.mod.KubeAPIServer().start(self.work, port=KUBE_PORT)
+        # Same workdir and ports: etcd keeps its data, like a real restart.
+        self.server = KubeAPIServer(self.paths).start(self.work, KUBE_PORT)
         self.kubeconfig = self.server.kubeconfig
 
     def stop(self):
-        for meth in ("stop", "down", "close"):
-            if hasattr(self.server, meth):
-                getattr(self.server, meth)()
-                return
-        self.mod.down(self.work)
+        self.server.stop()
 
     def compact(self) -> None:
         """Compact etcd's history up to now (etcd's own v3 HTTP gateway):
@@ -101,8 +92,8 @@ def slurm(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def api():
-    a = Api(f"{ROOT}/kube-{os.getpid()}")
+def api(kube_paths):
+    a = Api(kube_paths, f"{ROOT}/kube-{os.getpid()}")
     yield a
     a.stop()
 

@@ -338,11 +338,12 @@ def test_informer_rewatch_relist_and_health():
         return typ, p
 
     server = ScriptedServer(
-        lists=[([pod("a", "n1")], "10"), ([pod("z", "n1", "3")], "50")],
+        lists=[([pod("a", "n1")], "10"), ([pod("a", "n1"), pod("b", "n1")], "30"),
+               ([pod("z", "n1", "3")], "50")],
         watches=[
-            [ev("ADDED", "b", "11"), ("BOOKMARK", {"metadata": {"resourceVersion": "20"}}),
-             ConnectionResetError("api server went away")],
-            [ev("DELETED", "a", "21"), Gone("too old")],
+            [ev("ADDED", "b", "11"), ("BOOKMARK", {"metadata": {"resourceVersion": "20"}})],
+            [ConnectionResetError("api server went away")],
+            [ev("DELETED", "a", "31"), Gone("too old")],
             [ev("ADDED", "y", "51")],
         ])
     c = sync.Cache()
@@ -356,8 +357,8 @@ def test_informer_rewatch_relist_and_health():
     __import__("time").sleep(0.05)
     stop.set()
     inf.join(2)
-    # Re-watched from the bookmark's rv after the error; relisted after 410.
-    assert server.watch_rvs[:3] == ["10", "20", "50"]
+    # A normal end resumes from the bookmark's rv; an error or 410 relists.
+    assert server.watch_rvs[:4] == ["10", "20", "30", "50"]
     assert set(c.pods) == {"ns/z", "ns/y"}
     assert c.snapshot()[0]["n1"].cpu == 4 * 10**9
-    assert inf.relists == 2
+    assert inf.relists == 3

@@ -1,0 +1,70 @@
+"""`pyk8sres cluster up --kubernetes`: the local Slurm cluster plus a real
+Kubernetes API server, one Kubernetes Node per Slurm node, the GenericNode
+CRD, and `pyk8sres sync` running between them.
+
+Every process is recorded under WORKDIR (run/*.pid, kube/*.pid) and stopped
+by PID in `down`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from . import cluster, kubeapi_server
+
+
+def node_manifest(names: list[str], cpus: int, memory_mb: int) -> dict:
+    """Kubernetes Nodes standing for the Slurm nodes (same names: the default mapping)."""
+    capacity = {"cpu": str(cpus), "memory": f"{memory_mb}Mi", "pods": "110"}
+    return {"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Node",
+         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+         "status": {"capacity": capacity, "allocatable": capacity}}
+        for name in names]}
+
+
+def up(work: str, *, nodes: int, cpus: int, memory: int, base_port: int, kube_port: int,
+       node_features: bool | None = None) -> tuple[cluster.Cluster, kubeapi_server.KubeAPIServer]:
+    c = cluster.up(work, nodes=nodes, cpus=cpus, memory=memory, base_port=base_port,
+                   node_features=node_features, synced=True)
+    try:
+        kas = kubeapi_server.KubeAPIServer().start(os.path.join(c.work, "kube"), kube_port)
+        for manifest in ("crd-genericnode.yaml", "rbac.yaml"):
+            kas.apply(kubeapi_server.REPO / "deploy" / manifest)
+        nodes_file = os.path.join(c.work, "kube", "nodes.json")
+        with open(nodes_file, "w") as f:
+            json.dump(node_manifest(cluster.node_names(nodes), cpus, memory), f)
+        kas.apply(nodes_file)
+        cluster._start(c.work, "sync", [sys.executable, "-m", "pyk8sres.cli", "sync",
+                                         "--kubeconfig", kas.kubeconfig],
+                       env=dict(c.env, PYTHONUNBUFFERED="1"))
+        wait_generic_nodes(kas, cluster.node_names(nodes), c)
+    except BaseException:
+        down(work)
+        raise
+    return c, kas
+
+
+def wait_generic_nodes(kas, names: list[str], c: cluster.Cluster, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = kas.kubectl("get", "genericnode", "-o", "name", check=False).stdout
+        if all(f"genericnode.pyk8sres.io/{n}" in out for n in names):
+            return
+        time.sleep(0.3)
+    raise cluster.ClusterError("the sync daemon did not publish GenericNodes: "
+                               + c.log_tail("sync.out"))
+
+
+def down(work: str) -> list[str]:
+    stopped = cluster.down(work)
+    kube_dir = os.path.join(os.path.abspath(work), "kube")
+    if os.path.exists(os.path.join(kube_dir, "apiserver.pid")) or \
+            os.path.exists(os.path.join(kube_dir, "etcd.pid")):
+        kas = kubeapi_server.KubeAPIServer(paths=kubeapi_server.Paths("", "", ""))
+        kas.workdir = kubeapi_server.Path(kube_dir)
+        kas.stop()
+        stopped += ["apiserver", "etcd"]
+    return stopped
