@@ -48,58 +48,42 @@ def _put(ffi, buf, size: int, text: str) -> None:
         ffi.memmove(buf, data + b"\0", len(data) + 1)
 
 
-def _u(value, none):
-    return None if value == none else value
+# Job field -> the values that mean "not set" in the C struct (Slurm's NO_VAL
+# family, INFINITE for "no limit", 0 where the option cannot be 0).
+_UNSET = {
+    "cpus_per_task": (NO_VAL16, 0),
+    "num_tasks": (NO_VAL, 0),
+    "ntasks_per_node": (NO_VAL16, INFINITE16, 0),
+    "min_cpus": (NO_VAL, 0),
+    "min_nodes": (NO_VAL, 0),
+    "max_nodes": (NO_VAL, INFINITE, 0),
+    "pn_min_cpus": (NO_VAL16, NO_VAL, 0),
+}
+_STRINGS = ("partition", "tres_per_node", "tres_per_task", "tres_per_job", "tres_per_socket",
+            "cpus_per_tres", "mem_per_tres")
+
+
+def _job(ffi, c, prefix: str, exclusive: bool) -> completion.Job:
+    values = {}
+    for name, unset in _UNSET.items():
+        value = getattr(c, prefix + name)
+        values[name] = None if value in unset else value
+    for name in _STRINGS:
+        values[name] = _text(ffi, getattr(c, prefix + name))
+    memory = getattr(c, prefix + "pn_min_memory")
+    values["mem_per_node"], values["mem_per_cpu"] = completion.decode_memory(
+        None if memory == NO_VAL64 else memory)
+    return completion.Job(exclusive=exclusive, **values)
 
 
 def job_from_c(ffi, c) -> completion.Job:
     """The submitted job, or for job_modify only the fields being changed."""
-    per_node, per_cpu = completion.decode_memory(_u(c.pn_min_memory, NO_VAL64))
-    return completion.Job(
-        cpus_per_task=_u(c.cpus_per_task, NO_VAL16) or None,
-        num_tasks=_u(c.num_tasks, NO_VAL) or None,
-        ntasks_per_node=_u(_u(c.ntasks_per_node, NO_VAL16), INFINITE16) or None,
-        min_cpus=_u(c.min_cpus, NO_VAL) or None,
-        min_nodes=_u(c.min_nodes, NO_VAL) or None,
-        max_nodes=_u(_u(c.max_nodes, NO_VAL), INFINITE) or None,
-        pn_min_cpus=_u(c.pn_min_cpus, NO_VAL16) or None,
-        mem_per_node=per_node,
-        mem_per_cpu=per_cpu,
-        exclusive=c.shared == completion.JOB_SHARED_NONE,
-        partition=_text(ffi, c.partition),
-        tres_per_node=_text(ffi, c.tres_per_node),
-        tres_per_task=_text(ffi, c.tres_per_task),
-        tres_per_job=_text(ffi, c.tres_per_job),
-        tres_per_socket=_text(ffi, c.tres_per_socket),
-        cpus_per_tres=_text(ffi, c.cpus_per_tres),
-        mem_per_tres=_text(ffi, c.mem_per_tres),
-    )
+    return _job(ffi, c, "", c.shared == completion.JOB_SHARED_NONE)
 
 
 def current_from_c(ffi, c) -> completion.Job | None:
     """job_modify: the job as it stands (None if the plugin cannot see it)."""
-    if not c.has_current:
-        return None
-    per_node, per_cpu = completion.decode_memory(_u(c.cur_pn_min_memory, NO_VAL64))
-    return completion.Job(
-        cpus_per_task=_u(c.cur_cpus_per_task, NO_VAL16) or None,
-        num_tasks=_u(c.cur_num_tasks, NO_VAL) or None,
-        ntasks_per_node=_u(_u(c.cur_ntasks_per_node, NO_VAL16), INFINITE16) or None,
-        min_cpus=_u(c.cur_min_cpus, NO_VAL) or None,
-        min_nodes=_u(c.cur_min_nodes, NO_VAL) or None,
-        max_nodes=_u(_u(c.cur_max_nodes, NO_VAL), INFINITE) or None,
-        pn_min_cpus=_u(c.cur_pn_min_cpus, NO_VAL) or None,
-        mem_per_node=per_node,
-        mem_per_cpu=per_cpu,
-        exclusive=c.cur_whole_node == 1,
-        partition=_text(ffi, c.cur_partition),
-        tres_per_node=_text(ffi, c.cur_tres_per_node),
-        tres_per_task=_text(ffi, c.cur_tres_per_task),
-        tres_per_job=_text(ffi, c.cur_tres_per_job),
-        tres_per_socket=_text(ffi, c.cur_tres_per_socket),
-        cpus_per_tres=_text(ffi, c.cur_cpus_per_tres),
-        mem_per_tres=_text(ffi, c.cur_mem_per_tres),
-    )
+    return _job(ffi, c, "cur_", c.cur_whole_node == 1) if c.has_current else None
 
 
 def site_for(c_def_mem: int, slurm_version: int):
