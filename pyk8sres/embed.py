@@ -184,6 +184,10 @@ def bind(ffi, lib) -> None:
 
     global _ffi, _job_ptr, _lib
     _ffi, _job_ptr, _lib = ffi, ffi.typeof("struct pyk8sres_job *"), lib
+    # Everything imported so far lives as long as slurmctld: keep the cyclic
+    # GC from rescanning it in the middle of a submission.
+    import gc
+    gc.freeze()
 
     @ffi.def_extern(error=INTERNAL_ERROR)
     def pyk8sres_node_counts(node, cpus, real_memory, k8scpu, k8smemory, err, errlen):
