@@ -62,6 +62,16 @@ def parse_record(line: str) -> dict:
     return record
 
 
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+_COUNT = re.compile(r"^(\d+)([KMGTP]?)$", re.I)
+
+
+def _count(text: str) -> int:
+    """scontrol prints multiples of 1024 with a suffix: '125K' is 128000."""
+    match = _COUNT.match(text)
+    return int(match.group(1)) * _SUFFIX[match.group(2).upper()] if match else 0
+
+
 def parse_gres(text: str | None) -> dict:
     """'k8scpu:3,gpu:tesla:2(IDX:0-1)' -> {'k8scpu': 3, 'gpu': 2}; (null) -> {}."""
     counts: dict = {}
@@ -72,7 +82,7 @@ def parse_gres(text: str | None) -> dict:
         if not fields[0]:
             continue
         count = fields[-1] if len(fields) > 1 else "1"
-        counts[fields[0]] = counts.get(fields[0], 0) + (int(count) if count.isdigit() else 0)
+        counts[fields[0]] = counts.get(fields[0], 0) + _count(count)
     return counts
 
 

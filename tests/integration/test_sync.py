@@ -33,8 +33,6 @@ GROUP, VERSION, PLURAL = "pyk8sres.io", "v1alpha1", "genericnodes"
 BASE_PORT = 27300          # slurmctld 27300, slurmd 27301..
 KUBE_PORT = 27400
 NODE_CPUS, NODE_MEM = 8, 16000
-# Short paths: munge's socket path must stay under 108 bytes.
-ROOT = tempfile.mkdtemp(prefix="pyk8sres-sync-it-")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Slurm daemons)")
 
@@ -82,14 +80,17 @@ class Api:
 
 
 @pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    work = f"{ROOT}/slurm-{os.getpid()}"
-    try:
-        c = slurm_cluster.up(work, nodes=2, cpus=NODE_CPUS, memory=NODE_MEM,
-                             base_port=BASE_PORT)
-    except Exception as e:  # plugins not built, slurm not installed...
-        slurm_cluster.down(work)
-        pytest.skip(f"cannot start a local Slurm cluster: {e}")
+def root():
+    # Short paths (munge's socket path must stay under 108 bytes); kept
+    # afterwards for the logs (slurm/log/sync.log is the daemon's).
+    return tempfile.mkdtemp(prefix="pyk8sres-sync-it-")
+
+
+@pytest.fixture(scope="module")
+def slurm(root):
+    work = f"{root}/slurm"
+    c = slurm_cluster.up(work, nodes=2, cpus=NODE_CPUS, memory=NODE_MEM, base_port=BASE_PORT,
+                         synced=True)
     os.environ["SLURM_CONF"] = c.conf
     yield c
     subprocess.run(["scancel", "--full", "-u", "root"], env=c.env, capture_output=True)
@@ -97,8 +98,8 @@ def slurm(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def api(kube_paths):
-    a = Api(kube_paths, f"{ROOT}/kube-{os.getpid()}")
+def api(kube_paths, root):
+    a = Api(kube_paths, f"{root}/kube")
     yield a
     a.stop()
 
@@ -114,8 +115,7 @@ class Daemon:
     def start(self):
         cmd = [sys.executable, "-m", "pyk8sres.sync", "--kubeconfig", self.api.kubeconfig,
                "--state-file", self.state_file, "--resync", "0.5", "--log-level", "DEBUG"]
-        env = dict(self.slurm.env, PYTHONPATH=os.path.dirname(os.path.dirname(
-            os.path.dirname(os.path.abspath(__file__)))))
+        env = dict(self.slurm.env)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True)

@@ -60,3 +60,14 @@ def test_scontrol_record_parsing():
     assert node.gres_used == {"k8scpu": 2, "gpu": 1}
     assert slurm.gres_update_text(node.gres_raw, {"k8scpu": 1, "k8smemory": 10}) == \
         "gpu:tesla:2,k8scpu:1,k8smemory:10"
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("k8scpu:4,k8smemory:125K", {"k8scpu": 4, "k8smemory": 128000}),
+    ("k8smemory:1M", {"k8smemory": 1 << 20}),
+    ("k8smemory:16000", {"k8smemory": 16000}),
+    ("(null)", {}),
+    ("gpu:tesla:2(IDX:0-1),gpu:k80:1(IDX:2)", {"gpu": 3}),
+])
+def test_scontrol_gres_counts(text, expected):
+    assert slurm.parse_gres(text) == expected
