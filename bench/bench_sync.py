@@ -36,7 +36,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-ROOT = "/tmp/helper-sync/bench"
+ROOT = os.environ.get("PYK8SRES_BENCH_DIR", "/tmp/pyk8sres-bench-sync")
 SLURM_PORT = 27200
 KUBE_PORT = 27250
 CPUS, MEM = 32, 128000
