@@ -104,7 +104,8 @@ static void fill_current(struct pyk8sres_job *req, void *job)
 {
 #ifdef PYK8SRES_SLURM_SOURCE
 	job_record_t *job_ptr = job;
-	struct job_details *details = job_ptr ? job_ptr->details : NULL;
+	/* struct job_details in 22.05, job_details_t from 23.x on */
+	__typeof__(job_ptr->details) details = job_ptr ? job_ptr->details : NULL;
 
 	if (!details)
 		return;
