@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/bin/bash
 # Fetch and configure the exact source of the installed Slurm, for plugins
 # that need Slurm internals (node_features/k8s_resources uses node_record_t
 # and gres_node_feature(), which no public header declares).
@@ -20,7 +20,48 @@ set -eu
 die() { echo "slurm-source: error: $*" >&2; exit 1; }
 say() { echo "slurm-source: $*" >&2; }
 
+# Temporary apt state with deb-src lines for the release (sets $tmp and the
+# positional apt options "$@" of the caller through APT_OPTS).
+apt_setup() {
+	[ -n "${tmp:-}" ] && return 0
+	tmp=$(mktemp -d "${TMPDIR:-/tmp}/slurm-source.XXXXXX")
+	trap 'rm -rf "$tmp"' EXIT INT TERM
+	mkdir -p "$tmp/lists/partial" "$tmp/archives/partial" "$tmp/parts"
+
+	codename=${PYK8SRES_DEBIAN_CODENAME:-$(. /etc/os-release && echo "${VERSION_CODENAME:-}")}
+	[ -n "$codename" ] || die "cannot tell the Debian release from /etc/os-release"
+	mirror=${PYK8SRES_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+	secmirror=${PYK8SRES_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
+	cat >"$tmp/sources.list" <<-EOF
+	deb-src $mirror $codename main
+	deb-src $mirror $codename-updates main
+	deb-src $secmirror $codename-security main
+	EOF
+
+	# Everything apt keeps goes to $tmp: /etc/apt and /var/lib/apt stay untouched.
+	set -- -o "Dir::Etc::SourceList=$tmp/sources.list" \
+		-o "Dir::Etc::SourceParts=$tmp/parts" \
+		-o "Dir::State::Lists=$tmp/lists" \
+		-o "Dir::Cache=$tmp" -o "Dir::Cache::archives=$tmp/archives" \
+		-o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache=" \
+		-o "APT::Sandbox::User=root" -o "Debug::NoLocking=1" -q
+
+	say "fetching source indexes for $codename from $mirror"
+	apt-get "$@" update >&2 ||
+		die "apt-get update on the temporary deb-src list failed (network? mirror?)"
+	APT_OPTS=("$@")
+}
+
 version=${1:-}
+if [ "$version" = latest ]; then
+	# The newest slurm-wlm of the release (e.g. to build for Debian 13's Slurm
+	# on a Debian 12 machine): resolve it from the source indexes.
+	apt_setup
+	version=$(apt-cache "${APT_OPTS[@]}" showsrc slurm-wlm 2>/dev/null |
+		sed -n 's/^Version: //p' | sort -V | tail -n1)
+	[ -n "$version" ] || die "no slurm-wlm in the $codename source indexes"
+	say "latest slurm-wlm in $codename: $version"
+fi
 if [ -z "$version" ]; then
 	for pkg in slurmctld slurmd libslurm-dev; do
 		version=$(dpkg-query -W -f '${source:Version}' "$pkg" 2>/dev/null) || true
@@ -45,32 +86,9 @@ if [ -f "$cache/.ready" ] && [ -f "$src/config.h" ]; then
 	exit 0
 fi
 rm -rf "$src" "$cache/dl"
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/slurm-source.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT INT TERM
-mkdir -p "$tmp/lists/partial" "$tmp/archives/partial" "$tmp/parts" "$cache/dl"
-
-codename=${PYK8SRES_DEBIAN_CODENAME:-$(. /etc/os-release && echo "${VERSION_CODENAME:-}")}
-[ -n "$codename" ] || die "cannot tell the Debian release from /etc/os-release"
-mirror=${PYK8SRES_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-secmirror=${PYK8SRES_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
-cat >"$tmp/sources.list" <<EOF
-deb-src $mirror $codename main
-deb-src $mirror $codename-updates main
-deb-src $secmirror $codename-security main
-EOF
-
-# Everything apt keeps goes to $tmp: /etc/apt and /var/lib/apt stay untouched.
-set -- -o "Dir::Etc::SourceList=$tmp/sources.list" \
-	-o "Dir::Etc::SourceParts=$tmp/parts" \
-	-o "Dir::State::Lists=$tmp/lists" \
-	-o "Dir::Cache=$tmp" -o "Dir::Cache::archives=$tmp/archives" \
-	-o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache=" \
-	-o "APT::Sandbox::User=root" -o "Debug::NoLocking=1" -q
-
-say "fetching source indexes for $codename from $mirror"
-apt-get "$@" update >&2 ||
-	die "apt-get update on the temporary deb-src list failed (network? mirror?)"
+mkdir -p "$cache/dl"
+apt_setup
+set -- "${APT_OPTS[@]}"
 
 say "fetching slurm-wlm=$version"
 if (cd "$cache/dl" && apt-get "$@" source --download-only "slurm-wlm=$version" >&2) &&

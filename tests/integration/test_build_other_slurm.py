@@ -1,0 +1,59 @@
+"""The plugins also build for the Slurm of the other supported Debian release
+(22.05 on Debian 12, 24.11 on Debian 13): the version is detected at build
+time from the headers given, never assumed.  Fetches that release's Slurm
+source with tools/slurm-source.sh (cached) and runs the project's meson build
+against it in a temporary directory.
+"""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+OTHER_RELEASE = {"bookworm": "trixie", "trixie": "bookworm"}
+# node_features_p_* symbols each Slurm series looks up (DESIGN.md §3).
+NODE_FEATURES_HOOKS = {(22, 5): 19, (24, 11): 17}
+
+
+def codename() -> str:
+    text = Path("/etc/os-release").read_text()
+    match = re.search(r"^VERSION_CODENAME=(\w+)", text, re.M)
+    return match.group(1) if match else ""
+
+
+def exported(path: Path) -> set:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True,
+                         text=True, check=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+@pytest.mark.skipif(codename() not in OTHER_RELEASE, reason="not Debian 12 or 13")
+def test_plugins_build_for_the_other_debian_release(tmp_path):
+    other = OTHER_RELEASE[codename()]
+    src = subprocess.run([str(REPO / "tools" / "slurm-source.sh"), "latest"], check=True,
+                         capture_output=True, text=True, timeout=900,
+                         env={"PYK8SRES_DEBIAN_CODENAME": other, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+                         ).stdout.strip()
+    version = re.search(r"SLURM_VERSION_NUMBER (0x[0-9a-f]+)",
+                        Path(src, "slurm", "slurm_version.h").read_text()).group(1)
+    major, minor = int(version, 16) >> 16, (int(version, 16) >> 8) & 0xFF
+
+    build = tmp_path / "build"
+    meson = [sys.executable, "-m", "mesonbuild.mesonmain"]
+    setup = subprocess.run(meson + ["setup", str(build), str(REPO), f"-Dslurm_include={src}",
+                                    f"-Dslurm_source={src}", "-Dnode_features=enabled"],
+                           capture_output=True, text=True, timeout=300)
+    assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr[-3000:]
+    assert f"Building Slurm plugins for Slurm {major}.{minor}." in setup.stdout
+    done = subprocess.run(meson + ["compile", "-C", str(build)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    job_submit = exported(build / "job_submit_k8s_resource_completion.so")
+    assert {"plugin_name", "plugin_type", "plugin_version", "init", "fini", "job_submit",
+            "job_modify"} <= job_submit
+    node_features = exported(build / "plugins" / "node_features_k8s_resources.so")
+    hooks = {s for s in node_features if s.startswith("node_features_p_")}
+    assert len(hooks) == NODE_FEATURES_HOOKS[(major, minor)], sorted(hooks)
