@@ -213,3 +213,32 @@ def test_seed_scenario_kubernetes_usage_blocks_then_releases(c):
         run("scontrol", "update", "NodeName=n1", f"Gres=k8scpu:{CPUS},k8smemory:{MEMORY}")
     wait_state(second, "RUNNING")
     assert gres_used("n1")["k8scpu"] == 6
+
+
+def test_no_per_job_log_lines_at_default_level(c):
+    for _ in range(5):
+        sbatch("-c", "2")
+    with open(os.path.join(c.work, "log", "slurmctld.log"), errors="replace") as f:
+        ours = [line for line in f if "k8s_resource_completion" in line]
+    assert any("init: loaded" in line for line in ours)  # the plugin is there
+    assert not [line for line in ours if " uid " in line]  # per-job lines are debug only
+
+
+def test_plugin_refuses_to_load_without_its_python_core(tmp_path):
+    """A broken core: slurmctld stops at startup with one clear line (no
+    silent zero answers from a half-started Python)."""
+    work = str(tmp_path / "broken")
+    c2 = cluster.up(work, nodes=1, cpus=2, memory=2000, base_port=BASE_PORT + 20,
+                    node_features=False)
+    try:
+        core = os.path.join(c2.work, "plugins", install.CORE)
+        os.unlink(core)
+        os.symlink("/nonexistent/libpyk8sres_core.so", core)
+        with pytest.raises(cluster.ClusterError, match="slurmctld exited"):
+            c2.restart_slurmctld()
+        with open(os.path.join(c2.work, "log", "slurmctld.log"), errors="replace") as f:
+            log = f.read()
+        assert "job_submit/k8s_resource_completion: cannot load the Python core" in log
+        assert "run `pyk8sres install-plugins`" in log
+    finally:
+        cluster.down(work)
