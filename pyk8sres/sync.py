@@ -307,18 +307,23 @@ class Reconciler:
             self.last_applied, self.last_unmanaged = state, d.unmanaged
 
         raw = {n.name: getattr(n, "gres_raw", None) for n in slurm_nodes}
-        for name, counts in U.differences(d.targets, slurm_nodes).items():
-            try:
-                # Passing the Gres= text we just read saves one scontrol call.
-                self.slurm.set_node_gres(name, counts, current_raw=raw.get(name))
-                self.applied_total += 1
-                if self.slurm_view is not None and name in self.slurm_view:
-                    n = self.slurm_view[name]
-                    self.slurm_view[name] = dataclasses.replace(n, gres={**n.gres, **counts})
-                log.info("applied %s %s", name,
-                         " ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-            except Exception as e:  # SlurmError, node gone, slurmctld down
-                log.warning("cannot set %s on %s: %s", counts, name, e)
+        changes = U.differences(d.targets, slurm_nodes)
+        try:
+            # Passing the Gres= text we just read saves one scontrol call per node.
+            outcome = self.slurm.set_nodes_gres(changes, current_raw=raw) if changes else {}
+        except Exception as e:  # slurmctld down: retried on the next cycle
+            outcome = {name: e for name in changes}
+        for name, counts in changes.items():
+            error = outcome.get(name)
+            if error is not None:  # SlurmError, node gone, slurmctld down
+                log.warning("cannot set %s on %s: %s", counts, name, error)
+                continue
+            self.applied_total += 1
+            if self.slurm_view is not None and name in self.slurm_view:
+                n = self.slurm_view[name]
+                self.slurm_view[name] = dataclasses.replace(n, gres={**n.gres, **counts})
+            log.info("applied %s %s", name,
+                     " ".join(f"{k}={v}" for k, v in sorted(counts.items())))
 
         if self.kube is not None and self.cfg.generic_nodes and healthy:
             if self.gn_thread is None:

@@ -33,7 +33,7 @@ class SNode:
 
 
 class SlurmWorld:
-    """An in-memory Slurm: nodes with counts that set_node_gres changes and
+    """An in-memory Slurm: nodes with counts that set_nodes_gres changes and
     'restart' resets to slurm.conf, like slurmctld does."""
 
     def __init__(self, *names):
@@ -42,9 +42,11 @@ class SlurmWorld:
     def list_nodes(self):
         return list(self.nodes.values())
 
-    def set_node_gres(self, name, counts, current_raw=None):
-        n = self.nodes[name]
-        self.nodes[name] = dataclasses.replace(n, gres={**n.gres, **counts})
+    def set_nodes_gres(self, changes, current_raw=None):
+        for name, counts in changes.items():
+            n = self.nodes[name]
+            self.nodes[name] = dataclasses.replace(n, gres={**n.gres, **counts})
+        return {name: None for name in changes}
 
     def cluster_name(self):
         return "c1"
