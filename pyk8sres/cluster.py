@@ -247,22 +247,14 @@ class Cluster:
             return all(states.get(n, "").rstrip("*") in ("idle", "mix", "alloc") for n in nodes)
         self._wait(ready, f"nodes {','.join(nodes)} to be idle", timeout)
 
-    def scontrol(self, *args: str) -> str:
-        old = os.environ.get("SLURM_CONF")
-        os.environ["SLURM_CONF"] = self.conf
-        try:
-            return slurm.run("scontrol", *args)
-        finally:
-            if old is None:
-                del os.environ["SLURM_CONF"]
-            else:
-                os.environ["SLURM_CONF"] = old
-
 
 def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_port: int = 17000,
        node_features: bool | None = None, def_mem_per_cpu: int = 100, extra_conf: str = "",
-       k8s_conf: str = "", synced: bool = False) -> Cluster:
-    """Write the configuration, start every daemon, wait until nodes are idle."""
+       k8s_conf: str = "", synced: bool = False, slurmd: bool = True) -> Cluster:
+    """Write the configuration, start every daemon, wait until nodes are idle.
+
+    slurmd=False starts only munged and slurmctld: nodes then exist in
+    slurm.conf alone (enough for GRES updates; benchmarks use thousands)."""
     if os.geteuid() != 0:
         raise ClusterError("the local cluster runs its daemons as root: run as root")
     for binary, package in (("munged", "munge"), ("slurmctld", "slurmctld"),
@@ -272,7 +264,8 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     if cluster.names():
         raise ClusterError(f"{cluster.work} already runs {', '.join(cluster.names())}: "
                            "`pyk8sres cluster down` first")
-    taken = [p for p in range(base_port, base_port + nodes + 1) if not port_free(p)]
+    ports = range(base_port, base_port + (nodes + 1 if slurmd else 1))
+    taken = [p for p in ports if not port_free(p)]
     if taken:
         raise ClusterError(f"port(s) {', '.join(map(str, taken))} already in use: "
                            "choose another --base-port")
@@ -281,7 +274,7 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     work = cluster.work
     for sub in ("etc", "munge", "state", "run", "log", "plugins", "spool"):
         os.makedirs(os.path.join(work, sub), exist_ok=True)
-    for node in node_names(nodes):
+    for node in node_names(nodes) if slurmd else ():
         os.makedirs(os.path.join(work, "spool", node), exist_ok=True)
     os.chmod(os.path.join(work, "munge"), 0o700)
     key = os.path.join(work, "munge", "munge.key")
@@ -310,9 +303,10 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     try:
         cluster.start_munged()
         cluster.start_slurmctld()
-        for node in node_names(nodes):
-            cluster.start_slurmd(node)
-        cluster.wait_nodes_idle(node_names(nodes))
+        if slurmd:
+            for node in node_names(nodes):
+                cluster.start_slurmd(node)
+            cluster.wait_nodes_idle(node_names(nodes))
     except BaseException:
         down(work)
         raise

@@ -8,37 +8,24 @@ Ports: PYK8SRES_TEST_JS_PORT (default 17100) .. +3.
 """
 import os
 import re
-import shutil
 import subprocess
 import time
 
 import pytest
+from local_slurm import local_cluster, requires_slurm
 
 from pyk8sres import cluster, install
 
 BASE_PORT = int(os.environ.get("PYK8SRES_TEST_JS_PORT", "17100"))
 CPUS, MEMORY = 8, 16000
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local cluster runs daemons as root"),
-    pytest.mark.skipif(not shutil.which("slurmctld") and not os.path.exists("/usr/sbin/slurmctld"),
-                       reason="slurmctld not installed (apt-get install slurmctld slurmd)"),
-]
+pytestmark = requires_slurm
 
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory):
-    work = str(tmp_path_factory.mktemp("js"))
-    handle = cluster.up(work, nodes=3, cpus=CPUS, memory=MEMORY, base_port=BASE_PORT,
-                        node_features=False, def_mem_per_cpu=100)
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = handle.conf
-    yield handle
-    cluster.down(work)
-    if old is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = old
+    yield from local_cluster(tmp_path_factory, "js", nodes=3, cpus=CPUS, memory=MEMORY,
+                             base_port=BASE_PORT, node_features=False, def_mem_per_cpu=100)
 
 
 def run(*args, check=True, timeout=60):

@@ -1,30 +1,20 @@
 """pyk8sres.slurm (the one module that calls Slurm) against a real slurmctld."""
 import os
-import shutil
 
 import pytest
+from local_slurm import local_cluster, requires_slurm
 
-from pyk8sres import cluster, slurm
+from pyk8sres import slurm
 
 BASE_PORT = int(os.environ.get("PYK8SRES_TEST_SLURM_PORT", "17160"))
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local cluster runs daemons as root"),
-    pytest.mark.skipif(not shutil.which("slurmctld") and not os.path.exists("/usr/sbin/slurmctld"),
-                       reason="slurmctld not installed"),
-]
+pytestmark = requires_slurm
 
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory):
-    work = str(tmp_path_factory.mktemp("sc"))
-    handle = cluster.up(work, nodes=3, cpus=4, memory=8000, base_port=BASE_PORT,
-                        node_features=False)
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = handle.conf
-    yield handle
-    cluster.down(work)
-    os.environ.pop("SLURM_CONF") if old is None else os.environ.update(SLURM_CONF=old)
+    yield from local_cluster(tmp_path_factory, "sc", nodes=3, cpus=4, memory=8000,
+                             base_port=BASE_PORT, node_features=False)
 
 
 def test_list_nodes(c):
