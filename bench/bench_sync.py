@@ -27,7 +27,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+
+from pyk8sres import cluster  # noqa: E402
 
 ROOT = os.environ.get("PYK8SRES_BENCH_DIR", "/tmp/pyk8sres-bench-sync")
 SLURM_PORT = 27200
@@ -46,80 +47,6 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 # ----------------------------------------------------------------- Slurm
-
-class BenchSlurm:
-    """munged + slurmctld only; nodes exist in slurm.conf, no slurmd."""
-
-    def __init__(self, work: str, nodes: int):
-        self.work, self.nodes = work, nodes
-        self.conf = f"{work}/etc/slurm.conf"
-        self.pids: list[int] = []
-
-    @property
-    def env(self):
-        return dict(os.environ, SLURM_CONF=self.conf)
-
-    def start(self):
-        w = self.work
-        shutil.rmtree(w, ignore_errors=True)
-        for d in ("etc", "munge", "state", "run", "log", "spool"):
-            os.makedirs(f"{w}/{d}")
-        os.chmod(f"{w}/munge", 0o700)
-        with open(f"{w}/munge/munge.key", "wb") as f:
-            f.write(os.urandom(1024))
-        os.chmod(f"{w}/munge/munge.key", 0o400)
-        host = socket.gethostname()
-        with open(self.conf, "w") as f:
-            f.write(f"""ClusterName=bench
-SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={SLURM_PORT}
-SlurmdPort={SLURM_PORT + 1}
-SlurmUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={w}/munge/munge.sock
-StateSaveLocation={w}/state
-SlurmdSpoolDir={w}/spool/%n
-SlurmctldPidFile={w}/run/slurmctld.pid
-SlurmctldLogFile={w}/log/slurmctld.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
-SlurmdParameters=config_overrides
-GresTypes=k8scpu,k8smemory
-NodeName=n[1-{self.nodes}] NodeHostname={host} NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory={MEM} Gres=k8scpu:{CPUS},k8smemory:{MEM} State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-""")
-        with open(f"{w}/etc/gres.conf", "w") as f:
-            f.write("Name=k8scpu Flags=CountOnly\nName=k8smemory Flags=CountOnly\n")
-        self._spawn(["munged", "-F", "--force", f"--socket={w}/munge/munge.sock",
-                     f"--key-file={w}/munge/munge.key", f"--pid-file={w}/munge/munged.pid",
-                     f"--log-file={w}/munge/munged.log", f"--seed-file={w}/munge/munged.seed"])
-        deadline = time.monotonic() + 10
-        while not os.path.exists(f"{w}/munge/munge.sock") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        self._spawn(["slurmctld", "-D", "-i", "-f", self.conf])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            r = subprocess.run(["scontrol", "ping"], env=self.env, capture_output=True, text=True)
-            if "is UP" in r.stdout:
-                return
-            time.sleep(0.2)
-        raise RuntimeError("slurmctld did not come up: see " + f"{w}/log")
-
-    def _spawn(self, argv):
-        out = open(f"{self.work}/log/{os.path.basename(argv[0])}.out", "ab")
-        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self.pids.append(p.pid)
-
-    def stop(self):
-        for pid in reversed(self.pids):
-            _stop_pid(pid)
-        self.pids = []
-
 
 def _stop_pid(pid, timeout=10.0):
     try:
@@ -186,7 +113,7 @@ def pod(core, node, name, cpu, mem):
 class Daemon:
     LINE = re.compile(r"^(\S+ \S+) pyk8sres sync: INFO applied (\S+) k8scpu=(\d+) k8smemory=(\d+)")
 
-    def __init__(self, work, kubeconfig, slurm: BenchSlurm):
+    def __init__(self, work, kubeconfig, slurm):
         self.log = f"{work}/sync.log"
         open(self.log, "w").close()
         self.pos = 0
@@ -242,8 +169,9 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
     work = f"{ROOT}/{nodes}"
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    slurm = BenchSlurm(f"{work}/slurm", nodes)
-    slurm.start()
+    # munged + slurmctld only: nodes exist in slurm.conf, no slurmd needed.
+    slurm = cluster.up(f"{work}/slurm", nodes=nodes, cpus=CPUS, memory=MEM,
+                       base_port=SLURM_PORT, node_features=False, slurmd=False)
     server = daemon = None
     try:
         server = start_api(f"{work}/kube")
@@ -324,7 +252,7 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
             daemon.stop()
         if server:
             stop_api(server, f"{work}/kube")
-        slurm.stop()
+        cluster.down(slurm.work)
 
 
 def main(argv=None):
