@@ -32,10 +32,7 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-from pyk8sres import cluster  # noqa: E402
+from pyk8sres import cluster  # the installed package (tools/install-deps.sh)
 
 ROOT = os.environ.get("PYK8SRES_BENCH_DIR", "/tmp/pyk8sres-bench-sync")
 SLURM_PORT = 27200
@@ -117,7 +114,7 @@ class Daemon:
         self.log = f"{work}/sync.log"
         open(self.log, "w").close()
         self.pos = 0
-        env = dict(slurm.env, PYTHONPATH=REPO)
+        env = dict(slurm.env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pyk8sres.sync", "--kubeconfig", kubeconfig,
              "--state-file", f"{work}/state.json", "--cluster-name", "bench", "--resync", "1"],
