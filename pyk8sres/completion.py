@@ -80,8 +80,7 @@ class Site:
     default_partition: str | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Result:
+class Result(typing.NamedTuple):
     tres_per_node: str | None    # new value, None = leave unchanged
     tres_per_task: str | None
     per_node: dict               # what we require per node, for logs/tests

@@ -63,17 +63,26 @@ _STRINGS = ("partition", "tres_per_node", "tres_per_task", "tres_per_job", "tres
             "cpus_per_tres", "mem_per_tres")
 
 
+# (Job field, C attribute, unset values) per struct prefix, computed once:
+# this runs on every submission the C memo has not seen.
+_READS = {prefix: [(name, prefix + name, unset) for name, unset in _UNSET.items()]
+          for prefix in ("", "cur_")}
+_TEXTS = {prefix: [(name, prefix + name) for name in _STRINGS] for prefix in ("", "cur_")}
+
+
 def _job(ffi, c, prefix: str, exclusive: bool) -> completion.Job:
-    values = {}
-    for name, unset in _UNSET.items():
-        value = getattr(c, prefix + name)
-        values[name] = None if value in unset else value
-    for name in _STRINGS:
-        values[name] = _text(ffi, getattr(c, prefix + name))
+    values = {name: (None if value in unset else value)
+              for name, attr, unset in _READS[prefix]
+              for value in (getattr(c, attr),)}
+    null, string = ffi.NULL, ffi.string
+    for name, attr in _TEXTS[prefix]:
+        ptr = getattr(c, attr)
+        values[name] = None if ptr == null else string(ptr).decode("utf-8", "replace")
     memory = getattr(c, prefix + "pn_min_memory")
     values["mem_per_node"], values["mem_per_cpu"] = completion.decode_memory(
         None if memory == NO_VAL64 else memory)
-    return completion.Job(exclusive=exclusive, **values)
+    values["exclusive"] = exclusive
+    return completion.Job(**values)
 
 
 def job_from_c(ffi, c) -> completion.Job:
@@ -86,9 +95,14 @@ def current_from_c(ffi, c) -> completion.Job | None:
     return _job(ffi, c, "cur_", c.cur_whole_node == 1) if c.has_current else None
 
 
+_site_key = None
+
+
 def site_for(c_def_mem: int, slurm_version: int):
     """The Site, refreshed if slurmctld's own defaults changed (reconfigure)."""
-    global _site
+    global _site, _site_key
+    if (c_def_mem, slurm_version, _site) == _site_key:
+        return _site
     per_node, per_cpu = completion.decode_memory(c_def_mem)
     cluster = completion.MemDefault(per_cpu=per_cpu, per_node=per_node)
     if cluster != _site.cluster_mem or slurm_version != _site.slurm_version:
@@ -98,6 +112,7 @@ def site_for(c_def_mem: int, slurm_version: int):
                                 cluster_mem=cluster,
                                 partition_mem=_site.partition_mem,
                                 default_partition=_site.default_partition)
+    _site_key = (c_def_mem, slurm_version, _site)
     return _site
 
 
