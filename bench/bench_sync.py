@@ -26,9 +26,7 @@ import os
 import random
 import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
 
@@ -44,23 +42,6 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 # ----------------------------------------------------------------- Slurm
-
-def _stop_pid(pid, timeout=10.0):
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                return
-        except ChildProcessError:
-            return
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-
 
 # ----------------------------------------------------------------- Kubernetes
 
@@ -111,24 +92,25 @@ class Daemon:
     LINE = re.compile(r"^(\S+ \S+) pyk8sres sync: INFO applied (\S+) k8scpu=(\d+) k8smemory=(\d+)")
 
     def __init__(self, work, kubeconfig, slurm):
-        self.log = f"{work}/sync.log"
-        open(self.log, "w").close()
+        self.slurm = slurm
+        self.log = f"{slurm.work}/log/bench-sync.out"
         self.pos = 0
-        env = dict(slurm.env)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pyk8sres.sync", "--kubeconfig", kubeconfig,
-             "--state-file", f"{work}/state.json", "--cluster-name", "bench", "--resync", "1"],
-            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env,
-            start_new_session=True)
+        self.pid = cluster.start_process(slurm.work, "bench-sync", [
+            sys.executable, "-m", "pyk8sres.sync", "--kubeconfig", kubeconfig,
+            "--state-file", f"{work}/state.json", "--cluster-name", "bench", "--resync", "1"],
+            env=slurm.env)
+
+    def alive(self) -> bool:
+        return cluster.alive(self.pid)
 
     def cpu(self) -> float:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
+        with open(f"/proc/{self.pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / TICK
 
     def mem_mb(self) -> tuple[float, float]:
         vals = {}
-        with open(f"/proc/{self.proc.pid}/status") as f:
+        with open(f"/proc/{self.pid}/status") as f:
             for line in f:
                 k, _, v = line.partition(":")
                 if k in ("VmRSS", "VmHWM"):
@@ -151,7 +133,7 @@ class Daemon:
         return out
 
     def stop(self):
-        _stop_pid(self.proc.pid)
+        cluster.stop_process(self.slurm.work, "bench-sync")
 
 
 # ----------------------------------------------------------------- run
@@ -188,7 +170,7 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
         while {n: seen.get(n) for n in expect} != expect:
             for _, n, c, m in daemon.applied():
                 seen[n] = (c, m)
-            if daemon.proc.poll() is not None:
+            if not daemon.alive():
                 raise RuntimeError(f"daemon exited; see {daemon.log}")
             if time.monotonic() - t0 > 600:
                 raise RuntimeError("initial sync took over 600 s")

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 
-from . import install, slurm
+from . import install
 
 SLURM_PLUGIN_DIRS = ("/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/aarch64-linux-gnu/slurm-wlm",
                      "/usr/lib64/slurm", "/usr/lib/slurm")
@@ -119,7 +119,9 @@ def _pid_path(work: str, name: str) -> str:
     return os.path.join(work, "run", f"proc-{name}.pid")
 
 
-def _start(work: str, name: str, argv: list[str], env: dict | None = None) -> int:
+def start_process(work: str, name: str, argv: list[str], env: dict | None = None) -> int:
+    """Start a daemon in the background; its PID goes to WORK/run/proc-NAME.pid
+    (stop_process and down() stop it), its output to WORK/log/NAME.out."""
     log = open(os.path.join(work, "log", f"{name}.out"), "ab")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, env=env)
@@ -129,7 +131,7 @@ def _start(work: str, name: str, argv: list[str], env: dict | None = None) -> in
     return proc.pid
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -149,17 +151,17 @@ def stop_process(work: str, name: str, timeout: float = 15.0) -> bool:
         pid = int(open(path).read().strip())
     except (OSError, ValueError):
         return False
-    was_running = _alive(pid)
+    was_running = alive(pid)
     if was_running:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             try:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
             time.sleep(0.05)
-        if _alive(pid):
+        if alive(pid):
             os.kill(pid, signal.SIGKILL)
     try:
         os.waitpid(pid, os.WNOHANG)
@@ -187,7 +189,7 @@ class Cluster:
     # --- daemons ---------------------------------------------------------
     def start_munged(self) -> None:
         munge_dir = os.path.join(self.work, "munge")
-        _start(self.work, "munged", [
+        start_process(self.work, "munged", [
             _need("munged", "munge"), "-F", "--force",
             f"--socket={munge_dir}/munge.sock", f"--key-file={munge_dir}/munge.key",
             f"--pid-file={munge_dir}/munged.pid", f"--log-file={munge_dir}/munged.log",
@@ -195,14 +197,14 @@ class Cluster:
         self._wait(lambda: os.path.exists(f"{munge_dir}/munge.sock"), "munged socket", 10)
 
     def start_slurmctld(self) -> None:
-        _start(self.work, "slurmctld", [_need("slurmctld", "slurmctld"), "-D", "-i", "-f", self.conf])
+        start_process(self.work, "slurmctld", [_need("slurmctld", "slurmctld"), "-D", "-i", "-f", self.conf])
         self._wait(self._ctld_up, "slurmctld to answer (see log/slurmctld.log)", 30)
 
     def start_slurmd(self, node: str, dynamic_conf: str | None = None) -> None:
         argv = [_need("slurmd", "slurmd"), "-D", "-N", node, "-f", self.conf]
         if dynamic_conf is not None:
             argv += ["-Z", "--conf", dynamic_conf]
-        _start(self.work, f"slurmd-{node}", argv)
+        start_process(self.work, f"slurmd-{node}", argv)
 
     def stop(self, name: str) -> bool:
         return stop_process(self.work, name)
@@ -220,7 +222,7 @@ class Cluster:
 
     def _running(self, name: str) -> bool:
         try:
-            return _alive(int(open(_pid_path(self.work, name)).read()))
+            return alive(int(open(_pid_path(self.work, name)).read()))
         except (OSError, ValueError):
             return False
 

@@ -37,7 +37,7 @@ def up(work: str, *, nodes: int, cpus: int, memory: int, base_port: int, kube_po
         with open(nodes_file, "w") as f:
             json.dump(node_manifest(cluster.node_names(nodes), cpus, memory), f)
         kas.apply(nodes_file)
-        cluster._start(c.work, "sync", [sys.executable, "-m", "pyk8sres.cli", "sync",
+        cluster.start_process(c.work, "sync", [sys.executable, "-m", "pyk8sres.cli", "sync",
                                          "--kubeconfig", kas.kubeconfig],
                        env=dict(c.env, PYTHONUNBUFFERED="1"))
         wait_generic_nodes(kas, cluster.node_names(nodes), c)

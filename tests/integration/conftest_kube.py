@@ -14,11 +14,11 @@ Ports: $PYK8SRES_KUBE_PORT if set, else the first free triple
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
+from pyk8sres import cluster
 from pyk8sres.kubeapi_server import KubeAPIServer, build
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,22 +26,12 @@ CRD_MANIFEST = REPO / "deploy" / "crd-genericnode.yaml"
 RBAC_MANIFEST = REPO / "deploy" / "rbac.yaml"
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def pick_ports(start: int = 26400, stop: int = 26990) -> int:
     """First port p with p, p+1, p+2 free on 127.0.0.1."""
     if os.environ.get("PYK8SRES_KUBE_PORT"):
         return int(os.environ["PYK8SRES_KUBE_PORT"])
     for p in range(start, stop, 3):
-        if all(_free(p + i) for i in range(3)):
+        if all(cluster.port_free(p + i) for i in range(3)):
             return p
     raise RuntimeError(f"no free port triple in {start}-{stop}")
 

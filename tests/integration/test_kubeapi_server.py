@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from conftest_kube import kube_api_client, kube_paths, kube_server  # noqa: F401 (fixtures)
+
 
 GN = dict(group="pyk8sres.io", version="v1alpha1", plural="genericnodes")
 

@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException  # noqa: E402
 from pyk8sres import cluster as slurm_cluster  # noqa: E402
 from pyk8sres.kubeapi_server import KubeAPIServer  # noqa: E402
 
-from conftest_kube import CRD_MANIFEST, kube_paths  # noqa: E402,F401  (fixture)
+from conftest_kube import CRD_MANIFEST  # noqa: E402
 
 GROUP, VERSION, PLURAL = "pyk8sres.io", "v1alpha1", "genericnodes"
 BASE_PORT = 27300          # slurmctld 27300, slurmd 27301..
