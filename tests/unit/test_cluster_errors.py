@@ -1,0 +1,33 @@
+"""`pyk8sres cluster up` fails early and clearly (no daemon is started)."""
+import os
+import socket
+
+import pytest
+
+from pyk8sres import cluster
+
+
+def test_missing_binary_names_the_package():
+    with pytest.raises(cluster.ClusterError, match="apt-get install no-such-package"):
+        cluster._need("no-such-binary-pyk8sres", "no-such-package")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cluster up refuses non-root first")
+def test_port_in_use_is_reported(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(cluster.ClusterError, match=f"port\\(s\\) {port} already in use"):
+            cluster.up(str(tmp_path / "c"), nodes=1, base_port=port)
+    assert not os.path.exists(tmp_path / "c" / "run")  # nothing was started
+
+
+def test_slurm_conf_without_node_features_keeps_gres_on_node_lines(tmp_path):
+    text = cluster.slurm_conf_text(str(tmp_path), nodes=2, cpus=4, memory=8000, base_port=17000,
+                                   node_features=False, def_mem_per_cpu=100, plugin_dir="/x")
+    assert "Gres=k8scpu:4,k8smemory:8000" in text and "NodeFeaturesPlugins" not in text
+    text = cluster.slurm_conf_text(str(tmp_path), nodes=2, cpus=4, memory=8000, base_port=17000,
+                                   node_features=True, def_mem_per_cpu=100, plugin_dir="/x")
+    assert "Gres=" not in text and "NodeFeaturesPlugins=node_features/k8s_resources" in text
+    assert "Port=[17001-17002]" in text and "JobSubmitPlugins=k8s_resource_completion" in text
