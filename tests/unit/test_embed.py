@@ -13,6 +13,7 @@ from pyk8sres import _core_build, completion, embed
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = (REPO / "plugins" / "pyk8sres_core.h").read_text()
+CORE_C = (REPO / "plugins" / "pyk8sres_core.c").read_text()
 NO_VAL16, NO_VAL, NO_VAL64 = completion.NO_VAL16, completion.NO_VAL, completion.NO_VAL64
 
 ffi = cffi.FFI()
@@ -58,9 +59,9 @@ def test_fields_outside_the_memo_key_do_not_change_the_job():
 
 
 def test_memo_key_covers_every_field_the_policy_reads():
-    body = re.search(r"struct memo_key \{(.*?)\};", _core_build.C_SOURCE, re.S).group(1)
+    body = re.search(r"struct memo_key \{(.*?)\};", CORE_C, re.S).group(1)
     key = set(re.findall(r"\b([a-z_]+)\b(?=[,;])", body))
-    strings = set(re.findall(r"strings\[\d\] = j->(\w+);", _core_build.C_SOURCE))
+    strings = set(re.findall(r"strings\[\d\] = j->(\w+);", CORE_C))
     read_by_policy = set(embed._UNSET) | {"pn_min_memory", "shared"} | \
         {"def_mem_per_cpu", "slurm_version"}  # the last two: embed.site_for
     assert read_by_policy <= key

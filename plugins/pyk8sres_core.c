@@ -1,0 +1,294 @@
+/*
+ * The C half of libpyk8sres_core.so, compiled together with the code cffi
+ * generates (pyk8sres/_core_build.py includes this file in set_source):
+ *  - PYTHONHOME pinned before cffi starts the interpreter: inside slurmctld,
+ *    Python would guess its stdlib from the slurmctld binary's location;
+ *  - slurmctld's log for Python's log lines;
+ *  - pyk8sres_job_submit, the hot path: a memo of Python's answers and one
+ *    shared thread state (see the comment above it).
+ * Nothing here decides policy: that is pyk8sres/completion.py.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <Python.h>
+#include "pyk8sres_core.h"
+
+static char core_path[PATH_MAX];
+
+__attribute__((constructor)) static void pyk8sres_core_preinit(void)
+{
+	static wchar_t *home;
+	Dl_info info;
+
+	if (dladdr((void *) pyk8sres_core_preinit, &info) && info.dli_fname)
+		if (!realpath(info.dli_fname, core_path))
+			core_path[0] = '\0';
+	if (!Py_IsInitialized() && !getenv("PYTHONHOME") && !home) {
+		home = Py_DecodeLocale(PYK8SRES_PYTHONHOME, NULL);
+		if (home)
+			Py_SetPythonHome(home);
+	}
+}
+
+/* Python's log lines go to slurmctld's log when we run inside it. */
+static void pyk8sres_log(int level, const char *msg)
+{
+	static const char *names[] = { "slurm_error", "slurm_info",
+				       "slurm_verbose", "slurm_debug" };
+	void (*fn)(const char *, ...);
+
+	if (level < 0 || level > 3)
+		level = 0;
+	fn = (void (*)(const char *, ...)) dlsym(RTLD_DEFAULT, names[level]);
+	if (fn)
+		fn("%s", msg);
+	else
+		fprintf(stderr, "pyk8sres: %s\n", msg);
+}
+
+/* --- pyk8sres_job_submit: the hot path ---------------------------------
+ * Measured inside slurmctld, a cffi entry point costs ~90 us per job:
+ * slurmctld runs each RPC on a new thread (a new Python thread state each
+ * time) and the interpreter's code and data are cold by the time the next
+ * job arrives (the same call costs ~6 us when caches are warm).  So:
+ *  1. Memo: the completion is a pure function of the job fields in
+ *     struct memo_key and of the configuration, so an identical submission
+ *     reuses Python's earlier answer without entering Python.  Python
+ *     empties the memo whenever it reloads the configuration.
+ *  2. Misses: one Python thread state, made once and lent to the calling
+ *     thread under hot_lock (calls are serialized anyway), and a direct
+ *     call of pyk8sres.embed.job_submit_fast.  On Python >= 3.12, which
+ *     ties thread states to OS threads, the plain cffi entry point is used.
+ */
+#include <pthread.h>
+
+#define MEMO_SLOTS 1024
+#define MEMO_STRINGS 7
+
+struct memo_key {  /* every field the policy reads for a submission */
+	uint64_t pn_min_memory, def_mem_per_cpu;
+	uint32_t slurm_version, num_tasks, min_cpus, min_nodes, max_nodes;
+	uint16_t cpus_per_task, ntasks_per_node, pn_min_cpus, shared;
+};
+
+struct memo_entry {
+	unsigned generation;  /* 0 = empty */
+	struct memo_key key;
+	char *strings[MEMO_STRINGS];
+	int rc, changed;
+	char *node, *task, *err;
+};
+
+static pthread_mutex_t hot_lock = PTHREAD_MUTEX_INITIALIZER;
+static PyThreadState *hot_ts;
+static PyObject *hot_fn;
+static struct memo_entry memo[MEMO_SLOTS];
+static volatile unsigned memo_generation = 1;
+
+/* Called from Python (GIL held): never take hot_lock here. */
+static void pyk8sres_memo_clear(void)
+{
+	__atomic_add_fetch(&memo_generation, 1, __ATOMIC_SEQ_CST);
+}
+
+static void memo_fill(const struct pyk8sres_job *j, struct memo_key *k,
+		      const char **strings)
+{
+	memset(k, 0, sizeof(*k));  /* padding too: keys are compared by memcmp */
+	k->pn_min_memory = j->pn_min_memory;
+	k->def_mem_per_cpu = j->def_mem_per_cpu;
+	k->slurm_version = j->slurm_version;
+	k->num_tasks = j->num_tasks;
+	k->min_cpus = j->min_cpus;
+	k->min_nodes = j->min_nodes;
+	k->max_nodes = j->max_nodes;
+	k->cpus_per_task = j->cpus_per_task;
+	k->ntasks_per_node = j->ntasks_per_node;
+	k->pn_min_cpus = j->pn_min_cpus;
+	k->shared = j->shared;
+	strings[0] = j->partition;
+	strings[1] = j->tres_per_node;
+	strings[2] = j->tres_per_task;
+	strings[3] = j->tres_per_job;
+	strings[4] = j->tres_per_socket;
+	strings[5] = j->cpus_per_tres;
+	strings[6] = j->mem_per_tres;
+}
+
+static uint64_t memo_hash(const struct memo_key *k, const char **strings)
+{
+	uint64_t h = 1469598103934665603ULL;  /* FNV-1a */
+	const unsigned char *p = (const unsigned char *) k;
+
+	for (size_t i = 0; i < sizeof(*k); i++)
+		h = (h ^ p[i]) * 1099511628211ULL;
+	for (int s = 0; s < MEMO_STRINGS; s++) {
+		for (p = (const unsigned char *) (strings[s] ? strings[s] : ""); *p; p++)
+			h = (h ^ *p) * 1099511628211ULL;
+		h = (h ^ (strings[s] ? 0xff : 0xfe)) * 1099511628211ULL;
+	}
+	return h;
+}
+
+static int same_string(const char *a, const char *b)
+{
+	return (!a || !b) ? a == b : !strcmp(a, b);
+}
+
+static struct memo_entry *memo_find(struct memo_entry *e, const struct memo_key *k,
+				    const char **strings)
+{
+	if (e->generation != memo_generation || memcmp(&e->key, k, sizeof(*k)))
+		return NULL;
+	for (int s = 0; s < MEMO_STRINGS; s++)
+		if (!same_string(e->strings[s], strings[s]))
+			return NULL;
+	return e;
+}
+
+static char *dup_or_null(const char *s)
+{
+	return s ? strdup(s) : NULL;
+}
+
+static void memo_store(struct memo_entry *e, unsigned generation,
+		       const struct memo_key *k, const char **strings, int rc,
+		       int changed, const char *node, const char *task,
+		       const char *err)
+{
+	for (int s = 0; s < MEMO_STRINGS; s++)
+		free(e->strings[s]);
+	free(e->node);
+	free(e->task);
+	free(e->err);
+	memset(e, 0, sizeof(*e));
+	e->key = *k;
+	for (int s = 0; s < MEMO_STRINGS; s++)
+		e->strings[s] = dup_or_null(strings[s]);
+	e->node = strdup(node);
+	e->task = strdup(task);
+	e->err = strdup(err);
+	e->rc = rc;
+	e->changed = changed;
+	for (int s = 0; s < MEMO_STRINGS; s++)
+		if (strings[s] && !e->strings[s])
+			return;  /* out of memory: leave the slot empty */
+	if (e->node && e->task && e->err)
+		e->generation = generation;
+}
+
+static int hot_init(void)
+{
+	PyGILState_STATE gil = PyGILState_Ensure();
+	PyObject *mod = PyImport_ImportModule("pyk8sres.embed");
+
+	hot_fn = mod ? PyObject_GetAttrString(mod, "job_submit_fast") : NULL;
+	Py_XDECREF(mod);
+	if (!hot_fn)
+		PyErr_Clear();
+	else
+		hot_ts = PyThreadState_New(PyThreadState_Get()->interp);
+	PyGILState_Release(gil);
+	return hot_ts ? 0 : -1;
+}
+
+static void copy_out(char *dst, size_t len, PyObject *text)
+{
+	Py_ssize_t n = 0;
+	const char *src = text ? PyUnicode_AsUTF8AndSize(text, &n) : NULL;
+
+	if (!len)
+		return;
+	if (!src) {
+		PyErr_Clear();
+		dst[0] = '\0';
+		return;
+	}
+	if ((size_t) n >= len)
+		n = len - 1;
+	memcpy(dst, src, n);
+	dst[n] = '\0';
+}
+
+/* One Python call on the shared thread state; caller holds hot_lock. */
+static int call_python(const struct pyk8sres_job *job, int *changed,
+		       char *node_out, size_t node_len, char *task_out,
+		       size_t task_len, char *err, size_t errlen)
+{
+	PyObject *res;
+	int rc = PYK8SRES_INTERNAL_ERROR;
+
+#if PY_VERSION_HEX < 0x030C0000
+	if (Py_IsInitialized() && (hot_ts || !hot_init())) {
+		PyEval_RestoreThread(hot_ts);
+		/* -> (rc, changed, tres_per_node, tres_per_task, err) */
+		res = PyObject_CallFunction(hot_fn, "K",
+					    (unsigned long long) (uintptr_t) job);
+		if (res && PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 5) {
+			rc = (int) PyLong_AsLong(PyTuple_GET_ITEM(res, 0));
+			*changed = (int) PyLong_AsLong(PyTuple_GET_ITEM(res, 1));
+			copy_out(node_out, node_len, PyTuple_GET_ITEM(res, 2));
+			copy_out(task_out, task_len, PyTuple_GET_ITEM(res, 3));
+			copy_out(err, errlen, PyTuple_GET_ITEM(res, 4));
+			if (PyErr_Occurred())
+				rc = PYK8SRES_INTERNAL_ERROR;
+		} else {
+			*changed = 0;
+			snprintf(err, errlen, "internal error in the Python core");
+		}
+		PyErr_Clear();
+		Py_XDECREF(res);
+		PyEval_SaveThread();
+		return rc;
+	}
+#endif
+	return pyk8sres_job_submit_py(job, changed, node_out, node_len,
+				      task_out, task_len, err, errlen);
+}
+
+int pyk8sres_job_submit(const struct pyk8sres_job *job, int *changed,
+			char *node_out, size_t node_len,
+			char *task_out, size_t task_len, char *err, size_t errlen)
+{
+	struct memo_key key;
+	const char *strings[MEMO_STRINGS];
+	struct memo_entry *slot = NULL, *hit;
+	unsigned generation;
+	int rc;
+
+	pthread_mutex_lock(&hot_lock);
+	if (!job->is_modify) {
+		memo_fill(job, &key, strings);
+		slot = &memo[memo_hash(&key, strings) % MEMO_SLOTS];
+		hit = memo_find(slot, &key, strings);
+		if (hit) {
+			*changed = hit->changed;
+			snprintf(node_out, node_len, "%s", hit->node);
+			snprintf(task_out, task_len, "%s", hit->task);
+			snprintf(err, errlen, "%s", hit->err);
+			rc = hit->rc;
+			pthread_mutex_unlock(&hot_lock);
+			return rc;
+		}
+	}
+	generation = memo_generation;  /* before the call: a reload wins */
+	rc = call_python(job, changed, node_out, node_len, task_out, task_len,
+			 err, errlen);
+	if (slot && rc != PYK8SRES_INTERNAL_ERROR)
+		memo_store(slot, generation, &key, strings, rc, *changed,
+			   node_out, task_out, err);
+	pthread_mutex_unlock(&hot_lock);
+	return rc;
+}
+
+/* Absolute path of this library: Python finds the pyk8sres package from it. */
+static const char *pyk8sres_core_path(void)
+{
+	return core_path;
+}
