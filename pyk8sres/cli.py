@@ -37,6 +37,8 @@ def _install_plugins(args) -> int:
     from . import install
     for path in install.install_plugins(args.plugin_dir, check_version=not args.force):
         print(path)
+    for warning in install.readability_warnings():
+        print(f"pyk8sres: warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -63,6 +63,32 @@ def _atomic_symlink(target: str, dst: str) -> None:
     os.replace(tmp, dst)
 
 
+def unreadable_by_others(path: str) -> str | None:
+    """The first directory on the way to `path` that other users cannot enter
+    (slurmctld usually runs as SlurmUser=slurm, not root), or None."""
+    parts = os.path.realpath(path).split(os.sep)
+    for i in range(2, len(parts)):
+        directory = os.sep.join(parts[:i])
+        if not os.stat(directory).st_mode & 0o001:
+            return directory
+    return None
+
+
+def readability_warnings() -> list[str]:
+    """Why a non-root slurmctld could not load the core, if it could not."""
+    import sysconfig
+    warnings = []
+    for what, path in (("the Python core", os.path.join(PACKAGE_LIB, CORE)),
+                       ("libpython", os.path.join(sysconfig.get_config_var("LIBDIR") or "/",
+                                                  sysconfig.get_config_var("LDLIBRARY") or ""))):
+        blocked = unreadable_by_others(path) if os.path.exists(path) else None
+        if blocked:
+            warnings.append(f"{what} ({path}) is inside {blocked}, which other users cannot "
+                            "enter: a slurmctld running as SlurmUser=slurm cannot load it; "
+                            "install pyk8sres into a Python under /opt or /usr instead")
+    return warnings
+
+
 def install_plugins(plugin_dir: str, *, check_version: bool = True) -> list[str]:
     """Install every built plugin into `plugin_dir`; returns the paths written."""
     if not os.path.isdir(PACKAGE_LIB):

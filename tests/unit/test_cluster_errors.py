@@ -31,3 +31,24 @@ def test_slurm_conf_without_node_features_keeps_gres_on_node_lines(tmp_path):
                                    node_features=True, def_mem_per_cpu=100, plugin_dir="/x")
     assert "Gres=" not in text and "NodeFeaturesPlugins=node_features/k8s_resources" in text
     assert "Port=[17001-17002]" in text and "JobSubmitPlugins=k8s_resource_completion" in text
+
+
+def test_unreadable_python_is_reported():
+    """slurmctld as SlurmUser=slurm cannot load a core under a 0700 directory."""
+    import shutil
+    import tempfile
+
+    from pyk8sres import install
+    base = tempfile.mkdtemp(dir="/tmp")  # /tmp itself lets everyone through
+    try:
+        os.chmod(base, 0o755)
+        locked = os.path.join(base, "locked")
+        os.makedirs(os.path.join(locked, "lib"))
+        target = os.path.join(locked, "lib", "libx.so")
+        open(target, "wb").close()
+        os.chmod(locked, 0o700)
+        assert install.unreadable_by_others(target) == locked
+        os.chmod(locked, 0o755)
+        assert install.unreadable_by_others(target) is None
+    finally:
+        shutil.rmtree(base)
