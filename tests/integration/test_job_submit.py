@@ -229,3 +229,23 @@ def test_plugin_refuses_to_load_without_its_python_core(tmp_path):
         assert "run `pyk8sres install-plugins`" in log
     finally:
         cluster.down(work)
+
+
+def test_ordinary_batch_script_with_steps_keeps_working(c, tmp_path):
+    """#SBATCH lines and srun steps inside the job, unchanged by the completion."""
+    out = tmp_path / "steps.out"
+    script = tmp_path / "steps.sh"
+    script.write_text(f"""#!/bin/bash
+#SBATCH -N 2
+#SBATCH --ntasks-per-node=2
+#SBATCH --cpus-per-task=1
+#SBATCH --time=5
+#SBATCH --output={out}
+srun hostname | wc -l
+srun -n 1 true && echo step-ok
+srun --mem=50 -n 2 true && echo mem-step-ok
+""")
+    job_id = run("sbatch", "--parsable", str(script)).stdout.strip()
+    wait_state(job_id, "COMPLETED", timeout=60)
+    lines = [line for line in out.read_text().splitlines() if not line.startswith("srun: ")]
+    assert lines == ["4", "step-ok", "mem-step-ok"]  # (srun's own warnings aside)
