@@ -96,7 +96,7 @@ int pyk8sres_node_counts(const char *node_name, uint32_t cpus,
 /* CFFI-END */
 
 /* Plain C in the core library: same contract as pyk8sres_job_submit_py,
- * minus the per-thread cost of a cffi entry point (see _core_build.py). */
+ * minus the per-thread cost of a cffi entry point (see pyk8sres_core.c). */
 int pyk8sres_job_submit(const struct pyk8sres_job *job,
 			int *changed,
 			char *tres_per_node_out, size_t tres_per_node_len,

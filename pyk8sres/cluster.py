@@ -18,8 +18,8 @@ import time
 
 from . import install
 
-SLURM_PLUGIN_DIRS = ("/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/aarch64-linux-gnu/slurm-wlm",
-                     "/usr/lib64/slurm", "/usr/lib/slurm")
+# Debian's multiarch directory first, then other layouts.
+SLURM_PLUGIN_DIRS = ("/usr/lib/*/slurm-wlm", "/usr/lib64/slurm", "/usr/lib/slurm")
 
 
 class ClusterError(RuntimeError):
@@ -35,7 +35,7 @@ def _need(binary: str, package: str) -> str:
 
 
 def slurm_plugin_dir() -> str:
-    for pattern in SLURM_PLUGIN_DIRS + ("/usr/lib/*/slurm-wlm",):
+    for pattern in SLURM_PLUGIN_DIRS:
         for path in glob.glob(pattern):
             if os.path.exists(os.path.join(path, "select_cons_tres.so")):
                 return path

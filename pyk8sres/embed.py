@@ -6,6 +6,7 @@ does no I/O and allocates little; configuration is read in reconfigure().
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -107,11 +108,7 @@ def site_for(c_def_mem: int, slurm_version: int):
     cluster = completion.MemDefault(per_cpu=per_cpu, per_node=per_node)
     if cluster != _site.cluster_mem or slurm_version != _site.slurm_version:
         _forget_answers()
-        _site = completion.Site(slurm_version=slurm_version,
-                                under_request=_config.under_request,
-                                cluster_mem=cluster,
-                                partition_mem=_site.partition_mem,
-                                default_partition=_site.default_partition)
+        _site = dataclasses.replace(_site, slurm_version=slurm_version, cluster_mem=cluster)
     _site_key = (c_def_mem, slurm_version, _site)
     return _site
 
@@ -122,10 +119,8 @@ def reconfigure(slurm_conf_path: str) -> None:
     _config = config.load(slurm_conf_path)
     _forget_answers()
     partitions, default = slurmconf.load_partition_memory(slurm_conf_path)
-    _site = completion.Site(slurm_version=_site.slurm_version,
-                            under_request=_config.under_request,
-                            cluster_mem=_site.cluster_mem,
-                            partition_mem=partitions, default_partition=default)
+    _site = dataclasses.replace(_site, under_request=_config.under_request,
+                                partition_mem=partitions, default_partition=default)
 
 
 _ffi = None
@@ -161,7 +156,7 @@ def job_submit(c) -> tuple:
 
 
 def job_submit_fast(address: int) -> tuple:
-    """The hot path from C (see _core_build.py): `address` is the job struct."""
+    """The hot path from C (plugins/pyk8sres_core.c): `address` is the job struct."""
     return job_submit(_ffi.cast(_job_ptr, address))
 
 

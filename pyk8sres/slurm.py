@@ -7,14 +7,12 @@ Every call has a timeout; failures raise SlurmError with scontrol's words.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import subprocess
 
 from . import GRES_CPU, GRES_MEMORY
 
 TIMEOUT = 15.0
-_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:.]*)=")
 
 
 class SlurmError(RuntimeError):
@@ -50,16 +48,6 @@ def run(*args: str, timeout: float = TIMEOUT, check: bool = True) -> str:
     if check and proc.returncode != 0:
         raise SlurmError(f"{' '.join(args)}: {(proc.stderr or proc.stdout).strip()}")
     return proc.stdout
-
-
-def parse_record(line: str) -> dict:
-    """One `scontrol show -o` record -> {Key: value} (values may hold spaces)."""
-    matches = list(_FIELD.finditer(line))
-    record = {}
-    for i, match in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
-        record[match.group(1)] = line[match.end():end].strip()
-    return record
 
 
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
@@ -110,21 +98,26 @@ def node_from_record(rec: dict) -> SlurmNode:
     )
 
 
-# The node fields we use never contain spaces: one findall per line is ~5x
-# cheaper than parse_record (the sync daemon reads 1000 nodes every second).
+# The node fields we use never contain spaces (others, like OS= or Reason=,
+# may): one findall per line picks them out, cheaply enough for the sync
+# daemon to read 1000 nodes every second.
 _NODE_FIELDS = re.compile(
     r"(?:^|\s)(NodeName|CPUTot|RealMemory|Gres|GresUsed|CPUAlloc|AllocMem|State)=(\S*)")
 
 
+def node_from_line(line: str) -> SlurmNode:
+    """One `scontrol -d show node -o` line -> SlurmNode."""
+    return node_from_record(dict(_NODE_FIELDS.findall(line)))
+
+
 def list_nodes() -> list[SlurmNode]:
     out = run("scontrol", "-d", "show", "node", "-o")
-    return [node_from_record(dict(_NODE_FIELDS.findall(line)))
-            for line in out.splitlines() if line.strip()]
+    return [node_from_line(line) for line in out.splitlines() if line.strip()]
 
 
 def get_node(name: str) -> SlurmNode:
     out = run("scontrol", "-d", "show", "node", "-o", name)
-    return node_from_record(parse_record(out.strip().splitlines()[0]))
+    return node_from_line(out.strip().splitlines()[0])
 
 
 def gres_update_text(current_raw: str, counts: dict) -> str:
@@ -132,13 +125,6 @@ def gres_update_text(current_raw: str, counts: dict) -> str:
     kept = [e for e in re.sub(r"\([^)]*\)", "", current_raw or "").split(",")
             if e and e != "(null)" and e.split(":")[0] not in counts]
     return ",".join(kept + [f"{name}:{count}" for name, count in counts.items()])
-
-
-def set_node_gres(name: str, counts: dict, current_raw: str | None = None) -> None:
-    """Set the node's count of each GRES in `counts` (others unchanged)."""
-    if current_raw is None:
-        current_raw = get_node(name).gres_raw
-    run("scontrol", "update", f"NodeName={name}", f"Gres={gres_update_text(current_raw, counts)}")
 
 
 def set_nodes_gres(changes: dict, current_raw: dict | None = None) -> dict:
@@ -181,11 +167,3 @@ def cluster_name() -> str:
             return value.strip()
     return ""
 
-
-def show_job(job_id: str | int) -> dict:
-    out = run("scontrol", "show", "job", "-o", str(job_id))
-    return parse_record(out.strip().splitlines()[0])
-
-
-def conf_path() -> str:
-    return os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")

@@ -1,6 +1,6 @@
 """The C/Python boundary: decoding the flat job struct, and the C memo key.
 
-The core memoizes Python's answer per job in C (pyk8sres/_core_build.py):
+The core memoizes Python's answer per job in C (plugins/pyk8sres_core.c):
 that is only correct if the memo key holds every field the policy reads.
 """
 import re

@@ -53,7 +53,7 @@ def test_scontrol_record_parsing():
     line = ("NodeName=n1 Arch=x86_64 CPUAlloc=2 CPUTot=4 Gres=k8scpu:3,gpu:tesla:2(S:0) "
             "OS=Linux 6.1.0 #1 SMP Debian RealMemory=8000 AllocMem=400 "
             "State=MIXED ThreadsPerCore=1 GresUsed=k8scpu:2,gpu:tesla:1(IDX:0) Reason=a b=c")
-    node = slurm.node_from_record(slurm.parse_record(line))
+    node = slurm.node_from_line(line)
     assert (node.name, node.cpus, node.alloc_cpus, node.real_memory, node.alloc_memory) == \
         ("n1", 4, 2, 8000, 400)
     assert node.gres == {"k8scpu": 3, "gpu": 2}
