@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from pyk8sres import cluster
+from pyk8sres.testbed import cluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIXED = [["-c", "1"], ["-c", "2"], ["-c", "4", "--mem=2000"], ["-n", "4"],

@@ -3,9 +3,9 @@
 For each cluster size (default 10, 100, 1000 nodes, ~30 pods per node):
   - a real slurmctld whose nodes are defined in slurm.conf only (GRES
     updates need no slurmd), ports 27200+ on 127.0.0.1;
-  - a real Kubernetes API server (pyk8sres.kubeapi_server), nodes n1..nN and
+  - a real Kubernetes API server (pyk8sres.testbed.kubeapi_server), nodes n1..nN and
     30 bound pods each;
-  - the daemon as its own process (`python -m pyk8sres.sync`).
+  - the daemon as its own process (`python -m pyk8sres.coordinator.sync`).
 Measured: latency from a pod being bound (create with spec.nodeName) to the
 node's Slurm count being updated (the daemon's "applied" log line, same
 clock), p50/p99; the daemon's CPU time (startup, idle resync, per sample)
@@ -49,7 +49,7 @@ KUBE_PATHS = None   # set from --apiserver/--etcd; None: kubeapi_server.build()
 
 
 def start_api(work):
-    from pyk8sres import kubeapi_server
+    from pyk8sres.testbed import kubeapi_server
     paths = kubeapi_server.Paths(*KUBE_PATHS, "kubectl") if KUBE_PATHS else None
     return kubeapi_server.KubeAPIServer(paths).start(work, port=KUBE_PORT)
 
@@ -59,7 +59,7 @@ def stop_api(server, work):
         if hasattr(server, meth):
             getattr(server, meth)()
             return
-    from pyk8sres import kubeapi_server
+    from pyk8sres.testbed import kubeapi_server
     kubeapi_server.down(work)
 
 
@@ -96,7 +96,7 @@ class Daemon:
         self.log = f"{slurm.work}/log/bench-sync.out"
         self.pos = 0
         self.pid = cluster.start_process(slurm.work, "bench-sync", [
-            sys.executable, "-m", "pyk8sres.sync", "--kubeconfig", kubeconfig,
+            sys.executable, "-m", "pyk8sres.coordinator.sync", "--kubeconfig", kubeconfig,
             "--state-file", f"{work}/state.json", "--cluster-name", "bench", "--resync", "1"],
             env=slurm.env)
 

@@ -3,7 +3,7 @@
  * k8scpu/k8smemory matching the CPUs and memory it will use on each node.
  *
  * Thin shim: copy the job's options into a flat struct, ask the Python core
- * (pyk8sres.completion via libpyk8sres_core.so), apply its answer.
+ * (pyk8sres.slurmctld.completion via libpyk8sres_core.so), apply its answer.
  * No I/O, no allocation on the Python side that Slurm must free.
  */
 #define _GNU_SOURCE /* dladdr */

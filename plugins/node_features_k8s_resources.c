@@ -5,7 +5,7 @@
  * calls node_xlate() for the node each time it registers.
  * slurmctld side: node_xlate() (registration) and get_node() (startup,
  * reconfigure, reboot) set the node's counts to what the Python core says
- * (pyk8sres.nodefeatures.node_counts: capacity minus reserve, lowered by the
+ * (pyk8sres.slurmctld.nodefeatures.node_counts: capacity minus reserve, lowered by the
  * sync daemon's state file).  The GRES are marked node_feature, so slurmctld
  * never checks them against slurmd's report: no DRAIN/INVALID_REG when
  * Kubernetes lowers a count.  All policy is in Python; this file only moves

@@ -1,12 +1,12 @@
 /*
  * The C half of libpyk8sres_core.so, compiled together with the code cffi
- * generates (pyk8sres/_core_build.py includes this file in set_source):
+ * generates (pyk8sres/slurmctld/_core_build.py includes this file in set_source):
  *  - PYTHONHOME pinned before cffi starts the interpreter: inside slurmctld,
  *    Python would guess its stdlib from the slurmctld binary's location;
  *  - slurmctld's log for Python's log lines;
  *  - pyk8sres_job_submit, the hot path: a memo of Python's answers and one
  *    shared thread state (see the comment above it).
- * Nothing here decides policy: that is pyk8sres/completion.py.
+ * Nothing here decides policy: that is pyk8sres/slurmctld/completion.py.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -63,7 +63,7 @@ static void pyk8sres_log(int level, const char *msg)
  *     empties the memo whenever it reloads the configuration.
  *  2. Misses: one Python thread state, made once and lent to the calling
  *     thread under hot_lock (calls are serialized anyway), and a direct
- *     call of pyk8sres.embed.job_submit_fast.  On Python >= 3.12, which
+ *     call of pyk8sres.slurmctld.embed.job_submit_fast.  On Python >= 3.12, which
  *     ties thread states to OS threads, the plain cffi entry point is used.
  */
 #include <pthread.h>
@@ -186,7 +186,7 @@ static void memo_store(struct memo_entry *e, unsigned generation,
 static int hot_init(void)
 {
 	PyGILState_STATE gil = PyGILState_Ensure();
-	PyObject *mod = PyImport_ImportModule("pyk8sres.embed");
+	PyObject *mod = PyImport_ImportModule("pyk8sres.slurmctld.embed");
 
 	hot_fn = mod ? PyObject_GetAttrString(mod, "job_submit_fast") : NULL;
 	Py_XDECREF(mod);

@@ -2,8 +2,8 @@
  * The C ABI of the embedded Python core (libpyk8sres_core.so, built by cffi).
  *
  * This file is the single contract between the Slurm plugins and Python:
- * pyk8sres/_core_build.py feeds the text between the CFFI markers to
- * ffi.embedding_api(), and pyk8sres/embed.py implements every function.
+ * pyk8sres/slurmctld/_core_build.py feeds the text between the CFFI markers to
+ * ffi.embedding_api(), and pyk8sres/slurmctld/embed.py implements every function.
  * Keep it flat: fixed-size integers, NUL-terminated strings, caller-owned
  * output buffers (Slurm memory must come from xmalloc, Python's from Python).
  * Every function returns 0 on success; non-zero with a message in `err`.

@@ -7,10 +7,10 @@ import sys
 
 
 def _cluster_up(args) -> int:
-    from . import cluster
+    from .testbed import cluster
     node_features = {"auto": None, "yes": True, "no": False}[args.node_features]
     if args.kubernetes:
-        from . import hybrid
+        from .testbed import hybrid
         c, kas = hybrid.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
                            base_port=args.base_port, kube_port=args.kube_port,
                            node_features=node_features)
@@ -27,7 +27,7 @@ def _cluster_up(args) -> int:
 
 
 def _cluster_down(args) -> int:
-    from . import hybrid
+    from .testbed import hybrid
     stopped = hybrid.down(args.workdir)
     print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
     return 0
@@ -69,12 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--workdir", required=True)
     d.set_defaults(func=_cluster_down)
 
-    # `sync` has its own parser (pyk8sres/sync.py); listed here for --help.
+    # `sync` has its own parser (pyk8sres/coordinator/sync.py); listed here for --help.
     sub.add_parser("sync", help="keep Slurm and Kubernetes in step (daemon); see `pyk8sres sync -h`")
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sync"]:
-        from . import sync
+        from .coordinator import sync
         return sync.main(argv[1:])
     args = parser.parse_args(argv)
     try:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pyk8sres import cluster
-from pyk8sres.kubeapi_server import KubeAPIServer, build
+from pyk8sres.testbed import cluster
+from pyk8sres.testbed.kubeapi_server import KubeAPIServer, build
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_MANIFEST = REPO / "deploy" / "crd-genericnode.yaml"

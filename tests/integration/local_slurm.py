@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from pyk8sres import cluster
+from pyk8sres.testbed import cluster
 
 # pytestmark for modules that start Slurm daemons.
 requires_slurm = [
@@ -15,7 +15,7 @@ requires_slurm = [
 
 
 def local_cluster(tmp_path_factory, name: str, **kwargs):
-    """Fixture body: start a cluster (pyk8sres.cluster.up kwargs), point
+    """Fixture body: start a cluster (pyk8sres.testbed.cluster.up kwargs), point
     SLURM_CONF at it while the module runs, stop it by PID afterwards."""
     work = str(tmp_path_factory.mktemp(name))
     handle = cluster.up(work, **kwargs)
@@ -29,3 +29,9 @@ def local_cluster(tmp_path_factory, name: str, **kwargs):
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = old
+
+
+def port(default: int) -> int:
+    """A test module's base port, moved by PYK8SRES_TEST_PORT_OFFSET so that
+    two test runs on one machine (e.g. two checkouts) never collide."""
+    return default + int(os.environ.get("PYK8SRES_TEST_PORT_OFFSET", "0"))

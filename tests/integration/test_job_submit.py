@@ -12,11 +12,12 @@ import subprocess
 import time
 
 import pytest
-from local_slurm import local_cluster, requires_slurm
+from local_slurm import local_cluster, requires_slurm, port
 
-from pyk8sres import cluster, install
+from pyk8sres.testbed import cluster
+from pyk8sres import install
 
-BASE_PORT = int(os.environ.get("PYK8SRES_TEST_JS_PORT", "17100"))
+BASE_PORT = port(17100)
 CPUS, MEMORY = 8, 16000
 
 pytestmark = requires_slurm

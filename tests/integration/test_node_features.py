@@ -18,10 +18,12 @@ import time
 
 import pytest
 
-from pyk8sres import cluster, install
-from pyk8sres.nodestate import write_state
+from pyk8sres.testbed import cluster
+from pyk8sres import install
+from pyk8sres.slurmctld.nodestate import write_state
+from local_slurm import port
 
-BASE_PORT = int(os.environ.get("PYK8SRES_TEST_BASE_PORT", "28400"))
+BASE_PORT = port(28400)
 CPUS, MEMORY = 4, 8000
 DYN_CPUS, DYN_MEMORY = 2, 3000
 DYN_CONF = f"CPUs={DYN_CPUS} RealMemory={DYN_MEMORY}"

@@ -28,9 +28,10 @@ import urllib.request
 
 import pytest
 
-from pyk8sres import cluster
+from pyk8sres.testbed import cluster
+from local_slurm import port
 
-BASE_PORT = int(os.environ.get("PYK8SRES_TEST_REST_PORT", "29100"))
+BASE_PORT = port(29100)
 REST_PORT = BASE_PORT + 10
 CPUS, MEMORY = 8, 16000
 API = "/slurm/v0.0.38"

@@ -1,12 +1,12 @@
-"""pyk8sres.slurm (the one module that calls Slurm) against a real slurmctld."""
+"""pyk8sres.coordinator.slurm (the one module that calls Slurm) against a real slurmctld."""
 import os
 
 import pytest
-from local_slurm import local_cluster, requires_slurm
+from local_slurm import local_cluster, requires_slurm, port
 
-from pyk8sres import slurm
+from pyk8sres.coordinator import slurm
 
-BASE_PORT = int(os.environ.get("PYK8SRES_TEST_SLURM_PORT", "17160"))
+BASE_PORT = port(17160)
 
 pytestmark = requires_slurm
 

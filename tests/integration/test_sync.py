@@ -24,14 +24,15 @@ kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
-from pyk8sres import cluster as slurm_cluster  # noqa: E402
-from pyk8sres.kubeapi_server import KubeAPIServer  # noqa: E402
+from pyk8sres.testbed import cluster as slurm_cluster  # noqa: E402
+from pyk8sres.testbed.kubeapi_server import KubeAPIServer  # noqa: E402
+from local_slurm import port  # noqa: E402
 
 from conftest_kube import CRD_MANIFEST  # noqa: E402
 
 GROUP, VERSION, PLURAL = "pyk8sres.io", "v1alpha1", "genericnodes"
-BASE_PORT = 27300          # slurmctld 27300, slurmd 27301..
-KUBE_PORT = 27400
+BASE_PORT = port(27300)     # slurmctld, then one per slurmd
+KUBE_PORT = port(27400)
 NODE_CPUS, NODE_MEM = 8, 16000
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Slurm daemons)")
@@ -113,7 +114,7 @@ class Daemon:
         self.log = f"{slurm.work}/log/sync.log"
 
     def start(self):
-        cmd = [sys.executable, "-m", "pyk8sres.sync", "--kubeconfig", self.api.kubeconfig,
+        cmd = [sys.executable, "-m", "pyk8sres.coordinator.sync", "--kubeconfig", self.api.kubeconfig,
                "--state-file", self.state_file, "--resync", "0.5", "--log-level", "DEBUG"]
         env = dict(self.slurm.env)
         with open(self.log, "ab") as out:
@@ -200,7 +201,7 @@ def _delete_pod(api, name, ns="default"):
 
 
 def counts(slurm, node="n1"):
-    from pyk8sres import slurm as S
+    from pyk8sres.coordinator import slurm as S
     os.environ["SLURM_CONF"] = slurm.conf
     n = S.get_node(node)
     return n.gres.get("k8scpu"), n.gres.get("k8smemory")
@@ -399,7 +400,7 @@ def test_malformed_quantity(slurm, api, daemon):
 
 
 def test_state_file_written_before_slurm(slurm, api, daemon):
-    from pyk8sres import nodestate
+    from pyk8sres.slurmctld import nodestate
     k8s_node(api, "n1")
     bound_pod(api, "n1", "2", "1000Mi")
     wait_counts(slurm, (NODE_CPUS - 2, NODE_MEM - 1000))
@@ -415,7 +416,7 @@ def test_once(slurm, api, tmp_path):
     p = bound_pod(api, "n1", "1", "500Mi")
     try:
         env = dict(slurm.env)
-        r = subprocess.run([sys.executable, "-m", "pyk8sres.sync", "--once", "--kubeconfig",
+        r = subprocess.run([sys.executable, "-m", "pyk8sres.coordinator.sync", "--once", "--kubeconfig",
                             api.kubeconfig, "--state-file",
                             f"{slurm.work}/state/k8s_resources.state"],
                            env=env, capture_output=True, text=True, timeout=60)

@@ -4,7 +4,7 @@ import socket
 
 import pytest
 
-from pyk8sres import cluster
+from pyk8sres.testbed import cluster
 
 
 def test_missing_binary_names_the_package():

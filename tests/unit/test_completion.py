@@ -1,7 +1,7 @@
-"""Table-driven tests of the completion policy (pyk8sres.completion)."""
+"""Table-driven tests of the completion policy (pyk8sres.slurmctld.completion)."""
 import pytest
 
-from pyk8sres.completion import (Job, MemDefault, PolicyError, Site, complete,
+from pyk8sres.slurmctld.completion import (Job, MemDefault, PolicyError, Site, complete,
                                  complete_modify, decode_memory, MEM_PER_CPU, NO_VAL64)
 
 V2205 = 0x160508

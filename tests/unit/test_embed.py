@@ -9,7 +9,9 @@ from pathlib import Path
 import cffi
 import pytest
 
-from pyk8sres import _core_build, completion, embed
+from pyk8sres.slurmctld import _core_build
+from pyk8sres.slurmctld import completion
+from pyk8sres.slurmctld import embed
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = (REPO / "plugins" / "pyk8sres_core.h").read_text()

@@ -1,8 +1,11 @@
 """GRES strings, k8s_resources.conf and slurm.conf parsing."""
 import pytest
 
-from pyk8sres import config, gres, slurm, slurmconf
-from pyk8sres.completion import MemDefault
+from pyk8sres.slurmctld import config
+from pyk8sres.slurmctld import gres
+from pyk8sres.coordinator import slurm
+from pyk8sres.slurmctld import slurmconf
+from pyk8sres.slurmctld.completion import MemDefault
 
 
 @pytest.mark.parametrize("text,name,count", [

@@ -1,8 +1,8 @@
 """node_features policy: what a registering node's k8scpu/k8smemory become."""
 import pytest
 
-from pyk8sres.config import Config
-from pyk8sres.nodefeatures import HOLD, capacity, node_counts
+from pyk8sres.slurmctld.config import Config
+from pyk8sres.slurmctld.nodefeatures import HOLD, capacity, node_counts
 
 NONE = Config()
 RESERVE = Config(reserve_cpus=1, reserve_memory_mb=1000)
@@ -48,7 +48,7 @@ def test_capacity(config, cpus, mem, expected):
 
 
 def test_state_file_round_trip_feeds_policy(tmp_path):
-    from pyk8sres.nodestate import read_state, write_state
+    from pyk8sres.slurmctld.nodestate import read_state, write_state
     path = str(tmp_path / "s")
     write_state(path, {"n1": {"k8scpu": 2, "k8smemory": 100}}, unmanaged=["n2"])
     st = read_state(path)

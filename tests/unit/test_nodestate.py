@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from pyk8sres import nodestate
-from pyk8sres.nodestate import StateError, read_state, write_state
+from pyk8sres.slurmctld import nodestate
+from pyk8sres.slurmctld.nodestate import StateError, read_state, write_state
 
 GOOD = {"version": 1, "nodes": {"n1": {"k8scpu": 3, "k8smemory": 4000}},
         "unmanaged": ["login*"]}

@@ -8,8 +8,9 @@ from fractions import Fraction as F
 
 import pytest
 
-from pyk8sres import nodestate, sync
-from pyk8sres import usage as U
+from pyk8sres.slurmctld import nodestate
+from pyk8sres.coordinator import sync
+from pyk8sres.policy import usage as U
 
 MI = 1024 * 1024
 
@@ -332,7 +333,7 @@ class ScriptedServer:
 
 def test_informer_rewatch_relist_and_health():
     import threading
-    from pyk8sres.kube import Gone, Informer
+    from pyk8sres.coordinator.kube import Gone, Informer
 
     def ev(typ, name, rv, cpu="1"):
         p = pod(name, "n1", cpu)

@@ -1,11 +1,11 @@
-"""Table-driven tests of the pure sync policy in pyk8sres.usage."""
+"""Table-driven tests of the pure sync policy in pyk8sres.policy.usage."""
 
 from dataclasses import dataclass, field
 from fractions import Fraction as F
 
 import pytest
 
-from pyk8sres import usage as u
+from pyk8sres.policy import usage as u
 
 MI = 1024 * 1024
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from . import GRES_CPU, GRES_MEMORY, gres
+from .. import GRES_CPU, GRES_MEMORY
+from . import gres
 
 NO_VAL16 = 0xFFFE
 NO_VAL = 0xFFFFFFFE

@@ -3,7 +3,7 @@ mapping, the Slurm counts we want, and the GenericNode status we show.
 
 Nothing here does I/O.  Pods and nodes are plain dicts in the Kubernetes JSON
 shape (camelCase keys, as the API server sends them), Slurm nodes are any
-object with the fields of ``pyk8sres.slurm.SlurmNode``.  Keeping it pure makes
+object with the fields of ``pyk8sres.coordinator.slurm.SlurmNode``.  Keeping it pure makes
 every rule testable with a table and keeps the daemon (sync.py) thin.
 """
 

@@ -22,8 +22,8 @@ _site = os.path.dirname(os.path.dirname(os.path.dirname(
     ffi.string(lib.pyk8sres_core_path()).decode())))
 if _site and _site not in sys.path:
     sys.path.insert(0, _site)
-import pyk8sres.embed
-pyk8sres.embed.bind(ffi, lib)
+import pyk8sres.slurmctld.embed
+pyk8sres.slurmctld.embed.bind(ffi, lib)
 """
 
 

@@ -21,7 +21,7 @@ from typing import Iterator
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-log = logging.getLogger("pyk8sres.kube")
+log = logging.getLogger("pyk8sres.coordinator.kube")
 
 GROUP = "pyk8sres.io"
 VERSION = "v1alpha1"
@@ -29,50 +29,15 @@ PLURAL = "genericnodes"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "pyk8sres-sync"}
 MERGE_PATCH = "application/merge-patch+json"
 
-# The CRD we need; created by `ensure_crd()` if missing.  Columns match the
-# reference product's `kubectl get genericnode`.
-GENERIC_NODE_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": f"{PLURAL}.{GROUP}"},
-    "spec": {
-        "group": GROUP,
-        "scope": "Cluster",
-        "names": {"plural": PLURAL, "singular": "genericnode", "kind": "GenericNode",
-                  "listKind": "GenericNodeList", "shortNames": ["gn"]},
-        "versions": [{
-            "name": VERSION, "served": True, "storage": True,
-            "subresources": {"status": {}},
-            "additionalPrinterColumns": [
-                {"name": "ClusterName", "type": "string", "jsonPath": ".spec.clusterName"},
-                {"name": "Alias", "type": "string", "jsonPath": ".spec.alias"},
-                {"name": "Type", "type": "string", "jsonPath": ".spec.type"},
-                {"name": "AllocatedResources", "type": "string",
-                 "jsonPath": ".status.allocatedResources"},
-            ],
-            "schema": {"openAPIV3Schema": {
-                "type": "object",
-                "properties": {
-                    "spec": {"type": "object", "properties": {
-                        "clusterName": {"type": "string"},
-                        "alias": {"type": "string"},
-                        "type": {"type": "string"}}},
-                    # Same shape as deploy/crd-genericnode.yaml.
-                    "status": {"type": "object", "properties": {
-                        "allocatedResources": {"type": "array", "items": {
-                            "type": "object", "required": ["type"],
-                            "properties": {
-                                "type": {"type": "string", "enum": ["Slurm", "Kubernetes"]},
-                                "allocated": {"type": "object", "properties": {
-                                    "cpu": {"type": "string"},
-                                    "memory": {"type": "string"}}}}}},
-                        "capacity": {"type": "object", "properties": {
-                            "cpu": {"type": "string"}, "memory": {"type": "string"}}}}},
-                },
-            }},
-        }],
-    },
-}
+CRD_MANIFEST = ("deploy", "crd-genericnode.yaml")  # the one definition of GenericNode
+
+
+def generic_node_crd() -> dict:
+    """The GenericNode CRD, read from the manifest the package ships (the same
+    file admins apply), so code and deploy/ can never disagree."""
+    import yaml  # a dependency of the kubernetes client
+    from .. import data
+    return yaml.safe_load(data.path(*CRD_MANIFEST).read_text(encoding="utf-8"))
 
 
 class Gone(Exception):
@@ -213,9 +178,10 @@ class Kube:
         deploy/rbac.yaml grants no access to CRDs (the admin applies
         deploy/crd-genericnode.yaml): a 403 here means "assume it is there".
         """
+        crd = generic_node_crd()
         try:
             self.ext.read_custom_resource_definition(
-                GENERIC_NODE_CRD["metadata"]["name"], _preload_content=False,
+                crd["metadata"]["name"], _preload_content=False,
                 _request_timeout=self.timeout).release_conn()
             return
         except ApiException as e:
@@ -225,7 +191,7 @@ class Kube:
                 raise
         try:
             self.ext.create_custom_resource_definition(
-                GENERIC_NODE_CRD, _preload_content=False,
+                crd, _preload_content=False,
                 _request_timeout=self.timeout).release_conn()
         except ApiException as e:
             if e.status != 409:

@@ -34,7 +34,7 @@ import tempfile
 import time
 from typing import Iterable, Mapping
 
-from . import GRES_CPU, GRES_MEMORY
+from .. import GRES_CPU, GRES_MEMORY
 
 VERSION = 1
 KEYS = (GRES_CPU, GRES_MEMORY)
@@ -164,11 +164,11 @@ def write_state(path: str, counts: Mapping[str, Mapping[str, int]], *,
 
 
 def _main(argv: list[str] | None = None) -> int:
-    """`python -m pyk8sres.nodestate show PATH` or
+    """`python -m pyk8sres.slurmctld.nodestate show PATH` or
     `... write PATH [--node N=CPU,MEM]... [--unmanaged PATTERN]...`
     (for admins and tests; the sync daemon calls write_state directly)."""
     import argparse
-    p = argparse.ArgumentParser(prog="python -m pyk8sres.nodestate")
+    p = argparse.ArgumentParser(prog="python -m pyk8sres.slurmctld.nodestate")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("show")
     s.add_argument("path")

@@ -10,8 +10,8 @@ starts and stops them. Standard library only.
         print(kas.url, kas.kubeconfig)
 
 CLI for manual use (pid files and logs under DIR):
-    python -m pyk8sres.kubeapi_server up --workdir DIR --port P [--etcd-port E]
-    python -m pyk8sres.kubeapi_server down --workdir DIR
+    python -m pyk8sres.testbed.kubeapi_server up --workdir DIR --port P [--etcd-port E]
+    python -m pyk8sres.testbed.kubeapi_server down --workdir DIR
 
 The server has no authentication and allows everything: it listens on
 127.0.0.1 over plain HTTP only.
@@ -31,13 +31,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import data
+
 __all__ = ["Paths", "build", "KubeAPIServer", "BuildError", "StartError"]
 
-# A source checkout has kube/ and deploy/ at the top; an installed package
-# carries copies under pyk8sres/_data.
-_HERE = Path(__file__).resolve().parent
-REPO = _HERE.parent if (_HERE.parent / "kube" / "build.sh").exists() else _HERE / "_data"
-BUILD_SCRIPT = REPO / "kube" / "build.sh"
+BUILD_SCRIPT = data.path("kube", "build.sh")
 HOST = "127.0.0.1"
 
 
@@ -273,7 +271,7 @@ class KubeAPIServer:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pyk8sres.kubeapi_server",
+    ap = argparse.ArgumentParser(prog="python -m pyk8sres.testbed.kubeapi_server",
                                  description="Run a local Kubernetes API server (etcd + pyk8sres-apiserver).")
     sub = ap.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="build if needed, start, print the kubeconfig path")

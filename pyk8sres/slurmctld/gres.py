@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from . import GRES_CPU, GRES_MEMORY
+from .. import GRES_CPU, GRES_MEMORY
 
 OURS = (GRES_CPU, GRES_MEMORY)
 # Slurm's count suffixes (gres.c): binary multiples.

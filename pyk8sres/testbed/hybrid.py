@@ -12,6 +12,7 @@ import os
 import sys
 import time
 
+from .. import data
 from . import cluster, kubeapi_server
 
 
@@ -32,7 +33,7 @@ def up(work: str, *, nodes: int, cpus: int, memory: int, base_port: int, kube_po
     try:
         kas = kubeapi_server.KubeAPIServer().start(os.path.join(c.work, "kube"), kube_port)
         for manifest in ("crd-genericnode.yaml", "rbac.yaml"):
-            kas.apply(kubeapi_server.REPO / "deploy" / manifest)
+            kas.apply(data.path("deploy", manifest))
         nodes_file = os.path.join(c.work, "kube", "nodes.json")
         with open(nodes_file, "w") as f:
             json.dump(node_manifest(cluster.node_names(nodes), cpus, memory), f)

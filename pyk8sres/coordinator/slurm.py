@@ -10,7 +10,7 @@ import dataclasses
 import re
 import subprocess
 
-from . import GRES_CPU, GRES_MEMORY
+from .. import GRES_CPU, GRES_MEMORY
 
 TIMEOUT = 15.0
 

@@ -36,10 +36,10 @@ import time
 import tomllib
 from typing import Mapping
 
-from . import nodestate
-from . import usage as U
+from ..slurmctld import nodestate
+from ..policy import usage as U
 
-log = logging.getLogger("pyk8sres.sync")
+log = logging.getLogger("pyk8sres.coordinator.sync")
 GN_RELIST_SECONDS = 60.0
 
 
@@ -105,7 +105,7 @@ def load_config(path: str | None, base: SyncConfig | None = None) -> SyncConfig:
 
 def fill_from_slurm_conf(cfg: SyncConfig) -> SyncConfig:
     """Take state file and reserves from k8s_resources.conf where not set."""
-    from . import config as plugin_config
+    from ..slurmctld import config as plugin_config
     slurm_conf = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
     pc = plugin_config.load(slurm_conf)
     return dataclasses.replace(

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 
-from . import install
+from .. import install
 
 # Debian's multiarch directory first, then other layouts.
 SLURM_PLUGIN_DIRS = ("/usr/lib/*/slurm-wlm", "/usr/lib64/slurm", "/usr/lib/slurm")
@@ -122,12 +122,15 @@ def _pid_path(work: str, name: str) -> str:
 def start_process(work: str, name: str, argv: list[str], env: dict | None = None) -> int:
     """Start a daemon in the background; its PID goes to WORK/run/proc-NAME.pid
     (stop_process and down() stop it), its output to WORK/log/NAME.out."""
-    log = open(os.path.join(work, "log", f"{name}.out"), "ab")
+    log = os.fdopen(os.open(os.path.join(work, "log", f"{name}.out"),
+                            os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), "ab")
+    os.fchmod(log.fileno(), 0o644)
+    # umask: what the daemons create (state, logs, sockets) never becomes
+    # writable by others, whatever the caller's umask.
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=env)
+                            start_new_session=True, env=env, umask=0o022)
     log.close()
-    with open(_pid_path(work, name), "w") as f:
-        f.write(str(proc.pid))
+    _write(_pid_path(work, name), str(proc.pid))
     return proc.pid
 
 
@@ -209,6 +212,21 @@ class Cluster:
     def stop(self, name: str) -> bool:
         return stop_process(self.work, name)
 
+    def cancel_all_jobs(self, timeout: float = 30) -> None:
+        """scancel every job and wait until none is left running."""
+        def jobs() -> list[str]:
+            out = subprocess.run(["squeue", "-h", "-o", "%A %t"], capture_output=True,
+                                 text=True, env=self.env, timeout=15).stdout
+            return [line.split()[0] for line in out.splitlines()
+                    if line.split()[1:] and line.split()[1] not in ("CD", "F", "CA")]
+        try:
+            ids = jobs()
+            if ids:
+                subprocess.run(["scancel", *ids], capture_output=True, env=self.env, timeout=30)
+                self._wait(lambda: not jobs(), "cancelled jobs to end", timeout)
+        except (ClusterError, OSError, subprocess.SubprocessError):
+            pass  # down() still finds and kills what is left, by PID
+
     def restart_slurmctld(self) -> None:
         self.stop("slurmctld")
         self.start_slurmctld()
@@ -250,6 +268,22 @@ class Cluster:
         self._wait(ready, f"nodes {','.join(nodes)} to be idle", timeout)
 
 
+# Every directory `up` makes, with its mode (munge's key stays private).
+DIR_MODES = {"etc": 0o755, "munge": 0o700, "state": 0o755, "run": 0o755, "log": 0o755,
+             "plugins": 0o755, "spool": 0o755}
+
+
+def _mkdir(path: str, mode: int) -> None:
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, mode)
+
+
+def _write(path: str, text: str, mode: int = 0o644) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, mode)
+
+
 def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_port: int = 17000,
        node_features: bool | None = None, def_mem_per_cpu: int = 100, extra_conf: str = "",
        k8s_conf: str = "", synced: bool = False, slurmd: bool = True) -> Cluster:
@@ -274,32 +308,31 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     if node_features is None:
         node_features = os.path.exists(os.path.join(install.PACKAGE_LIB, install.PLUGINS[1]))
     work = cluster.work
-    for sub in ("etc", "munge", "state", "run", "log", "plugins", "spool"):
-        os.makedirs(os.path.join(work, sub), exist_ok=True)
+    # Explicit modes whatever the caller's umask: root's slurmctld loads the
+    # .so files under plugins/, so no other user may write anywhere here.
+    _mkdir(work, 0o755)
+    for sub, mode in DIR_MODES.items():
+        _mkdir(os.path.join(work, sub), mode)
     for node in node_names(nodes) if slurmd else ():
-        os.makedirs(os.path.join(work, "spool", node), exist_ok=True)
-    os.chmod(os.path.join(work, "munge"), 0o700)
+        _mkdir(os.path.join(work, "spool", node), 0o755)
     key = os.path.join(work, "munge", "munge.key")
     if not os.path.exists(key):
-        with open(key, "wb") as f:
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        with os.fdopen(fd, "wb") as f:
             f.write(secrets.token_bytes(1024))
-        os.chmod(key, 0o400)
 
     install.install_plugins(os.path.join(work, "plugins"))
-    with open(cluster.conf, "w") as f:
-        f.write(slurm_conf_text(work, nodes=nodes, cpus=cpus, memory=memory,
-                                base_port=base_port, node_features=node_features,
-                                def_mem_per_cpu=def_mem_per_cpu,
-                                plugin_dir=slurm_plugin_dir(), extra=extra_conf))
-    with open(os.path.join(work, "etc", "gres.conf"), "w") as f:
-        f.write(GRES_CONF)
+    _write(cluster.conf, slurm_conf_text(work, nodes=nodes, cpus=cpus, memory=memory,
+                                         base_port=base_port, node_features=node_features,
+                                         def_mem_per_cpu=def_mem_per_cpu,
+                                         plugin_dir=slurm_plugin_dir(), extra=extra_conf))
+    _write(os.path.join(work, "etc", "gres.conf"), GRES_CONF)
     state_file = os.path.join(work, "state", "k8s_resources.state")
-    with open(os.path.join(work, "etc", "k8s_resources.conf"), "w") as f:
-        f.write(f"StateFile={state_file}\n{k8s_conf}")
+    _write(os.path.join(work, "etc", "k8s_resources.conf"), f"StateFile={state_file}\n{k8s_conf}")
     if node_features and not os.path.exists(state_file):
         # node_features fails closed (0 k8scpu) on nodes nobody accounts for:
         # without a sync daemon, declare every node Slurm-only.
-        from . import nodestate
+        from ..slurmctld import nodestate
         nodestate.write_state(state_file, {}, unmanaged=() if synced else ("*",))
 
     try:
@@ -316,8 +349,89 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
 
 
 def down(work: str) -> list[str]:
-    """Stop every daemon recorded under `work` (slurmd first, munged last)."""
+    """Stop everything of the cluster under `work`, by PID: first the jobs
+    (cancelled while slurmctld and slurmd still run, so their steps end
+    cleanly), then slurmd, slurmctld, munged; then any step daemon or job
+    process left behind.  Raises ClusterError if a process survives."""
     cluster = Cluster(work)
     names = cluster.names()
+    if "slurmctld" in names and cluster._running("slurmctld"):
+        cluster.cancel_all_jobs()
     order = sorted(names, key=lambda n: (n == "munged", n == "slurmctld", n))
-    return [name for name in order if stop_process(cluster.work, name)]
+    stopped = [name for name in order if stop_process(cluster.work, name)]
+    leftovers = cluster_processes(cluster.work)
+    for pid in leftovers:
+        _kill(pid)
+    deadline = time.monotonic() + 10
+    while (left := cluster_processes(cluster.work)) and time.monotonic() < deadline:
+        for pid in left:
+            _kill(pid)
+        time.sleep(0.1)
+    if left:
+        raise ClusterError(f"processes of {cluster.work} survived SIGKILL: {left}")
+    if leftovers:
+        stopped.append(f"{len(leftovers)} leftover job process(es)")
+    return stopped
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, os.WNOHANG)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _unix_sockets_under(root: str) -> set[str]:
+    """Inodes of the unix sockets bound to a path under `root` (/proc/net/unix)."""
+    inodes = set()
+    try:
+        with open("/proc/net/unix") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 8 and fields[7].startswith(root + "/"):
+                    inodes.add(fields[6])
+    except OSError:
+        pass
+    return inodes
+
+
+def cluster_processes(work: str) -> list[int]:
+    """PIDs still belonging to the cluster under `work`: any process whose
+    command line names the work directory (our daemons), any slurmstepd that
+    holds a socket in the cluster's spool, and all their descendants (the
+    jobs' own processes)."""
+    root = os.path.abspath(work)
+    sockets = {f"socket:[{inode}]" for inode in _unix_sockets_under(root)}
+    parents, roots = {}, set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read().rsplit(") ", 1)[1].split()
+            if stat[0] == "Z":
+                continue
+            parents[pid] = int(stat[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            if root + "/" in cmdline.replace("\0", " ") + " ":
+                roots.add(pid)
+            elif sockets and "slurmstepd" in cmdline:
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") in sockets:
+                        roots.add(pid)
+                        break
+        except (OSError, IndexError, ValueError):
+            continue
+    found = set(roots)
+    grew = True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in found and pid not in found:
+                found.add(pid)
+                grew = True
+    return sorted(found)

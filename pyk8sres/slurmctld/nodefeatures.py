@@ -5,7 +5,7 @@ on `scontrol reconfigure`.  The answer is the total count Slurm may hand out
 on that node; Slurm subtracts its own running jobs itself, so nothing here
 looks at jobs.
 
-What the state file (pyk8sres.nodestate) means here -- fail closed, because
+What the state file (pyk8sres.slurmctld.nodestate) means here -- fail closed, because
 handing Slurm capacity that Kubernetes pods hold double-books the node:
 
   node listed in `nodes`          -> that entry, capped at capacity
@@ -28,7 +28,7 @@ from __future__ import annotations
 import fnmatch
 from typing import Optional
 
-from . import GRES_CPU, GRES_MEMORY
+from .. import GRES_CPU, GRES_MEMORY
 
 HOLD = (0, 0)
 

@@ -1,0 +1,85 @@
+"""The package is arranged by where code runs (README, Layout): these tests
+keep the rooms apart."""
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyk8sres
+from pyk8sres import data
+
+PACKAGE = Path(pyk8sres.__file__).resolve().parent
+# Anything that talks to the network: never inside slurmctld.
+NETWORK_MODULES = ("kubernetes", "urllib3", "requests", "http", "http.client", "urllib.request",
+                   "ssl", "socket", "asyncio", "selectors", "websocket", "yaml")
+
+
+def _modules_after_import(names: list[str]) -> set:
+    code = ("import json, sys\n" + "".join(f"import {n}\n" for n in names) +
+            "print(json.dumps(sorted(sys.modules)))")
+    # -I: a clean interpreter (no PYTHONPATH, no user site), as slurmctld's is.
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                         cwd="/", check=True).stdout
+    return set(json.loads(out))
+
+
+def _room_modules(room: str) -> list[str]:
+    return sorted(f"pyk8sres.{room}.{p.stem}" for p in (PACKAGE / room).glob("*.py")
+                  if p.stem != "__init__" and not p.stem.startswith("_core_build"))
+
+
+def test_slurmctld_side_never_loads_a_network_library():
+    names = _room_modules("slurmctld") + _room_modules("policy")
+    assert "pyk8sres.slurmctld.embed" in names and "pyk8sres.slurmctld.completion" in names
+    loaded = _modules_after_import(names)
+    assert set(names) <= loaded
+    assert not loaded & set(NETWORK_MODULES), sorted(loaded & set(NETWORK_MODULES))
+
+
+def test_the_check_would_see_a_network_import():
+    # The coordinator does load them: proof that the check above can fail.
+    loaded = _modules_after_import(["pyk8sres.coordinator.kube"])
+    assert {"kubernetes", "urllib3", "socket"} <= loaded
+
+
+def _imports(path: Path) -> set:
+    """Absolute names of the modules `path` imports (relative ones resolved)."""
+    package = "pyk8sres." + path.parent.name
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            names.update(f"{module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_slurmctld_and_policy_import_nothing_from_the_coordinator_or_testbed():
+    for room in ("slurmctld", "policy"):
+        for path in (PACKAGE / room).glob("*.py"):
+            wrong = [n for n in _imports(path)
+                     if n.startswith(("pyk8sres.coordinator", "pyk8sres.testbed"))]
+            assert not wrong, (path, wrong)
+    # The rule is checkable: the coordinator's sync does import its own room.
+    assert "pyk8sres.coordinator.kube.Informer" in _imports(PACKAGE / "coordinator" / "sync.py")
+
+
+def test_generic_node_crd_has_one_definition():
+    from pyk8sres.coordinator import kube
+    import yaml
+    shipped = yaml.safe_load(data.path("deploy", "crd-genericnode.yaml").read_text())
+    assert kube.generic_node_crd() == shipped
+    columns = [c["name"] for c in shipped["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert columns == ["ClusterName", "Alias", "Type", "AllocatedResources"]
+    for path in PACKAGE.rglob("*.py"):
+        assert "additionalPrinterColumns" not in path.read_text(), f"a second CRD in {path}"
+
+
+def test_python_dash_m_is_the_command():
+    out = subprocess.run([sys.executable, "-I", "-m", "pyk8sres", "--help"], capture_output=True,
+                         text=True, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert "install-plugins" in out.stdout and "cluster" in out.stdout and "sync" in out.stdout
