@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..policy.ledger import (Entry, Facts, Request, RequestError, decide, node_view,
                              parse_request, share_units)
@@ -162,11 +162,13 @@ class Ledger:
         self._tickets[ticket] = (req, now)   # decided at the journaled time: replay agrees
         return ticket, None
 
-    def apply(self, ticket: int, facts: FactsFn, set_share: ShareFn) -> dict:
-        """Under slurmctld's locks: decide, and hand changed shares to C."""
+    def apply(self, ticket: int, facts: FactsFn, set_share: ShareFn,
+              node_names: Callable[[], Iterable[str]] = tuple) -> dict:
+        """Under slurmctld's locks: decide, and hand changed shares to C.
+        `node_names` lists slurmctld's nodes (for a `show` of all of them)."""
         req, now = self._tickets.pop(ticket)
         if req.op == "show":
-            names = [req.node] if req.node else sorted(self.nodes)
+            names = [req.node] if req.node else sorted({*self.nodes, *node_names()})
             return {"ok": True, "nodes": {n: node_view(self.nodes.get(n, {}), facts(n),
                                                        with_entries=bool(req.node))
                                           for n in names}}
