@@ -33,6 +33,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 #include <stdint.h>
 #include <stddef.h>
@@ -136,7 +137,8 @@ static pthread_mutex_t sync_lock = PTHREAD_MUTEX_INITIALIZER;
  * caller down the locked slow path. */
 static volatile int witness_inx = -1;
 static char witness_name[256];
-static uint64_t resyncs;	/* rebuilds seen (debug log) */
+static uint64_t resyncs;	/* rebuilds seen */
+static uint64_t checks, check_ns; /* user_update calls and their cost */
 
 static const char *gres_names[2] = { GRES_CPU, GRES_MEM };
 
@@ -342,6 +344,13 @@ static void _share(const char *name, uint64_t cpu, uint64_t mem)
 	}
 }
 
+static void _stats(uint64_t *out)
+{
+	out[0] = __atomic_load_n(&checks, __ATOMIC_RELAXED);
+	out[1] = __atomic_load_n(&check_ns, __ATOMIC_RELAXED);
+	out[2] = resyncs;
+}
+
 static const char *_node_name(int index)
 {
 	if (index < 0 || index >= node_record_count)
@@ -493,8 +502,8 @@ static void _serve(struct client *c, char *line, char *reply)
 	if (ticket > 0) {
 		lock_slurmctld(write_lock);
 		_resync_if_rebuilt();
-		core.ledger_apply(ticket, _facts, _share, _node_name, reply,
-				  REPLY_BYTES);
+		core.ledger_apply(ticket, _facts, _share, _node_name, _stats,
+				  reply, REPLY_BYTES);
 		unlock_slurmctld(write_lock);
 	}
 	if (!reply[0])
@@ -829,8 +838,17 @@ extern void node_features_p_step_config(bool mem_sort, bitstr_t *numa_bitmap)
  */
 extern bool node_features_p_user_update(uid_t uid)
 {
-	if (ledger_running)
-		_resync_if_rebuilt();
+	struct timespec t0, t1;
+
+	if (!ledger_running)
+		return true;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	_resync_if_rebuilt();
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	__atomic_add_fetch(&checks, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&check_ns, (uint64_t) ((t1.tv_sec - t0.tv_sec) * 1000000000L +
+						 (t1.tv_nsec - t0.tv_nsec)),
+			   __ATOMIC_RELAXED);
 	return true;
 }
 

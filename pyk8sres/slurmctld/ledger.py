@@ -163,15 +163,20 @@ class Ledger:
         return ticket, None
 
     def apply(self, ticket: int, facts: FactsFn, set_share: ShareFn,
-              node_names: Callable[[], Iterable[str]] = tuple) -> dict:
+              node_names: Callable[[], Iterable[str]] = tuple,
+              stats: Callable[[], dict] = dict) -> dict:
         """Under slurmctld's locks: decide, and hand changed shares to C.
-        `node_names` lists slurmctld's nodes (for a `show` of all of them)."""
+        `node_names` lists slurmctld's nodes and `stats` the plugin's
+        counters (for a `show` of all of them)."""
         req, now = self._tickets.pop(ticket)
         if req.op == "show":
             names = [req.node] if req.node else sorted({*self.nodes, *node_names()})
-            return {"ok": True, "nodes": {n: node_view(self.nodes.get(n, {}), facts(n),
-                                                       with_entries=bool(req.node))
-                                          for n in names}}
+            reply = {"ok": True, "nodes": {n: node_view(self.nodes.get(n, {}), facts(n),
+                                                        with_entries=bool(req.node))
+                                           for n in names}}
+            if not req.node:
+                reply["plugin"] = stats()
+            return reply
         entries = self.nodes.get(req.node, {})
         new, reply = decide(entries, req, facts(req.node), now)
         if new is not None:
