@@ -186,6 +186,7 @@ func resizePod(obj, old runtime.Object) {
 	}
 	np.Spec = spec
 	np.Status = op.Status
+	np.Labels, np.Annotations = op.Labels, op.Annotations
 }
 
 // podQOS is the pod's QoS class (upstream's rule, for cpu and memory).
