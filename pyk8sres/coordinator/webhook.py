@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 import threading
@@ -344,6 +345,8 @@ class WebhookServer(ThreadingHTTPServer):
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         self.reload()
+        self.conns: set = set()
+        self.conns_lock = threading.Lock()
         super().__init__(addr, _Handler)
 
     def reload(self) -> None:
@@ -366,10 +369,27 @@ class WebhookServer(ThreadingHTTPServer):
         except (ssl.SSLError, OSError) as e:
             log.debug("TLS handshake from %s failed: %s", client_address, e)
             return
+        with self.conns_lock:
+            self.conns.add(tls)
         try:
             self.RequestHandlerClass(tls, client_address, self)
         finally:
+            with self.conns_lock:
+                self.conns.discard(tls)
             tls.close()
+
+    def close(self) -> None:
+        """Stop serving and drop kept-alive connections (the API server
+        reuses them: without this a stopped server would still answer)."""
+        self.shutdown()
+        self.server_close()
+        with self.conns_lock:
+            conns = list(self.conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 # ----------------------------------------------------------------- the daemon
@@ -473,8 +493,7 @@ class Webhook:
 
     def stop(self) -> None:
         self.stop_event.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
 
 def parse_args(argv):

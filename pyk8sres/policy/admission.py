@@ -153,7 +153,9 @@ def shared_nodes_condition(shared: list[str]) -> str:
     """
     names = "[" + ", ".join("'" + n.replace("\\", "\\\\").replace("'", "\\'") + "'"
                             for n in sorted(set(shared))) + "]"
-    return (f"(request.resource.resource == 'bindings' || request.subResource == 'binding')"
+    # request.subResource is absent (not "") on plain pod requests: guard with has().
+    return (f"(request.resource.resource == 'bindings' ||"
+            f" (has(request.subResource) && request.subResource == 'binding'))"
             f" ? object.target.name in {names}"
             f" : (has(object.spec.nodeName) && object.spec.nodeName in {names})")
 
