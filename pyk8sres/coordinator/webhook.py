@@ -446,8 +446,7 @@ class Webhook:
         if self.certs is not None and self.certs.ensure():
             log.info("webhook certificates renewed")
         self.server.reload_if_changed()
-        if self.scope.slurm_names is not None:
-            self.publish()
+        self.publish()
 
     def publish(self) -> None:
         """Write caBundle / shared-node condition / clientConfig if they differ."""
@@ -462,8 +461,10 @@ class Webhook:
                     for w in base.get("webhooks") or []:
                         if w.get("name") == self.wcfg.webhook_name:
                             w["clientConfig"] = {}
-                new = A.updated_webhook_config(base, self.wcfg.webhook_name,
-                                               sorted(self.scope.shared()), bundle, client_config)
+                shared = (sorted(self.scope.shared()) if self.scope.slurm_names is not None
+                          else None)        # not known yet: keep the published list
+                new = A.updated_webhook_config(base, self.wcfg.webhook_name, shared, bundle,
+                                               client_config)
                 if new is None and current is not None:
                     return
                 K.put_webhook_config(self.kube, new or base)

@@ -163,7 +163,7 @@ def shared_nodes_condition(shared: list[str]) -> str:
 SHARED_CONDITION = "shared-node"
 
 
-def updated_webhook_config(current: Mapping, webhook_name: str, shared: list[str],
+def updated_webhook_config(current: Mapping, webhook_name: str, shared: list[str] | None,
                            ca_bundle: str | None, client_config: Mapping | None) -> dict | None:
     """The ValidatingWebhookConfiguration with what the coordinator owns set,
     or None when nothing changes.
@@ -171,7 +171,8 @@ def updated_webhook_config(current: Mapping, webhook_name: str, shared: list[str
     Owned: the "shared-node" matchCondition, caBundle (ca_bundle None: left
     alone, cert-manager's cainjector owns it) and clientConfig's url/service
     when the object has neither.  Everything else (scope, failurePolicy) is
-    the admin's and kept.
+    the admin's and kept.  shared None (Slurm's nodes not known yet): the
+    condition is left as it is.
     """
     import copy
     doc = copy.deepcopy(dict(current))
@@ -187,7 +188,8 @@ def updated_webhook_config(current: Mapping, webhook_name: str, shared: list[str
         cc["url"] = client_config["url"]
     if ca_bundle is not None:
         cc["caBundle"] = ca_bundle
-    conds = [c for c in w.get("matchConditions") or [] if c.get("name") != SHARED_CONDITION]
-    conds.append({"name": SHARED_CONDITION, "expression": shared_nodes_condition(shared)})
-    w["matchConditions"] = conds
+    if shared is not None:
+        conds = [c for c in w.get("matchConditions") or [] if c.get("name") != SHARED_CONDITION]
+        conds.append({"name": SHARED_CONDITION, "expression": shared_nodes_condition(shared)})
+        w["matchConditions"] = conds
     return None if doc == current else doc

@@ -340,6 +340,10 @@ def test_webhook_called_for_binding_nodename_and_resize(core, ns, webhook, kube_
     binds = [s[3] for s in seen if s[2] == "binding" and not s[4]]
     assert binds.count("a") == 1                            # n-other: matchCondition false
     assert ("CREATE", "pods", "", "onnode", False) in seen
+    # A validating webhook sees the new pod's UID (the ledger's key) on CREATE.
+    created = [r for r in rec.requests if r["operation"] == "CREATE" and not r.get("subResource")
+               and r["resource"]["resource"] == "pods"]
+    assert created and all(r["object"]["metadata"].get("uid") for r in created)
     creates = [s[3] for s in seen if s[:3] == ("CREATE", "pods", "")]
     assert "r" not in creates                               # no spec.nodeName: not sent
 

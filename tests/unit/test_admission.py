@@ -143,3 +143,6 @@ def test_updated_webhook_config_owns_only_its_fields():
     assert "caBundle" not in cm["webhooks"][1]["clientConfig"]
     with pytest.raises(ValueError):
         A.updated_webhook_config(VWC, "nope", [], None, None)
+    # Slurm's nodes not known yet: the published condition stays
+    keep = A.updated_webhook_config(new, "admission.pyk8sres.io", None, "TkVX", None)
+    assert keep["webhooks"][1]["matchConditions"] == w["matchConditions"]
