@@ -320,6 +320,9 @@ def test_no_self_service_exemption(slurm, api, daemon):
     wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "4", "memory": "400Mi"})
     assert generic_node(api, "n1")["spec"]["alias"] == "n1"    # not redirected to n2
     assert used(slurm, "n2") == (0, 0)                          # n2 untouched
+    for p in api.core.list_pod_for_all_namespaces().items:
+        _delete_pod(api, p.metadata.name, p.metadata.namespace)
+    wait_used(slurm, (0, 0), node="n1")      # the next test starts from an empty node
 
 
 def test_mapping_and_unmapped_nodes(slurm, api, daemon):
