@@ -405,8 +405,14 @@ class Webhook:
     """The webhook server plus its refresher (shared nodes, certificates,
     configuration).  start() returns once it serves; stop() ends both."""
 
-    def __init__(self, wcfg: WebhookConfig, scfg: sync.SyncConfig, kube, ledger):
+    def __init__(self, wcfg: WebhookConfig, scfg: sync.SyncConfig, kube, ledger,
+                 slurm_nodes=None):
         self.wcfg, self.kube, self.ledger = wcfg, kube, ledger
+        # Slurm's node names (scontrol, every refresh): the ledger's show()
+        # lists only nodes that hold a share.
+        if slurm_nodes is None:
+            from .slurm import list_nodes as slurm_nodes
+        self.slurm_nodes = slurm_nodes
         self.scope = Scope(scfg)
         host, _, port = wcfg.listen.rpartition(":")
         self.addr = (host or "0.0.0.0", int(port))
@@ -434,11 +440,10 @@ class Webhook:
     def refresh(self) -> None:
         """One pass: Slurm's nodes, Kubernetes nodes, certificates, configuration."""
         try:
-            shown = self.ledger.show()
-            if shown.get("ok"):
-                self.scope.update(slurm_names=(shown.get("nodes") or {}).keys())
+            self.scope.update(slurm_names=[n.name for n in self.slurm_nodes()
+                                           if U.CPU_GRES in (n.gres or {})])
         except Exception as e:
-            log.warning("ledger show failed: %s (shared node list kept)", e)
+            log.warning("reading Slurm's nodes failed: %s (shared node list kept)", e)
         try:
             self.scope.update(k8s_nodes=K.list_nodes(self.kube))
         except Exception as e:

@@ -76,8 +76,12 @@ class Stats:
 
 
 class Scheduler:
-    def __init__(self, kube, scheduler_name: str = "default-scheduler", namespace: str | None = None):
+    def __init__(self, kube, scheduler_name: str = "default-scheduler", namespace: str | None = None,
+                 node_names=None):
+        """namespace: only its pods; node_names: only these nodes (tests
+        sharing one API server)."""
         self.kube, self.name, self.namespace = kube, scheduler_name, namespace
+        self.node_names = set(node_names) if node_names is not None else None
         self.backoff: dict[str, tuple[float, float]] = {}   # pod uid -> (retry at, current delay)
         self.stats = Stats()
         self.stop_event = threading.Event()
@@ -91,7 +95,8 @@ class Scheduler:
     def run_once(self, now: float | None = None) -> list[tuple[str, str | None, str | None]]:
         """One pass: [(namespace/name, node or None, error or None)] for the pods tried."""
         now = time.monotonic() if now is None else now
-        nodes = K.list_nodes(self.kube)
+        nodes = [n for n in K.list_nodes(self.kube)
+                 if self.node_names is None or n["metadata"]["name"] in self.node_names]
         pods = K.list_pods(self.kube)
         bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
         pending = [p for p in pods if not (p.get("spec") or {}).get("nodeName")

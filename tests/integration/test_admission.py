@@ -171,14 +171,22 @@ def active(kube, ns):
     server's plugin through an informer, and the ledger answers (slurmctld
     may have just restarted).  The probe asks for more than any node has:
     refused by the ledger, so it reserves nothing."""
+    last = []
+
     def refused():
         try:
             K.create_pod(kube, ns, pod("probe", "100", node="n1"))
         except ApiException as e:
+            last[:] = [e.status, e.body]
             return e.status == 403 and "does not fit" in (e.body or "")
+        last[:] = ["created"]
         K.delete_pod(kube, ns, "probe")
         return False
-    wait_for(refused, 30, "webhook in force")
+    try:
+        wait_for(refused, 30, "webhook in force")
+    except AssertionError:
+        raise AssertionError(f"webhook not in force: last answer {last}; configuration "
+                             f"{K.get_webhook_config(kube, 'pyk8sres-admission')}") from None
 
 
 # ----------------------------------------------------------------- tests
@@ -280,18 +288,10 @@ def test_placeholder_follows_slurm_and_scheduler_goes_elsewhere(slurm, kube, web
     job = sbatch(slurm, "n1", 6)
     wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "job running")
 
-    def only_shared(k):
-        return [n for n in K.list_nodes(k) if n["metadata"]["name"] in ("n1", "n2")]
     # 1) no placeholder: the scheduler sees n1 as empty as n2, picks it, is refused.
     K.create_pod(kube, ns, pod("web", "4"))
-    sched = Scheduler(kube, namespace=ns)
-    real = K.list_nodes
-    K.list_nodes = lambda k: [n for n in real(k) if n["metadata"]["name"] == "n1"]
-    try:
-        tried = sched.run_once()
-    finally:
-        K.list_nodes = real
-    assert tried == [(f"{ns}/web", "n1", "403")] and "does not fit on node n1" in sched.stats.errors[-1]
+    tried = Scheduler(kube, namespace=ns, node_names=["n1"]).run_once()
+    assert tried == [(f"{ns}/web", "n1", "403")]
 
     # 2) placeholders on: slurm-share-n1 holds the job's 6 CPUs within a second
     ph = Placeholders(kube, ledger, W.Scope(sync.SyncConfig()), "pyk8sres-system").start()
@@ -300,12 +300,8 @@ def test_placeholder_follows_slurm_and_scheduler_goes_elsewhere(slurm, kube, web
         wait_for(lambda: P.current(K.get_pod(kube, "pyk8sres-system", name) or {}) ==
                  (6000, 1000 << 20), 5, "placeholder sized to the job")
         assert used(slurm, "n1")[0] == 6          # the placeholder reserved nothing
-        sched.backoff.clear()
-        K.list_nodes = only_shared
-        try:
-            tried = sched.run_once()
-        finally:
-            K.list_nodes = real
+        sched = Scheduler(kube, namespace=ns, node_names=["n1", "n2"])
+        tried = sched.run_once()
         assert tried == [(f"{ns}/web", "n2", None)]
         assert K.get_pod(kube, ns, "web")["spec"]["nodeName"] == "n2"
 

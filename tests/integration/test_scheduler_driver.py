@@ -60,20 +60,13 @@ def node_of(kube, ns, name):
     return (K.get_pod(kube, ns, name) or {}).get("spec", {}).get("nodeName")
 
 
-def only_ours(kube, nodes):
-    """The driver sees every node of the shared server: restrict to ours."""
-    real = K.list_nodes
-    return lambda k: [n for n in real(k) if n["metadata"]["name"] in nodes]
-
-
-def test_fit_counts_bound_pods(kube, ns, nodes, monkeypatch):
-    monkeypatch.setattr(K, "list_nodes", only_ours(kube, nodes))
+def test_fit_counts_bound_pods(kube, ns, nodes):
     a, b = nodes
     # A 3-CPU pod already bound on a (like a placeholder showing Slurm's jobs).
     K.create_pod(kube, ns, pod("held", "3", node=a))
     for i in range(3):
         K.create_pod(kube, ns, pod(f"p{i}", "2"))
-    sched = Scheduler(kube, namespace=ns)
+    sched = Scheduler(kube, namespace=ns, node_names=nodes)
     sched.run_once()
     placed = [node_of(kube, ns, f"p{i}") for i in range(3)]
     # b takes two 2-CPU pods; a has 1 CPU left: the third does not fit anywhere.
@@ -87,11 +80,12 @@ def test_fit_counts_bound_pods(kube, ns, nodes, monkeypatch):
 
 class DenyNode:
     def __init__(self, node):
-        self.node, self.calls = node, 0
+        self.node, self.calls, self.log = node, 0, []
 
     def review(self, body):
         r = body["request"]
         self.calls += 1
+        self.log.append((time.monotonic(), r.get("name"), r.get("dryRun")))
         target = ((r.get("object") or {}).get("target") or {}).get("name")
         ok = target != self.node
         resp = {"uid": r["uid"], "allowed": ok}
@@ -100,8 +94,7 @@ class DenyNode:
         return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
 
 
-def test_backs_off_on_denied_binding(kube, kube_server, ns, nodes, tmp_path, monkeypatch):
-    monkeypatch.setattr(K, "list_nodes", only_ours(kube, nodes[:1]))
+def test_backs_off_on_denied_binding(kube, kube_server, ns, nodes, tmp_path):
     (a,) = nodes[:1]
     certs = W.Certs(str(tmp_path / "tls"), ["localhost"], ["127.0.0.1"], 1, 10, 60)
     certs.ensure()
@@ -121,7 +114,7 @@ def test_backs_off_on_denied_binding(kube, kube_server, ns, nodes, tmp_path, mon
     kube_server.apply(path)
     try:
         K.create_pod(kube, ns, pod("w", "1"))
-        sched = Scheduler(kube, namespace=ns)
+        sched = Scheduler(kube, namespace=ns, node_names=[a])
         deadline = time.monotonic() + 20
         while deny.calls == 0 and time.monotonic() < deadline:   # informer delay
             sched.backoff.clear()
@@ -130,12 +123,12 @@ def test_backs_off_on_denied_binding(kube, kube_server, ns, nodes, tmp_path, mon
         assert deny.calls >= 1 and sched.stats.denied >= 1
         assert "node %s is full" % a in sched.stats.errors[-1]
         calls = deny.calls
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 0.8:          # inside the 1 s backoff: no retry
+        t0 = deny.log[-1][0]                         # when the binding was refused
+        while time.monotonic() - t0 < 0.85:         # inside the 1 s backoff: no retry
             sched.run_once()
             time.sleep(0.1)
-        assert deny.calls == calls
-        time.sleep(0.4)
+        assert deny.calls == calls, (deny.log, sched.stats)
+        time.sleep(max(0.0, t0 + 1.05 - time.monotonic()))
         sched.run_once()                             # backoff over: it retries the same node
         assert deny.calls == calls + 1
         assert sched.backoff[K.get_pod(kube, ns, "w")["metadata"]["uid"]][1] == 2.0   # doubled
