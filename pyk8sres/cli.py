@@ -71,11 +71,16 @@ def main(argv: list[str] | None = None) -> int:
 
     # `sync` has its own parser (pyk8sres/coordinator/sync.py); listed here for --help.
     sub.add_parser("sync", help="keep Slurm and Kubernetes in step (daemon); see `pyk8sres sync -h`")
+    sub.add_parser("webhook", help="admission webhook + placeholder pods (daemon); "
+                                   "see `pyk8sres webhook -h`")
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sync"]:
         from .coordinator import sync
         return sync.main(argv[1:])
+    if argv[:1] == ["webhook"]:
+        from .coordinator import webhook
+        return webhook.main(argv[1:])
     args = parser.parse_args(argv)
     try:
         return args.func(args)

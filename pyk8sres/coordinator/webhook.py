@@ -38,7 +38,6 @@ import socket
 import ssl
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlparse
@@ -66,7 +65,7 @@ class WebhookConfig:
     cert_days: float = 90.0
     ca_days: float = 3650.0
     ca_promote_seconds: float = 120.0  # a new CA is in the bundle this long before it signs
-    ledger_socket: str = "/run/pyk8sres/ledger.sock"
+    ledger_socket: str | None = None   # None: as sync's (k8s_resources.conf / StateSaveLocation)
     ledger_timeout: float = 2.0
     refresh_seconds: float = 5.0       # shared node list, certificates, configuration
 
@@ -510,6 +509,8 @@ def parse_args(argv):
     p.add_argument("--listen")
     p.add_argument("--url", help="clientConfig.url to publish (else the manifest's service)")
     p.add_argument("--cert-dir")
+    p.add_argument("--no-placeholders", action="store_false", dest="placeholders",
+                   help="do not keep slurm-share-<node> placeholder pods")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -535,20 +536,30 @@ def load_webhook_config(path: str | None) -> WebhookConfig:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from .slurm import Ledger
+    from .slurm import Ledger, ledger_socket_path
     scfg = sync.load_config(args.config)
     # The sync settings may sit in a [sync] table next to [webhook].
     wcfg = load_webhook_config(args.config)
     over = {k: v for k, v in (("ledger_socket", args.ledger_socket), ("listen", args.listen),
                               ("url", args.url), ("cert_dir", args.cert_dir)) if v}
     wcfg = dataclasses.replace(wcfg, **over)
+    if not wcfg.ledger_socket:
+        wcfg = dataclasses.replace(wcfg, ledger_socket=scfg.ledger_socket or ledger_socket_path())
     kube = K.Kube(args.kubeconfig or scfg.kubeconfig, scfg.context, timeout=scfg.request_timeout)
     hook = Webhook(wcfg, scfg, kube, Ledger(wcfg.ledger_socket, timeout=wcfg.ledger_timeout)).start()
     log.info("admission webhook serving on https://%s:%d", *hook.addr)
+    placeholders = None
+    if args.placeholders:
+        from .placeholder import Placeholders
+        # Its own ledger connection: its show() calls never queue admissions.
+        placeholders = Placeholders(kube, Ledger(wcfg.ledger_socket, timeout=wcfg.ledger_timeout),
+                                    hook.scope, scfg.placeholder_namespace).start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
+    if placeholders is not None:
+        placeholders.stop()
     hook.stop()
     return 0
 

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -275,7 +276,6 @@ def test_fail_closed_when_coordinator_is_down(slurm, kube, webhook, ns):
         host, p = webhook.addr
         webhook.server = W.WebhookServer((host, p), webhook.server.admission,
                                          webhook.server.cert_file, webhook.server.key_file)
-        import threading
         threading.Thread(target=webhook.server.serve_forever, daemon=True).start()
 
 

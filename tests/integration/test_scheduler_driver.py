@@ -13,7 +13,6 @@ import uuid
 
 import pytest
 import yaml
-from kubernetes import client
 
 import local_slurm
 from pyk8sres.coordinator import kube as K
