@@ -17,6 +17,7 @@ webhook do not count it (usage.exempt_reason: its namespace is the admin's).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Mapping
 
 from . import usage as U
@@ -63,7 +64,8 @@ def current(pod: Mapping) -> tuple[int, int] | None:
 
 
 def resources(cpu_m: int, mem: int, alloc: tuple[int, int]) -> dict:
-    return {"requests": {"cpu": f"{cpu_m}m", "memory": str(mem)},
+    return {"requests": {"cpu": U.format_cpu(Fraction(cpu_m, 1000)),
+                         "memory": U.format_memory(Fraction(mem))},
             "limits": {"cpu": f"{max(alloc[0], 1)}m"}}
 
 
