@@ -202,6 +202,13 @@ def test_refusal_names_node_and_slurm_and_nothing_is_double_booked(slurm, kube, 
     assert e.value.status == 403
     assert "does not fit on node n1" in e.value.body and "n1" in e.value.body
     print("refusal:", e.value.body)
+    # nothing the pod's creator writes exempts it (issue 8 item 9)
+    selfish = pod("selfish", "4", node="n1")
+    selfish["metadata"]["labels"] = {"pyk8sres.io/slurm-worker": "true"}
+    selfish["metadata"]["annotations"] = {"pyk8sres.io/slurm-worker": "true"}
+    with pytest.raises(ApiException) as e:
+        K.create_pod(kube, ns, selfish)
+    assert e.value.status == 403 and "does not fit on node n1" in e.value.body
     # the scheduler path: pods/binding to the same node
     K.create_pod(kube, ns, pod("sched", "4"))
     with pytest.raises(ApiException) as e:
