@@ -334,6 +334,13 @@ static void _share(const char *name, uint64_t cpu, uint64_t mem)
 	}
 }
 
+static const char *_node_name(int index)
+{
+	if (index < 0 || index >= node_record_count)
+		return NULL;
+	return node_record_table_ptr[index] ? node_record_table_ptr[index]->name : "";
+}
+
 /* At init (no node table yet): remember only. */
 static void _share_at_load(const char *name, uint64_t cpu, uint64_t mem)
 {
@@ -478,7 +485,8 @@ static void _serve(struct client *c, char *line, char *reply)
 	if (ticket > 0) {
 		lock_slurmctld(write_lock);
 		_resync_if_rebuilt();
-		core.ledger_apply(ticket, _facts, _share, reply, REPLY_BYTES);
+		core.ledger_apply(ticket, _facts, _share, _node_name, reply,
+				  REPLY_BYTES);
 		unlock_slurmctld(write_lock);
 	}
 	if (!reply[0])

@@ -17,20 +17,16 @@ import time
 
 from . import kube as K
 from ..policy import placeholder as P
-from ..policy import usage as U
-from .webhook import Scope
+from .webhook import Scope, slurm_names
 
 log = logging.getLogger("pyk8sres.coordinator.placeholder")
 
 
 class Placeholders:
-    def __init__(self, kube, ledger, scope: Scope, namespace: str, slurm_nodes=None,
+    def __init__(self, kube, ledger, scope: Scope, namespace: str,
                  priority_class: str = P.PRIORITY_CLASS, image: str = P.IMAGE,
                  period: float = 0.2, relist_seconds: float = 5.0):
         self.kube, self.ledger, self.scope = kube, ledger, scope
-        if slurm_nodes is None:
-            from .slurm import list_nodes as slurm_nodes
-        self.slurm_nodes = slurm_nodes
         self.namespace, self.priority_class, self.image = namespace, priority_class, image
         self.period, self.relist_seconds = period, relist_seconds
         self.nodes: dict[str, dict] = {}
@@ -41,33 +37,21 @@ class Placeholders:
 
     def _relist(self) -> None:
         nodes = K.list_nodes(self.kube)
-        self.scope.update(k8s_nodes=nodes, slurm_names=[
-            n.name for n in self.slurm_nodes() if U.CPU_GRES in (n.gres or {})])
+        self.scope.update(k8s_nodes=nodes)
         self.nodes = {n["metadata"]["name"]: n for n in nodes}
         self.pods = {p["metadata"]["name"]: p for p in K.list_pods(self.kube, self.namespace)
                      if P.current(p) is not None}
         self.listed_at = time.monotonic()
 
-    def _show(self, wanted: set[str]) -> dict:
-        """The ledger's view of the wanted Slurm nodes: one show(), then
-        show(node) for those it left out (it lists only nodes holding a share)."""
-        shown = self.ledger.show()
-        if not shown.get("ok"):
-            raise RuntimeError(f"ledger show: {shown.get('error')}")
-        nodes = dict(shown.get("nodes") or {})
-        for name in sorted(wanted - set(nodes)):
-            one = self.ledger.show(name)
-            if one.get("ok"):
-                nodes.update(one.get("nodes") or {})
-        return {n: v for n, v in nodes.items() if not v.get("unknown")}
-
     def sync_once(self) -> dict:
         """One pass; returns what was done {"created", "resized", "deleted"}."""
+        shown = self.ledger.show()
+        names = slurm_names(shown)            # raises when the ledger says no
+        self.scope.update(slurm_names=names)
         if time.monotonic() - self.listed_at >= self.relist_seconds:
             self._relist()
-        shared = self.scope.shared()
-        nodes = self._show(set(shared.values()))
-        create, resize, delete = P.plan(shared, self.nodes, nodes, self.pods)
+        nodes = {n: shown["nodes"][n] for n in names}
+        create, resize, delete = P.plan(self.scope.shared(), self.nodes, nodes, self.pods)
         done = {"created": [], "resized": [], "deleted": []}
         for k8s, (cpu_m, mem, alloc) in create.items():
             body = P.pod(k8s, self.namespace, cpu_m, mem, alloc, self.priority_class, self.image)

@@ -403,18 +403,19 @@ def webhook_template() -> dict:
     return next(d for d in docs if d and d.get("kind") == "ValidatingWebhookConfiguration")
 
 
+def slurm_names(shown: dict) -> list[str]:
+    """Slurm nodes with k8scpu/k8smemory, from the ledger's show() (every node)."""
+    if not shown.get("ok"):
+        raise RuntimeError(f"ledger show: {shown.get('error')}")
+    return [n for n, v in (shown.get("nodes") or {}).items() if not v.get("unknown")]
+
+
 class Webhook:
     """The webhook server plus its refresher (shared nodes, certificates,
     configuration).  start() returns once it serves; stop() ends both."""
 
-    def __init__(self, wcfg: WebhookConfig, scfg: sync.SyncConfig, kube, ledger,
-                 slurm_nodes=None):
+    def __init__(self, wcfg: WebhookConfig, scfg: sync.SyncConfig, kube, ledger):
         self.wcfg, self.kube, self.ledger = wcfg, kube, ledger
-        # Slurm's node names (scontrol, every refresh): the ledger's show()
-        # lists only nodes that hold a share.
-        if slurm_nodes is None:
-            from .slurm import list_nodes as slurm_nodes
-        self.slurm_nodes = slurm_nodes
         self.scope = Scope(scfg)
         host, _, port = wcfg.listen.rpartition(":")
         self.addr = (host or "0.0.0.0", int(port))
@@ -442,10 +443,9 @@ class Webhook:
     def refresh(self) -> None:
         """One pass: Slurm's nodes, Kubernetes nodes, certificates, configuration."""
         try:
-            self.scope.update(slurm_names=[n.name for n in self.slurm_nodes()
-                                           if U.CPU_GRES in (n.gres or {})])
+            self.scope.update(slurm_names=slurm_names(self.ledger.show()))
         except Exception as e:
-            log.warning("reading Slurm's nodes failed: %s (shared node list kept)", e)
+            log.warning("ledger show failed: %s (shared node list kept)", e)
         try:
             self.scope.update(k8s_nodes=K.list_nodes(self.kube))
         except Exception as e:
