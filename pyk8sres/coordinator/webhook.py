@@ -137,7 +137,7 @@ class Certs:
                                              f"pyk8sres webhook CA {now:%Y%m%d%H%M%S}")])
         cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
                 .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + self.ca_life)
+                .not_valid_before(now - self._backdate(self.ca_life)).not_valid_after(now + self.ca_life)
                 .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
                 .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
                                              content_commitment=False, key_encipherment=False,
@@ -158,13 +158,18 @@ class Certs:
                 .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, (self.dns or self.ips)[0])]))
                 .issuer_name(ca.subject).public_key(key.public_key())
                 .serial_number(x509.random_serial_number())
-                .not_valid_before(now - dt.timedelta(minutes=5))
+                .not_valid_before(now - self._backdate(self.cert_life))
                 .not_valid_after(min(now + self.cert_life, ca.not_valid_after_utc))
                 .add_extension(x509.SubjectAlternativeName(sans), critical=False)
                 .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
                 .sign(ca_key, hashes.SHA256()))
         _write(self.dir / "tls.key", _pem_key(key), 0o600)
         _write(self.dir / "tls.crt", _pem_cert(cert) + _pem_cert(ca))
+
+    @staticmethod
+    def _backdate(life: dt.timedelta) -> dt.timedelta:
+        """How far before now a certificate starts (clock skew between hosts)."""
+        return min(dt.timedelta(minutes=5), life / 10)
 
     @staticmethod
     def _aged(cert, now: dt.datetime) -> bool:
@@ -188,7 +193,8 @@ class Certs:
             _write(self.dir / "next-ca.key", _pem_key(nxt_key), 0o600)
             _write(self.dir / "next-ca.crt", _pem_cert(nxt))
             changed = True
-        elif nxt is not None and now >= nxt.not_valid_before_utc + dt.timedelta(minutes=5) + self.promote:
+        elif nxt is not None and now >= (nxt.not_valid_before_utc + self._backdate(self.ca_life)
+                                         + self.promote):
             _write(self.dir / "prev-ca.crt", _pem_cert(ca))
             os.replace(self.dir / "next-ca.key", self.dir / "ca.key")
             os.replace(self.dir / "next-ca.crt", self.dir / "ca.crt")

@@ -341,3 +341,49 @@ def test_placeholder_follows_slurm_and_scheduler_goes_elsewhere(slurm, kube, web
         ph.stop()
         for n in ("n1", "n2"):
             K.delete_pod(kube, "pyk8sres-system", P.name_for(n))
+
+
+def test_certificate_and_ca_rotation_under_traffic(slurm, kube, ledger, ns, root):
+    """Short lifetimes: the serving certificate renews every few seconds and
+    the CA rotates (new CA in caBundle first, signing later), while the API
+    server keeps calling the webhook: every call gets through TLS."""
+    from cryptography import x509
+    p = port(27711)
+    wcfg = W.WebhookConfig(listen=f"127.0.0.1:{p}", url=f"https://127.0.0.1:{p}/validate",
+                           cert_dir=f"{root}/rotating-tls", refresh_seconds=0.5,
+                           configuration="pyk8sres-rotation", cert_days=6 / 86400,
+                           ca_days=24 / 86400, ca_promote_seconds=3)
+    hook = W.Webhook(wcfg, sync.SyncConfig(), kube, ledger).start()
+    served = []                      # monotonic times of the calls that reached us
+    review = hook.server.admission.review
+    hook.server.admission.review = lambda body: served.append(time.monotonic()) or review(body)
+    try:
+        def cas():
+            return {c.subject.rfc4514_string()
+                    for c in x509.load_pem_x509_certificates(hook.certs.bundle())}
+        certs, seen_cas, failures = set(), set(cas()), []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 40:
+            try:   # more than n1 has: refused by the ledger, nothing reserved
+                K.create_pod(kube, ns, pod("probe", "100", node="n1"))
+                failures.append("allowed")
+            except ApiException as e:
+                if "pyk8sres-rotation" in e.body or "x509" in e.body or "tls" in e.body.lower():
+                    failures.append(e.body[:300])
+            certs.add(open(hook.certs.cert_file).read())
+            seen_cas |= cas()
+            time.sleep(0.2)
+        print(f"{len(served)} calls served, {len(certs)} serving certificates, "
+              f"{len(seen_cas)} CAs, {len(failures)} failures")
+        # The configuration takes a moment to reach the API server's plugin.
+        first = served[0] if served else None
+        assert first is not None and first - t0 < 5
+        assert not failures, failures[:3]
+        assert len(certs) >= 4 and len(seen_cas) >= 2
+        # no gap: calls kept arriving through every renewal
+        gaps = [b - a for a, b in zip(served, served[1:])]
+        assert max(gaps) < 2.0, max(gaps)
+    finally:
+        hook.stop()
+        kube.admission.delete_validating_webhook_configuration(
+            "pyk8sres-rotation", _preload_content=False).release_conn()
