@@ -387,3 +387,53 @@ def test_certificate_and_ca_rotation_under_traffic(slurm, kube, ledger, ns, root
         hook.stop()
         kube.admission.delete_validating_webhook_configuration(
             "pyk8sres-rotation", _preload_content=False).release_conn()
+
+
+def test_cert_manager_mode(slurm, kube, ledger, ns, root):
+    """With tls_cert_file/tls_key_file (a cert-manager Secret mounted as
+    files) the coordinator serves those, reloads them when they change, and
+    leaves caBundle to cert-manager's cainjector (played here by the test)."""
+    import base64
+    issuer = W.Certs(f"{root}/cert-manager", ["localhost"], ["127.0.0.1"], 1, 10, 60)
+    issuer.ensure()
+    p = port(27712)
+    name = "pyk8sres-cm"
+    wcfg = W.WebhookConfig(listen=f"127.0.0.1:{p}", url=f"https://127.0.0.1:{p}/validate",
+                           tls_cert_file=issuer.cert_file, tls_key_file=issuer.key_file,
+                           configuration=name, refresh_seconds=0.5)
+    hook = W.Webhook(wcfg, sync.SyncConfig(), kube, ledger).start()
+    served = []
+    review = hook.server.admission.review
+    hook.server.admission.review = lambda body: served.append(time.monotonic()) or review(body)
+
+    def inject():   # what cainjector does
+        cur = K.get_webhook_config(kube, name)
+        cur["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode(issuer.bundle()).decode()
+        K.put_webhook_config(kube, cur)
+
+    def calls_get_through():
+        n = len(served)
+        try:
+            K.create_pod(kube, ns, pod("probe", "100", node="n1"))
+        except ApiException:
+            pass
+        return len(served) > n
+    try:
+        cur = wait_for(lambda: K.get_webhook_config(kube, name), 10, "configuration")
+        assert "caBundle" not in cur["webhooks"][0]["clientConfig"]   # not ours to set
+        inject()
+        wait_for(calls_get_through, 20, "calls with the injected CA")
+        # cert-manager renews with a new CA: files change, cainjector updates the bundle
+        import shutil
+        shutil.rmtree(f"{root}/cert-manager")
+        fresh = W.Certs(f"{root}/cert-manager", ["localhost"], ["127.0.0.1"], 1, 10, 60)
+        fresh.ensure()
+        issuer = fresh
+        inject()
+        wait_for(calls_get_through, 20, "calls after the renewal")
+        cur = K.get_webhook_config(kube, name)
+        assert base64.b64decode(cur["webhooks"][0]["clientConfig"]["caBundle"]) == fresh.bundle()
+    finally:
+        hook.stop()
+        kube.admission.delete_validating_webhook_configuration(
+            name, _preload_content=False).release_conn()
