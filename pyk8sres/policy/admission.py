@@ -148,11 +148,13 @@ def shared_nodes_condition(shared: list[str]) -> str:
     """CEL matchCondition: the request targets one of these nodes.
 
     Binding objects carry the node in target.name; pods in spec.nodeName.  The
-    coordinator keeps the list current, so a down coordinator blocks only
-    the shared nodes (failurePolicy Fail), never the others.
+    coordinator keeps the set current, so a down coordinator blocks only the
+    shared nodes (failurePolicy Fail), never the others.  The set is a map
+    literal: membership costs O(1) in CEL's cost model, where `in` on a list
+    of 1000 names would be estimated per unbounded string compare.
     """
-    names = "[" + ", ".join("'" + n.replace("\\", "\\\\").replace("'", "\\'") + "'"
-                            for n in sorted(set(shared))) + "]"
+    names = "{" + ", ".join("'" + n.replace("\\", "\\\\").replace("'", "\\'") + "': true"
+                            for n in sorted(set(shared))) + "}"
     # request.subResource is absent (not "") on plain pod requests: guard with has().
     return (f"(request.resource.resource == 'bindings' ||"
             f" (has(request.subResource) && request.subResource == 'binding'))"

@@ -395,3 +395,32 @@ def test_webhook_configuration_defaults_and_validation(kube_server, tmp_path):
     assert (w["failurePolicy"], w["matchPolicy"], w["timeoutSeconds"], w["namespaceSelector"],
             w["objectSelector"]) == ("Fail", "Equivalent", 10, {}, {})
     kube_server.kubectl("delete", "validatingwebhookconfiguration", doc["metadata"]["name"])
+
+
+def test_match_condition_with_1000_nodes(core, ns, webhook, kube_server, tmp_path):
+    """The coordinator's shared-node condition at 1000 nodes compiles and
+    selects exactly (CEL map membership)."""
+    from pyk8sres.policy import admission as A
+    rec, _, doc = webhook
+    names = [f"node-{i:04d}" for i in range(999)] + ["n-deny"]
+    doc["webhooks"][0]["matchConditions"] = [
+        {"name": "shared-node", "expression": A.shared_nodes_condition(names)}]
+    path = tmp_path / "vwc1000.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    kube_server.apply(path)
+    core.create_namespaced_pod(ns, make_pod("probe"))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:       # the new condition reaches the plugin
+        before = len(rec.requests)
+        bind(core, ns, "probe", "n-ok", dry=True)  # no longer listed: must not be sent
+        if len(rec.requests) == before:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("new condition never took effect")
+    with pytest.raises(ApiException) as e:
+        bind(core, ns, "probe", "n-deny")
+    assert e.value.status == 403
+    bind(core, ns, "probe", "node-0500", dry=True)
+    assert rec.seen()[-1][3] == "probe"
+    assert rec.requests[-1]["object"]["target"]["name"] == "node-0500"

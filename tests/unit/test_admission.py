@@ -118,7 +118,7 @@ def test_review_response():
 
 def test_shared_nodes_condition_quotes():
     c = A.shared_nodes_condition(["n2", "n1", "it's"])
-    assert "['it\\'s', 'n1', 'n2']" in c and "object.target.name" in c
+    assert "{'it\\'s': true, 'n1': true, 'n2': true}" in c and "object.target.name" in c
 
 
 VWC = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
