@@ -20,7 +20,8 @@ def _cluster_up(args) -> int:
     print(f"# local Slurm cluster up in {c.work}: nodes {','.join(cluster.node_names(args.nodes))}")
     print(f"export SLURM_CONF={c.conf}")
     if args.kubernetes:
-        print(f"# Kubernetes API server {kas.url}, pyk8sres sync running (log: {c.work}/log/sync.out)")
+        print(f"# Kubernetes API server {kas.url}, pyk8sres sync and webhook running "
+              f"(logs: {c.work}/log/sync.out, webhook.out)")
         print(f"export KUBECONFIG={kas.kubeconfig}")
         print(f"export PATH={os.path.dirname(kas.paths.kubectl)}:$PATH  # kubectl")
     return 0
