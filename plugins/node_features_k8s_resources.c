@@ -131,9 +131,11 @@ struct want {
 static struct want *wants;
 static int want_count, want_size;
 static pthread_mutex_t sync_lock = PTHREAD_MUTEX_INITIALIZER;
-/* A node whose record proves no rebuild happened since we last looked. */
-static int witness_inx = -1;
-static char *witness_name;
+/* A node whose record proves no rebuild happened since we last looked.
+ * Read without sync_lock on the fast path: a torn read only sends the
+ * caller down the locked slow path. */
+static volatile int witness_inx = -1;
+static char witness_name[256];
 static uint64_t resyncs;	/* rebuilds seen (debug log) */
 
 static const char *gres_names[2] = { GRES_CPU, GRES_MEM };
@@ -198,15 +200,17 @@ static void _core_reconfigure(void)
 		error("%s: %s: %s", plugin_type, __func__, err);
 }
 
-/* The node's GRES record for `name`, or NULL. */
-static gres_node_state_t *_gres_ns(node_record_t *node_ptr, const char *name)
+/* The node's record of GRES g (0 k8scpu, 1 k8smemory), or NULL. */
+static gres_node_state_t *_gres_ns(node_record_t *node_ptr, int g)
 {
-	uint32_t plugin_id = gres_build_id((char *) name);
+	static uint32_t ids[2];
 	gres_state_t *gres_state;
 
+	if (!ids[g])
+		ids[g] = gres_build_id((char *) gres_names[g]);
 	if (!node_ptr || !node_ptr->gres_list ||
 	    !(gres_state = list_find_first(node_ptr->gres_list, gres_find_id,
-					   &plugin_id)))
+					   &ids[g])))
 		return NULL;
 	return gres_state->gres_data;
 }
@@ -234,7 +238,7 @@ static uint64_t _jobs(gres_node_state_t *ns)
  */
 static void _carry(node_record_t *node_ptr, int g, uint64_t want)
 {
-	gres_node_state_t *ns = _gres_ns(node_ptr, gres_names[g]);
+	gres_node_state_t *ns = _gres_ns(node_ptr, g);
 	uint64_t jobs, room, carry;
 
 	if (!ns)
@@ -273,10 +277,12 @@ static bool _intact(void)
 	node_record_t *node_ptr;
 	gres_node_state_t *ns;
 
-	if (witness_inx < 0 || witness_inx >= node_record_count ||
-	    !(node_ptr = node_record_table_ptr[witness_inx]) ||
-	    xstrcmp(node_ptr->name, witness_name) ||
-	    !(ns = _gres_ns(node_ptr, GRES_CPU)))
+	int inx = witness_inx;
+
+	if (inx < 0 || inx >= node_record_count ||
+	    !(node_ptr = node_record_table_ptr[inx]) || !node_ptr->name ||
+	    strncmp(node_ptr->name, witness_name, sizeof(witness_name)) ||
+	    !(ns = _gres_ns(node_ptr, 0)))
 		return false;
 	return ns->topo_gres_cnt_alloc != NULL;
 }
@@ -286,15 +292,17 @@ static void _resync_if_rebuilt(void)
 {
 	node_record_t *node_ptr;
 
+	if (_intact())
+		return; /* the common case: O(1), no lock */
 	slurm_mutex_lock(&sync_lock);
 	if (!_intact()) {
 		witness_inx = -1;
-		xfree(witness_name);
 		for (int i = 0; (node_ptr = next_node(&i)); i++) {
 			_carry_node(node_ptr);
-			if (witness_inx < 0 && _gres_ns(node_ptr, GRES_CPU)) {
+			if (witness_inx < 0 && _gres_ns(node_ptr, 0) &&
+			    strlen(node_ptr->name) < sizeof(witness_name)) {
+				strcpy(witness_name, node_ptr->name);
 				witness_inx = node_ptr->index;
-				witness_name = xstrdup(node_ptr->name);
 			}
 		}
 		if (witness_inx >= 0) {
@@ -313,8 +321,8 @@ static int _facts(const char *name, uint64_t *out)
 	node_record_t *node_ptr = find_node_record((char *) name);
 	gres_node_state_t *cpu, *mem;
 
-	if (!(cpu = _gres_ns(node_ptr, GRES_CPU)) ||
-	    !(mem = _gres_ns(node_ptr, GRES_MEM)))
+	if (!(cpu = _gres_ns(node_ptr, 0)) ||
+	    !(mem = _gres_ns(node_ptr, 1)))
 		return -1;
 	out[0] = cpu->gres_cnt_avail;
 	out[1] = mem->gres_cnt_avail;
@@ -358,7 +366,7 @@ static void _share_at_load(const char *name, uint64_t cpu, uint64_t mem)
  */
 static int _set_gres(node_record_t *node_ptr, int g, uint64_t count)
 {
-	gres_node_state_t *ns = _gres_ns(node_ptr, gres_names[g]);
+	gres_node_state_t *ns = _gres_ns(node_ptr, g);
 	uint64_t size = count;
 
 	if (ns && _jobs(ns) > count) {
@@ -370,7 +378,7 @@ static int _set_gres(node_record_t *node_ptr, int g, uint64_t count)
 	}
 	gres_node_feature(node_ptr->name, (char *) gres_names[g], size,
 			  &node_ptr->gres, &node_ptr->gres_list);
-	if (!(ns = _gres_ns(node_ptr, gres_names[g]))) {
+	if (!(ns = _gres_ns(node_ptr, g))) {
 		error("%s: %s: node %s has no %s record after setting it",
 		      plugin_type, __func__, node_ptr->name, gres_names[g]);
 		return SLURM_ERROR;

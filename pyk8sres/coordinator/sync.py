@@ -418,12 +418,12 @@ class Reconciler:
             if n is not None:
                 u = d.usage.get(s) or U.NodeUsage()
                 inputs[k] = (s, n.cpus, n.real_memory, n.alloc_cpus, n.alloc_memory,
-                             u.cpu, u.memory, self.cluster)
+                             u.cpu, u.memory, self.cluster, self.oversubscribed.get(s, False))
         for name, key in sorted(inputs.items()):
             if self.gn_inputs.get(name) == key and name in self.gn_written:
                 continue
             spec, status = U.generic_node_body(name, by_name[key[0]], d.usage.get(key[0]),
-                                               self.cluster)
+                                               self.cluster, oversubscribed=key[-1])
             old = self.gn_written.get(name)
             if old == (spec, status):
                 self.gn_inputs[name] = key

@@ -454,11 +454,13 @@ def differences(targets: Mapping[str, Mapping[str, int]], slurm_nodes
 # --------------------------------------------------------------------------
 
 def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
-                      cluster_name: str) -> tuple[dict, dict]:
+                      cluster_name: str, oversubscribed: bool = False) -> tuple[dict, dict]:
     """(spec, status) of the GenericNode for one shared node.
 
     Slurm side: CPUs and memory Slurm jobs hold; Kubernetes side: exact pod
-    requests, formatted like the reference ("2735m", "3417Mi").
+    requests, formatted like the reference ("2735m", "3417Mi").  The
+    Oversubscribed condition says when pods hold more than Slurm's jobs
+    leave (the ledger then carries only what fits; no new job starts there).
     """
     usage = usage or NodeUsage()
     spec = {"clusterName": cluster_name, "alias": slurm_node.name, "type": "Slurm"}
@@ -473,6 +475,13 @@ def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
         ],
         "capacity": {"cpu": format_cpu(Fraction(slurm_node.cpus)),
                      "memory": format_memory(Fraction(slurm_node.real_memory) * MI)},
+        "conditions": [{
+            "type": "Oversubscribed", "status": "True" if oversubscribed else "False",
+            "reason": "PodsBeyondWhatSlurmLeaves" if oversubscribed else "WithinCapacity",
+            "message": ("pods bound here hold more than Slurm's jobs leave (bound without "
+                        "admission, or static pods): no new Slurm job starts here until "
+                        "they leave" if oversubscribed else
+                        "Slurm jobs and pods fit the node")}],
     }
     return spec, status
 

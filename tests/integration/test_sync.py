@@ -463,3 +463,25 @@ def test_once(slurm, api, tmp_path):
     finally:
         _delete_pod(api, p)
         api.core.delete_node("n1", _preload_content=False).release_conn()
+
+
+def test_pods_beyond_what_jobs_leave_are_clamped_and_reported(slurm, api, daemon):
+    """A pod bound without admission onto a node Slurm jobs fill: Slurm's
+    accounting stays within the total (allocated <= total), no new job
+    starts there, and GenericNode and the log say so loudly."""
+    k8s_node(api, "n1")
+    job = sbatch(slurm, "-c", "6", "--mem=1000")
+    wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "job running")
+    pod = bound_pod(api, "n1", "4", "1000Mi")          # 6 + 4 > 8
+
+    def condition():
+        conds = generic_node(api, "n1").get("status", {}).get("conditions", [])
+        return {c["type"]: c["status"] for c in conds}.get("Oversubscribed")
+    wait_for(lambda: condition() == "True", what="Oversubscribed condition")
+    wait_used(slurm, (8, 2000))                        # clamped: 6 (job) + 2 of the pod's 4
+    small = sbatch(slurm, "-c", "1", "--mem=100")
+    wait_for(lambda: job_state(slurm, small) == ("PENDING", "Resources"), 20, "new job pends")
+    assert "oversubscribed" in daemon.log_text()
+    _delete_pod(api, pod)
+    wait_for(lambda: condition() == "False", what="condition cleared")
+    wait_for(lambda: job_state(slurm, small)[0] == "RUNNING", 30, "the job starts")

@@ -367,3 +367,11 @@ def test_generic_node_body_matches_reference():
     assert status["capacity"] == {"cpu": "4", "memory": "8000Mi"}
     _, idle = u.generic_node_body("k", SNode(), None, "c1")
     assert idle["allocatedResources"][0]["allocated"] == {"cpu": "0", "memory": "0"}
+
+
+def test_generic_node_body_says_when_a_node_is_oversubscribed():
+    _, fine = u.generic_node_body("k", SNode(), None, "c1")
+    _, over = u.generic_node_body("k", SNode(), None, "c1", oversubscribed=True)
+    assert [(c["type"], c["status"]) for c in fine["conditions"]] == [("Oversubscribed", "False")]
+    assert over["conditions"][0]["status"] == "True"
+    assert "no new Slurm job starts here" in over["conditions"][0]["message"]
