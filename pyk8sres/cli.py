@@ -20,7 +20,8 @@ def _cluster_up(args) -> int:
     print(f"# local Slurm cluster up in {c.work}: nodes {','.join(cluster.node_names(args.nodes))}")
     print(f"export SLURM_CONF={c.conf}")
     if args.kubernetes:
-        print(f"# Kubernetes API server {kas.url}, pyk8sres sync running (log: {c.work}/log/sync.out)")
+        print(f"# Kubernetes API server {kas.url}, pyk8sres sync and webhook running "
+              f"(logs: {c.work}/log/sync.out, webhook.out)")
         print(f"export KUBECONFIG={kas.kubeconfig}")
         print(f"export PATH={os.path.dirname(kas.paths.kubectl)}:$PATH  # kubectl")
     return 0
@@ -119,11 +120,16 @@ def main(argv: list[str] | None = None) -> int:
 
     # `sync` has its own parser (pyk8sres/coordinator/sync.py); listed here for --help.
     sub.add_parser("sync", help="keep Slurm and Kubernetes in step (daemon); see `pyk8sres sync -h`")
+    sub.add_parser("webhook", help="admission webhook + placeholder pods (daemon); "
+                                   "see `pyk8sres webhook -h`")
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sync"]:
         from .coordinator import sync
         return sync.main(argv[1:])
+    if argv[:1] == ["webhook"]:
+        from .coordinator import webhook
+        return webhook.main(argv[1:])
     args = parser.parse_args(argv)
     try:
         return args.func(args)
