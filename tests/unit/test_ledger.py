@@ -113,7 +113,8 @@ def test_set_keeps_only_young_reservations_never_seen_bound():
     req = Request("set", "n1", entries=(("kept", 1000, 0), ("new", 500, 0)), keep_younger_than=30)
     new, reply = L.decide(entries, req, NODE, now=100.0)
     assert set(new) == {"kept", "new", "young"} and new["new"].bound and new["kept"].since == 0.0
-    assert reply == {"ok": True, "dropped": ["bound-gone", "stale"]}
+    assert reply == {"ok": True, "dropped": ["bound-gone", "stale"],
+                     "share": {"cpu": 3, "mem": 0}}
 
 
 def test_set_reports_more_than_jobs_leave():
