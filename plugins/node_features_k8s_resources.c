@@ -128,6 +128,7 @@ static bool core_ok;
 struct want {
 	char *name;
 	uint64_t cnt[2];	/* k8scpu CPUs, k8smemory MB */
+	bool clamped;		/* carries less: jobs leave less than pods hold */
 };
 static struct want *wants;
 static int want_count, want_size;
@@ -138,6 +139,9 @@ static pthread_mutex_t sync_lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile int witness_inx = -1;
 static char witness_name[256];
 static uint64_t resyncs;	/* rebuilds seen */
+/* Nodes whose pods hold more than jobs leave: re-carried before every
+ * allocation, so capacity a job frees goes back to the pods first. */
+static int clamped_nodes;
 static uint64_t checks, check_ns; /* user_update calls and their cost */
 
 static const char *gres_names[2] = { GRES_CPU, GRES_MEM };
@@ -238,39 +242,50 @@ static uint64_t _jobs(gres_node_state_t *ns)
  * look like a huge free count).  Needs the node write lock (or a read lock
  * plus sync_lock: see user_update).
  */
-static void _carry(node_record_t *node_ptr, int g, uint64_t want)
+static bool _carry(node_record_t *node_ptr, int g, uint64_t want)
 {
 	gres_node_state_t *ns = _gres_ns(node_ptr, g);
 	uint64_t jobs, room, carry;
 
 	if (!ns)
-		return; /* not registered yet: node_xlate will call us */
+		return false; /* not registered yet: node_xlate will call us */
 	if (ns->topo_cnt) {
 		error("%s: %s: node %s: %s has File= topology; it must be CountOnly (gres.conf)",
 		      plugin_type, __func__, node_ptr->name, gres_names[g]);
-		return;
+		return false;
 	}
 	jobs = _jobs(ns);
 	room = ns->gres_cnt_avail > jobs ? ns->gres_cnt_avail - jobs : 0;
 	carry = MIN(want, room);
-	if (carry < want)
-		error("%s: %s: node %s: pods hold %" PRIu64 " %s but Slurm jobs leave %" PRIu64
-		      "; carrying %" PRIu64 ", no new job starts there until they leave",
-		      plugin_type, __func__, node_ptr->name, want, gres_names[g], room,
-		      carry);
 	if (!ns->topo_gres_cnt_alloc)
 		ns->topo_gres_cnt_alloc = xcalloc(1, sizeof(uint64_t));
-	ns->topo_gres_cnt_alloc[0] = carry;
-	ns->gres_cnt_alloc = jobs + carry;
-	xfree(ns->gres_used); /* cached GresUsed string, rebuilt on demand */
+	if (ns->topo_gres_cnt_alloc[0] != carry || ns->gres_cnt_alloc != jobs + carry) {
+		ns->topo_gres_cnt_alloc[0] = carry;
+		ns->gres_cnt_alloc = jobs + carry;
+		xfree(ns->gres_used); /* cached GresUsed string, rebuilt on demand */
+	}
+	return carry < want;
 }
 
 static void _carry_node(node_record_t *node_ptr)
 {
 	struct want *w = _want_find(node_ptr->name);
+	bool clamped = false;
 
 	for (int g = 0; g < 2; g++)
-		_carry(node_ptr, g, w ? w->cnt[g] : 0);
+		clamped |= _carry(node_ptr, g, w ? w->cnt[g] : 0);
+	if (!w || clamped == w->clamped)
+		return;
+	w->clamped = clamped;
+	clamped_nodes += clamped ? 1 : -1;
+	if (clamped)
+		error("%s: %s: node %s: pods hold %" PRIu64 " k8scpu/%" PRIu64 " k8smemory, more "
+		      "than Slurm jobs leave; carrying what fits, and what jobs free goes to the "
+		      "pods first: no new job starts there until they leave", plugin_type,
+		      __func__, node_ptr->name, w->cnt[0], w->cnt[1]);
+	else
+		info("%s: %s: node %s: its pods fit next to Slurm's jobs again", plugin_type,
+		     __func__, node_ptr->name);
 }
 
 /* O(1): does the witness record still carry its array (no rebuild)? */
@@ -289,15 +304,22 @@ static bool _intact(void)
 	return ns->topo_gres_cnt_alloc != NULL;
 }
 
-/* Put every node's share back if Slurm rebuilt allocations from jobs. */
+/* Put every node's share back if Slurm rebuilt allocations from jobs, and
+ * top up nodes whose pods hold more than jobs left them. */
 static void _resync_if_rebuilt(void)
 {
 	node_record_t *node_ptr;
 
-	if (_intact())
+	if (_intact() && !clamped_nodes)
 		return; /* the common case: O(1), no lock */
 	slurm_mutex_lock(&sync_lock);
-	if (!_intact()) {
+	if (_intact()) {
+		/* Jobs may have ended on a clamped node: its freed capacity
+		 * is the pods', not the next job's. */
+		for (int i = 0; clamped_nodes && i < want_count; i++)
+			if (wants[i].clamped && (node_ptr = find_node_record(wants[i].name)))
+				_carry_node(node_ptr);
+	} else {
 		witness_inx = -1;
 		for (int i = 0; (node_ptr = next_node(&i)); i++) {
 			_carry_node(node_ptr);

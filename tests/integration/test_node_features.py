@@ -353,3 +353,23 @@ def test_reserve_raced_against_job_starts_never_overlaps(c):
         wait_for(lambda: gres(node(c, "n1")["GresUsed"]).get("k8scpu") == 0, "n1 free again")
     print(f"race outcomes over 120 rounds: {outcomes}")
     assert min(outcomes.values()) >= 5, outcomes   # both sides really won races
+
+
+def test_what_a_job_frees_on_an_oversubscribed_node_goes_to_the_pods(c):
+    """Pods bound without admission hold more than jobs leave: the share is
+    clamped.  When the job ends, what it frees is the pods' first -- never
+    the next job's (seen before the fix: the next job started into it)."""
+    job_a = submit(c, "n1", 3, 1000)
+    wait_for(lambda: job_state(c, job_a)[0] == "RUNNING", "job A running")
+    hold(c, "n1", 3, 1000)                             # 3 + 3 > 4: clamped to 1
+    expect(c, "n1", CPUS, MEMORY, 4, 2000)
+    job_b = submit(c, "n1", 2, 100)
+    wait_for(lambda: job_state(c, job_b) == ("PENDING", "Resources"), "job B pends")
+    sh(c, "scancel", job_a)
+    wait_for(lambda: job_state(c, job_a)[0] in ("GONE", "CANCELLED", "COMPLETED"), "A gone")
+    time.sleep(3)                                      # several scheduling passes
+    assert job_state(c, job_b)[0] == "PENDING"         # 3 of 4 CPUs are the pods'
+    expect(c, "n1", CPUS, MEMORY, 3, 1000)
+    hold(c, "n1", 0, 0)
+    wait_for(lambda: job_state(c, job_b)[0] == "RUNNING", "job B starts once the pods go")
+    sh(c, "scancel", job_b)
