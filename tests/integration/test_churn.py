@@ -60,13 +60,39 @@ def _ids(cpu_ids: str) -> int:
                (p.partition("-") if "-" in p else (p, "", p) for p in cpu_ids.split(",")))
 
 
-def slurm_truth(env) -> dict[str, list[int]]:
-    """node -> [CPUs, MB] that slurmctld has allocated to running jobs."""
+def stepd_jobs() -> set[str]:
+    """Job ids that have a slurmstepd on this host: jobs really running."""
+    out = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                m = re.match(rb"slurmstepd: \[(\d+)\.", f.read())
+        except OSError:
+            continue
+        if m:
+            out.add(m.group(1).decode())
+    return out
+
+
+def slurm_truth(env, restarted_at: float = 0.0) -> dict[str, list[int]]:
+    """node -> [CPUs, MB] that slurmctld has allocated to running jobs.
+
+    One exception, a phantom: a job that ended while slurmctld was being
+    killed -9 is recovered from its older state file as RUNNING (with no
+    process left) until slurmd next reports; it holds nothing.  A job is
+    such a phantom only if it started before the last slurmctld restart and
+    no slurmstepd of it exists."""
     out = subprocess.run(["scontrol", "-d", "-o", "show", "job"], capture_output=True, text=True,
                          env=env, timeout=30).stdout
+    alive = stepd_jobs() if restarted_at else set()
     used = {f"n{i}": [0, 0] for i in range(1, NODES + 1)}
     for line in out.splitlines():
         if "JobState=RUNNING" not in line:
+            continue
+        job = re.search(r"JobId=(\d+)", line).group(1)
+        start = re.search(r"StartTime=(\S+)", line).group(1)
+        if restarted_at and job not in alive and start != "Unknown" and \
+                time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S")) < restarted_at:
             continue
         for nodes, ids, mem in re.findall(r" Nodes=(\S+) CPU_IDs=(\S+) Mem=(\d+)", line):
             for n in _expand(nodes):
@@ -100,6 +126,7 @@ class Churn:
         self.counts = {"pods admitted": 0, "pods refused": 0, "pod create errors": 0,
                        "jobs submitted": 0, "sruns": 0, "faults": 0, "samples": 0}
         self.violations: list[str] = []
+        self.ctld_restarted_at = 0.0
         self.faults: list[str] = []
 
     # --- the workload -------------------------------------------------------
@@ -178,7 +205,7 @@ class Churn:
                 # Pods bound at t1 and still at t3 were bound at t2, when
                 # slurmctld was asked: no false alarm from pods coming or going.
                 before = bound_pods(self.kube)
-                jobs = slurm_truth(self.c.env)
+                jobs = slurm_truth(self.c.env, self.ctld_restarted_at)
                 after = bound_pods(self.kube)
             except Exception:
                 continue
@@ -210,6 +237,11 @@ class Churn:
         time.sleep(pause)
         cluster.start_process(self.c.work, name, [a.decode() for a in argv], env=env)
 
+    def _slurmctld_restart(self):
+        self.ctld_restarted_at = time.time()
+        self._restart("slurmctld")
+        self.c._wait(self.c._ctld_up, "slurmctld", 30)
+
     def _webhook_unreachable(self):
         pid = int(open(os.path.join(self.c.work, "run", "proc-webhook.pid")).read())
         os.kill(pid, signal.SIGSTOP)
@@ -227,9 +259,7 @@ class Churn:
             ("webhook unreachable (SIGSTOP 4 s)", self._webhook_unreachable),
             ("coordinator kill -9 + restart",
              lambda: (self._restart("sync"), self._restart("webhook"))),
-            ("slurmctld kill -9 + restart", lambda: (self._restart("slurmctld"),
-                                                     self.c._wait(self.c._ctld_up, "slurmctld",
-                                                                  30))),
+            ("slurmctld kill -9 + restart", self._slurmctld_restart),
             ("scontrol reconfigure", lambda: subprocess.run(
                 ["scontrol", "reconfigure"], env=self.c.env, capture_output=True, timeout=60)),
             # A partition update makes Slurm rebuild allocations from jobs;
