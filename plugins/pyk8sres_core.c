@@ -69,12 +69,13 @@ static void pyk8sres_log(int level, const char *msg)
 #include <pthread.h>
 
 #define MEMO_SLOTS 1024
-#define MEMO_STRINGS 7
+#define MEMO_STRINGS 8
 
 struct memo_key {  /* every field the policy reads for a submission */
-	uint64_t pn_min_memory, def_mem_per_cpu;
+	uint64_t pn_min_memory, def_mem_per_cpu, max_mem_per_cpu;
 	uint32_t slurm_version, num_tasks, min_cpus, min_nodes, max_nodes;
 	uint16_t cpus_per_task, ntasks_per_node, pn_min_cpus, shared;
+	uint16_t ntasks_per_core, threads_per_core, overcommit, select_type_param;
 };
 
 struct memo_entry {
@@ -112,6 +113,11 @@ static void memo_fill(const struct pyk8sres_job *j, struct memo_key *k,
 	k->ntasks_per_node = j->ntasks_per_node;
 	k->pn_min_cpus = j->pn_min_cpus;
 	k->shared = j->shared;
+	k->max_mem_per_cpu = j->max_mem_per_cpu;
+	k->ntasks_per_core = j->ntasks_per_core;
+	k->threads_per_core = j->threads_per_core;
+	k->overcommit = j->overcommit;
+	k->select_type_param = j->select_type_param;
 	strings[0] = j->partition;
 	strings[1] = j->tres_per_node;
 	strings[2] = j->tres_per_task;
@@ -119,6 +125,7 @@ static void memo_fill(const struct pyk8sres_job *j, struct memo_key *k,
 	strings[4] = j->tres_per_socket;
 	strings[5] = j->cpus_per_tres;
 	strings[6] = j->mem_per_tres;
+	strings[7] = j->part_mem;
 }
 
 static uint64_t memo_hash(const struct memo_key *k, const char **strings)

@@ -47,9 +47,10 @@ def test_partition_memory(tmp_path):
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=x\nPartitionName=small Nodes=n1 DefMemPerNode=500\n"
                     "Include parts.conf\n# PartitionName=ghost DefMemPerCPU=1\n")
-    parts, default = slurmconf.load_partition_memory(str(conf))
-    assert parts == {"small": MemDefault(per_node=500), "big": MemDefault(per_cpu=2000)}
-    assert default == "big"
+    loaded = slurmconf.load(str(conf))
+    assert {name: p.mem for name, p in loaded.partitions.items()} == \
+        {"small": MemDefault(per_node=500), "big": MemDefault(per_cpu=2000)}
+    assert loaded.default_partition == "big"
 
 
 def test_scontrol_record_parsing():
