@@ -160,13 +160,17 @@ static void fill_current(struct pyk8sres_job *req, void *job)
 	if (!details)
 		return;
 	req->has_current = 1;
+	/* What the user asked (orig_*), not what slurmctld derived from it:
+	 * a default memory or a MaxMemPerCPU adjustment is redone by the policy
+	 * for the partition the job now names. */
 	req->cur_num_tasks = details->num_tasks;
-	req->cur_cpus_per_task = details->cpus_per_task;
-	req->cur_min_cpus = details->min_cpus;
+	req->cur_cpus_per_task = details->orig_cpus_per_task;
+	req->cur_min_cpus = details->orig_min_cpus;
 	req->cur_min_nodes = details->min_nodes;
 	req->cur_max_nodes = details->max_nodes;
-	req->cur_pn_min_cpus = details->pn_min_cpus;
-	req->cur_pn_min_memory = details->pn_min_memory;
+	req->cur_pn_min_cpus = details->orig_pn_min_cpus;
+	req->cur_pn_min_memory = (job_ptr->bit_flags & JOB_MEM_SET) ?
+		details->orig_pn_min_memory : NO_VAL64;
 	req->cur_ntasks_per_node = details->ntasks_per_node;
 	req->cur_whole_node = details->whole_node;
 	req->cur_tres_per_node = job_ptr->tres_per_node;
@@ -187,10 +191,13 @@ static void fill_current(struct pyk8sres_job *req, void *job)
 #endif
 }
 
-static void replace(char **field, const char *value)
+/* An empty answer clears the field: NULL at submission; "" in job_modify,
+ * where NULL would mean "unchanged" and "" is Slurm's "clear it"
+ * (gres.c gres_job_state_validate). */
+static void replace(char **field, const char *value, int is_modify)
 {
 	slurm_xfree((void **) field);
-	*field = value[0] ? slurm_xstrdup(value) : NULL;
+	*field = (value[0] || is_modify) ? slurm_xstrdup(value) : NULL;
 }
 
 /* Returns SLURM_SUCCESS, or an error with *err_msg set for the user. */
@@ -234,9 +241,11 @@ static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
 		return ESLURM_INVALID_GRES;
 	}
 	if (changed & 1)
-		replace(&d->tres_per_node, node_tres);
+		replace(&d->tres_per_node, node_tres, is_modify);
 	if (changed & 2)
-		replace(&d->tres_per_task, task_tres);
+		replace(&d->tres_per_task, task_tres, is_modify);
+	if ((changed & 4) && is_modify)
+		replace(&d->tres_per_job, "", 1);
 	slurm_debug("%s: %s: uid %u tres_per_node=%s tres_per_task=%s",
 		    plugin_type, __func__, uid,
 		    d->tres_per_node ? d->tres_per_node : "",

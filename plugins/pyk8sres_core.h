@@ -89,7 +89,8 @@ int pyk8sres_ping(char *err, size_t errlen);
 
 /* Completion policy, in Python; called through pyk8sres_job_submit below.
  * On return 0, `changed` bit 1/2 says to replace the job's tres_per_node /
- * tres_per_task with the output (empty string = clear the field).
+ * tres_per_task with the output (empty string = clear the field); bit 4
+ * (job_modify only) says to clear tres_per_job.
  * Non-zero: reject with `err`. */
 int pyk8sres_job_submit_py(const struct pyk8sres_job *job,
 			int *changed,

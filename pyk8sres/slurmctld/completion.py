@@ -131,6 +131,7 @@ class Result(typing.NamedTuple):
     tres_per_task: str | None
     per_node: dict               # what we require per node, for logs/tests
     per_task: dict
+    clear_tres_per_job: bool = False  # job_modify: reset the job's per-job GRES (see below)
 
 
 def decode_memory(value: int | None) -> tuple[int | None, int | None]:
@@ -427,6 +428,20 @@ def complete_modify(change: Job, current: Job | None, site: Site) -> Result:
         would_be = getattr(change, field) if getattr(change, field) is not None \
             else getattr(current, field)
         return None if value == (would_be or "") else value
-    return Result(final(result.tres_per_node, "tres_per_node"),
-                  final(result.tres_per_task, "tres_per_task"),
-                  result.per_node, result.per_task)
+    node, task = final(result.tres_per_node, "tres_per_node"), \
+        final(result.tres_per_task, "tres_per_task")
+    if result.per_task and task is None:
+        # Slurm keeps per-task GRES x NumTasks as the job's per-job count
+        # (gres.c _test_gres_cnt) and recomputes it only when the GRES is
+        # sent again: resend it, so a new NumTasks is counted.
+        task = result.tres_per_task if result.tres_per_task is not None \
+            else (merged["tres_per_task"] or "")
+    # That per-job count is stale once tasks or the mode change (Slurm then
+    # refuses: "per-job not a multiple of per-task x NumTasks", or "per node
+    # above per job"): clear it, and Slurm derives it anew.  Unless it also
+    # holds the user's own per-job GRES: then Slurm refuses the update,
+    # nothing is silently wrong.
+    was_per_task = any(e.name in gres.OURS for e in gres.parse(current.tres_per_task))
+    clear_job = bool(was_per_task and change.tres_per_job is None
+                     and not gres.parse(current.tres_per_job))
+    return Result(node, task, result.per_node, result.per_task, clear_job)

@@ -197,7 +197,8 @@ def job_submit(c) -> tuple:
         else:
             result = completion.complete(job_from_c(_ffi, c), site)
         bits = (1 if result.tres_per_node is not None else 0) | \
-            (2 if result.tres_per_task is not None else 0)
+            (2 if result.tres_per_task is not None else 0) | \
+            (4 if result.clear_tres_per_job else 0)
         return OK, bits, result.tres_per_node or "", result.tres_per_task or "", ""
     except (completion.PolicyError, ValueError) as exc:
         return USER_ERROR, 0, "", "", str(exc)

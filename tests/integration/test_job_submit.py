@@ -80,7 +80,7 @@ SUBMISSIONS = [
     (["--cpus-per-task=3", "--mem=4000"], "gres:k8scpu:3,gres:k8smemory:4000", None),
     (["-c", "2", "--mem-per-cpu=500"], "gres:k8scpu:2,gres:k8smemory:1000", None),
     (["-N", "2", "--ntasks-per-node=2", "-c", "2"], "gres:k8scpu:4,gres:k8smemory:400", None),
-    (["-n", "5", "-N", "2"], "gres:k8scpu:3,gres:k8smemory:300", None),
+    (["-n", "5", "-N", "2"], None, "gres:k8scpu:1,gres:k8smemory:100"),  # Slurm packs n1
     (["-n", "6"], None, "gres:k8scpu:1,gres:k8smemory:100"),
     (["-N", "3", "-c", "2"], "gres:k8scpu:2,gres:k8smemory:200", None),
     (["--mincpus=6"], "gres:k8scpu:6,gres:k8smemory:600", None),

@@ -163,7 +163,8 @@ MODIFY = [
      "gres:k8scpu:2,gres:k8smemory:200", None),
     ("Gres= clears: no empty entry, ours back", CURRENT, Job(tres_per_node="gres:"),
      "gres:k8scpu:2,gres:k8smemory:200", None),
-    ("NumTasks of a per-task job: still per task", SPREAD, Job(num_tasks=6), None, None),
+    ("NumTasks of a per-task job: per task, resent so Slurm recounts", SPREAD, Job(num_tasks=6),
+     None, "gres:k8scpu:1,gres:k8smemory:100"),
     ("NumNodes pins a per-task job to one node: per node", SPREAD, Job(min_nodes=1, max_nodes=1),
      "gres:k8scpu:4,gres:k8smemory:400", ""),
     ("NumCPUs (cpus per task) of a per-task job", SPREAD, Job(cpus_per_task=2),
@@ -177,6 +178,15 @@ MODIFY = [
 def test_modify(name, current, change, node, task):
     result = complete_modify(change, current, TWO)
     assert (result.tres_per_node, result.tres_per_task) == (node, task)
+
+
+def test_modify_of_a_per_task_job_clears_the_stale_per_job_count():
+    assert complete_modify(Job(min_nodes=1, max_nodes=1), SPREAD, TWO).clear_tres_per_job
+    assert complete_modify(Job(num_tasks=6), SPREAD, TWO).clear_tres_per_job
+    assert not complete_modify(Job(num_tasks=6), CURRENT, TWO).clear_tres_per_job
+    assert not complete_modify(Job(), SPREAD, TWO).clear_tres_per_job
+    with_gpus = SPREAD._replace(tres_per_job="gres:gpu:2")  # the user's own: left alone
+    assert not complete_modify(Job(min_nodes=1, max_nodes=1), with_gpus, TWO).clear_tres_per_job
 
 
 def test_modify_equals_submit():
