@@ -116,6 +116,12 @@ class PodUsage:
     cpu: int = 0
     memory: int = 0
     error: str | None = None
+    uid: str = ""          # the pod's UID: its key in the ledger
+
+
+def ledger_entry(pu: PodUsage) -> tuple[int, int]:
+    """(millicores, bytes) of a pod as the ledger counts it (rounded up)."""
+    return -(-pu.cpu // 1_000_000), pu.memory
 
 
 def _requests_of(resources: Mapping | None) -> dict[str, Fraction]:
@@ -240,13 +246,15 @@ def pod_usage(pod: Mapping, slurm_worker_terms=()) -> PodUsage | None:
         return None
     if selector_matches(slurm_worker_terms, (pod.get("metadata") or {}).get("labels")):
         return None
+    meta = pod.get("metadata") or {}
+    uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
     try:
         req = pod_requests(pod)
     except (QuantityError, AttributeError, TypeError, ValueError) as e:
-        meta = pod.get("metadata") or {}
-        return PodUsage(node=node, error=(
+        return PodUsage(node=node, uid=uid, error=(
             f"pod {meta.get('namespace')}/{meta.get('name')}: {e}"))
-    return PodUsage(node=node, cpu=math.ceil(req["cpu"] * NANO), memory=math.ceil(req["memory"]))
+    return PodUsage(node=node, cpu=math.ceil(req["cpu"] * NANO), memory=math.ceil(req["memory"]),
+                    uid=uid)
 
 
 # --------------------------------------------------------------------------

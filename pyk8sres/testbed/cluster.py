@@ -357,13 +357,8 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
                                          layout=layout, job_submit=job_submit,
                                          partitions=partitions))
     _write(os.path.join(work, "etc", "gres.conf"), GRES_CONF)
-    state_file = os.path.join(work, "state", "k8s_resources.state")
-    _write(os.path.join(work, "etc", "k8s_resources.conf"), f"StateFile={state_file}\n{k8s_conf}")
-    if node_features and not os.path.exists(state_file):
-        # node_features fails closed (0 k8scpu) on nodes nobody accounts for:
-        # without a sync daemon, declare every node Slurm-only.
-        from ..slurmctld import nodestate
-        nodestate.write_state(state_file, {}, unmanaged=() if synced else ("*",))
+    _write(os.path.join(work, "etc", "k8s_resources.conf"),
+           "# pyk8sres (slurm-conf/k8s_resources.conf); the ledger lives in state/\n" + k8s_conf)
 
     try:
         cluster.start_munged()
