@@ -1,8 +1,8 @@
 /*
  * The C half of libpyk8sres_core.so, compiled together with the code cffi
  * generates (pyk8sres/slurmctld/_core_build.py includes this file in set_source):
- *  - PYTHONHOME pinned before cffi starts the interpreter: inside slurmctld,
- *    Python would guess its stdlib from the slurmctld binary's location;
+ *  - the interpreter started isolated (no PYTHONPATH/PYTHONHOME/user site
+ *    from slurmctld's environment), with the PYTHONHOME it was built with;
  *  - slurmctld's log for Python's log lines;
  *  - pyk8sres_job_submit, the hot path: a memo of Python's answers and one
  *    shared thread state (see the comment above it).
@@ -21,19 +21,46 @@
 
 static char core_path[PATH_MAX];
 
+/* Start the interpreter isolated, before cffi would start it from the
+ * daemon's environment: PYTHONPATH, PYTHONHOME, PYTHONSTARTUP and every
+ * other PYTHON* variable, the user site directory (~/.local, so also its
+ * usercustomize.py) and the current directory are ignored; only the
+ * installation's own paths are used (its stdlib and site-packages; the init
+ * code in _core_build.py adds the package next to this library).  cffi then
+ * finds Python running and only runs its init code, which refuses to go on
+ * in an interpreter that is not isolated. */
+static void start_isolated_python(void)
+{
+	PyConfig config;
+	PyStatus status;
+
+	PyConfig_InitIsolatedConfig(&config);
+	config.install_signal_handlers = 0; /* slurmctld owns its signals */
+	/* Inside slurmctld, Python would guess its stdlib from the slurmctld
+	 * binary's location: pin the home it was built with. */
+	status = PyConfig_SetBytesString(&config, &config.home,
+					 PYK8SRES_PYTHONHOME);
+	if (!PyStatus_Exception(status))
+		status = Py_InitializeFromConfig(&config);
+	PyConfig_Clear(&config);
+	if (PyStatus_Exception(status)) {
+		fprintf(stderr, "pyk8sres: cannot start Python (%s): %s\n",
+			PYK8SRES_PYTHONHOME,
+			status.err_msg ? status.err_msg : "unknown error");
+		return;
+	}
+	PyEval_SaveThread(); /* release the GIL: every call takes it again */
+}
+
 __attribute__((constructor)) static void pyk8sres_core_preinit(void)
 {
-	static wchar_t *home;
 	Dl_info info;
 
 	if (dladdr((void *) pyk8sres_core_preinit, &info) && info.dli_fname)
 		if (!realpath(info.dli_fname, core_path))
 			core_path[0] = '\0';
-	if (!Py_IsInitialized() && !getenv("PYTHONHOME") && !home) {
-		home = Py_DecodeLocale(PYK8SRES_PYTHONHOME, NULL);
-		if (home)
-			Py_SetPythonHome(home);
-	}
+	if (!Py_IsInitialized())
+		start_isolated_python();
 }
 
 /* Python's log lines go to slurmctld's log when we run inside it. */

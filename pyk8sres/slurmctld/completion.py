@@ -245,6 +245,9 @@ def _plan(job: Job, site: Site, part: Partition) -> _Plan:
             cores = max(cores, t * _ceil_div(c, vpus))
         return cores * tpc
 
+    def cpus_rounded(n: int) -> int:
+        return _ceil_div(n, tpc) * tpc if whole_cores else n
+
     def memory(t: int, node_cpus: int) -> int | None:
         if mem_node:
             return mem_node
@@ -265,6 +268,13 @@ def _plan(job: Job, site: Site, part: Partition) -> _Plan:
     fixed = 1 if job.overcommit else _fixed_tasks(job)
     if fixed is not None:
         n = cpus(fixed)
+        if job.min_cpus and not job.overcommit:
+            # NumCPUs above the tasks' CPUs: the extra may all land on one
+            # node (the others keep their tasks' CPUs).
+            n = max(n, job.min_cpus - ((job.min_nodes or 1) - 1) * n)
+            if nodes.cpus:
+                n = min(n, max(nodes.cpus, cpus(fixed)))
+            n = cpus_rounded(n)
         return _Plan(None, figures(n, memory(fixed, n)), mem_node)
     # Tasks spread.  Per task is exact when every node's CPUs are t x one
     # task's: no --mincpus above one task, no per-GPU figures, and under
@@ -284,7 +294,7 @@ def _plan(job: Job, site: Site, part: Partition) -> _Plan:
     # Per node: the most any node can get, capped at what the biggest node has
     # (Slurm cannot allocate more there, so this never makes a job unrunnable).
     most = _max_tasks(job)
-    n = max(cpus(most), job.min_cpus or 0)
+    n = max(cpus(most), cpus_rounded(job.min_cpus or 0))
     if nodes.cpus:
         n = min(n, max(nodes.cpus, one))
     mem = memory(most, n)
