@@ -10,7 +10,7 @@ follows Slurm 22.05's own code (README, "What a job requests", has the table):
 CPUs on a node holding t tasks (cons_tres dist_tasks.c _block_sync_core_bitmap):
     cpus  = max(t x cpus_per_task, --mincpus, --cpus-per-gpu x GPUs)
     CR_Core/CR_Socket: whole cores,
-      cores = ceil(cpus / vpus), or t x ceil(c / vpus) with
+      cores = ceil(cpus / vpus), or (cpus // c) x ceil(c / vpus) with
               --ntasks-per-core=1 and c > vpus
       CPUs  = cores x ThreadsPerCore
       vpus  = usable threads per core (cons_common.c common_cpus_per_core):
@@ -36,9 +36,11 @@ How many tasks land on a node is decided only when Slurm schedules the job
     job made unrunnable on an idle cluster).
   -O/--overcommit: Slurm allocates one task's CPUs per node (dist_tasks.c
     one_task_per_node), unless the job asks anything per task: per node.
+  --ntasks-per-node with -n: every node gets c x ntasks-per-node CPUs
+    (pn_min_cpus), so that is asked per node.
   --exclusive: Slurm allocates whole nodes and (seen on 22.05) all of their
-    k8scpu/k8smemory; we ask the job's own figures, so it starts wherever
-    those fit.
+    k8scpu/k8smemory; we ask one task's figures per node, which cannot change
+    where Slurm puts the tasks.
   --mem=0: rejected unless --exclusive (no count we could ask for).
   Several partitions (-p a,b): the largest figure over them (the job may run
     in any).
@@ -220,6 +222,12 @@ def _plan(job: Job, site: Site, part: Partition) -> _Plan:
         if job.ntasks_per_node:
             c = max(c, _ceil_div(min_cpus_node, job.ntasks_per_node))
 
+    # --ntasks-per-node with tasks: every node gets that many tasks' CPUs
+    # (job_mgr.c _copy_job_desc_to_job_record: pn_min_cpus >= c x ntasks-per-node).
+    if job.ntasks_per_node and not job.overcommit and (
+            job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1:
+        min_cpus_node = max(min_cpus_node, c * job.ntasks_per_node)
+
     param = site.select_type_param
     whole_cores = bool(param & (CR_CORE | CR_SOCKET | CR_BOARD)) and nodes.threads_per_core > 1
     tpc = nodes.threads_per_core
@@ -241,8 +249,8 @@ def _plan(job: Job, site: Site, part: Partition) -> _Plan:
         if not whole_cores:
             return n
         cores = _ceil_div(n, vpus)
-        if ntasks_per_core == 1 and c > vpus:
-            cores = max(cores, t * _ceil_div(c, vpus))
+        if ntasks_per_core == 1 and c > vpus:  # each task on cores of its own
+            cores = max(cores, n // c * _ceil_div(c, vpus))
         return cores * tpc
 
     def cpus_rounded(n: int) -> int:
@@ -265,6 +273,13 @@ def _plan(job: Job, site: Site, part: Partition) -> _Plan:
             out[GRES_MEMORY] = node_mem
         return out
 
+    if job.exclusive:
+        # Whole nodes: Slurm allocates all of their CPUs and all of their
+        # k8scpu/k8smemory whatever is asked (seen in GresUsed), so ask the
+        # least a node with a task gets: the request must not change where
+        # Slurm puts the tasks (a per-task GRES would).
+        n = cpus(1)
+        return _Plan(None, figures(n, memory(1, n)), mem_node)
     fixed = 1 if job.overcommit else _fixed_tasks(job)
     if fixed is not None:
         n = cpus(fixed)

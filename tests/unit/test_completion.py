@@ -227,8 +227,13 @@ RULES = [
      Job(num_tasks=3, min_nodes=1, max_nodes=2, cpus_per_task=3), {}, {CPU: 3, MEM: 300}),
     ("-n 12 -N 1-3: per task (was refused)", SITE, Job(num_tasks=12, min_nodes=1, max_nodes=3),
      {}, {CPU: 1, MEM: 100}),
-    ("-n 6 --ntasks-per-node=4 -N 2: at most 4 per node: per task", SITE,
-     Job(num_tasks=6, min_nodes=2, max_nodes=2, ntasks_per_node=4), {}, {CPU: 1, MEM: 100}),
+    ("-n 6 --ntasks-per-node=4 -N 2: every node gets 4 tasks' CPUs", SITE,
+     Job(num_tasks=6, min_nodes=2, max_nodes=2, ntasks_per_node=4), {CPU: 4, MEM: 400}, {}),
+    ("-n 5 -N 1-3 --ntasks-per-node=4 -c 2", SITE,
+     Job(num_tasks=5, min_nodes=1, max_nodes=3, ntasks_per_node=4, cpus_per_task=2),
+     {CPU: 8, MEM: 800}, {}),
+    ("-O --ntasks-per-node=4 -n 8: one task's CPUs", SITE,
+     Job(num_tasks=8, ntasks_per_node=4, overcommit=True), {CPU: 1, MEM: 100}, {}),
     ("-n 4 -c 2 --mem=3000: memory per node", SITE,
      Job(num_tasks=4, cpus_per_task=2, mem_per_node=3000), {MEM: 3000}, {CPU: 2}),
     ("--mincpus=6", SITE, Job(pn_min_cpus=6), {CPU: 6, MEM: 600}, {}),
@@ -244,8 +249,10 @@ RULES = [
      Job(num_tasks=4, pn_min_cpus=3), {CPU: 4, MEM: 400}, {}),
     ("-n 20 --mincpus=2: capped at the biggest node", SITE, Job(num_tasks=20, pn_min_cpus=2),
      {CPU: 8, MEM: 800}, {}),
-    ("--exclusive -c 2: the job's own figures", SITE, Job(exclusive=True, cpus_per_task=2),
-     {CPU: 2, MEM: 200}, {}),
+    ("--exclusive -c 2: one task's figures (Slurm gives all)", SITE,
+     Job(exclusive=True, cpus_per_task=2), {CPU: 2, MEM: 200}, {}),
+    ("--exclusive -n 12 -N 1-3: one task's figures, never per task", SITE,
+     Job(exclusive=True, num_tasks=12, min_nodes=1, max_nodes=3), {CPU: 1, MEM: 100}, {}),
     ("--mem=0 --exclusive: CPUs only", SITE, Job(exclusive=True, mem_per_node=0), {CPU: 1}, {}),
     ("-O -n 16 -N 1: one task's CPUs per node", SITE,
      Job(overcommit=True, num_tasks=16, min_nodes=1, max_nodes=1), {CPU: 1, MEM: 100}, {}),
@@ -305,7 +312,11 @@ def slurm_allocates(job: Job, t: int, tpc: int, whole_cores: bool) -> tuple[int,
     c = job.cpus_per_task or 1
     if job.overcommit:
         t = 1  # dist_tasks.c: one task's CPUs per node
-    cpus = max(t * c, job.pn_min_cpus or 0)
+    least = job.pn_min_cpus or 0
+    if job.ntasks_per_node and not job.overcommit and (
+            job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1:
+        least = max(least, c * job.ntasks_per_node)  # job_mgr.c: pn_min_cpus
+    cpus = max(t * c, least)
     if whole_cores and tpc > 1:
         vpus = tpc
         if job.ntasks_per_core:
@@ -314,7 +325,7 @@ def slurm_allocates(job: Job, t: int, tpc: int, whole_cores: bool) -> tuple[int,
             vpus = min(vpus, job.threads_per_core)
         cores = -(-cpus // vpus)
         if job.ntasks_per_core == 1 and c > vpus:
-            cores = t * -(-c // vpus)
+            cores = cpus // c * -(-c // vpus)  # _block_sync_core_bitmap
         cpus = cores * tpc
         counted = cores * min(tpc, job.threads_per_core or tpc)
     else:
