@@ -106,6 +106,8 @@ class Nodes:
     threads_per_core: int = 1        # the most on any of its nodes
     cpus: int | None = None          # the most CPUs on any of its nodes
     memory: int | None = None        # the most RealMemory (MB) on any of its nodes
+    count: int | None = None         # how many nodes
+    least_cpus: int | None = None    # the fewest CPUs on any of its nodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,8 +301,17 @@ def _plan(job: Job, site: Site, part: Partition) -> _Plan:
     per_task = None
     linear = (min_cpus_node <= c and not cpus_per_gpu and not mem_per_gpu
               and not (job.min_cpus and job.min_cpus > job.num_tasks * c))
+    rounding_only = linear
     if linear and whole_cores:
         linear = c % vpus == 0 or (ntasks_per_core == 1 and c > vpus)
+    if not linear and rounding_only and nodes.count and nodes.least_cpus:
+        # Only the whole-core rounding is not linear: one task's rounded
+        # figure per task covers every t (t x ceil(c/u) cores >= ceil(t x c/u))
+        # but lets fewer tasks onto a node; use it when the job still fits
+        # the nodes it may use, so Slurm places it without over-holding
+        # whole nodes (which would keep e.g. a second array task out).
+        usable = min(job.max_nodes or nodes.count, nodes.count)
+        linear = usable * (nodes.least_cpus // one) >= job.num_tasks
     if linear:
         per_task = {GRES_CPU: one}
         one_mem = memory(1, one)
@@ -309,7 +320,8 @@ def _plan(job: Job, site: Site, part: Partition) -> _Plan:
     # Per node: the most any node can get, capped at what the biggest node has
     # (Slurm cannot allocate more there, so this never makes a job unrunnable).
     most = _max_tasks(job)
-    n = max(cpus(most), cpus_rounded(job.min_cpus or 0))
+    extra = (job.min_cpus or 0) - ((job.min_nodes or 1) - 1) * one  # NumCPUs beyond the others
+    n = max(cpus(most), cpus_rounded(extra))
     if nodes.cpus:
         n = min(n, max(nodes.cpus, one))
     mem = memory(most, n)

@@ -100,7 +100,8 @@ def _most(nodes: list[tuple]) -> Nodes:
         return Nodes()
     memory = [n[2] for n in nodes if n[2]]
     return Nodes(threads_per_core=max(n[0] for n in nodes), cpus=max(n[1] for n in nodes),
-                 memory=max(memory) if memory else None)
+                 memory=max(memory) if memory else None, count=len(nodes),
+                 least_cpus=min(n[1] for n in nodes))
 
 
 def _select_type_param(text: str | None) -> int:

@@ -13,11 +13,13 @@ from pyk8sres.slurmctld.completion import (CR_CORE, CR_CPU, CR_ONE_TASK_PER_CORE
 V2205 = 0x160508
 V2411 = 0x180B05
 NODES = Nodes(threads_per_core=1, cpus=8, memory=16000)
-SMT_NODES = Nodes(threads_per_core=2, cpus=8, memory=16000)
+SMT_NODES = Nodes(threads_per_core=2, cpus=8, memory=16000, count=3, least_cpus=8)
 SITE = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=NODES,
             partitions={"debug": Partition(nodes=NODES)}, default_partition="debug")
 SMT = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=SMT_NODES,
            partitions={"debug": Partition(nodes=SMT_NODES)}, default_partition="debug")
+SMT_CR_CORE_UNKNOWN = Site(cluster_mem=MemDefault(per_cpu=100),
+                           all_nodes=Nodes(threads_per_core=2, cpus=8, memory=16000))
 SMT_CR_CPU = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=SMT_NODES,
                   select_type_param=CR_CPU)
 SMT_ONE_TASK = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100),
@@ -265,9 +267,17 @@ RULES = [
      {CPU: 4, MEM: 400}, {}),
     ("SMT: -n 6 -c 2: even c: per task", SMT, Job(num_tasks=6, cpus_per_task=2), {},
      {CPU: 2, MEM: 200}),
-    ("SMT: -n 3: odd c rounds per node: per node, most", SMT, Job(num_tasks=3),
+    ("SMT: -n 3: odd c, fits with a core per task: per task, rounded", SMT, Job(num_tasks=3),
+     {}, {CPU: 2, MEM: 200}),
+    ("SMT: -n 3 -N 2-3 -c 3: 2 cores per task fit: per task", SMT,
+     Job(num_tasks=3, min_nodes=2, max_nodes=3, cpus_per_task=3, min_cpus=9), {},
+     {CPU: 4, MEM: 400}),
+    ("SMT: -n 20: a core per task would not fit 3 nodes: per node, most, capped", SMT,
+     Job(num_tasks=20), {CPU: 8, MEM: 800}, {}),
+    ("SMT: -n 10 -N 1-2: would not fit 2 nodes: per node", SMT,
+     Job(num_tasks=10, min_nodes=1, max_nodes=2), {CPU: 8, MEM: 800}, {}),
+    ("SMT, node count unknown: per node", SMT_CR_CORE_UNKNOWN, Job(num_tasks=3),
      {CPU: 4, MEM: 400}, {}),
-    ("SMT: -n 20: most capped at the node", SMT, Job(num_tasks=20), {CPU: 8, MEM: 800}, {}),
     ("SMT: -n 3 --ntasks-per-core=1: a core each: per task", SMT,
      Job(num_tasks=3, ntasks_per_core=1), {}, {CPU: 2, MEM: 200}),
     ("SMT: -n 3 -c 3 --ntasks-per-core=1: 2 cores each", SMT,
