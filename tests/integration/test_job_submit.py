@@ -201,7 +201,8 @@ def _tres(job_id) -> tuple:
 # (TresPerNode, TresPerTask) where no sbatch option gives that shape)
 UPDATES = [
     (["-n", "4", "-N", "2"], ["NumTasks=6"], ["-n", "6", "-N", "2"]),
-    (["-n", "4"], ["NumNodes=1"], ["-n", "4", "-N", "1"]),
+    (["-n", "4"], ["NumNodes=1-1"], ["-n", "4", "-N", "1"]),  # (NumNodes=1 keeps max open)
+    (["-n", "4"], ["NumNodes=1"], ["-n", "4", "-N", "1-3"]),
     (["-n", "4", "-N", "1"], ["NumNodes=1-3"], ["-n", "4", "-N", "1-3"]),
     # NumCPUs alone: the 6 CPUs may all land on one node
     (["-n", "2"], ["NumCPUs=6"], ("gres:k8scpu:6,gres:k8smemory:600", "")),
@@ -357,8 +358,9 @@ def test_embedded_python_ignores_the_daemons_environment(tmp_path, monkeypatch):
     env = {"PYTHONPATH": str(path_dir), "PYTHONHOME": "/nonexistent-python-home",
            "PYTHONSTARTUP": str(startup), "HOME": str(home), "PYTHONUSERBASE": str(home / ".local")}
     # The hooks are real: a plain interpreter with this environment runs them.
-    check = subprocess.run([sys.executable, "-c", "pass"], env=dict(os.environ, **env,
-                           PYTHONHOME=sys.prefix), capture_output=True, text=True, timeout=30)
+    check = subprocess.run([sys.executable, "-c", "pass"],
+                           env={**os.environ, **env, "PYTHONHOME": sys.prefix},
+                           capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stderr
     assert sorted(p.name for p in markers.iterdir()) == ["sitecustomize", "usercustomize"]
     for marker in markers.iterdir():
