@@ -48,6 +48,7 @@ How many tasks land on a node is decided only when Slurm schedules the job
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 
 from .. import GRES_CPU, GRES_MEMORY
@@ -202,8 +203,9 @@ class _Plan(typing.NamedTuple):
     mem_per_node: int | None  # memory asked per node in either mode (--mem, DefMemPerNode)
 
 
-def _plan(job: Job, site: Site, part: Partition) -> _Plan:
-    """What the job needs if it runs in `part`."""
+def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -> _Plan:
+    """What the job needs if it runs in `part` (per-node figures for a job
+    that has per-task ones only when `always_per_node`)."""
     nodes = part.nodes
     c = job.cpus_per_task or 1
     min_cpus_node = job.pn_min_cpus or 0
@@ -317,6 +319,8 @@ def _plan(job: Job, site: Site, part: Partition) -> _Plan:
         one_mem = memory(1, one)
         if one_mem and not mem_node:
             per_task[GRES_MEMORY] = one_mem
+    if per_task is not None and not always_per_node:
+        return _Plan(per_task, {}, mem_node)
     # Per node: the most any node can get, capped at what the biggest node has
     # (Slurm cannot allocate more there, so this never makes a job unrunnable).
     most = _max_tasks(job)
@@ -330,14 +334,24 @@ def _plan(job: Job, site: Site, part: Partition) -> _Plan:
     return _Plan(per_task, figures(n, mem), mem_node)
 
 
+@functools.lru_cache(maxsize=64)
+def _unknown_partition(nodes: Nodes) -> Partition:
+    """A partition slurm.conf does not list: every node, cluster defaults."""
+    return Partition(nodes=nodes)
+
+
 def _partitions(job: Job, site: Site) -> list[Partition]:
-    names = [n.strip() for n in job.partition.split(",") if n.strip()] if job.partition \
-        else [site.default_partition or ""]
-    default = Partition(nodes=site.all_nodes)
-    return [site.partitions.get(name, default) for name in names] or [default]
+    if not job.partition:
+        part = site.partitions.get(site.default_partition or "")
+        return [part or _unknown_partition(site.all_nodes)]
+    names = [n.strip() for n in job.partition.split(",") if n.strip()]
+    return [site.partitions.get(name) or _unknown_partition(site.all_nodes)
+            for name in names] or [_unknown_partition(site.all_nodes)]
 
 
-def _merge(dicts) -> dict:
+def _merge(dicts: list) -> dict:
+    if len(dicts) == 1:
+        return dict(dicts[0])
     out: dict = {}
     for d in dicts:
         for name, value in d.items():
@@ -351,14 +365,15 @@ def required(job: Job, site: Site) -> tuple[dict, dict]:
         raise PolicyError("--mem=0 (all of a node's memory) cannot share the node with "
                           "Kubernetes pods: ask for --mem=<MB>, or add --exclusive to take "
                           "all the memory Kubernetes leaves")
-    plans = [_plan(job, site, part) for part in _partitions(job, site)]
+    parts = _partitions(job, site)
+    plans = [_plan(job, site, part, len(parts) > 1) for part in parts]
     memory_per_node = {bool(p.mem_per_node) for p in plans}
     if all(p.per_task is not None for p in plans) and len(memory_per_node) == 1:
-        per_task = _merge(p.per_task for p in plans)
+        per_task = _merge([p.per_task for p in plans])
         mem = [p.mem_per_node for p in plans if p.mem_per_node]
         per_node = {GRES_MEMORY: max(mem)} if mem and GRES_MEMORY not in per_task else {}
     else:
-        per_task, per_node = {}, _merge(p.per_node for p in plans)
+        per_task, per_node = {}, _merge([p.per_node for p in plans])
     limits = {GRES_CPU: NO_VAL, GRES_MEMORY: gres.MAX_COUNT}  # Slurm's own field widths
     for counts in (per_node, per_task):
         for name, value in counts.items():
@@ -369,6 +384,8 @@ def required(job: Job, site: Site) -> tuple[dict, dict]:
 
 def _apply(current: str | None, want: dict, site: Site, field: str) -> str | None:
     """The new TRES string for `field`, or None if `current` already fits."""
+    if not current and not want:
+        return None
     entries = gres.parse(current)
     final = {}
     for name in (GRES_CPU, GRES_MEMORY):
@@ -388,9 +405,8 @@ def _apply(current: str | None, want: dict, site: Site, field: str) -> str | Non
 
 def complete(job: Job, site: Site) -> Result:
     """Add or correct the job's k8scpu/k8smemory; PolicyError for bad input."""
-    for field in ("tres_per_job", "tres_per_socket"):
-        entries = gres.parse(getattr(job, field))
-        if any(e.name in gres.OURS for e in entries):
+    for tres in (job.tres_per_job, job.tres_per_socket):
+        if tres and any(e.name in gres.OURS for e in gres.parse(tres)):
             raise PolicyError("k8scpu/k8smemory can only be requested per node "
                               "(--gres=k8scpu:N), not per job or per socket")
     per_node, per_task = required(job, site)
@@ -404,7 +420,7 @@ def complete(job: Job, site: Site) -> Result:
                 if asked < per_task[name] * tasks:
                     raise PolicyError(f"--gres={name}:{asked} is less than the job uses "
                                       f"({name}:{per_task[name]} per task)")
-    else:
+    elif job.tres_per_task:
         # Asked per node: a per-task entry of the same name would make Slurm
         # reject the mix (gres.c _test_gres_cnt); it is folded in instead.
         task_entries = gres.parse(job.tres_per_task)
@@ -420,9 +436,11 @@ def complete(job: Job, site: Site) -> Result:
         if stripped != (job.tres_per_node or ""):
             new_node = stripped
         new_task = _apply(job.tres_per_task, per_task, site, "tres_per_task")
-    else:
+    elif job.tres_per_task:
         stripped = gres.without(gres.parse(job.tres_per_task), per_node)
-        new_task = stripped if stripped != (job.tres_per_task or "") else None
+        new_task = stripped if stripped != job.tres_per_task else None
+    else:
+        new_task = None
     return Result(new_node, new_task, per_node, per_task)
 
 
