@@ -301,7 +301,12 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     # --ntasks-per-core=1 with c > vpus (then each task has its own cores).
     one = cpus(1)
     per_task = None
+    # --threads-per-core (also --hint=compute_bound/nomultithread): Slurm then
+    # may put more tasks on a node than its CPUs / c (seen: -n 5 -N 2 -c 3
+    # --hint=compute_bound on 8-CPU nodes runs 3 tasks on 8 CPUs); a per-task
+    # GRES would forbid that layout, so ask per node.
     linear = (min_cpus_node <= c and not cpus_per_gpu and not mem_per_gpu
+              and not job.threads_per_core
               and not (job.min_cpus and job.min_cpus > job.num_tasks * c))
     rounding_only = linear
     if linear and whole_cores:
