@@ -47,7 +47,8 @@ struct pyk8sres_core {
 	int (*ledger_open)(const char *, const uint32_t *, size_t,
 			   pyk8sres_share_fn, char *, size_t);
 	int (*ledger_prepare)(uint32_t, const char *, int *, char *, size_t);
-	int (*ledger_apply)(int, pyk8sres_facts_fn, pyk8sres_share_fn, char *,
+	int (*ledger_apply)(int, pyk8sres_facts_fn, pyk8sres_share_fn,
+			    pyk8sres_node_name_fn, pyk8sres_stats_fn, char *,
 			    size_t);
 };
 

@@ -33,6 +33,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 #include <stdint.h>
 #include <stddef.h>
@@ -131,10 +132,13 @@ struct want {
 static struct want *wants;
 static int want_count, want_size;
 static pthread_mutex_t sync_lock = PTHREAD_MUTEX_INITIALIZER;
-/* A node whose record proves no rebuild happened since we last looked. */
-static int witness_inx = -1;
-static char *witness_name;
-static uint64_t resyncs;	/* rebuilds seen (debug log) */
+/* A node whose record proves no rebuild happened since we last looked.
+ * Read without sync_lock on the fast path: a torn read only sends the
+ * caller down the locked slow path. */
+static volatile int witness_inx = -1;
+static char witness_name[256];
+static uint64_t resyncs;	/* rebuilds seen */
+static uint64_t checks, check_ns; /* user_update calls and their cost */
 
 static const char *gres_names[2] = { GRES_CPU, GRES_MEM };
 
@@ -198,15 +202,17 @@ static void _core_reconfigure(void)
 		error("%s: %s: %s", plugin_type, __func__, err);
 }
 
-/* The node's GRES record for `name`, or NULL. */
-static gres_node_state_t *_gres_ns(node_record_t *node_ptr, const char *name)
+/* The node's record of GRES g (0 k8scpu, 1 k8smemory), or NULL. */
+static gres_node_state_t *_gres_ns(node_record_t *node_ptr, int g)
 {
-	uint32_t plugin_id = gres_build_id((char *) name);
+	static uint32_t ids[2];
 	gres_state_t *gres_state;
 
+	if (!ids[g])
+		ids[g] = gres_build_id((char *) gres_names[g]);
 	if (!node_ptr || !node_ptr->gres_list ||
 	    !(gres_state = list_find_first(node_ptr->gres_list, gres_find_id,
-					   &plugin_id)))
+					   &ids[g])))
 		return NULL;
 	return gres_state->gres_data;
 }
@@ -234,7 +240,7 @@ static uint64_t _jobs(gres_node_state_t *ns)
  */
 static void _carry(node_record_t *node_ptr, int g, uint64_t want)
 {
-	gres_node_state_t *ns = _gres_ns(node_ptr, gres_names[g]);
+	gres_node_state_t *ns = _gres_ns(node_ptr, g);
 	uint64_t jobs, room, carry;
 
 	if (!ns)
@@ -273,10 +279,12 @@ static bool _intact(void)
 	node_record_t *node_ptr;
 	gres_node_state_t *ns;
 
-	if (witness_inx < 0 || witness_inx >= node_record_count ||
-	    !(node_ptr = node_record_table_ptr[witness_inx]) ||
-	    xstrcmp(node_ptr->name, witness_name) ||
-	    !(ns = _gres_ns(node_ptr, GRES_CPU)))
+	int inx = witness_inx;
+
+	if (inx < 0 || inx >= node_record_count ||
+	    !(node_ptr = node_record_table_ptr[inx]) || !node_ptr->name ||
+	    strncmp(node_ptr->name, witness_name, sizeof(witness_name)) ||
+	    !(ns = _gres_ns(node_ptr, 0)))
 		return false;
 	return ns->topo_gres_cnt_alloc != NULL;
 }
@@ -286,15 +294,17 @@ static void _resync_if_rebuilt(void)
 {
 	node_record_t *node_ptr;
 
+	if (_intact())
+		return; /* the common case: O(1), no lock */
 	slurm_mutex_lock(&sync_lock);
 	if (!_intact()) {
 		witness_inx = -1;
-		xfree(witness_name);
 		for (int i = 0; (node_ptr = next_node(&i)); i++) {
 			_carry_node(node_ptr);
-			if (witness_inx < 0 && _gres_ns(node_ptr, GRES_CPU)) {
+			if (witness_inx < 0 && _gres_ns(node_ptr, 0) &&
+			    strlen(node_ptr->name) < sizeof(witness_name)) {
+				strcpy(witness_name, node_ptr->name);
 				witness_inx = node_ptr->index;
-				witness_name = xstrdup(node_ptr->name);
 			}
 		}
 		if (witness_inx >= 0) {
@@ -313,8 +323,8 @@ static int _facts(const char *name, uint64_t *out)
 	node_record_t *node_ptr = find_node_record((char *) name);
 	gres_node_state_t *cpu, *mem;
 
-	if (!(cpu = _gres_ns(node_ptr, GRES_CPU)) ||
-	    !(mem = _gres_ns(node_ptr, GRES_MEM)))
+	if (!(cpu = _gres_ns(node_ptr, 0)) ||
+	    !(mem = _gres_ns(node_ptr, 1)))
 		return -1;
 	out[0] = cpu->gres_cnt_avail;
 	out[1] = mem->gres_cnt_avail;
@@ -334,6 +344,20 @@ static void _share(const char *name, uint64_t cpu, uint64_t mem)
 	}
 }
 
+static void _stats(uint64_t *out)
+{
+	out[0] = __atomic_load_n(&checks, __ATOMIC_RELAXED);
+	out[1] = __atomic_load_n(&check_ns, __ATOMIC_RELAXED);
+	out[2] = resyncs;
+}
+
+static const char *_node_name(int index)
+{
+	if (index < 0 || index >= node_record_count)
+		return NULL;
+	return node_record_table_ptr[index] ? node_record_table_ptr[index]->name : "";
+}
+
 /* At init (no node table yet): remember only. */
 static void _share_at_load(const char *name, uint64_t cpu, uint64_t mem)
 {
@@ -351,7 +375,7 @@ static void _share_at_load(const char *name, uint64_t cpu, uint64_t mem)
  */
 static int _set_gres(node_record_t *node_ptr, int g, uint64_t count)
 {
-	gres_node_state_t *ns = _gres_ns(node_ptr, gres_names[g]);
+	gres_node_state_t *ns = _gres_ns(node_ptr, g);
 	uint64_t size = count;
 
 	if (ns && _jobs(ns) > count) {
@@ -363,7 +387,7 @@ static int _set_gres(node_record_t *node_ptr, int g, uint64_t count)
 	}
 	gres_node_feature(node_ptr->name, (char *) gres_names[g], size,
 			  &node_ptr->gres, &node_ptr->gres_list);
-	if (!(ns = _gres_ns(node_ptr, gres_names[g]))) {
+	if (!(ns = _gres_ns(node_ptr, g))) {
 		error("%s: %s: node %s has no %s record after setting it",
 		      plugin_type, __func__, node_ptr->name, gres_names[g]);
 		return SLURM_ERROR;
@@ -478,7 +502,8 @@ static void _serve(struct client *c, char *line, char *reply)
 	if (ticket > 0) {
 		lock_slurmctld(write_lock);
 		_resync_if_rebuilt();
-		core.ledger_apply(ticket, _facts, _share, reply, REPLY_BYTES);
+		core.ledger_apply(ticket, _facts, _share, _node_name, _stats,
+				  reply, REPLY_BYTES);
 		unlock_slurmctld(write_lock);
 	}
 	if (!reply[0])
@@ -813,8 +838,17 @@ extern void node_features_p_step_config(bool mem_sort, bitstr_t *numa_bitmap)
  */
 extern bool node_features_p_user_update(uid_t uid)
 {
-	if (ledger_running)
-		_resync_if_rebuilt();
+	struct timespec t0, t1;
+
+	if (!ledger_running)
+		return true;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	_resync_if_rebuilt();
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	__atomic_add_fetch(&checks, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&check_ns, (uint64_t) ((t1.tv_sec - t0.tv_sec) * 1000000000L +
+						 (t1.tv_nsec - t0.tv_nsec)),
+			   __ATOMIC_RELAXED);
 	return true;
 }
 

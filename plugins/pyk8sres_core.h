@@ -117,6 +117,12 @@ int pyk8sres_node_counts(const char *node_name, uint32_t cpus,
  * share, in CPUs and MB. */
 typedef int (*pyk8sres_facts_fn)(const char *node, uint64_t *facts4);
 typedef void (*pyk8sres_share_fn)(const char *node, uint64_t cpu, uint64_t mem);
+/* The name of node `index` in slurmctld's table, "" for an empty slot, NULL
+ * past the end (a `show` of every node). */
+typedef const char *(*pyk8sres_node_name_fn)(int index);
+/* The plugin's counters: scheduling-attempt checks, ns spent in them,
+ * rebuilds of allocations seen (for `show` and bench/bench_ledger.py). */
+typedef void (*pyk8sres_stats_fn)(uint64_t *stats3);
 
 /* Load the journal under `state_dir`; every node's share goes to `share`.
  * `allowed_uids` (n_allowed) may call the ledger besides root.  On success
@@ -132,7 +138,8 @@ int pyk8sres_ledger_prepare(uint32_t uid, const char *line, int *ticket,
 /* Under slurmctld's job+node write locks: decide and apply; the reply line
  * goes to `reply`. */
 int pyk8sres_ledger_apply(int ticket, pyk8sres_facts_fn facts,
-			  pyk8sres_share_fn share, char *reply, size_t replylen);
+			  pyk8sres_share_fn share, pyk8sres_node_name_fn node_name,
+			  pyk8sres_stats_fn stats, char *reply, size_t replylen);
 /* CFFI-END */
 
 /* Plain C in the core library: same contract as pyk8sres_job_submit_py,

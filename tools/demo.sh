@@ -45,13 +45,36 @@ YAML
 run kubectl apply -f "$WORK/web.yaml"
 sleep 2
 run kubectl get genericnode n1
-echo "Slurm's view of n1: what Kubernetes leaves (8 CPUs - ceil(2.735) = 5, 16000 - 3417 MB):"
+echo "Slurm's view of n1: the total stays 8; allocated = the job (3) + the pod's share (ceil(2.735) = 3):"
 run scontrol -d show node n1 | grep -E 'Gres=|GresUsed'
+run pyk8sres ledger show
 
 step "A second 3-CPU job does not fit next to the pod: it pends"
 JOB2=$(sbatch --parsable -w n1 --cpus-per-task=3 --output=/dev/null --wrap "sleep 600")
 sleep 4
 run squeue
+
+step "A pod that does not fit next to Slurm's jobs is refused, naming the node and what Slurm holds"
+cat >"$WORK/big.yaml" <<'YAML'
+apiVersion: v1
+kind: Pod
+metadata: {name: big-0, namespace: default}
+spec:
+  nodeName: n1
+  containers:
+  - name: big
+    image: nginx
+    resources: {requests: {cpu: "4", memory: 1Gi}}
+YAML
+run kubectl apply -f "$WORK/big.yaml" || true
+
+step "Through the scheduler path instead: kube-scheduler sees Slurm's share (placeholder pods) and picks n2"
+echo "(no kube-scheduler binary can be had here: pyk8sres.testbed.scheduler fits and binds as it does)"
+sed -e 's/^  nodeName: n1$//' -e 's/big-0/big-1/' "$WORK/big.yaml" >"$WORK/big-sched.yaml"
+run kubectl apply -f "$WORK/big-sched.yaml"
+run python3 -m pyk8sres.testbed.scheduler --kubeconfig "$KUBECONFIG" --namespace default --seconds 3
+run kubectl get pods -o wide
+run kubectl delete pod big-1 --wait=false
 
 step "The pod goes away: the job starts"
 run kubectl delete pod web-0

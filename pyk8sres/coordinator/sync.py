@@ -53,9 +53,16 @@ class SyncConfig:
     ledger_socket: str | None = None
     reserve_cpus: int | None = None
     reserve_memory_mb: int | None = None
-    node_key: str = "pyk8sres.io/slurm-node"   # annotation/label naming the Slurm node
-    map_by_name: bool = True                    # else only the annotation/label maps
-    slurm_worker_selector: str = "pyk8sres.io/slurm-worker=true"  # pods that ARE Slurm
+    # Node mapping, admin-owned only: node_map (here), else the node label
+    # node_key (must be under node-restriction.kubernetes.io/: kubelets cannot
+    # set it), else the same name (map_by_name).  Annotations are never read.
+    node_key: str = U.NODE_LABEL
+    node_map: dict = dataclasses.field(default_factory=dict)   # k8s node -> Slurm node
+    map_by_name: bool = True
+    # Pods that hold nothing (Slurm's own workers): "namespace" or
+    # "namespace/serviceaccount" entries.  Nothing a pod creator sets counts.
+    slurm_workers: list = dataclasses.field(default_factory=list)
+    placeholder_namespace: str = "pyk8sres-system"  # where slurm-share-<node> pods live
     cluster_name: str | None = None             # GenericNode spec.clusterName; None: Slurm's
     resync_seconds: float = 1.0     # compare desired vs Slurm even without events
     repair_seconds: float = 30.0    # re-send every node's share even if unchanged
@@ -102,7 +109,19 @@ def load_config(path: str | None, base: SyncConfig | None = None) -> SyncConfig:
         if not isinstance(v, want) or (want is int and isinstance(v, bool)):
             raise ConfigError(f"{path}: {k} must be {want.__name__}, not {v!r}")
         values[name] = v
-    return dataclasses.replace(cfg, **values)
+    out = dataclasses.replace(cfg, **values)
+    try:
+        U.check_node_label(out.node_key)
+        exemptions_of(out)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in out.node_map.items()):
+        raise ConfigError(f"{path}: node_map maps Kubernetes node names to Slurm node names (strings)")
+    return out
+
+
+def exemptions_of(cfg: SyncConfig) -> U.Exemptions:
+    return U.exemptions(cfg.slurm_workers, cfg.placeholder_namespace)
 
 
 def fill_from_slurm_conf(cfg: SyncConfig) -> SyncConfig:
@@ -136,8 +155,8 @@ class Cache:
 
     KINDS = ("pods", "nodes")
 
-    def __init__(self, worker_selector: str = "", node_key: str = "pyk8sres.io/slurm-node"):
-        self.terms = U.parse_selector(worker_selector)
+    def __init__(self, exempt: U.Exemptions = U.Exemptions(), node_key: str = U.NODE_LABEL):
+        self.exempt = exempt
         self.node_key = node_key
         self.lock = threading.Lock()
         self.pods: dict[str, U.PodUsage] = {}
@@ -157,14 +176,13 @@ class Cache:
     def _slim_node(self, obj: Mapping) -> dict:
         m = obj.get("metadata") or {}
         slim = {"name": m.get("name")}
-        for part in ("annotations", "labels"):
-            v = (m.get(part) or {}).get(self.node_key)
-            if v is not None:
-                slim[part] = {self.node_key: v}
+        v = (m.get("labels") or {}).get(self.node_key)
+        if v is not None:
+            slim["labels"] = {self.node_key: v}
         return {"metadata": slim}
 
     def _pod(self, obj: Mapping) -> U.PodUsage | None:
-        pu = U.pod_usage(obj, self.terms)
+        pu = U.pod_usage(obj, self.exempt)
         if pu is not None and pu.error:
             old = self.pods.get(self._key(obj))
             if old is None or old.error != pu.error:
@@ -306,7 +324,7 @@ class Reconciler:
         k8s_usage, knodes, healthy = self.cache.snapshot()
         d = U.desired_state(
             k8s_usage, knodes, slurm_nodes, {}, (), healthy,
-            key=self.cfg.node_key, map_by_name=self.cfg.map_by_name,
+            key=self.cfg.node_key, map_by_name=self.cfg.map_by_name, node_map=self.cfg.node_map,
             reserve_cpu=self.cfg.reserve_cpus or 0,
             reserve_memory_mb=self.cfg.reserve_memory_mb or 0)
         self._warn_new(d.warnings)
@@ -400,12 +418,12 @@ class Reconciler:
             if n is not None:
                 u = d.usage.get(s) or U.NodeUsage()
                 inputs[k] = (s, n.cpus, n.real_memory, n.alloc_cpus, n.alloc_memory,
-                             u.cpu, u.memory, self.cluster)
+                             u.cpu, u.memory, self.cluster, self.oversubscribed.get(s, False))
         for name, key in sorted(inputs.items()):
             if self.gn_inputs.get(name) == key and name in self.gn_written:
                 continue
             spec, status = U.generic_node_body(name, by_name[key[0]], d.usage.get(key[0]),
-                                               self.cluster)
+                                               self.cluster, oversubscribed=key[-1])
             old = self.gn_written.get(name)
             if old == (spec, status):
                 self.gn_inputs[name] = key
@@ -471,7 +489,7 @@ class GenericNodeWriter(threading.Thread):
 
 def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False) -> int:
     from .kube import Informer
-    cache = Cache(cfg.slurm_worker_selector, cfg.node_key)
+    cache = Cache(exemptions_of(cfg), cfg.node_key)
     rec = Reconciler(cfg, cache, slurm, kube,
                      ledger=slurm.Ledger(cfg.ledger_socket, timeout=cfg.request_timeout))
     if once:

@@ -296,14 +296,26 @@ def bind(ffi, lib) -> None:
         return OK
 
     @ffi.def_extern(error=INTERNAL_ERROR)
-    def pyk8sres_ledger_apply(ticket, facts_fn, share, reply, replylen):
+    def pyk8sres_ledger_apply(ticket, facts_fn, share, node_name, stats_fn, reply, replylen):
         from ..policy.ledger import Facts
         out = ffi.new("uint64_t[4]")
 
         def facts(node: str):
             return Facts(*out) if facts_fn(node.encode(), out) == 0 else None
+
+        def names():
+            i = 0
+            while (name := node_name(i)) != ffi.NULL:
+                if name[0] != b"\0":
+                    yield ffi.string(name).decode()
+                i += 1
+        def stats():
+            counters = ffi.new("uint64_t[3]")
+            stats_fn(counters)
+            return {"checks": counters[0], "check_ns": counters[1], "rebuilds": counters[2]}
         try:
-            answer = _ledger.apply(ticket, facts, lambda n, c, m: share(n.encode(), c, m))
+            answer = _ledger.apply(ticket, facts, lambda n, c, m: share(n.encode(), c, m),
+                                   names, stats)
         except BaseException as exc:
             log.exception("node_features/k8s_resources: ledger request failed")
             answer = _internal(exc)

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..policy.ledger import (Entry, Facts, Request, RequestError, decide, node_view,
                              parse_request, share_units)
@@ -152,31 +152,39 @@ class Ledger:
             return 0, {"ok": False, "code": "denied", "error": (
                 f"uid {uid} may not use the ledger (root, SlurmUser and LedgerUsers= in "
                 "k8s_resources.conf may)")}
+        now = self.clock()
         if req.op != "show":
             if self.lines >= COMPACT_AFTER:
                 self._compact()
-            self._append({"t": self.clock(), **_as_doc(req)}, sync=True)
+            self._append({"t": now, **_as_doc(req)}, sync=True)
         ticket = self._next_ticket
         self._next_ticket += 1
-        self._tickets[ticket] = req
+        self._tickets[ticket] = (req, now)   # decided at the journaled time: replay agrees
         return ticket, None
 
-    def apply(self, ticket: int, facts: FactsFn, set_share: ShareFn) -> dict:
-        """Under slurmctld's locks: decide, and hand changed shares to C."""
-        req = self._tickets.pop(ticket)
+    def apply(self, ticket: int, facts: FactsFn, set_share: ShareFn,
+              node_names: Callable[[], Iterable[str]] = tuple,
+              stats: Callable[[], dict] = dict) -> dict:
+        """Under slurmctld's locks: decide, and hand changed shares to C.
+        `node_names` lists slurmctld's nodes and `stats` the plugin's
+        counters (for a `show` of all of them)."""
+        req, now = self._tickets.pop(ticket)
         if req.op == "show":
-            names = [req.node] if req.node else sorted(self.nodes)
-            return {"ok": True, "nodes": {n: node_view(self.nodes.get(n, {}), facts(n),
-                                                       with_entries=bool(req.node))
-                                          for n in names}}
+            names = [req.node] if req.node else sorted({*self.nodes, *node_names()})
+            reply = {"ok": True, "nodes": {n: node_view(self.nodes.get(n, {}), facts(n),
+                                                        with_entries=bool(req.node))
+                                           for n in names}}
+            if not req.node:
+                reply["plugin"] = stats()
+            return reply
         entries = self.nodes.get(req.node, {})
-        new, reply = decide(entries, req, facts(req.node), self.clock())
+        new, reply = decide(entries, req, facts(req.node), now)
         if new is not None:
             self._store(req.node, new)
             set_share(req.node, *share_units(new))
         elif not reply["ok"] and req.op == "reserve":
             old = entries.get(req.key)
-            self._append({"t": self.clock(), "op": "undo", "node": req.node, "key": req.key,
+            self._append({"t": now, "op": "undo", "node": req.node, "key": req.key,
                           "entry": list(old) if old else None}, sync=False)
         if reply.get("oversubscribed"):
             log.error("node_features/k8s_resources: node %s: pods hold more than Slurm jobs "

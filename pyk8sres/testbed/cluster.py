@@ -73,8 +73,8 @@ def topology(cpus: int, sockets: int | None = None, cores_per_socket: int | None
 
 def slurm_conf_text(work: str, *, nodes: int, cpus: int, memory: int, base_port: int,
                     node_features: bool, def_mem_per_cpu: int, plugin_dir: str,
-                    extra: str = "", layout: str = "", job_submit: bool = True,
-                    partitions: str | None = None) -> str:
+                    extra: str = "", slurm_user: str = "root", layout: str = "",
+                    job_submit: bool = True, partitions: str | None = None) -> str:
     host = socket.gethostname()
     last = base_port + nodes
     gres = "" if node_features else f" Gres=k8scpu:{cpus},k8smemory:{memory}"
@@ -91,7 +91,7 @@ def slurm_conf_text(work: str, *, nodes: int, cpus: int, memory: int, base_port:
 ClusterName=pyk8sres
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={base_port}
-SlurmUser=root
+SlurmUser={slurm_user}
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
@@ -298,6 +298,25 @@ def _mkdir(path: str, mode: int) -> None:
     os.chmod(path, mode)
 
 
+def _hand_to(work: str, user: str) -> None:
+    """What a non-root slurmctld writes becomes that user's (state, logs,
+    pid files); the munge socket's directory becomes traversable (the key
+    stays root's, 0400).  Everything else stays root's and read-only."""
+    import pwd
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise ClusterError(f"SlurmUser {user} does not exist (Debian's slurm packages "
+                           "create `slurm`)") from None
+    for sub in ("state", "log", "run"):
+        os.chown(os.path.join(work, sub), pw.pw_uid, pw.pw_gid)
+    os.chmod(os.path.join(work, "munge"), 0o711)
+    blocked = install.unreadable_by_others(os.path.join(work, "etc", "slurm.conf"))
+    if blocked:
+        raise ClusterError(f"{blocked} cannot be entered by {user}: use a work directory "
+                           "others can traverse")
+
+
 def _write(path: str, text: str, mode: int = 0o644) -> None:
     with open(path, "w") as f:
         f.write(text)
@@ -307,6 +326,7 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
 def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_port: int = 17000,
        node_features: bool | None = None, def_mem_per_cpu: int = 100, extra_conf: str = "",
        k8s_conf: str = "", synced: bool = False, slurmd: bool = True,
+       slurm_user: str = "root", plugin_lib: str | None = None,
        sockets: int | None = None, cores_per_socket: int | None = None,
        threads_per_core: int | None = None, job_submit: bool = True,
        partitions: str | None = None) -> Cluster:
@@ -314,6 +334,10 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
 
     slurmd=False starts only munged and slurmctld: nodes then exist in
     slurm.conf alone (enough for GRES updates; benchmarks use thousands).
+    slurm_user: SlurmUser, as real sites run slurmctld (Debian: `slurm`);
+    slurmctld then owns only its state, log and pid files, and everything it
+    loads (plugin_lib: a pyk8sres build that user can read) must be readable
+    by it.  slurmd and munged stay root.
     sockets/cores_per_socket/threads_per_core lay the `cpus` out like real
     (e.g. SMT) hardware; job_submit=False leaves our job_submit plugin out
     (plain Slurm, for comparisons); `partitions` replaces the one default
@@ -349,16 +373,19 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
         with os.fdopen(fd, "wb") as f:
             f.write(secrets.token_bytes(1024))
 
-    install.install_plugins(os.path.join(work, "plugins"))
+    install.install_plugins(os.path.join(work, "plugins"),
+                            **({"lib_dir": plugin_lib} if plugin_lib else {}))
     _write(cluster.conf, slurm_conf_text(work, nodes=nodes, cpus=cpus, memory=memory,
                                          base_port=base_port, node_features=node_features,
                                          def_mem_per_cpu=def_mem_per_cpu,
                                          plugin_dir=slurm_plugin_dir(), extra=extra_conf,
-                                         layout=layout, job_submit=job_submit,
-                                         partitions=partitions))
+                                         slurm_user=slurm_user, layout=layout,
+                                         job_submit=job_submit, partitions=partitions))
     _write(os.path.join(work, "etc", "gres.conf"), GRES_CONF)
     _write(os.path.join(work, "etc", "k8s_resources.conf"),
            "# pyk8sres (slurm-conf/k8s_resources.conf); the ledger lives in state/\n" + k8s_conf)
+    if slurm_user != "root":
+        _hand_to(work, slurm_user)
 
     try:
         cluster.start_munged()

@@ -147,20 +147,6 @@ class Side:
         self.job = None
 
 
-def _use_baseline(handle: cluster.Cluster, lib: str) -> None:
-    """Swap in another build's job_submit plugin and core, then restart slurmctld."""
-    plugins = os.path.join(handle.work, "plugins")
-    name = "job_submit_k8s_resource_completion.so"
-    tmp = os.path.join(plugins, ".baseline")
-    subprocess.run(["cp", os.path.join(lib, name), tmp], check=True)
-    os.replace(tmp, os.path.join(plugins, name))
-    core = os.path.join(plugins, "libpyk8sres_core.so")
-    os.unlink(core)
-    os.symlink(os.path.join(lib, "libpyk8sres_core.so"), core)
-    handle.restart_slurmctld()
-    handle.wait_nodes_idle(cluster.node_names(NODES))
-
-
 @pytest.fixture(scope="module", params=sorted(TOPOLOGIES))
 def pair(request, tmp_path_factory):
     topology = request.param
@@ -171,12 +157,12 @@ def pair(request, tmp_path_factory):
         for i, with_plugin in enumerate((True, False)):
             work = str(tmp_path_factory.mktemp(f"diff-{topology}-{'ours' if with_plugin else 'plain'}"))
             works.append(work)
+            baseline = os.environ.get("PYK8SRES_DIFF_BASELINE") if with_plugin else None
             handle = cluster.up(work, nodes=NODES, cpus=CPUS, memory=MEMORY,
                                 base_port=base + i * (NODES + 1), node_features=False,
                                 def_mem_per_cpu=100, job_submit=with_plugin,
-                                partitions=PARTITIONS, **TOPOLOGIES[topology])
-            if with_plugin and os.environ.get("PYK8SRES_DIFF_BASELINE"):
-                _use_baseline(handle, os.environ["PYK8SRES_DIFF_BASELINE"])
+                                partitions=PARTITIONS, plugin_lib=baseline,
+                                **TOPOLOGIES[topology])
             sides.append(Side(handle))
         yield topology, sides[0], sides[1], tmp_path_factory.getbasetemp()
     finally:

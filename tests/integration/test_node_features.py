@@ -177,6 +177,9 @@ def _events(c):
     yield "partition delete", lambda: sh(c, "scontrol", "delete", "PartitionName=extra")
     yield "setdebugflags", lambda: (sh(c, "scontrol", "setdebugflags", "+gres"),
                                     sh(c, "scontrol", "setdebugflags", "-gres"))
+    yield "dynamic node create", lambda: sh(c, "scontrol", "create", "NodeName=d1", "CPUs=1",
+                                            "RealMemory=100", "State=FUTURE")
+    yield "dynamic node delete", lambda: sh(c, "scontrol", "delete", "NodeName=d1")
     yield "reconfigure", lambda: sh(c, "scontrol", "reconfigure")
     yield "slurmctld restart", c.restart_slurmctld
     yield "slurmctld kill -9", lambda: _kill9_slurmctld(c)
@@ -289,3 +292,64 @@ def test_node_features_stay_as_configured(c):
         assert "k8s_resources_managed" not in n.get("ActiveFeatures", ""), n
 
 
+
+
+def test_job_larger_than_what_pods_leave_everywhere_pends_not_refused(c):
+    for name in ("n1", "n2"):
+        hold(c, name, 3, 1000)
+    out = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-x", "n3", "-o", "/dev/null",
+                          "--gres=k8scpu:2,k8smemory:100", "-c", "2", "--mem=100",
+                          "--wrap", "sleep 600"], capture_output=True, text=True, env=c.env)
+    assert out.returncode == 0, out.stderr       # before the ledger: refused at submit
+    job = out.stdout.strip()
+    wait_for(lambda: job_state(c, job) == ("PENDING", "Resources"), "pending on Resources")
+    hold(c, "n2", 0, 0)
+    wait_for(lambda: job_state(c, job)[0] == "RUNNING", "starts where the pods left")
+    sh(c, "scancel", job)
+    hold(c, "n1", 0, 0)
+
+
+def _cpus_on(c, job: str) -> dict:
+    """Ground truth: CPUs Slurm allocated the job per node (scontrol -d show job)."""
+    out = sh(c, "scontrol", "-d", "show", "job", job)
+    per_node = {}
+    for nodes, ids in re.findall(r"Nodes=(\S+) CPU_IDs=(\S+)", out):
+        count = sum(int(b) - int(a) + 1 if "-" in part else 1
+                    for part in ids.split(",") for a, _, b in [part.partition("-")])
+        per_node[nodes] = count
+    return per_node
+
+
+def test_reserve_raced_against_job_starts_never_overlaps(c):
+    """A job needing 3 of n1's 4 CPUs and a pod needing 2 arrive together,
+    120 times: exactly one of them gets the node, checked from what
+    Slurm allocated (scontrol -d show job) and what the ledger holds."""
+    import random
+    import threading
+    rnd = random.Random(5)
+    l = ledger(c)
+    outcomes = {"job": 0, "pod": 0}
+
+    def race(i, delay, replies):
+        time.sleep(delay)       # sbatch takes ~100-300 ms to reach slurmctld
+        replies["r"] = ledger(c).reserve("n1", f"race-{i}", 2000, 100 << 20)
+    for i in range(120):
+        replies = {}
+        reserve = threading.Thread(target=race, args=(i, rnd.uniform(0, 0.6), replies))
+        reserve.start()
+        job = submit(c, "n1", 3, 100)
+        reserve.join()
+        wait_for(lambda: job_state(c, job)[0] in ("RUNNING", "PENDING"), "job settled")
+        time.sleep(0.05)
+        running = job_state(c, job)[0] == "RUNNING"
+        job_cpus = _cpus_on(c, job).get("n1", 0) if running else 0
+        share = l.show("n1")["nodes"]["n1"]["share"]["cpu"]
+        assert job_cpus + share <= CPUS, (i, job_cpus, share, replies)
+        assert running != replies["r"]["ok"], (i, running, replies)
+        outcomes["job" if running else "pod"] += 1
+        sh(c, "scancel", job)
+        l.release("n1", f"race-{i}")
+        wait_for(lambda: job_state(c, job)[0] in ("GONE", "CANCELLED", "COMPLETED"), "job gone")
+        wait_for(lambda: gres(node(c, "n1")["GresUsed"]).get("k8scpu") == 0, "n1 free again")
+    print(f"race outcomes over 120 rounds: {outcomes}")
+    assert min(outcomes.values()) >= 5, outcomes   # both sides really won races

@@ -114,8 +114,13 @@ class Daemon:
         self.log = f"{slurm.work}/log/sync.log"
 
     def start(self):
+        # The admin's configuration: only namespace "slurm-workers" holds
+        # Slurm's own worker pods (issue 8 item 9: nothing else exempts a pod).
+        conf = f"{self.slurm.work}/sync.toml"
+        with open(conf, "w") as f:
+            f.write('slurm_workers = ["slurm-workers"]\n')
         cmd = [sys.executable, "-m", "pyk8sres.coordinator.sync", "--kubeconfig", self.api.kubeconfig,
-               "--resync", "0.5", "--log-level", "DEBUG"]
+               "--config", conf, "--resync", "0.5", "--log-level", "DEBUG"]
         env = dict(self.slurm.env)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -166,26 +171,35 @@ def wait_for(pred, timeout=15.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
-def k8s_node(api, name, slurm_node=None):
-    meta = {"name": name}
+def k8s_node(api, name, slurm_node=None, annotations=None):
+    from pyk8sres.policy.usage import NODE_LABEL
+    meta = {"name": name, "annotations": annotations or {}}
     if slurm_node:
-        meta["annotations"] = {"pyk8sres.io/slurm-node": slurm_node}
+        meta["labels"] = {NODE_LABEL: slurm_node}   # admin-only label
     api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": meta,
                           "status": {"capacity": {"cpu": str(NODE_CPUS),
                                                   "memory": f"{NODE_MEM}Mi"}}},
                           _preload_content=False).release_conn()
 
 
-def bound_pod(api, node, cpu, mem, name=None, labels=None, ns="default"):
+def bound_pod(api, node, cpu, mem, name=None, labels=None, ns="default", annotations=None):
     name = name or f"p-{uuid.uuid4().hex[:8]}"
     api.core.create_namespaced_pod(ns, {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {}},
+        "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
         "spec": {"nodeName": node, "containers": [{
             "name": "c", "image": "busybox",
             "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}},
         _preload_content=False).release_conn()
     return name
+
+
+def ensure_namespace(api, name):
+    try:
+        api.core.create_namespace({"metadata": {"name": name}}, _preload_content=False).release_conn()
+    except ApiException as e:
+        if e.status != 409:
+            raise
 
 
 def _delete_pod(api, name, ns="default"):
@@ -275,7 +289,8 @@ def test_reference_walkthrough(slurm, api, daemon):
 
 def test_terminal_unbound_and_worker_pods_do_not_count(slurm, api, daemon):
     k8s_node(api, "n1")
-    bound_pod(api, "n1", "1", "1000Mi", labels={"pyk8sres.io/slurm-worker": "true"})
+    ensure_namespace(api, "slurm-workers")
+    bound_pod(api, "n1", "1", "1000Mi", ns="slurm-workers")    # the admin named it
     api.core.create_namespaced_pod("default", {
         "metadata": {"name": "unbound"},
         "spec": {"containers": [{"name": "c", "image": "x",
@@ -292,8 +307,26 @@ def test_terminal_unbound_and_worker_pods_do_not_count(slurm, api, daemon):
     wait_used(slurm, (0, 0))
 
 
+def test_no_self_service_exemption(slurm, api, daemon):
+    """Issue 8 item 9, as a user would try it: labels, annotations and names a
+    pod creator writes exempt nothing; an annotation on a Node (its kubelet
+    can write one) redirects nothing."""
+    k8s_node(api, "n1", annotations={"pyk8sres.io/slurm-node": "n2"})
+    bound_pod(api, "n1", "1", "100Mi", labels={"pyk8sres.io/slurm-worker": "true"})
+    bound_pod(api, "n1", "1", "100Mi", annotations={"pyk8sres.io/slurm-worker": "true"})
+    bound_pod(api, "n1", "1", "100Mi", name="slurm-share-n1")       # a placeholder's name
+    bound_pod(api, "n1", "1", "100Mi", ns="kube-system")
+    wait_used(slurm, (4, 400), node="n1")
+    wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "4", "memory": "400Mi"})
+    assert generic_node(api, "n1")["spec"]["alias"] == "n1"    # not redirected to n2
+    assert used(slurm, "n2") == (0, 0)                          # n2 untouched
+    for p in api.core.list_pod_for_all_namespaces().items:
+        _delete_pod(api, p.metadata.name, p.metadata.namespace)
+    wait_used(slurm, (0, 0), node="n1")      # the next test starts from an empty node
+
+
 def test_mapping_and_unmapped_nodes(slurm, api, daemon):
-    k8s_node(api, "k8s-worker-a", slurm_node="n2")     # mapped by annotation
+    k8s_node(api, "k8s-worker-a", slurm_node="n2")     # mapped by the admin-only label
     k8s_node(api, "kx")                                 # no Slurm node: ignored
     bound_pod(api, "k8s-worker-a", "2", "2000Mi")
     bound_pod(api, "kx", "6", "6000Mi")
@@ -430,3 +463,25 @@ def test_once(slurm, api, tmp_path):
     finally:
         _delete_pod(api, p)
         api.core.delete_node("n1", _preload_content=False).release_conn()
+
+
+def test_pods_beyond_what_jobs_leave_are_clamped_and_reported(slurm, api, daemon):
+    """A pod bound without admission onto a node Slurm jobs fill: Slurm's
+    accounting stays within the total (allocated <= total), no new job
+    starts there, and GenericNode and the log say so loudly."""
+    k8s_node(api, "n1")
+    job = sbatch(slurm, "-c", "6", "--mem=1000")
+    wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "job running")
+    pod = bound_pod(api, "n1", "4", "1000Mi")          # 6 + 4 > 8
+
+    def condition():
+        conds = generic_node(api, "n1").get("status", {}).get("conditions", [])
+        return {c["type"]: c["status"] for c in conds}.get("Oversubscribed")
+    wait_for(lambda: condition() == "True", what="Oversubscribed condition")
+    wait_used(slurm, (8, 2000))                        # clamped: 6 (job) + 2 of the pod's 4
+    small = sbatch(slurm, "-c", "1", "--mem=100")
+    wait_for(lambda: job_state(slurm, small) == ("PENDING", "Resources"), 20, "new job pends")
+    assert "oversubscribed" in daemon.log_text()
+    _delete_pod(api, pod)
+    wait_for(lambda: condition() == "False", what="condition cleared")
+    wait_for(lambda: job_state(slurm, small)[0] == "RUNNING", 30, "the job starts")

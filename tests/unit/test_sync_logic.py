@@ -80,8 +80,8 @@ class SlurmWorld:
         return facts.capacity_cpu - share[0], facts.capacity_mem - share[1]
 
 
-def pod(name, node, cpu="1", mem="1Gi", phase="Running", labels=None):
-    return {"metadata": {"name": name, "namespace": "ns", "labels": labels or {},
+def pod(name, node, cpu="1", mem="1Gi", phase="Running", labels=None, ns="ns"):
+    return {"metadata": {"name": name, "namespace": ns, "labels": labels or {},
                          "resourceVersion": "1", "uid": f"uid-{name}"},
             "spec": {"nodeName": node,
                      "containers": [{"name": "c", "resources": {
@@ -89,15 +89,15 @@ def pod(name, node, cpu="1", mem="1Gi", phase="Running", labels=None):
             "status": {"phase": phase}}
 
 
-def knode(name, **annotations):
-    return {"metadata": {"name": name, "annotations": annotations, "labels": {"x": "y"}}}
+def knode(name, **labels):
+    return {"metadata": {"name": name, "annotations": {}, "labels": {"x": "y", **labels}}}
 
 
 @pytest.fixture
 def world(tmp_path):
     slurm = SlurmWorld(str(tmp_path), "n1", "n2", "n3")
     cfg = sync.SyncConfig(ledger_socket="unused", reserve_cpus=0, reserve_memory_mb=0)
-    cache = sync.Cache(cfg.slurm_worker_selector, cfg.node_key)
+    cache = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
     cache.replace("nodes", [knode("n1"), knode("k8s-b", **{cfg.node_key: "n2"})])
     cache.replace("pods", [])
     rec = sync.Reconciler(cfg, cache, slurm, ledger=slurm.ledger)
@@ -107,7 +107,7 @@ def world(tmp_path):
 # ----------------------------------------------------------------- cache
 
 def test_cache_tracks_watch_events():
-    c = sync.Cache("pyk8sres.io/slurm-worker=true")
+    c = sync.Cache(U.exemptions(["slurm"]))
     c.replace("pods", [pod("a", "n1"), pod("u", None), pod("done", "n1", phase="Succeeded")])
     c.replace("nodes", [])
     assert set(c.pods) == {"ns/a"}
@@ -117,7 +117,10 @@ def test_cache_tracks_watch_events():
     c.event("pods", "ADDED", pod("b", "n1", cpu="2"))
     assert c.changed.is_set() and c.pods["ns/b"].cpu == 2 * 10**9
     c.event("pods", "MODIFIED", pod("b", "n1", phase="Failed"))
-    c.event("pods", "ADDED", pod("w", "n1", labels={"pyk8sres.io/slurm-worker": "true"}))
+    c.event("pods", "ADDED", pod("w", "n1", ns="slurm"))
+    c.event("pods", "ADDED", pod("l", "n1", labels={"pyk8sres.io/slurm-worker": "true"}))
+    assert c.pods["ns/l"].cpu == 10**9       # a label exempts nothing
+    c.event("pods", "DELETED", pod("l", "n1"))
     c.event("pods", "DELETED", pod("a", "n1"))
     usage, nodes, healthy = c.snapshot()
     assert usage == {} and c.pods == {} and healthy
@@ -147,7 +150,7 @@ def test_cache_keeps_only_mapping_fields_of_nodes():
 
 def test_desired_state_table():
     nodes = [SNode("n1"), SNode("n2"), SNode("n3"), SNode("n4")]
-    knodes = {"n1": knode("n1"), "k8s-b": knode("k8s-b", **{"pyk8sres.io/slurm-node": "n2"}),
+    knodes = {"n1": knode("n1"), "k8s-b": knode("k8s-b", **{U.NODE_LABEL: "n2"}),
               "kx": knode("kx")}
     pods = [U.PodUsage("n1", N(1735, 1000), 2393 * MI),
             U.PodUsage("k8s-b", N(1), 1000 * MI),
@@ -267,15 +270,23 @@ def test_slurm_down_is_survivable(world):
 
 def test_config_file(tmp_path):
     p = tmp_path / "sync.toml"
-    p.write_text('resync_seconds = 2\nnode-key = "example.com/slurm"\nreserve_cpus = 1\n')
+    p.write_text('resync_seconds = 2\nnode-key = "example.node-restriction.kubernetes.io/slurm"\n'
+                 'reserve_cpus = 1\nslurm_workers = ["slurm", "hpc/slurmd"]\n'
+                 '[node_map]\nk8s-a = "n1"\n')
     cfg = sync.load_config(str(p))
-    assert (cfg.resync_seconds, cfg.node_key, cfg.reserve_cpus) == (2.0, "example.com/slurm", 1)
+    assert (cfg.resync_seconds, cfg.node_key, cfg.reserve_cpus) == (
+        2.0, "example.node-restriction.kubernetes.io/slurm", 1)
+    assert cfg.node_map == {"k8s-a": "n1"}
+    assert sync.exemptions_of(cfg).worker_service_accounts == {("hpc", "slurmd")}
     p.write_text('[sync]\nmap_by_name = false\n')
     assert sync.load_config(str(p)).map_by_name is False
 
 
 @pytest.mark.parametrize("text", ['resync_secs = 1\n', 'map_by_name = "yes"\n',
-                                  'reserve_cpus = true\n', 'x = \n'])
+                                  'reserve_cpus = true\n', 'x = \n',
+                                  'node_key = "pyk8sres.io/slurm-node"\n',   # kubelet-writable
+                                  'slurm_workers = "slurm"\n', 'slurm_workers = ["a/b/c"]\n',
+                                  'slurm_worker_selector = "a=b"\n'])
 def test_config_rejects(tmp_path, text):
     p = tmp_path / "sync.toml"
     p.write_text(text)
@@ -293,7 +304,7 @@ def test_cache_sums_match_a_full_recount():
     random adds, modifies, moves, terminal phases, bad data and deletes."""
     import random
     rnd = random.Random(7)
-    c = sync.Cache("pyk8sres.io/slurm-worker=true")
+    c = sync.Cache(U.exemptions(["slurm"]))
     c.replace("pods", [])
     c.replace("nodes", [])
     for _ in range(2000):
