@@ -6,9 +6,12 @@ In one run, on one local cluster, over the same submissions:
   none  - bench_timer,bench_timer (the baseline: nothing between the stamps)
   ours  - our plugin (embedded Python, C-side memo of Python's answers)
   lua   - Slurm's job_submit/lua running the same completion (bench/job_submit.lua)
-Two workloads: "mixed" cycles through a few common job shapes (what a real
+Three workloads: "mixed" cycles through a few common job shapes (what a real
 queue sees: most submissions repeat a shape), "unique" gives every
-submission a shape never seen before (every call goes into Python / Lua).
+submission a shape never seen before (every call goes into Python / Lua),
+"stream" replays a realistic stream (fixed seed): campaigns that repeat one
+shape a heavy-tailed number of times, arrays of varying size, -n drawn from
+a heavy-tailed (Pareto) distribution.
 Optionally with a big queue of held jobs (--queue 10000): job_submit/lua
 rebuilds a table of all jobs before its calls.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -33,6 +37,28 @@ MIXED = [["-c", "1"], ["-c", "2"], ["-c", "4", "--mem=2000"], ["-n", "4"],
          ["-N", "2", "--ntasks-per-node=2"], ["-c", "2", "--mem-per-cpu=300"],
          ["-n", "2", "-c", "2"], []]
 GOAL_MEDIAN_US, GOAL_P99_US = 30.0, 200.0
+NODES, CPUS = 2, 8
+
+
+def stream_shapes(count: int, seed: int = 7) -> list[list[str]]:
+    """Campaigns of one shape (heavy-tailed length), some of them arrays;
+    -n heavy-tailed (mostly 1-3 tasks, sometimes the whole cluster)."""
+    rng = random.Random(seed)
+    out: list[list[str]] = []
+    while len(out) < count:
+        c = rng.choice([1, 1, 1, 2, 4, 8])
+        n = max(1, min(int(rng.paretovariate(1.1)), NODES * CPUS // c))
+        shape = [f"-n{n}", f"-c{c}"]
+        memory = rng.random()
+        if memory < 0.3:
+            shape.append(f"--mem-per-cpu={rng.choice([500, 1000, 1500])}")
+        elif memory < 0.5:
+            shape.append(f"--mem={rng.randrange(500, 8000, 250)}")
+        if rng.random() < 0.25:
+            shape.append(f"--array=0-{min(int(rng.paretovariate(1.0) * 5), 500)}")
+        campaign = min(int(rng.paretovariate(1.0)), 100)
+        out += [shape] * campaign
+    return out[:count]
 
 
 def build_timer(plugin_dir: str) -> None:
@@ -82,7 +108,8 @@ def summary(values: list[float]) -> dict:
 
 def run(jobs: int, queue: int, port: int) -> int:
     work = tempfile.mkdtemp(prefix="pyk8sres-bench-")
-    c = cluster.up(work, nodes=2, cpus=8, memory=16000, base_port=port, node_features=False)
+    c = cluster.up(work, nodes=NODES, cpus=CPUS, memory=16000, base_port=port,
+                   node_features=False)
     try:
         build_timer(os.path.join(work, "plugins"))
         shutil.copy(os.path.join(HERE, "job_submit.lua"), os.path.join(work, "etc"))
@@ -93,12 +120,14 @@ def run(jobs: int, queue: int, port: int) -> int:
                    "ours": "bench_timer,k8s_resource_completion,bench_timer",
                    "lua": "bench_timer,lua,bench_timer"}
         results = {}
-        for workload in ("mixed", "unique"):
+        stream = stream_shapes(jobs)
+        for workload in ("mixed", "unique", "stream"):
             for name, plugins in configs.items():
                 timer_file = os.path.join(work, f"t-{name}-{workload}.txt")
                 use_plugins(c, plugins, timer_file)
                 for i in range(jobs):
                     opts = MIXED[i % len(MIXED)] if workload == "mixed" else \
+                        stream[i] if workload == "stream" else \
                         ["-c", str(1 + i % 4), f"--mem={1000 + i}"]
                     submit(c, opts)
                 time.sleep(0.2)
@@ -114,7 +143,7 @@ def run(jobs: int, queue: int, port: int) -> int:
         print(f"{workload:8} {name:6} {s['n']:>6} {s['median']:>9.1f} {s['p99']:>9.1f} "
               f"{s['mean']:>9.1f} {s['max']:>9.1f}")
     ok = True
-    for workload in ("mixed", "unique"):
+    for workload in ("mixed", "unique", "stream"):
         base = results[("none", workload)]
         ours, lua = results[("ours", workload)], results[("lua", workload)]
         add_med, add_p99 = ours["median"] - base["median"], ours["p99"] - base["p99"]
@@ -124,10 +153,14 @@ def run(jobs: int, queue: int, port: int) -> int:
               f"p99 {ours['p99'] / lua['p99']:.2f}, mean {ours['mean'] / lua['mean']:.2f}")
         if workload == "mixed":
             met = add_med <= GOAL_MEDIAN_US and add_p99 <= GOAL_P99_US and \
-                ours["median"] < lua["median"]
+                ours["median"] <= 0.2 * lua["median"]
             print(f"[{workload}] goal (<= {GOAL_MEDIAN_US:.0f} us median, <= {GOAL_P99_US:.0f} us p99, "
-                  f"cheaper than lua): {'met' if met else 'MISSED'}")
-            ok = ok and met
+                  f"<= 0.2 x lua's median): {'met' if met else 'MISSED'}")
+        else:  # issue 9: shapes never seen before cost no more than Lua
+            met = ours["median"] <= lua["median"] and ours["p99"] <= lua["p99"]
+            print(f"[{workload}] goal (ours <= lua at the median and at p99): "
+                  f"{'met' if met else 'MISSED'}")
+        ok = ok and met
     return 0 if ok else 1
 
 

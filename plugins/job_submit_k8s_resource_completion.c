@@ -97,6 +97,56 @@ static void fill_request(struct pyk8sres_job *req, const job_desc_msg_t *d,
 	req->cur_pn_min_memory = NO_VAL64;
 	req->cur_ntasks_per_node = NO_VAL16;
 	req->cur_whole_node = NO_VAL16;
+	req->ntasks_per_core = d->ntasks_per_core;
+	req->threads_per_core = d->threads_per_core;
+	req->overcommit = d->overcommit;
+	req->select_type_param = slurm_conf.select_type_param;
+	req->max_mem_per_cpu = slurm_conf.max_mem_per_cpu;
+	req->cur_ntasks_per_core = NO_VAL16;
+	req->cur_threads_per_core = NO_VAL16;
+	req->cur_overcommit = NO_VAL16;
+}
+
+/* The live memory settings of the partitions the job may run in, for the
+ * policy: "name=DefMemPerCPU:MaxMemPerCPU,..." (Slurm's encodings).  Read
+ * here because `scontrol update PartitionName=...` changes them without any
+ * reconfigure; slurmctld holds the partition read lock around job_submit. */
+static const char *partition_memory(const char *names, char *out, size_t len)
+{
+#ifdef PYK8SRES_SLURM_SOURCE
+	char list[PYK8SRES_OUT_LEN], *save = NULL, *name;
+	size_t used = 0;
+
+	out[0] = '\0';
+	if (!names || !names[0]) {
+		if (!default_part_loc || !default_part_loc->name)
+			return NULL;
+		names = default_part_loc->name;
+	}
+	snprintf(list, sizeof(list), "%s", names);
+	for (name = strtok_r(list, ",", &save); name;
+	     name = strtok_r(NULL, ",", &save)) {
+		part_record_t *part = find_part_record(name);
+		int n;
+
+		if (!part)
+			continue;
+		n = snprintf(out + used, len - used, "%s%s=%" PRIu64 ":%" PRIu64,
+			     used ? "," : "", part->name, part->def_mem_per_cpu,
+			     part->max_mem_per_cpu);
+		if (n < 0 || (size_t) n >= len - used) {
+			out[used] = '\0';
+			break;
+		}
+		used += n;
+	}
+	return out;
+#else
+	(void) names;
+	(void) out;
+	(void) len;
+	return NULL;
+#endif
 }
 
 /* job_modify: the current job, so a partial update can be completed. */
@@ -110,13 +160,17 @@ static void fill_current(struct pyk8sres_job *req, void *job)
 	if (!details)
 		return;
 	req->has_current = 1;
+	/* What the user asked (orig_*), not what slurmctld derived from it:
+	 * a default memory or a MaxMemPerCPU adjustment is redone by the policy
+	 * for the partition the job now names. */
 	req->cur_num_tasks = details->num_tasks;
-	req->cur_cpus_per_task = details->cpus_per_task;
-	req->cur_min_cpus = details->min_cpus;
+	req->cur_cpus_per_task = details->orig_cpus_per_task;
+	req->cur_min_cpus = details->orig_min_cpus;
 	req->cur_min_nodes = details->min_nodes;
 	req->cur_max_nodes = details->max_nodes;
-	req->cur_pn_min_cpus = details->pn_min_cpus;
-	req->cur_pn_min_memory = details->pn_min_memory;
+	req->cur_pn_min_cpus = details->orig_pn_min_cpus;
+	req->cur_pn_min_memory = (job_ptr->bit_flags & JOB_MEM_SET) ?
+		details->orig_pn_min_memory : NO_VAL64;
 	req->cur_ntasks_per_node = details->ntasks_per_node;
 	req->cur_whole_node = details->whole_node;
 	req->cur_tres_per_node = job_ptr->tres_per_node;
@@ -126,16 +180,24 @@ static void fill_current(struct pyk8sres_job *req, void *job)
 	req->cur_cpus_per_tres = job_ptr->cpus_per_tres;
 	req->cur_mem_per_tres = job_ptr->mem_per_tres;
 	req->cur_partition = job_ptr->partition;
+	req->cur_overcommit = details->overcommit;
+	if (details->mc_ptr) {
+		req->cur_ntasks_per_core = details->mc_ptr->ntasks_per_core;
+		req->cur_threads_per_core = details->mc_ptr->threads_per_core;
+	}
 #else
 	(void) req;
 	(void) job;
 #endif
 }
 
-static void replace(char **field, const char *value)
+/* An empty answer clears the field: NULL at submission; "" in job_modify,
+ * where NULL would mean "unchanged" and "" is Slurm's "clear it"
+ * (gres.c gres_job_state_validate). */
+static void replace(char **field, const char *value, int is_modify)
 {
 	slurm_xfree((void **) field);
-	*field = value[0] ? slurm_xstrdup(value) : NULL;
+	*field = (value[0] || is_modify) ? slurm_xstrdup(value) : NULL;
 }
 
 /* Returns SLURM_SUCCESS, or an error with *err_msg set for the user. */
@@ -144,6 +206,7 @@ static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
 {
 	struct pyk8sres_job req;
 	char node_tres[PYK8SRES_OUT_LEN], task_tres[PYK8SRES_OUT_LEN];
+	char part_mem[PYK8SRES_OUT_LEN];
 	char err[PYK8SRES_OUT_LEN] = "";
 	int changed = 0, rc;
 
@@ -160,6 +223,9 @@ static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
 	fill_request(&req, d, uid, is_modify);
 	if (is_modify)
 		fill_current(&req, job_ptr);
+	req.part_mem = partition_memory(d->partition ? d->partition :
+					req.cur_partition, part_mem,
+					sizeof(part_mem));
 	rc = core.job_submit(&req, &changed, node_tres, sizeof(node_tres),
 			     task_tres, sizeof(task_tres), err, sizeof(err));
 	if (rc == PYK8SRES_INTERNAL_ERROR && accept_on_error) {
@@ -175,9 +241,11 @@ static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
 		return ESLURM_INVALID_GRES;
 	}
 	if (changed & 1)
-		replace(&d->tres_per_node, node_tres);
+		replace(&d->tres_per_node, node_tres, is_modify);
 	if (changed & 2)
-		replace(&d->tres_per_task, task_tres);
+		replace(&d->tres_per_task, task_tres, is_modify);
+	if ((changed & 4) && is_modify)
+		replace(&d->tres_per_job, "", 1);
 	slurm_debug("%s: %s: uid %u tres_per_node=%s tres_per_task=%s",
 		    plugin_type, __func__, uid,
 		    d->tres_per_node ? d->tres_per_node : "",

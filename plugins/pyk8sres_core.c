@@ -1,8 +1,8 @@
 /*
  * The C half of libpyk8sres_core.so, compiled together with the code cffi
  * generates (pyk8sres/slurmctld/_core_build.py includes this file in set_source):
- *  - PYTHONHOME pinned before cffi starts the interpreter: inside slurmctld,
- *    Python would guess its stdlib from the slurmctld binary's location;
+ *  - the interpreter started isolated (no PYTHONPATH/PYTHONHOME/user site
+ *    from slurmctld's environment), with the PYTHONHOME it was built with;
  *  - slurmctld's log for Python's log lines;
  *  - pyk8sres_job_submit, the hot path: a memo of Python's answers and one
  *    shared thread state (see the comment above it).
@@ -21,19 +21,46 @@
 
 static char core_path[PATH_MAX];
 
+/* Start the interpreter isolated, before cffi would start it from the
+ * daemon's environment: PYTHONPATH, PYTHONHOME, PYTHONSTARTUP and every
+ * other PYTHON* variable, the user site directory (~/.local, so also its
+ * usercustomize.py) and the current directory are ignored; only the
+ * installation's own paths are used (its stdlib and site-packages; the init
+ * code in _core_build.py adds the package next to this library).  cffi then
+ * finds Python running and only runs its init code, which refuses to go on
+ * in an interpreter that is not isolated. */
+static void start_isolated_python(void)
+{
+	PyConfig config;
+	PyStatus status;
+
+	PyConfig_InitIsolatedConfig(&config);
+	config.install_signal_handlers = 0; /* slurmctld owns its signals */
+	/* Inside slurmctld, Python would guess its stdlib from the slurmctld
+	 * binary's location: pin the home it was built with. */
+	status = PyConfig_SetBytesString(&config, &config.home,
+					 PYK8SRES_PYTHONHOME);
+	if (!PyStatus_Exception(status))
+		status = Py_InitializeFromConfig(&config);
+	PyConfig_Clear(&config);
+	if (PyStatus_Exception(status)) {
+		fprintf(stderr, "pyk8sres: cannot start Python (%s): %s\n",
+			PYK8SRES_PYTHONHOME,
+			status.err_msg ? status.err_msg : "unknown error");
+		return;
+	}
+	PyEval_SaveThread(); /* release the GIL: every call takes it again */
+}
+
 __attribute__((constructor)) static void pyk8sres_core_preinit(void)
 {
-	static wchar_t *home;
 	Dl_info info;
 
 	if (dladdr((void *) pyk8sres_core_preinit, &info) && info.dli_fname)
 		if (!realpath(info.dli_fname, core_path))
 			core_path[0] = '\0';
-	if (!Py_IsInitialized() && !getenv("PYTHONHOME") && !home) {
-		home = Py_DecodeLocale(PYK8SRES_PYTHONHOME, NULL);
-		if (home)
-			Py_SetPythonHome(home);
-	}
+	if (!Py_IsInitialized())
+		start_isolated_python();
 }
 
 /* Python's log lines go to slurmctld's log when we run inside it. */
@@ -69,12 +96,13 @@ static void pyk8sres_log(int level, const char *msg)
 #include <pthread.h>
 
 #define MEMO_SLOTS 1024
-#define MEMO_STRINGS 7
+#define MEMO_STRINGS 8
 
 struct memo_key {  /* every field the policy reads for a submission */
-	uint64_t pn_min_memory, def_mem_per_cpu;
+	uint64_t pn_min_memory, def_mem_per_cpu, max_mem_per_cpu;
 	uint32_t slurm_version, num_tasks, min_cpus, min_nodes, max_nodes;
 	uint16_t cpus_per_task, ntasks_per_node, pn_min_cpus, shared;
+	uint16_t ntasks_per_core, threads_per_core, overcommit, select_type_param;
 };
 
 struct memo_entry {
@@ -112,6 +140,11 @@ static void memo_fill(const struct pyk8sres_job *j, struct memo_key *k,
 	k->ntasks_per_node = j->ntasks_per_node;
 	k->pn_min_cpus = j->pn_min_cpus;
 	k->shared = j->shared;
+	k->max_mem_per_cpu = j->max_mem_per_cpu;
+	k->ntasks_per_core = j->ntasks_per_core;
+	k->threads_per_core = j->threads_per_core;
+	k->overcommit = j->overcommit;
+	k->select_type_param = j->select_type_param;
 	strings[0] = j->partition;
 	strings[1] = j->tres_per_node;
 	strings[2] = j->tres_per_task;
@@ -119,6 +152,7 @@ static void memo_fill(const struct pyk8sres_job *j, struct memo_key *k,
 	strings[4] = j->tres_per_socket;
 	strings[5] = j->cpus_per_tres;
 	strings[6] = j->mem_per_tres;
+	strings[7] = j->part_mem;
 }
 
 static uint64_t memo_hash(const struct memo_key *k, const char **strings)

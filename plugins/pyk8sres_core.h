@@ -67,6 +67,21 @@ struct pyk8sres_job {
 	const char *cur_cpus_per_tres;
 	const char *cur_mem_per_tres;
 	const char *cur_partition;
+	/* Added for SMT, -O and partition limits (appended: the order above is
+	 * what older builds used). */
+	uint16_t ntasks_per_core;  /* NO_VAL16/INFINITE16 = not given */
+	uint16_t threads_per_core; /* NO_VAL16 = not given */
+	uint16_t overcommit;       /* 1 = -O/--overcommit; 0 or NO_VAL8 = not */
+	uint16_t select_type_param; /* slurm.conf SelectTypeParameters (CR_* bits) */
+	uint64_t max_mem_per_cpu;  /* slurm.conf MaxMemPerCPU (MEM_PER_CPU bit) / MaxMemPerNode */
+	/* slurmctld's live memory settings of the job's partitions (the default
+	 * partition if none given), "name=DefMem:MaxMem,..." in Slurm's encoding
+	 * (`scontrol update PartitionName=` takes effect at once); NULL when
+	 * built without the Slurm source (slurm.conf is read instead). */
+	const char *part_mem;
+	uint16_t cur_ntasks_per_core;
+	uint16_t cur_threads_per_core;
+	uint16_t cur_overcommit;
 };
 
 /* Returns PYK8SRES_PING_SENTINEL once Python is up and the core imported. */
@@ -74,7 +89,8 @@ int pyk8sres_ping(char *err, size_t errlen);
 
 /* Completion policy, in Python; called through pyk8sres_job_submit below.
  * On return 0, `changed` bit 1/2 says to replace the job's tres_per_node /
- * tres_per_task with the output (empty string = clear the field).
+ * tres_per_task with the output (empty string = clear the field); bit 4
+ * (job_modify only) says to clear tres_per_job.
  * Non-zero: reject with `err`. */
 int pyk8sres_job_submit_py(const struct pyk8sres_job *job,
 			int *changed,

@@ -13,10 +13,14 @@ def _cluster_up(args) -> int:
         from .testbed import hybrid
         c, kas = hybrid.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
                            base_port=args.base_port, kube_port=args.kube_port,
-                           node_features=node_features)
+                           node_features=node_features, sockets=args.sockets,
+                           cores_per_socket=args.cores_per_socket,
+                           threads_per_core=args.threads_per_core)
     else:
         c = cluster.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
-                       base_port=args.base_port, node_features=node_features)
+                       base_port=args.base_port, node_features=node_features,
+                       sockets=args.sockets, cores_per_socket=args.cores_per_socket,
+                       threads_per_core=args.threads_per_core)
     print(f"# local Slurm cluster up in {c.work}: nodes {','.join(cluster.node_names(args.nodes))}")
     print(f"export SLURM_CONF={c.conf}")
     if args.kubernetes:
@@ -90,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--nodes", type=int, default=2)
     u.add_argument("--cpus", type=int, default=4)
     u.add_argument("--memory", type=int, default=8000, help="MB per node")
+    u.add_argument("--sockets", type=int, help="sockets per node (--cpus = sockets x cores x threads)")
+    u.add_argument("--cores-per-socket", type=int)
+    u.add_argument("--threads-per-core", type=int, help="e.g. 2: SMT nodes (Slurm allocates whole cores)")
     u.add_argument("--base-port", type=int, default=17000,
                    help="slurmctld port; slurmd n<i> uses base+i")
     u.add_argument("--node-features", choices=("auto", "yes", "no"), default="auto",

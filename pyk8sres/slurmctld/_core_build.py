@@ -16,6 +16,11 @@ import cffi
 # Runs once, in the embedded interpreter, before the first entry point.
 INIT_CODE = r"""
 import os, sys
+# pyk8sres_core.c starts Python isolated; if anything else started it, the
+# daemon's PYTHONPATH/user site may have run code inside slurmctld: refuse
+# (the plugin's ping then fails and it does not load).
+if not sys.flags.isolated:
+    raise RuntimeError("pyk8sres: the embedded interpreter is not isolated")
 from _pyk8sres_core import ffi, lib
 # .../site-packages/pyk8sres/_lib/libpyk8sres_core.so -> .../site-packages
 _site = os.path.dirname(os.path.dirname(os.path.dirname(

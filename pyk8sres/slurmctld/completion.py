@@ -2,29 +2,53 @@
 
 Pure functions only (no I/O): `complete(job, site)` is all the plugin calls.
 
-What a job "uses on a node" is the most Slurm may give it on any one node:
-  CPUs   = tasks on the node x CPUs per task (or --cpus-per-gpu x GPUs there),
-           at least --mincpus, at least its share of --ntasks x -c;
-  memory = --mem, or --mem-per-cpu x those CPUs, or --mem-per-gpu x GPUs,
-           else the partition's / cluster's DefMemPerCPU / DefMemPerNode.
-When tasks may spread over any number of nodes (-n without -N), the per-node
-figure is unknown before scheduling, so CPUs (and per-CPU memory) are asked
-per task instead and Slurm multiplies by the tasks it places on each node.
+The promise: on every node, the k8scpu/k8smemory a job holds is at least the
+CPUs and memory Slurm allocates it there (`scontrol -d show job`: CPU_IDs,
+Mem), and a job plain Slurm would start is never made unrunnable.  Every rule
+follows Slurm 22.05's own code (README, "What a job requests", has the table):
 
-Whole-node requests:
-  --exclusive  Slurm gives the job every CPU of its nodes and (seen on 22.05)
-               *all* of their k8scpu/k8smemory, i.e. everything Kubernetes
-               leaves there; pods keep what they hold.  We request the job's
-               own figures, so it starts wherever those fit.
-  --mem=0      "all of the node's memory" cannot be shared with pods and has
-               no count we could ask for: rejected with a clear message unless
-               the job is --exclusive (then it gets all k8smemory, as above).
-  no memory default anywhere (no DefMemPerCPU/DefMemPerNode): CPUs only;
-               slurm-conf/slurm.conf sets DefMemPerCPU for this reason.
+CPUs on a node holding t tasks (cons_tres dist_tasks.c _block_sync_core_bitmap):
+    cpus  = max(t x cpus_per_task, --mincpus, --cpus-per-gpu x GPUs)
+    CR_Core/CR_Socket: whole cores,
+      cores = ceil(cpus / vpus), or (cpus // c) x ceil(c / vpus) with
+              --ntasks-per-core=1 and c > vpus
+      CPUs  = cores x ThreadsPerCore
+      vpus  = usable threads per core (cons_common.c common_cpus_per_core):
+              min(ThreadsPerCore, --ntasks-per-core x c, --threads-per-core)
+    CR_CPU: cpus.
+Memory on a node (cons_common job_test.c): --mem, or per-CPU memory x the
+    node's CPUs (counting only --threads-per-core threads of each core).
+Per-CPU memory above MaxMemPerCPU raises cpus_per_task by the ratio and
+    lowers the memory (job_mgr.c _valid_pn_min_mem); a job without memory
+    gets its partition's DefMemPerCPU/DefMemPerNode, else the cluster's,
+    decided when the job is scheduled in that partition (job_limits_check).
+
+How many tasks land on a node is decided only when Slurm schedules the job
+(block distribution packs the first node up to n - N + 1 tasks).  So:
+  * tasks per node fixed by the shape (no -n, -n 1, -n = -N, or -n = -N x
+    --ntasks-per-node with a fixed -N): ask per node, exactly;
+  * otherwise, when the per-node figure is t x (one task's figure) for every
+    t: ask per task (TresPerTask), and Slurm multiplies by the tasks it puts
+    on each node;
+  * otherwise (SMT rounding of odd cpus_per_task, --mincpus, -O): ask per
+    node the most any node can get, capped at the largest node's CPUs and
+    memory (never more than Slurm could allocate there, so never a runnable
+    job made unrunnable on an idle cluster).
+  -O/--overcommit: Slurm allocates one task's CPUs per node (dist_tasks.c
+    one_task_per_node), unless the job asks anything per task: per node.
+  --ntasks-per-node with -n: every node gets c x ntasks-per-node CPUs
+    (pn_min_cpus), so that is asked per node.
+  --exclusive: Slurm allocates whole nodes and (seen on 22.05) all of their
+    k8scpu/k8smemory; we ask one task's figures per node, which cannot change
+    where Slurm puts the tasks.
+  --mem=0: rejected unless --exclusive (no count we could ask for).
+  Several partitions (-p a,b): the largest figure over them (the job may run
+    in any).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 
 from .. import GRES_CPU, GRES_MEMORY
@@ -37,6 +61,9 @@ INFINITE16 = 0xFFFF
 INFINITE = 0xFFFFFFFF
 MEM_PER_CPU = 0x8000000000000000
 JOB_SHARED_NONE = 0
+# slurm.h SelectTypeParameters bits
+CR_CPU, CR_SOCKET, CR_CORE, CR_BOARD = 0x1, 0x2, 0x4, 0x8
+CR_ONE_TASK_PER_CORE = 0x100
 
 
 class PolicyError(ValueError):
@@ -63,6 +90,9 @@ class Job(typing.NamedTuple):
     tres_per_socket: str | None = None
     cpus_per_tres: str | None = None
     mem_per_tres: str | None = None
+    ntasks_per_core: int | None = None   # --ntasks-per-core (--hint=nomultithread: 1)
+    threads_per_core: int | None = None  # --threads-per-core (--hint=nomultithread: 1)
+    overcommit: bool = False             # -O
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,13 +102,33 @@ class MemDefault:
 
 
 @dataclasses.dataclass(frozen=True)
+class Nodes:
+    """What the policy needs of the nodes a partition holds (slurm.conf)."""
+    threads_per_core: int = 1        # the most on any of its nodes
+    cpus: int | None = None          # the most CPUs on any of its nodes
+    memory: int | None = None        # the most RealMemory (MB) on any of its nodes
+    count: int | None = None         # how many nodes
+    least_cpus: int | None = None    # the fewest CPUs on any of its nodes
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    mem: MemDefault = MemDefault()   # DefMemPerCPU / DefMemPerNode (DEFAULT line included)
+    max_mem_per_cpu: int | None = None
+    nodes: Nodes = Nodes()
+
+
+@dataclasses.dataclass(frozen=True)
 class Site:
     """Cluster facts the policy needs, read at init/reconfigure."""
     slurm_version: int = 0x160508
     under_request: str = "correct"                  # or "reject"
     cluster_mem: MemDefault = MemDefault()
-    partition_mem: dict = dataclasses.field(default_factory=dict)  # name -> MemDefault
+    max_mem_per_cpu: int | None = None              # cluster MaxMemPerCPU
+    select_type_param: int = CR_CORE                 # SelectTypeParameters bits
+    partitions: dict = dataclasses.field(default_factory=dict)  # name -> Partition
     default_partition: str | None = None
+    all_nodes: Nodes = Nodes()                       # every node (unknown partition)
 
 
 class Result(typing.NamedTuple):
@@ -86,6 +136,7 @@ class Result(typing.NamedTuple):
     tres_per_task: str | None
     per_node: dict               # what we require per node, for logs/tests
     per_task: dict
+    clear_tres_per_job: bool = False  # job_modify: reset the job's per-job GRES (see below)
 
 
 def decode_memory(value: int | None) -> tuple[int | None, int | None]:
@@ -97,97 +148,237 @@ def decode_memory(value: int | None) -> tuple[int | None, int | None]:
     return value, None
 
 
-def _positive(value):
-    return value if value else None
-
-
 def _gpus(tres: str | None) -> int | None:
     return gres.count_of(gres.parse(tres), "gpu") if tres else None
-
-
-def _per_gpu(tres: str | None) -> int | None:
-    """cpus_per_tres / mem_per_tres: 'gres:gpu:4' (or gres/gpu:4) -> 4."""
-    return _gpus(tres)
 
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _tasks_per_node(job: Job) -> int | None:
-    """Most tasks that can land on one node; None when tasks spread freely."""
-    if job.ntasks_per_node:
-        return job.ntasks_per_node
+def _fixed_tasks(job: Job) -> int | None:
+    """Tasks on every node when the shape fixes it, else None."""
     if not job.num_tasks:
-        return 1  # no --ntasks: one task per node
+        return job.ntasks_per_node or 1  # no -n: one task (or --ntasks-per-node) per node
     if job.num_tasks == 1:
         return 1
-    if job.min_nodes:
-        return _ceil_div(job.num_tasks, job.min_nodes)
+    nodes = job.min_nodes or 1
+    if job.max_nodes != nodes:
+        return None  # a node range, or no -N at all: Slurm chooses
+    if nodes == 1:
+        return job.num_tasks
+    if job.num_tasks == nodes:
+        return 1
+    if job.ntasks_per_node and job.num_tasks == nodes * job.ntasks_per_node:
+        return job.ntasks_per_node
     return None
 
 
-def _gpus_per_node(job: Job, tasks_per_node: int | None) -> int | None:
+def _max_tasks(job: Job) -> int:
+    """The most tasks Slurm can put on one node (every other node gets one)."""
+    if not job.num_tasks:
+        return job.ntasks_per_node or 1
+    most = job.num_tasks - (job.min_nodes or 1) + 1
+    if job.ntasks_per_node:
+        most = min(most, job.ntasks_per_node)
+    return max(most, 1)
+
+
+def _gpus_per_node(job: Job, tasks: int | None) -> int | None:
     per_node = _gpus(job.tres_per_node)
     if per_node:
         return per_node
     per_task = _gpus(job.tres_per_task)
-    if per_task and tasks_per_node:
-        return per_task * tasks_per_node
+    if per_task and tasks:
+        return per_task * tasks
     per_job = _gpus(job.tres_per_job)
     if per_job:
-        return _ceil_div(per_job, job.min_nodes or 1)
+        return per_job  # at most all of them on one node
     return _gpus(job.tres_per_socket)
 
 
-def _memory_default(job: Job, site: Site) -> MemDefault:
-    part = site.partition_mem.get(job.partition or site.default_partition or "")
-    if part and (part.per_cpu or part.per_node):
-        return part
-    return site.cluster_mem
+class _Plan(typing.NamedTuple):
+    per_task: dict | None    # exact per-task figures, or None when no such figures exist
+    per_node: dict           # per-node figures (always available)
+    mem_per_node: int | None  # memory asked per node in either mode (--mem, DefMemPerNode)
+
+
+def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -> _Plan:
+    """What the job needs if it runs in `part` (per-node figures for a job
+    that has per-task ones only when `always_per_node`)."""
+    nodes = part.nodes
+    c = job.cpus_per_task or 1
+    min_cpus_node = job.pn_min_cpus or 0
+    mem_node, mem_cpu = job.mem_per_node, job.mem_per_cpu
+    mem_per_gpu = _gpus(job.mem_per_tres)
+    cpus_per_gpu = _gpus(job.cpus_per_tres)
+    if mem_node is None and mem_cpu is None and not mem_per_gpu:
+        default = part.mem if (part.mem.per_cpu or part.mem.per_node) else site.cluster_mem
+        mem_node, mem_cpu = default.per_node, default.per_cpu
+    # MaxMemPerCPU (job_mgr.c _valid_pn_min_mem, again when scheduled in a partition)
+    max_mpc = part.max_mem_per_cpu or site.max_mem_per_cpu
+    if max_mpc and mem_cpu and mem_cpu > max_mpc:
+        ratio = _ceil_div(mem_cpu, max_mpc)
+        c *= ratio
+        mem_cpu = _ceil_div(mem_cpu, ratio)
+    elif max_mpc and mem_node:
+        min_cpus_node = max(min_cpus_node, _ceil_div(mem_node, max_mpc))
+        if job.ntasks_per_node:
+            c = max(c, _ceil_div(min_cpus_node, job.ntasks_per_node))
+
+    # --ntasks-per-node with tasks: every node gets that many tasks' CPUs
+    # (job_mgr.c _copy_job_desc_to_job_record: pn_min_cpus >= c x ntasks-per-node).
+    if job.ntasks_per_node and not job.overcommit and (
+            job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1:
+        min_cpus_node = max(min_cpus_node, c * job.ntasks_per_node)
+
+    param = site.select_type_param
+    whole_cores = bool(param & (CR_CORE | CR_SOCKET | CR_BOARD)) and nodes.threads_per_core > 1
+    tpc = nodes.threads_per_core
+    ntasks_per_core = job.ntasks_per_core or (1 if param & CR_ONE_TASK_PER_CORE else None)
+    vpus = tpc
+    if ntasks_per_core:
+        vpus = min(vpus, ntasks_per_core * c)
+    if job.threads_per_core:
+        vpus = min(vpus, job.threads_per_core)
+    mem_threads = min(tpc, job.threads_per_core or tpc)
+
+    def cpus(t: int) -> int:
+        """CPUs Slurm allocates on a node with t tasks."""
+        n = max(t * c, min_cpus_node)
+        if cpus_per_gpu:
+            gpus = _gpus_per_node(job, t)
+            if gpus:
+                n = max(n, cpus_per_gpu * gpus)
+        if not whole_cores:
+            return n
+        cores = _ceil_div(n, vpus)
+        if ntasks_per_core == 1 and c > vpus:  # each task on cores of its own
+            cores = max(cores, n // c * _ceil_div(c, vpus))
+        return cores * tpc
+
+    def cpus_rounded(n: int) -> int:
+        return _ceil_div(n, tpc) * tpc if whole_cores else n
+
+    def memory(t: int, node_cpus: int) -> int | None:
+        if mem_node:
+            return mem_node
+        if mem_per_gpu:
+            gpus = _gpus_per_node(job, t)
+            return mem_per_gpu * gpus if gpus else None
+        if mem_cpu:
+            counted = node_cpus // tpc * mem_threads if whole_cores else node_cpus
+            return mem_cpu * counted
+        return None  # --mem=0 or no default anywhere: whole node, nothing to count
+
+    def figures(node_cpus: int, node_mem: int | None) -> dict:
+        out = {GRES_CPU: node_cpus}
+        if node_mem:
+            out[GRES_MEMORY] = node_mem
+        return out
+
+    if job.exclusive:
+        # Whole nodes: Slurm allocates all of their CPUs and all of their
+        # k8scpu/k8smemory whatever is asked (seen in GresUsed), so ask the
+        # least a node with a task gets: the request must not change where
+        # Slurm puts the tasks (a per-task GRES would).
+        n = cpus(1)
+        return _Plan(None, figures(n, memory(1, n)), mem_node)
+    fixed = 1 if job.overcommit else _fixed_tasks(job)
+    if fixed is not None:
+        n = cpus(fixed)
+        if job.min_cpus and not job.overcommit:
+            # NumCPUs above the tasks' CPUs: the extra may all land on one
+            # node (the others keep their tasks' CPUs).
+            n = max(n, job.min_cpus - ((job.min_nodes or 1) - 1) * n)
+            if nodes.cpus:
+                n = min(n, max(nodes.cpus, cpus(fixed)))
+            n = cpus_rounded(n)
+        return _Plan(None, figures(n, memory(fixed, n)), mem_node)
+    # Tasks spread.  Per task is exact when every node's CPUs are t x one
+    # task's: no --mincpus above one task, no per-GPU figures, and under
+    # whole cores either c a multiple of the usable threads per core or
+    # --ntasks-per-core=1 with c > vpus (then each task has its own cores).
+    one = cpus(1)
+    per_task = None
+    # --threads-per-core (also --hint=compute_bound/nomultithread): Slurm then
+    # may put more tasks on a node than its CPUs / c (seen: -n 5 -N 2 -c 3
+    # --hint=compute_bound on 8-CPU nodes runs 3 tasks on 8 CPUs); a per-task
+    # GRES would forbid that layout, so ask per node.
+    linear = (min_cpus_node <= c and not cpus_per_gpu and not mem_per_gpu
+              and not job.threads_per_core
+              and not (job.min_cpus and job.min_cpus > job.num_tasks * c))
+    rounding_only = linear
+    if linear and whole_cores:
+        linear = c % vpus == 0 or (ntasks_per_core == 1 and c > vpus)
+    if not linear and rounding_only and nodes.count and nodes.least_cpus:
+        # Only the whole-core rounding is not linear: one task's rounded
+        # figure per task covers every t (t x ceil(c/u) cores >= ceil(t x c/u))
+        # but lets fewer tasks onto a node; use it when the job still fits
+        # the nodes it may use, so Slurm places it without over-holding
+        # whole nodes (which would keep e.g. a second array task out).
+        usable = min(job.max_nodes or nodes.count, nodes.count)
+        linear = usable * (nodes.least_cpus // one) >= job.num_tasks
+    if linear:
+        per_task = {GRES_CPU: one}
+        one_mem = memory(1, one)
+        if one_mem and not mem_node:
+            per_task[GRES_MEMORY] = one_mem
+    if per_task is not None and not always_per_node:
+        return _Plan(per_task, {}, mem_node)
+    # Per node: the most any node can get, capped at what the biggest node has
+    # (Slurm cannot allocate more there, so this never makes a job unrunnable).
+    most = _max_tasks(job)
+    extra = (job.min_cpus or 0) - ((job.min_nodes or 1) - 1) * one  # NumCPUs beyond the others
+    n = max(cpus(most), cpus_rounded(extra))
+    if nodes.cpus:
+        n = min(n, max(nodes.cpus, one))
+    mem = memory(most, n)
+    if mem and nodes.memory and not mem_node:
+        mem = min(mem, max(nodes.memory, memory(1, one) or 0))
+    return _Plan(per_task, figures(n, mem), mem_node)
+
+
+@functools.lru_cache(maxsize=64)
+def _unknown_partition(nodes: Nodes) -> Partition:
+    """A partition slurm.conf does not list: every node, cluster defaults."""
+    return Partition(nodes=nodes)
+
+
+def _partitions(job: Job, site: Site) -> list[Partition]:
+    if not job.partition:
+        part = site.partitions.get(site.default_partition or "")
+        return [part or _unknown_partition(site.all_nodes)]
+    names = [n.strip() for n in job.partition.split(",") if n.strip()]
+    return [site.partitions.get(name) or _unknown_partition(site.all_nodes)
+            for name in names] or [_unknown_partition(site.all_nodes)]
+
+
+def _merge(dicts: list) -> dict:
+    if len(dicts) == 1:
+        return dict(dicts[0])
+    out: dict = {}
+    for d in dicts:
+        for name, value in d.items():
+            out[name] = max(out.get(name, 0), value)
+    return out
 
 
 def required(job: Job, site: Site) -> tuple[dict, dict]:
     """(per_node, per_task) counts of k8scpu/k8smemory the job must request."""
-    cpus_per_task = job.cpus_per_task or 1
-    tasks = _tasks_per_node(job)
-    gpus = _gpus_per_node(job, tasks)
-    cpus_per_gpu = _per_gpu(job.cpus_per_tres)
-    mem_per_gpu = _per_gpu(job.mem_per_tres)
-
-    per_node: dict = {}
-    per_task: dict = {}
-    if tasks is None:
-        per_task[GRES_CPU] = cpus_per_task
-        node_cpus = None
-    else:
-        node_cpus = tasks * cpus_per_task
-        if cpus_per_gpu and gpus:
-            node_cpus = max(node_cpus, cpus_per_gpu * gpus)
-        if job.pn_min_cpus:
-            node_cpus = max(node_cpus, job.pn_min_cpus)
-        if job.min_cpus and (job.min_nodes or 1) >= 1:
-            node_cpus = max(node_cpus, _ceil_div(job.min_cpus, job.min_nodes or 1))
-        per_node[GRES_CPU] = node_cpus
-
-    mem_node, mem_cpu = job.mem_per_node, job.mem_per_cpu
-    if mem_node == 0 and not job.exclusive:
+    if job.mem_per_node == 0 and not job.exclusive:
         raise PolicyError("--mem=0 (all of a node's memory) cannot share the node with "
                           "Kubernetes pods: ask for --mem=<MB>, or add --exclusive to take "
                           "all the memory Kubernetes leaves")
-    if mem_node is None and mem_cpu is None and mem_per_gpu and gpus:
-        mem_node = mem_per_gpu * gpus
-    if mem_node is None and mem_cpu is None:
-        default = _memory_default(job, site)
-        mem_node, mem_cpu = default.per_node, default.per_cpu
-    if mem_node:
-        per_node[GRES_MEMORY] = mem_node
-    elif mem_cpu:
-        if node_cpus is None:
-            per_task[GRES_MEMORY] = mem_cpu * cpus_per_task
-        else:
-            per_node[GRES_MEMORY] = mem_cpu * node_cpus
-    # else: --mem=0 or no default anywhere: the whole node; nothing to count.
+    parts = _partitions(job, site)
+    plans = [_plan(job, site, part, len(parts) > 1) for part in parts]
+    memory_per_node = {bool(p.mem_per_node) for p in plans}
+    if all(p.per_task is not None for p in plans) and len(memory_per_node) == 1:
+        per_task = _merge([p.per_task for p in plans])
+        mem = [p.mem_per_node for p in plans if p.mem_per_node]
+        per_node = {GRES_MEMORY: max(mem)} if mem and GRES_MEMORY not in per_task else {}
+    else:
+        per_task, per_node = {}, _merge([p.per_node for p in plans])
     limits = {GRES_CPU: NO_VAL, GRES_MEMORY: gres.MAX_COUNT}  # Slurm's own field widths
     for counts in (per_node, per_task):
         for name, value in counts.items():
@@ -198,6 +389,8 @@ def required(job: Job, site: Site) -> tuple[dict, dict]:
 
 def _apply(current: str | None, want: dict, site: Site, field: str) -> str | None:
     """The new TRES string for `field`, or None if `current` already fits."""
+    if not current and not want:
+        return None
     entries = gres.parse(current)
     final = {}
     for name in (GRES_CPU, GRES_MEMORY):
@@ -217,9 +410,8 @@ def _apply(current: str | None, want: dict, site: Site, field: str) -> str | Non
 
 def complete(job: Job, site: Site) -> Result:
     """Add or correct the job's k8scpu/k8smemory; PolicyError for bad input."""
-    for field in ("tres_per_job", "tres_per_socket"):
-        entries = gres.parse(getattr(job, field))
-        if any(e.name in gres.OURS for e in entries):
+    for tres in (job.tres_per_job, job.tres_per_socket):
+        if tres and any(e.name in gres.OURS for e in gres.parse(tres)):
             raise PolicyError("k8scpu/k8smemory can only be requested per node "
                               "(--gres=k8scpu:N), not per job or per socket")
     per_node, per_task = required(job, site)
@@ -233,6 +425,14 @@ def complete(job: Job, site: Site) -> Result:
                 if asked < per_task[name] * tasks:
                     raise PolicyError(f"--gres={name}:{asked} is less than the job uses "
                                       f"({name}:{per_task[name]} per task)")
+    elif job.tres_per_task:
+        # Asked per node: a per-task entry of the same name would make Slurm
+        # reject the mix (gres.c _test_gres_cnt); it is folded in instead.
+        task_entries = gres.parse(job.tres_per_task)
+        for name in per_node:
+            asked = gres.count_of(task_entries, name)
+            if asked is not None:
+                per_node[name] = max(per_node[name], asked)
     new_node = _apply(job.tres_per_node, per_node, site, "tres_per_node")
     if per_task:
         # Drop per-node entries of names now counted per task.
@@ -240,7 +440,12 @@ def complete(job: Job, site: Site) -> Result:
         stripped = gres.without(gres.parse(base), per_task)
         if stripped != (job.tres_per_node or ""):
             new_node = stripped
-    new_task = _apply(job.tres_per_task, per_task, site, "tres_per_task") if per_task else None
+        new_task = _apply(job.tres_per_task, per_task, site, "tres_per_task")
+    elif job.tres_per_task:
+        stripped = gres.without(gres.parse(job.tres_per_task), per_node)
+        new_task = stripped if stripped != job.tres_per_task else None
+    else:
+        new_task = None
     return Result(new_node, new_task, per_node, per_task)
 
 
@@ -248,7 +453,7 @@ def complete(job: Job, site: Site) -> Result:
 SHAPE_FIELDS = ("cpus_per_task", "num_tasks", "ntasks_per_node", "min_cpus", "min_nodes",
                 "max_nodes", "pn_min_cpus", "mem_per_node", "mem_per_cpu", "tres_per_node",
                 "tres_per_task", "tres_per_job", "tres_per_socket", "cpus_per_tres",
-                "mem_per_tres", "partition")
+                "mem_per_tres", "partition", "ntasks_per_core", "threads_per_core")
 
 
 def complete_modify(change: Job, current: Job | None, site: Site) -> Result:
@@ -271,6 +476,10 @@ def complete_modify(change: Job, current: Job | None, site: Site) -> Result:
         if getattr(change, name) is None:  # drop our completion, keep the rest
             merged[name] = gres.without(gres.parse(merged[name]), gres.OURS) or None
     merged.update({f: getattr(change, f) for f in changed})
+    if change.mem_per_node is not None:
+        merged["mem_per_cpu"] = None
+    if change.mem_per_cpu is not None:
+        merged["mem_per_node"] = None
     result = complete(Job(**merged), site)
 
     def final(new, field):
@@ -279,6 +488,20 @@ def complete_modify(change: Job, current: Job | None, site: Site) -> Result:
         would_be = getattr(change, field) if getattr(change, field) is not None \
             else getattr(current, field)
         return None if value == (would_be or "") else value
-    return Result(final(result.tres_per_node, "tres_per_node"),
-                  final(result.tres_per_task, "tres_per_task"),
-                  result.per_node, result.per_task)
+    node, task = final(result.tres_per_node, "tres_per_node"), \
+        final(result.tres_per_task, "tres_per_task")
+    if result.per_task and task is None:
+        # Slurm keeps per-task GRES x NumTasks as the job's per-job count
+        # (gres.c _test_gres_cnt) and recomputes it only when the GRES is
+        # sent again: resend it, so a new NumTasks is counted.
+        task = result.tres_per_task if result.tres_per_task is not None \
+            else (merged["tres_per_task"] or "")
+    # That per-job count is stale once tasks or the mode change (Slurm then
+    # refuses: "per-job not a multiple of per-task x NumTasks", or "per node
+    # above per job"): clear it, and Slurm derives it anew.  Unless it also
+    # holds the user's own per-job GRES: then Slurm refuses the update,
+    # nothing is silently wrong.
+    was_per_task = any(e.name in gres.OURS for e in gres.parse(current.tres_per_task))
+    clear_job = bool(was_per_task and change.tres_per_job is None
+                     and not gres.parse(current.tres_per_job))
+    return Result(node, task, result.per_node, result.per_task, clear_job)

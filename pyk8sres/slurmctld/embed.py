@@ -59,9 +59,15 @@ _UNSET = {
     "min_nodes": (NO_VAL, 0),
     "max_nodes": (NO_VAL, INFINITE, 0),
     "pn_min_cpus": (NO_VAL16, NO_VAL, 0),
+    "ntasks_per_core": (NO_VAL16, INFINITE16, 0),
+    "threads_per_core": (NO_VAL16, 0),
+    "overcommit": (NO_VAL16, 0xFE, 0),   # uint8 in Slurm: NO_VAL8 = unset
 }
 _STRINGS = ("partition", "tres_per_node", "tres_per_task", "tres_per_job", "tres_per_socket",
             "cpus_per_tres", "mem_per_tres")
+# Read by site_for() rather than into the Job: cluster settings slurmctld passes with each job.
+SITE_FIELDS = ("def_mem_per_cpu", "slurm_version", "select_type_param", "max_mem_per_cpu",
+               "part_mem")
 
 
 # (Job field, C attribute, unset values) per struct prefix, computed once:
@@ -83,6 +89,7 @@ def _job(ffi, c, prefix: str, exclusive: bool) -> completion.Job:
     values["mem_per_node"], values["mem_per_cpu"] = completion.decode_memory(
         None if memory == NO_VAL64 else memory)
     values["exclusive"] = exclusive
+    values["overcommit"] = bool(values["overcommit"])
     return completion.Job(**values)
 
 
@@ -97,20 +104,63 @@ def current_from_c(ffi, c) -> completion.Job | None:
 
 
 _site_key = None
+_with_parts: dict = {}  # part_mem string -> Site (the live partition settings applied)
 
 
-def site_for(c_def_mem: int, slurm_version: int):
-    """The Site, refreshed if slurmctld's own defaults changed (reconfigure)."""
+def _max_per_cpu(value: int) -> int | None:
+    """MaxMemPerCPU from Slurm's encoding (a MaxMemPerNode does not raise CPUs)."""
+    per_node, per_cpu = completion.decode_memory(value)
+    return per_cpu or None
+
+
+def parse_part_mem(text: str) -> dict:
+    """"name=DefMem:MaxMem,..." (plugins/job_submit_k8s_resource_completion.c)
+    -> {name: (MemDefault, MaxMemPerCPU or None)}."""
+    out = {}
+    for item in text.split(","):
+        name, _, values = item.partition("=")
+        def_mem, _, max_mem = values.partition(":")
+        if not name or not def_mem.isdigit() or not max_mem.isdigit():
+            continue
+        per_node, per_cpu = completion.decode_memory(int(def_mem))
+        out[name] = (completion.MemDefault(per_cpu=per_cpu or None, per_node=per_node or None),
+                     _max_per_cpu(int(max_mem)))
+    return out
+
+
+def site_for(c_def_mem: int, slurm_version: int, select_type_param: int | None = None,
+             max_mem_per_cpu: int | None = None, part_mem: str | None = None):
+    """The Site, refreshed if slurmctld's own settings changed (reconfigure),
+    with the job's partitions' live memory settings when slurmctld gave them."""
     global _site, _site_key
-    if (c_def_mem, slurm_version, _site) == _site_key:
+    key = (c_def_mem, slurm_version, select_type_param, max_mem_per_cpu, _site)
+    if key != _site_key:
+        per_node, per_cpu = completion.decode_memory(c_def_mem)
+        changes = dict(slurm_version=slurm_version,
+                       cluster_mem=completion.MemDefault(per_cpu=per_cpu, per_node=per_node))
+        if select_type_param is not None:
+            changes["select_type_param"] = select_type_param
+        if max_mem_per_cpu is not None:
+            changes["max_mem_per_cpu"] = _max_per_cpu(max_mem_per_cpu)
+        new = dataclasses.replace(_site, **changes)
+        if new != _site:
+            _forget_answers()
+            _site = new
+        _with_parts.clear()
+        _site_key = (c_def_mem, slurm_version, select_type_param, max_mem_per_cpu, _site)
+    if not part_mem:
         return _site
-    per_node, per_cpu = completion.decode_memory(c_def_mem)
-    cluster = completion.MemDefault(per_cpu=per_cpu, per_node=per_node)
-    if cluster != _site.cluster_mem or slurm_version != _site.slurm_version:
-        _forget_answers()
-        _site = dataclasses.replace(_site, slurm_version=slurm_version, cluster_mem=cluster)
-    _site_key = (c_def_mem, slurm_version, _site)
-    return _site
+    site = _with_parts.get(part_mem)
+    if site is None:
+        partitions = dict(_site.partitions)
+        for name, (mem, max_mpc) in parse_part_mem(part_mem).items():
+            known = partitions.get(name, completion.Partition(nodes=_site.all_nodes))
+            partitions[name] = dataclasses.replace(known, mem=mem, max_mem_per_cpu=max_mpc)
+        site = dataclasses.replace(_site, partitions=partitions)
+        if len(_with_parts) > 256:
+            _with_parts.clear()
+        _with_parts[part_mem] = site
+    return site
 
 
 def reconfigure(slurm_conf_path: str) -> None:
@@ -118,9 +168,12 @@ def reconfigure(slurm_conf_path: str) -> None:
     from . import slurmconf
     _config = config.load(slurm_conf_path)
     _forget_answers()
-    partitions, default = slurmconf.load_partition_memory(slurm_conf_path)
+    conf = slurmconf.load(slurm_conf_path)
     _site = dataclasses.replace(_site, under_request=_config.under_request,
-                                partition_mem=partitions, default_partition=default)
+                                partitions=conf.partitions, default_partition=conf.default_partition,
+                                select_type_param=conf.select_type_param,
+                                max_mem_per_cpu=conf.max_mem_per_cpu, all_nodes=conf.all_nodes)
+    _with_parts.clear()
 
 
 _ffi = None
@@ -137,13 +190,15 @@ def _forget_answers() -> None:
 def job_submit(c) -> tuple:
     """-> (rc, changed bits, tres_per_node, tres_per_task, error message)."""
     try:
-        site = site_for(c.def_mem_per_cpu, c.slurm_version)
+        site = site_for(c.def_mem_per_cpu, c.slurm_version, c.select_type_param,
+                        c.max_mem_per_cpu, _text(_ffi, c.part_mem))
         if c.is_modify:
             result = completion.complete_modify(job_from_c(_ffi, c), current_from_c(_ffi, c), site)
         else:
             result = completion.complete(job_from_c(_ffi, c), site)
         bits = (1 if result.tres_per_node is not None else 0) | \
-            (2 if result.tres_per_task is not None else 0)
+            (2 if result.tres_per_task is not None else 0) | \
+            (4 if result.clear_tres_per_job else 0)
         return OK, bits, result.tres_per_node or "", result.tres_per_task or "", ""
     except (completion.PolicyError, ValueError) as exc:
         return USER_ERROR, 0, "", "", str(exc)

@@ -53,6 +53,8 @@ def parse(tres: str | None) -> list[Entry]:
             continue
         fields = body.split(":")
         name = fields[0]
+        if not name:
+            continue  # "gres:" alone (e.g. `scontrol update job Gres=`): nothing asked
         count = parse_count(fields[-1]) if len(fields) > 1 else 1
         if name in OURS:
             if len(fields) > 2 or count is None:

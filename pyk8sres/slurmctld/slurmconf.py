@@ -1,15 +1,23 @@
 """Read what the policy needs from slurm.conf (pure parsing, plus one loader).
 
-Only partition memory defaults are needed inside slurmctld: DefMemPerCPU /
-DefMemPerNode per partition and which partition is the default.  The
-cluster-wide default comes from slurmctld itself (slurm_conf.def_mem_per_cpu).
+Read at plugin init and `scontrol reconfigure`, never per job:
+  * per partition: DefMemPerCPU / DefMemPerNode / MaxMemPerCPU (a
+    `PartitionName=DEFAULT` line sets them for the partitions after it, as in
+    Slurm), and its nodes' most ThreadsPerCore, CPUs and RealMemory;
+  * which partition is the default; SelectTypeParameters; MaxMemPerCPU.
+The cluster-wide DefMemPerCPU, and partition memory settings changed at run
+time with `scontrol update PartitionName=...`, come from slurmctld itself
+(the plugin passes them with every job: plugins/job_submit_k8s_resource_completion.c).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import shlex
 
-from .completion import MemDefault
+from .completion import (CR_BOARD, CR_CORE, CR_CPU, CR_ONE_TASK_PER_CORE, CR_SOCKET,
+                         MemDefault, Nodes, Partition)
 
 
 def _pairs(line: str) -> dict:
@@ -42,29 +50,127 @@ def _lines(path: str, seen: set) -> list[str]:
     return out
 
 
-def partition_memory(lines: list[str]) -> tuple[dict, str | None]:
-    """({partition: MemDefault}, default partition name) from slurm.conf lines."""
-    partitions: dict = {}
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm host lists: "n[1-3,7],login1" -> n1 n2 n3 n7 login1 (zero padding kept)."""
+    names: list[str] = []
+    for part in re.findall(r"[^,\[]*(?:\[[^\]]*\][^,\[]*)*", text):
+        if not part:
+            continue
+        match = re.match(r"^(.*?)\[([^\]]*)\](.*)$", part)
+        if not match:
+            names.append(part)
+            continue
+        prefix, ranges, rest = match.groups()
+        for item in ranges.split(","):
+            lo, _, hi = item.partition("-")
+            width = len(lo) if lo.startswith("0") else 0
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                continue
+            for i in range(int(lo), int(hi or lo) + 1):
+                names += [f"{prefix}{i:0{width}d}{tail}" for tail in expand_hostlist(rest) or [""]]
+    return names
+
+
+def _int(pairs: dict, key: str) -> int | None:
+    value = pairs.get(key)
+    return int(value) if value and value.isdigit() else None
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmConf:
+    partitions: dict          # name -> Partition
+    default_partition: str | None
+    select_type_param: int
+    max_mem_per_cpu: int | None
+    all_nodes: Nodes
+
+
+def _node(pairs: dict) -> tuple[int, int | None, int | None]:
+    """(ThreadsPerCore, CPUs, RealMemory) of one NodeName line's values."""
+    threads = _int(pairs, "threadspercore") or 1
+    cpus = _int(pairs, "cpus") or _int(pairs, "procs")
+    if cpus is None:
+        sockets = _int(pairs, "sockets") or _int(pairs, "socketsperboard") or 1
+        cpus = sockets * (_int(pairs, "corespersocket") or 1) * threads * (_int(pairs, "boards") or 1)
+    return threads, cpus, _int(pairs, "realmemory")
+
+
+def _most(nodes: list[tuple]) -> Nodes:
+    if not nodes:
+        return Nodes()
+    memory = [n[2] for n in nodes if n[2]]
+    return Nodes(threads_per_core=max(n[0] for n in nodes), cpus=max(n[1] for n in nodes),
+                 memory=max(memory) if memory else None, count=len(nodes),
+                 least_cpus=min(n[1] for n in nodes))
+
+
+def _select_type_param(text: str | None) -> int:
+    bits = {"cr_cpu": CR_CPU, "cr_cpu_memory": CR_CPU, "cr_socket": CR_SOCKET,
+            "cr_socket_memory": CR_SOCKET, "cr_core": CR_CORE, "cr_core_memory": CR_CORE,
+            "cr_board": CR_BOARD, "cr_board_memory": CR_BOARD,
+            "cr_one_task_per_core": CR_ONE_TASK_PER_CORE}
+    value = 0
+    for word in (text or "").lower().split(","):
+        value |= bits.get(word.strip(), 0)
+    # Unset: assume whole cores (rounding up can only ask more, never less);
+    # slurmctld's own value replaces this at run time anyway (embed.site_for).
+    return value or CR_CORE
+
+
+def parse(lines: list[str]) -> SlurmConf:
+    node_default: dict = {}
+    nodes: dict = {}          # name -> (threads, cpus, memory)
+    part_default: dict = {}
+    parts: dict = {}
     default = None
+    select = None
+    max_mpc = None
     for line in lines:
         try:
             pairs = _pairs(line)
         except ValueError:
             continue
-        name = pairs.get("partitionname")
-        if not name:
-            continue
-        def _int(key):
-            value = pairs.get(key)
-            return int(value) if value and value.isdigit() else None
-        if name.lower() == "default":
-            continue
-        partitions[name] = MemDefault(per_cpu=_int("defmempercpu"),
-                                      per_node=_int("defmempernode"))
-        if pairs.get("default", "").lower() == "yes":
-            default = name
-    return partitions, default
+        if "selecttypeparameters" in pairs:
+            select = pairs["selecttypeparameters"]
+        if "maxmempercpu" in pairs and "partitionname" not in pairs:
+            max_mpc = _int(pairs, "maxmempercpu")
+        if "nodename" in pairs:
+            name = pairs["nodename"]
+            if name.lower() == "default":
+                node_default.update({k: v for k, v in pairs.items() if k != "nodename"})
+                continue
+            values = _node({**node_default, **pairs})
+            for host in expand_hostlist(name):
+                nodes[host] = values
+        elif "partitionname" in pairs:
+            name = pairs["partitionname"]
+            if name.lower() == "default":
+                part_default.update({k: v for k, v in pairs.items() if k != "partitionname"})
+                continue
+            merged = {**part_default, **pairs}
+            parts[name] = merged
+            if merged.get("default", "").lower() == "yes":
+                default = name
+    partitions = {}
+    for name, pairs in parts.items():
+        members = pairs.get("nodes", "")
+        held = list(nodes.values()) if members.upper() == "ALL" else \
+            [nodes[n] for n in expand_hostlist(members) if n in nodes]
+        per_node = _int(pairs, "defmempernode")
+        partitions[name] = Partition(
+            mem=MemDefault(per_cpu=None if per_node else _int(pairs, "defmempercpu"),
+                           per_node=per_node),
+            max_mem_per_cpu=_int(pairs, "maxmempercpu"),
+            nodes=_most(held) if held else _most(list(nodes.values())))
+    return SlurmConf(partitions, default, _select_type_param(select), max_mpc,
+                     _most(list(nodes.values())))
 
 
-def load_partition_memory(slurm_conf_path: str) -> tuple[dict, str | None]:
-    return partition_memory(_lines(slurm_conf_path, set()))
+def partition_memory(lines: list[str]) -> tuple[dict, str | None]:
+    """({partition: MemDefault}, default partition name) from slurm.conf lines."""
+    conf = parse(lines)
+    return {name: p.mem for name, p in conf.partitions.items()}, conf.default_partition
+
+
+def load(slurm_conf_path: str) -> SlurmConf:
+    return parse(_lines(slurm_conf_path, set()))

@@ -9,6 +9,7 @@ Ports: PYK8SRES_TEST_JS_PORT (default 17100) .. +3.
 import os
 import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -80,7 +81,7 @@ SUBMISSIONS = [
     (["--cpus-per-task=3", "--mem=4000"], "gres:k8scpu:3,gres:k8smemory:4000", None),
     (["-c", "2", "--mem-per-cpu=500"], "gres:k8scpu:2,gres:k8smemory:1000", None),
     (["-N", "2", "--ntasks-per-node=2", "-c", "2"], "gres:k8scpu:4,gres:k8smemory:400", None),
-    (["-n", "5", "-N", "2"], "gres:k8scpu:3,gres:k8smemory:300", None),
+    (["-n", "5", "-N", "2"], None, "gres:k8scpu:1,gres:k8smemory:100"),  # Slurm packs n1
     (["-n", "6"], None, "gres:k8scpu:1,gres:k8smemory:100"),
     (["-N", "3", "-c", "2"], "gres:k8scpu:2,gres:k8smemory:200", None),
     (["--mincpus=6"], "gres:k8scpu:6,gres:k8smemory:600", None),
@@ -181,9 +182,93 @@ def test_update_recomputes_without_duplicates(c):
     proc = run("scontrol", "update", f"JobId={job_id}", "NumTasks=3", check=False)
     if "cannot see a submitted job" in proc.stderr:
         pytest.fail("plugin built without -Dslurm_source: job_modify cannot recompute")
-    assert job(job_id)["TresPerNode"] == "gres:k8scpu:6,gres:k8smemory:1800"
+    assert proc.returncode == 0, proc.stderr
+    info = job(job_id)  # 3 tasks, no -N: Slurm places them, so per task
+    assert (info.get("TresPerNode") or "", info["TresPerTask"]) == \
+        ("", "gres:k8scpu:2,gres:k8smemory:600")
     run("scontrol", "update", f"JobId={job_id}", "Gres=k8scpu:1")
-    assert job(job_id)["TresPerNode"] == "gres:k8scpu:6,gres:k8smemory:1800"
+    info = job(job_id)
+    assert (info.get("TresPerNode") or "", info["TresPerTask"]) == \
+        ("", "gres:k8scpu:2,gres:k8smemory:600")
+
+
+def _tres(job_id) -> tuple:
+    info = job(job_id)
+    return info.get("TresPerNode") or "", info.get("TresPerTask") or ""
+
+
+# (submitted with, update, the same shape submitted directly, or the expected
+# (TresPerNode, TresPerTask) where no sbatch option gives that shape)
+UPDATES = [
+    (["-n", "4", "-N", "2"], ["NumTasks=6"], ["-n", "6", "-N", "2"]),
+    (["-n", "4"], ["NumNodes=1-1"], ["-n", "4", "-N", "1"]),  # (NumNodes=1 keeps max open)
+    (["-n", "4"], ["NumNodes=1"], ["-n", "4", "-N", "1-3"]),
+    (["-n", "4", "-N", "1"], ["NumNodes=1-3"], ["-n", "4", "-N", "1-3"]),
+    # NumCPUs alone: the 6 CPUs may all land on one node
+    (["-n", "2"], ["NumCPUs=6"], ("gres:k8scpu:6,gres:k8smemory:600", "")),
+    (["-c", "2"], ["MinMemoryNode=1500"], ["-c", "2", "--mem=1500"]),
+    (["-n", "3", "--mem=900"], ["MinMemoryCPU=200"], ["-n", "3", "--mem-per-cpu=200"]),
+    (["-c", "2"], ["Partition=rt"], ["-c", "2", "-p", "rt"]),
+    (["-c", "2"], ["Gres="], ["-c", "2"]),
+    (["-c", "4"], ["Gres=k8scpu:1"], ["-c", "4"]),  # a user cannot lower the count
+    (["-c", "2", "--gres=k8scpu:5"], ["Gres=k8scpu:3"], ["-c", "2", "--gres=k8scpu:3"]),
+]
+
+
+@pytest.fixture
+def rt_partition(c):
+    """A partition with its own memory default, created at run time."""
+    run("scontrol", "create", "PartitionName=rt", "Nodes=ALL", "DefMemPerCPU=300", "State=UP")
+    yield "rt"
+    run("scancel", "--user=root", check=False)
+    run("scontrol", "delete", "PartitionName=rt", check=False)
+
+
+@pytest.mark.parametrize("opts,update,same", UPDATES, ids=[" ".join(u[0] + u[1]) for u in UPDATES])
+def test_update_is_exactly_as_at_submit(c, rt_partition, opts, update, same):
+    job_id = sbatch(*opts)
+    proc = run("scontrol", "update", f"JobId={job_id}", *update, check=False)
+    assert proc.returncode == 0, proc.stderr
+    tres = _tres(job_id)
+    assert "gres:," not in ",".join(tres) and not any(t.endswith(",") for t in tres)
+    assert tres == (same if isinstance(same, tuple) else _tres(sbatch(*same)))
+
+
+def test_running_jobs_hold_what_an_update_asked(c):
+    """NumTasks update of a per-task job, then started: held >= allocated per node."""
+    job_id = sbatch("-n", "4", "-N", "2")
+    run("scontrol", "update", f"JobId={job_id}", "NumTasks=6", "NumCPUs=6")
+    run("scontrol", "release", job_id)
+    wait_state(job_id, "RUNNING")
+    out = run("scontrol", "-d", "show", "job", job_id).stdout
+    lines = re.findall(r"Nodes=(\S+) CPU_IDs=(\S+) Mem=(\d+) GRES=k8scpu\(CNT:(\d+)\),"
+                       r"k8smemory\(CNT:(\d+)\)", out)
+    assert lines
+    for _, ids, mem, k8scpu, k8smemory in lines:
+        cpus = sum(int(b or a) - int(a) + 1 for a, _, b in
+                   (item.partition("-") for item in ids.split(",")))
+        assert int(k8scpu) >= cpus and int(k8smemory) >= int(mem), out
+
+
+def test_partition_memory_changed_at_run_time(c, rt_partition):
+    assert _tres(sbatch("-c", "2", "-p", "rt"))[0] == "gres:k8scpu:2,gres:k8smemory:600"
+    run("scontrol", "update", "PartitionName=rt", "DefMemPerCPU=700")
+    assert _tres(sbatch("-c", "2", "-p", "rt"))[0] == "gres:k8scpu:2,gres:k8smemory:1400"
+
+
+def test_heterogeneous_job_starts(c, tmp_path):
+    script = tmp_path / "het.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -n 3\n#SBATCH hetjob\n#SBATCH -n 2 -c 2 --mem=700\n"
+                      "sleep 300\n")
+    out = run("sbatch", "--parsable", "--output=/dev/null", str(script)).stdout.strip()
+    lead = out.split("+")[0].split(";")[0]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        states = re.findall(r"JobState=(\S+)", run("scontrol", "show", "job", lead).stdout)
+        if states and all(s == "RUNNING" for s in states):
+            break
+        time.sleep(0.3)
+    assert states == ["RUNNING", "RUNNING"], run("scontrol", "show", "job", lead).stdout
 
 
 def test_seed_scenario_kubernetes_usage_blocks_then_releases(c):
@@ -250,3 +335,56 @@ srun --mem=50 -n 2 true && echo mem-step-ok
     wait_state(job_id, "COMPLETED", timeout=60)
     lines = [line for line in out.read_text().splitlines() if not line.startswith("srun: ")]
     assert lines == ["4", "step-ok", "mem-step-ok"]  # (srun's own warnings aside)
+
+
+def test_embedded_python_ignores_the_daemons_environment(tmp_path, monkeypatch):
+    """slurmctld started with PYTHONPATH (holding a sitecustomize.py), a
+    bogus PYTHONHOME, PYTHONSTARTUP and a user site (~/.local, holding a
+    usercustomize.py): the embedded interpreter uses none of them, and the
+    plugin still completes jobs."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    hook = f"open({str(markers)!r} + '/%s', 'w').write('ran inside ' + __import__('sys').executable)\n"
+    path_dir = tmp_path / "pythonpath"
+    path_dir.mkdir()
+    (path_dir / "sitecustomize.py").write_text(hook % "sitecustomize")
+    home = tmp_path / "home"
+    user_site = home / ".local" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" \
+        / "site-packages"
+    user_site.mkdir(parents=True)
+    (user_site / "usercustomize.py").write_text(hook % "usercustomize")
+    startup = tmp_path / "startup.py"
+    startup.write_text(hook % "startup")
+    env = {"PYTHONPATH": str(path_dir), "PYTHONHOME": "/nonexistent-python-home",
+           "PYTHONSTARTUP": str(startup), "HOME": str(home), "PYTHONUSERBASE": str(home / ".local")}
+    # The hooks are real: a plain interpreter with this environment runs them.
+    check = subprocess.run([sys.executable, "-c", "pass"],
+                           env={**os.environ, **env, "PYTHONHOME": sys.prefix},
+                           capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stderr
+    assert sorted(p.name for p in markers.iterdir()) == ["sitecustomize", "usercustomize"]
+    for marker in markers.iterdir():
+        marker.unlink()
+
+    work = str(tmp_path / "isolated")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)  # inherited by the daemons cluster.up starts
+    try:
+        c2 = cluster.up(work, nodes=1, cpus=2, memory=2000, base_port=BASE_PORT + 30,
+                        node_features=False, def_mem_per_cpu=100)
+    finally:
+        monkeypatch.undo()
+    try:
+        with open(f"/proc/{open(os.path.join(c2.work, 'run', 'proc-slurmctld.pid')).read().strip()}"
+                  "/environ", "rb") as f:
+            assert f"PYTHONPATH={path_dir}".encode() in f.read().split(b"\0")
+        out = subprocess.run(["sbatch", "--parsable", "-H", "--output=/dev/null", "-c", "2",
+                              "--wrap", "true"], capture_output=True, text=True, timeout=30,
+                             env=c2.env, cwd="/tmp")
+        assert out.returncode == 0, out.stderr
+        shown = subprocess.run(["scontrol", "show", "job", out.stdout.strip()], capture_output=True,
+                               text=True, timeout=30, env=c2.env).stdout
+        assert "TresPerNode=gres:k8scpu:2,gres:k8smemory:200" in shown
+        assert list(markers.iterdir()) == []
+    finally:
+        cluster.down(work)

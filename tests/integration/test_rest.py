@@ -251,7 +251,7 @@ SUBMISSIONS = [
      "gres:k8scpu:2,gres:k8smemory:1000", None),
     ("-N 2 --ntasks-per-node=2 -c 2", {"nodes": "2", "tasks_per_node": 2, "cpus_per_task": 2},
      "gres:k8scpu:4,gres:k8smemory:400", None),
-    ("-n 5 -N 2", {"tasks": 5, "nodes": "2"}, "gres:k8scpu:3,gres:k8smemory:300", None),
+    ("-n 5 -N 2", {"tasks": 5, "nodes": "2"}, None, "gres:k8scpu:1,gres:k8smemory:100"),
     ("-n 4", {"tasks": 4}, None, "gres:k8scpu:1,gres:k8smemory:100"),
     ("--mincpus=6", {"minimum_cpus_per_node": 6}, "gres:k8scpu:6,gres:k8smemory:600", None),
     ("-c 2 --gres=k8scpu:5", {"cpus_per_task": 2, "gres": "k8scpu:5"},

@@ -52,3 +52,27 @@ def test_unreadable_python_is_reported():
         assert install.unreadable_by_others(target) is None
     finally:
         shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("cpus,layout,line", [
+    (8, {}, ""),
+    (8, {"threads_per_core": 2}, " Sockets=1 CoresPerSocket=4 ThreadsPerCore=2"),
+    (16, {"sockets": 2, "threads_per_core": 2}, " Sockets=2 CoresPerSocket=4 ThreadsPerCore=2"),
+    (12, {"sockets": 2, "cores_per_socket": 6}, " Sockets=2 CoresPerSocket=6 ThreadsPerCore=1"),
+])
+def test_node_layout(cpus, layout, line):
+    assert cluster.topology(cpus, **layout) == line
+
+
+def test_node_layout_must_multiply_to_cpus():
+    with pytest.raises(cluster.ClusterError, match="not sockets x cores-per-socket x threads"):
+        cluster.topology(8, sockets=2, cores_per_socket=3, threads_per_core=2)
+
+
+def test_slurm_conf_smt_layout_and_no_job_submit(tmp_path):
+    text = cluster.slurm_conf_text(str(tmp_path), nodes=2, cpus=8, memory=8000, base_port=17000,
+                                   node_features=False, def_mem_per_cpu=100, plugin_dir="/x",
+                                   layout=cluster.topology(8, threads_per_core=2),
+                                   job_submit=False)
+    assert "CPUs=8 Sockets=1 CoresPerSocket=4 ThreadsPerCore=2" in text
+    assert "SlurmdParameters=config_overrides" in text and "JobSubmitPlugins" not in text

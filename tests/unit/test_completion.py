@@ -1,12 +1,35 @@
 """Table-driven tests of the completion policy (pyk8sres.slurmctld.completion)."""
 import pytest
 
-from pyk8sres.slurmctld.completion import (Job, MemDefault, PolicyError, Site, complete,
-                                 complete_modify, decode_memory, MEM_PER_CPU, NO_VAL64)
+import itertools
+import random
+
+from pyk8sres import GRES_CPU as CPU, GRES_MEMORY as MEM
+from pyk8sres.slurmctld.completion import (CR_CORE, CR_CPU, CR_ONE_TASK_PER_CORE, Job,
+                                           MemDefault, Nodes, Partition, PolicyError, Site,
+                                           complete, complete_modify, decode_memory, required,
+                                           MEM_PER_CPU, NO_VAL64)
 
 V2205 = 0x160508
 V2411 = 0x180B05
-SITE = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100))
+NODES = Nodes(threads_per_core=1, cpus=8, memory=16000)
+SMT_NODES = Nodes(threads_per_core=2, cpus=8, memory=16000, count=3, least_cpus=8)
+SITE = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=NODES,
+            partitions={"debug": Partition(nodes=NODES)}, default_partition="debug")
+SMT = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=SMT_NODES,
+           partitions={"debug": Partition(nodes=SMT_NODES)}, default_partition="debug")
+SMT_CR_CORE_UNKNOWN = Site(cluster_mem=MemDefault(per_cpu=100),
+                           all_nodes=Nodes(threads_per_core=2, cpus=8, memory=16000))
+SMT_CR_CPU = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=SMT_NODES,
+                  select_type_param=CR_CPU)
+SMT_ONE_TASK = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100),
+                    all_nodes=SMT_NODES, select_type_param=CR_CORE | CR_ONE_TASK_PER_CORE)
+LIMITED = Site(cluster_mem=MemDefault(per_cpu=100), all_nodes=NODES, default_partition="lim",
+               partitions={"lim": Partition(max_mem_per_cpu=1000, nodes=NODES)})
+TWO = Site(cluster_mem=MemDefault(per_cpu=100), all_nodes=NODES, default_partition="a",
+           partitions={"a": Partition(nodes=NODES),
+                       "b": Partition(mem=MemDefault(per_cpu=500), nodes=NODES),
+                       "n": Partition(mem=MemDefault(per_node=3000), nodes=NODES)})
 
 # (id, job, expected tres_per_node, expected tres_per_task) with DefMemPerCPU=100
 CASES = [
@@ -18,8 +41,9 @@ CASES = [
      "gres:k8scpu:2,gres:k8smemory:1000", None),
     ("-N 2 --ntasks-per-node=2 -c 2", Job(min_nodes=2, ntasks_per_node=2, cpus_per_task=2),
      "gres:k8scpu:4,gres:k8smemory:400", None),
-    ("-n 5 -N 2: most tasks on a node is 3", Job(num_tasks=5, min_nodes=2),
-     "gres:k8scpu:3,gres:k8smemory:300", None),
+    ("-n 5 -N 2: tasks per node decided by Slurm: per task", Job(num_tasks=5, min_nodes=2,
+                                                                  max_nodes=2),
+     "", "gres:k8scpu:1,gres:k8smemory:100"),
     ("-n 6 without -N: per task", Job(num_tasks=6),
      "", "gres:k8scpu:1,gres:k8smemory:100"),
     ("-n 4 -c 2 --mem=3000 without -N: cpu per task, memory per node",
@@ -71,11 +95,12 @@ MEMORY_DEFAULTS = [
     ("cluster DefMemPerNode", Site(cluster_mem=MemDefault(per_node=2048)), Job(cpus_per_task=2),
      "gres:k8scpu:2,gres:k8smemory:2048"),
     ("partition DefMemPerCPU beats cluster",
-     Site(cluster_mem=MemDefault(per_cpu=100), partition_mem={"big": MemDefault(per_cpu=1000)}),
+     Site(cluster_mem=MemDefault(per_cpu=100),
+          partitions={"big": Partition(mem=MemDefault(per_cpu=1000))}),
      Job(cpus_per_task=2, partition="big"), "gres:k8scpu:2,gres:k8smemory:2000"),
     ("default partition's default",
-     Site(cluster_mem=MemDefault(per_cpu=100), partition_mem={"big": MemDefault(per_node=7000)},
-          default_partition="big"),
+     Site(cluster_mem=MemDefault(per_cpu=100),
+          partitions={"big": Partition(mem=MemDefault(per_node=7000))}, default_partition="big"),
      Job(cpus_per_task=2), "gres:k8scpu:2,gres:k8smemory:7000"),
     ("no default at all: whole node memory, CPUs only", Site(), Job(cpus_per_task=2),
      "gres:k8scpu:2"),
@@ -94,7 +119,8 @@ REJECTED = [
     ("negative count", Job(tres_per_node="gres:k8smemory:-5"), "plain count"),
     ("per job", Job(tres_per_job="gres:k8scpu:4"), "only be requested per node"),
     ("--mem=0 on a shared node", Job(mem_per_node=0), "cannot share the node"),
-    ("absurd shape", Job(num_tasks=2**31, min_nodes=1, cpus_per_task=2**15), "larger than any node"),
+    ("absurd shape", Job(num_tasks=2**31, min_nodes=1, max_nodes=1, cpus_per_task=2**15),
+     "larger than any node"),
 ]
 
 
@@ -122,22 +148,258 @@ def test_decode_memory(raw, expected):
 
 CURRENT = Job(cpus_per_task=2, num_tasks=1, min_nodes=1, mem_per_cpu=100,
               tres_per_node="gres:k8scpu:2,gres:k8smemory:200")
+SPREAD = Job(num_tasks=4, min_nodes=1, tres_per_task="gres:k8scpu:1,gres:k8smemory:100")
+# (id, current job, update, resulting TresPerNode, TresPerTask; None = unchanged)
 MODIFY = [
-    ("unrelated update: untouched", Job(), None),
-    ("more tasks", Job(num_tasks=3), "gres:k8scpu:6,gres:k8smemory:600"),
-    ("fewer CPUs recomputed down", Job(cpus_per_task=1), "gres:k8scpu:1,gres:k8smemory:100"),
-    ("memory per cpu", Job(mem_per_cpu=300), "gres:k8scpu:2,gres:k8smemory:600"),
-    ("user lowers gres: corrected", Job(tres_per_node="gres:k8scpu:0"),
-     "gres:k8scpu:2,gres:k8smemory:200"),
+    ("unrelated update: untouched", CURRENT, Job(), None, None),
+    ("more tasks: Slurm places them, so per task", CURRENT, Job(num_tasks=3),
+     "", "gres:k8scpu:2,gres:k8smemory:200"),
+    ("more tasks on one fixed node", CURRENT, Job(num_tasks=3, max_nodes=1),
+     "gres:k8scpu:6,gres:k8smemory:600", None),
+    ("fewer CPUs recomputed down", CURRENT, Job(cpus_per_task=1),
+     "gres:k8scpu:1,gres:k8smemory:100", None),
+    ("memory per cpu", CURRENT, Job(mem_per_cpu=300), "gres:k8scpu:2,gres:k8smemory:600", None),
+    ("memory per node replaces per cpu", CURRENT, Job(mem_per_node=1500),
+     "gres:k8scpu:2,gres:k8smemory:1500", None),
+    ("user lowers gres: corrected", CURRENT, Job(tres_per_node="gres:k8scpu:0"),
+     "gres:k8scpu:2,gres:k8smemory:200", None),
+    ("Gres= clears: no empty entry, ours back", CURRENT, Job(tres_per_node="gres:"),
+     "gres:k8scpu:2,gres:k8smemory:200", None),
+    ("NumTasks of a per-task job: per task, resent so Slurm recounts", SPREAD, Job(num_tasks=6),
+     None, "gres:k8scpu:1,gres:k8smemory:100"),
+    ("NumNodes pins a per-task job to one node: per node", SPREAD, Job(min_nodes=1, max_nodes=1),
+     "gres:k8scpu:4,gres:k8smemory:400", ""),
+    ("NumCPUs (cpus per task) of a per-task job", SPREAD, Job(cpus_per_task=2),
+     None, "gres:k8scpu:2,gres:k8smemory:200"),
+    ("partition with another default", SPREAD, Job(partition="b"),
+     None, "gres:k8scpu:1,gres:k8smemory:500"),
 ]
 
 
-@pytest.mark.parametrize("name,change,node", MODIFY, ids=[c[0] for c in MODIFY])
-def test_modify(name, change, node):
-    assert complete_modify(change, CURRENT, SITE).tres_per_node == node
+@pytest.mark.parametrize("name,current,change,node,task", MODIFY, ids=[c[0] for c in MODIFY])
+def test_modify(name, current, change, node, task):
+    result = complete_modify(change, current, TWO)
+    assert (result.tres_per_node, result.tres_per_task) == (node, task)
+
+
+def test_modify_of_a_per_task_job_clears_the_stale_per_job_count():
+    assert complete_modify(Job(min_nodes=1, max_nodes=1), SPREAD, TWO).clear_tres_per_job
+    assert complete_modify(Job(num_tasks=6), SPREAD, TWO).clear_tres_per_job
+    assert not complete_modify(Job(num_tasks=6), CURRENT, TWO).clear_tres_per_job
+    assert not complete_modify(Job(), SPREAD, TWO).clear_tres_per_job
+    with_gpus = SPREAD._replace(tres_per_job="gres:gpu:2")  # the user's own: left alone
+    assert not complete_modify(Job(min_nodes=1, max_nodes=1), with_gpus, TWO).clear_tres_per_job
+
+
+def test_modify_equals_submit():
+    """An update recomputes exactly what submitting the updated job would ask."""
+    for change in (Job(num_tasks=6), Job(min_nodes=2, max_nodes=2), Job(cpus_per_task=3),
+                   Job(mem_per_cpu=700), Job(partition="b"), Job(num_tasks=1)):
+        merged = SPREAD._replace(tres_per_task=None,
+                                 **{k: v for k, v in change._asdict().items() if v})
+        submitted = complete(merged, TWO)
+        updated = complete_modify(change, SPREAD, TWO)
+        assert (updated.per_node, updated.per_task) == (submitted.per_node, submitted.per_task)
 
 
 def test_modify_without_current_job_is_refused_not_guessed():
     with pytest.raises(PolicyError, match="cannot see a submitted job"):
         complete_modify(Job(num_tasks=3), None, SITE)
     assert complete_modify(Job(), None, SITE).tres_per_node is None
+
+
+# --- The rules (README, "What a job requests"), one row each -----------------------------
+# (rule, site, job, per node, per task): what `required` asks.  8-CPU nodes, 16000 MB,
+# DefMemPerCPU=100; SMT = 4 cores x 2 threads under CR_Core.
+RULES = [
+    ("no -n: one task per node", SITE, Job(), {CPU: 1, MEM: 100}, {}),
+    ("-N 3 -c 2: one task per node", SITE, Job(min_nodes=3, max_nodes=3, cpus_per_task=2),
+     {CPU: 2, MEM: 200}, {}),
+    ("-N 2 --ntasks-per-node=2 -c 2: fixed", SITE,
+     Job(num_tasks=4, min_nodes=2, max_nodes=2, ntasks_per_node=2, cpus_per_task=2),
+     {CPU: 4, MEM: 400}, {}),
+    ("-n 8 -N 1: all on one node", SITE, Job(num_tasks=8, min_nodes=1, max_nodes=1),
+     {CPU: 8, MEM: 800}, {}),
+    ("-n 4 -N 4: one each", SITE, Job(num_tasks=4, min_nodes=4, max_nodes=4), {CPU: 1, MEM: 100},
+     {}),
+    ("-n 5 -N 2: block packs n1 with 4: per task", SITE,
+     Job(num_tasks=5, min_nodes=2, max_nodes=2), {}, {CPU: 1, MEM: 100}),
+    ("-n 6 (no -N): per task", SITE, Job(num_tasks=6), {}, {CPU: 1, MEM: 100}),
+    ("-n 3 -N 1-2 -c 3: per task (was refused)", SITE,
+     Job(num_tasks=3, min_nodes=1, max_nodes=2, cpus_per_task=3), {}, {CPU: 3, MEM: 300}),
+    ("-n 12 -N 1-3: per task (was refused)", SITE, Job(num_tasks=12, min_nodes=1, max_nodes=3),
+     {}, {CPU: 1, MEM: 100}),
+    ("-n 6 --ntasks-per-node=4 -N 2: every node gets 4 tasks' CPUs", SITE,
+     Job(num_tasks=6, min_nodes=2, max_nodes=2, ntasks_per_node=4), {CPU: 4, MEM: 400}, {}),
+    ("-n 5 -N 1-3 --ntasks-per-node=4 -c 2", SITE,
+     Job(num_tasks=5, min_nodes=1, max_nodes=3, ntasks_per_node=4, cpus_per_task=2),
+     {CPU: 8, MEM: 800}, {}),
+    ("-O --ntasks-per-node=4 -n 8: one task's CPUs", SITE,
+     Job(num_tasks=8, ntasks_per_node=4, overcommit=True), {CPU: 1, MEM: 100}, {}),
+    ("-n 4 -c 2 --mem=3000: memory per node", SITE,
+     Job(num_tasks=4, cpus_per_task=2, mem_per_node=3000), {MEM: 3000}, {CPU: 2}),
+    ("--mincpus=6", SITE, Job(pn_min_cpus=6), {CPU: 6, MEM: 600}, {}),
+    ("NumCPUs=4 on one task: the node gets 4", SITE, Job(num_tasks=1, min_cpus=4, cpus_per_task=2),
+     {CPU: 4, MEM: 400}, {}),
+    ("NumCPUs=6 -N 2 -c 2: the extra may land on one node", SITE,
+     Job(min_nodes=2, max_nodes=2, min_cpus=6, cpus_per_task=2), {CPU: 4, MEM: 400}, {}),
+    ("sbatch's own NumCPUs (nodes x c) adds nothing", SITE,
+     Job(min_nodes=3, max_nodes=3, min_cpus=6, cpus_per_task=2), {CPU: 2, MEM: 200}, {}),
+    ("NumCPUs=12 -n 4 spread: per node, capped", SITE, Job(num_tasks=4, min_cpus=12),
+     {CPU: 8, MEM: 800}, {}),
+    ("-n 4 --mincpus=3: not t x one task: per node, most a node can get", SITE,
+     Job(num_tasks=4, pn_min_cpus=3), {CPU: 4, MEM: 400}, {}),
+    ("-n 20 --mincpus=2: capped at the biggest node", SITE, Job(num_tasks=20, pn_min_cpus=2),
+     {CPU: 8, MEM: 800}, {}),
+    ("--exclusive -c 2: one task's figures (Slurm gives all)", SITE,
+     Job(exclusive=True, cpus_per_task=2), {CPU: 2, MEM: 200}, {}),
+    ("--exclusive -n 12 -N 1-3: one task's figures, never per task", SITE,
+     Job(exclusive=True, num_tasks=12, min_nodes=1, max_nodes=3), {CPU: 1, MEM: 100}, {}),
+    ("--mem=0 --exclusive: CPUs only", SITE, Job(exclusive=True, mem_per_node=0), {CPU: 1}, {}),
+    ("-O -n 16 -N 1: one task's CPUs per node", SITE,
+     Job(overcommit=True, num_tasks=16, min_nodes=1, max_nodes=1), {CPU: 1, MEM: 100}, {}),
+    ("-O -n 6: one task's CPUs per node", SITE, Job(overcommit=True, num_tasks=6, cpus_per_task=2),
+     {CPU: 2, MEM: 200}, {}),
+    # SMT under CR_Core: whole cores
+    ("SMT: bare job gets a whole core", SMT, Job(), {CPU: 2, MEM: 200}, {}),
+    ("SMT: -c 3 gets 2 cores", SMT, Job(cpus_per_task=3), {CPU: 4, MEM: 400}, {}),
+    ("SMT: -n 3 -N 1: 2 cores", SMT, Job(num_tasks=3, min_nodes=1, max_nodes=1),
+     {CPU: 4, MEM: 400}, {}),
+    ("SMT: -n 6 -c 2: even c: per task", SMT, Job(num_tasks=6, cpus_per_task=2), {},
+     {CPU: 2, MEM: 200}),
+    ("SMT: -n 3: odd c, fits with a core per task: per task, rounded", SMT, Job(num_tasks=3),
+     {}, {CPU: 2, MEM: 200}),
+    ("SMT: -n 3 -N 2-3 -c 3: 2 cores per task fit: per task", SMT,
+     Job(num_tasks=3, min_nodes=2, max_nodes=3, cpus_per_task=3, min_cpus=9), {},
+     {CPU: 4, MEM: 400}),
+    ("SMT: -n 20: a core per task would not fit 3 nodes: per node, most, capped", SMT,
+     Job(num_tasks=20), {CPU: 8, MEM: 800}, {}),
+    ("SMT: -n 10 -N 1-2: would not fit 2 nodes: per node", SMT,
+     Job(num_tasks=10, min_nodes=1, max_nodes=2), {CPU: 8, MEM: 800}, {}),
+    ("SMT, node count unknown: per node", SMT_CR_CORE_UNKNOWN, Job(num_tasks=3),
+     {CPU: 4, MEM: 400}, {}),
+    ("SMT: -n 3 --ntasks-per-core=1: a core each: per task", SMT,
+     Job(num_tasks=3, ntasks_per_core=1), {}, {CPU: 2, MEM: 200}),
+    ("SMT: -n 3 -c 3 --ntasks-per-core=1: 2 cores each", SMT,
+     Job(num_tasks=3, cpus_per_task=3, ntasks_per_core=1), {}, {CPU: 4, MEM: 400}),
+    ("SMT: --hint=nomultithread -n 3: a core each, memory of 1 thread; per node", SMT,
+     Job(num_tasks=3, threads_per_core=1), {CPU: 6, MEM: 300}, {}),
+    ("SMT: --hint=nomultithread -n 3 -N 1: fixed", SMT,
+     Job(num_tasks=3, min_nodes=1, max_nodes=1, threads_per_core=1), {CPU: 6, MEM: 300}, {}),
+    ("SMT: --threads-per-core=1 --mem-per-cpu=300 -n 3", SMT,
+     Job(num_tasks=3, threads_per_core=1, mem_per_cpu=300), {CPU: 6, MEM: 900}, {}),
+    ("--hint=compute_bound -n 5 -N 2 -c 3: Slurm may pack 3 tasks on 8 CPUs: per node", SITE,
+     Job(num_tasks=5, min_nodes=2, max_nodes=2, cpus_per_task=3, threads_per_core=1),
+     {CPU: 8, MEM: 800}, {}),
+    ("SMT: -O -n 16 -N 1: one core", SMT,
+     Job(overcommit=True, num_tasks=16, min_nodes=1, max_nodes=1), {CPU: 2, MEM: 200}, {}),
+    ("SMT: CR_ONE_TASK_PER_CORE: a core per task", SMT_ONE_TASK, Job(num_tasks=3), {},
+     {CPU: 2, MEM: 200}),
+    ("SMT nodes under CR_CPU: threads, no rounding", SMT_CR_CPU, Job(num_tasks=3), {},
+     {CPU: 1, MEM: 100}),
+    # memory settings
+    ("MaxMemPerCPU=1000 --mem-per-cpu=4000: 4 CPUs of 1000", LIMITED, Job(mem_per_cpu=4000),
+     {CPU: 4, MEM: 4000}, {}),
+    ("MaxMemPerCPU=1000 -n 3 --mem-per-cpu=2500: 3 CPUs per task", LIMITED,
+     Job(num_tasks=3, mem_per_cpu=2500), {}, {CPU: 3, MEM: 2502}),
+    ("MaxMemPerCPU=1000 --mem=4000: 4 CPUs", LIMITED, Job(mem_per_node=4000),
+     {CPU: 4, MEM: 4000}, {}),
+    ("-p a,b: the larger partition default", TWO, Job(partition="a,b"), {CPU: 1, MEM: 500}, {}),
+    ("-p b (DefMemPerCPU=500)", TWO, Job(partition="b", cpus_per_task=2), {CPU: 2, MEM: 1000},
+     {}),
+    ("-p n (DefMemPerNode=3000) -n 4: memory per node", TWO, Job(partition="n", num_tasks=4),
+     {MEM: 3000}, {CPU: 1}),
+    ("-p a,n -n 4: memory per task in one, per node in the other: per node, most", TWO,
+     Job(partition="a,n", num_tasks=4), {CPU: 4, MEM: 3000}, {}),
+    ("unknown partition: cluster default", TWO, Job(partition="nope"), {CPU: 1, MEM: 100}, {}),
+]
+
+
+@pytest.mark.parametrize("rule,site,job,per_node,per_task", RULES, ids=[r[0] for r in RULES])
+def test_rule(rule, site, job, per_node, per_task):
+    assert required(job, site) == (per_node, per_task)
+
+
+# --- held >= allocated on every node, for every shape: an independent model of Slurm ----
+def slurm_allocates(job: Job, t: int, tpc: int, whole_cores: bool) -> tuple[int, int]:
+    """(CPUs, MB) Slurm 22.05 gives a node with t tasks (DefMemPerCPU=100, no limits),
+    written from cons_common/dist_tasks.c and job_test.c, not from the policy."""
+    c = job.cpus_per_task or 1
+    if job.overcommit:
+        t = 1  # dist_tasks.c: one task's CPUs per node
+    least = job.pn_min_cpus or 0
+    if job.ntasks_per_node and not job.overcommit and (
+            job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1:
+        least = max(least, c * job.ntasks_per_node)  # job_mgr.c: pn_min_cpus
+    cpus = max(t * c, least)
+    if whole_cores and tpc > 1:
+        vpus = tpc
+        if job.ntasks_per_core:
+            vpus = min(vpus, job.ntasks_per_core * c)
+        if job.threads_per_core:
+            vpus = min(vpus, job.threads_per_core)
+        cores = -(-cpus // vpus)
+        if job.ntasks_per_core == 1 and c > vpus:
+            cores = cpus // c * -(-c // vpus)  # _block_sync_core_bitmap
+        cpus = cores * tpc
+        counted = cores * min(tpc, job.threads_per_core or tpc)
+    else:
+        counted = cpus
+    mem = job.mem_per_node if job.mem_per_node else (job.mem_per_cpu or 100) * counted
+    return cpus, mem
+
+
+def tasks_possible(job: Job) -> range:
+    if not job.num_tasks:
+        return range(job.ntasks_per_node or 1, (job.ntasks_per_node or 1) + 1)
+    if job.overcommit:
+        return range(1, job.num_tasks + 1)
+    nodes = job.min_nodes or 1
+    most = job.num_tasks - nodes + 1
+    if job.ntasks_per_node:
+        most = min(most, job.ntasks_per_node)
+    least = 1
+    if job.max_nodes == nodes and nodes == 1:
+        least = job.num_tasks
+    return range(least, most + 1)
+
+
+def random_jobs(count: int, seed: int = 9):
+    rng = random.Random(seed)
+    for _ in range(count):
+        n = rng.choice([None, 1, 2, 3, 4, 5, 7, 8, 12, 16])
+        nodes = rng.choice([None, 1, 2, 3])
+        ranged = nodes and rng.random() < 0.4
+        yield Job(num_tasks=n, min_nodes=nodes, max_nodes=(nodes + 2 if ranged else nodes),
+                  cpus_per_task=rng.choice([None, 1, 2, 3, 4]),
+                  ntasks_per_node=rng.choice([None, None, 1, 2, 3]),
+                  pn_min_cpus=rng.choice([None, None, None, 2, 3]),
+                  mem_per_node=rng.choice([None, None, 1000]),
+                  mem_per_cpu=rng.choice([None, None, 300]),
+                  ntasks_per_core=rng.choice([None, None, 1, 2]),
+                  threads_per_core=rng.choice([None, None, 1]),
+                  overcommit=rng.random() < 0.1)
+
+
+@pytest.mark.parametrize("site,whole", [(SITE, True), (SMT, True), (SMT_CR_CPU, False)],
+                         ids=["plain", "smt", "smt-cr-cpu"])
+def test_held_covers_allocated_for_random_shapes(site, whole):
+    tpc = site.all_nodes.threads_per_core
+    checked = 0
+    for job in random_jobs(600):
+        if job.mem_per_node and job.mem_per_cpu:
+            job = job._replace(mem_per_cpu=None)
+        per_node, per_task = required(job, site)
+        runnable = False
+        for t in tasks_possible(job):
+            cpus, mem = slurm_allocates(job, t, tpc, whole)
+            if cpus > site.all_nodes.cpus:
+                continue  # Slurm cannot put t tasks on one node
+            runnable = True
+            held_cpu = per_node.get(CPU, 0) + t * per_task.get(CPU, 0)
+            held_mem = per_node.get(MEM, 0) + t * per_task.get(MEM, 0)
+            assert held_cpu >= cpus and held_mem >= mem, (job, t, per_node, per_task)
+            checked += 1
+        if runnable:  # never more per node than a node has: runnable stays runnable
+            assert per_node.get(CPU, 0) <= site.all_nodes.cpus, job
+    assert checked > 1000

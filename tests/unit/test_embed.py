@@ -30,7 +30,9 @@ def c_job(**fields):
     for name, value in dict(cpus_per_task=NO_VAL16, num_tasks=NO_VAL, ntasks_per_node=NO_VAL16,
                             min_cpus=NO_VAL, min_nodes=NO_VAL, max_nodes=NO_VAL,
                             pn_min_cpus=NO_VAL16, pn_min_memory=NO_VAL64, shared=NO_VAL16,
-                            het_job_offset=NO_VAL, slurm_version=0x160508).items():
+                            het_job_offset=NO_VAL, slurm_version=0x160508,
+                            ntasks_per_core=NO_VAL16, threads_per_core=NO_VAL16,
+                            overcommit=0xFE).items():
         setattr(job, name, value)
     for name, value in fields.items():
         if isinstance(value, str):
@@ -47,6 +49,10 @@ def c_job(**fields):
     ({"ntasks_per_node": 0xFFFF, "max_nodes": 0xFFFFFFFF}, completion.Job()),
     ({"shared": 0, "tres_per_node": "gres:gpu:1"}, completion.Job(exclusive=True,
                                                                   tres_per_node="gres:gpu:1")),
+    ({"ntasks_per_core": 1, "threads_per_core": 1, "overcommit": 1},
+     completion.Job(ntasks_per_core=1, threads_per_core=1, overcommit=True)),
+    ({"ntasks_per_core": 0xFFFF, "threads_per_core": NO_VAL16, "overcommit": 0xFE},
+     completion.Job()),
 ])
 def test_job_from_c(fields, expected):
     assert embed.job_from_c(ffi, c_job(**fields)) == expected
@@ -64,7 +70,41 @@ def test_memo_key_covers_every_field_the_policy_reads():
     body = re.search(r"struct memo_key \{(.*?)\};", CORE_C, re.S).group(1)
     key = set(re.findall(r"\b([a-z_]+)\b(?=[,;])", body))
     strings = set(re.findall(r"strings\[\d\] = j->(\w+);", CORE_C))
-    read_by_policy = set(embed._UNSET) | {"pn_min_memory", "shared"} | \
-        {"def_mem_per_cpu", "slurm_version"}  # the last two: embed.site_for
+    site_numbers = set(embed.SITE_FIELDS) - {"part_mem"}  # embed.site_for
+    read_by_policy = set(embed._UNSET) | {"pn_min_memory", "shared"} | site_numbers
     assert read_by_policy <= key
-    assert set(embed._STRINGS) == strings
+    assert set(embed._STRINGS) | {"part_mem"} == strings
+
+
+def test_every_job_field_is_read_from_c():
+    """A Job field the C struct does not fill would silently stay None."""
+    read = set(embed._UNSET) | set(embed._STRINGS) | {"mem_per_node", "mem_per_cpu", "exclusive"}
+    assert read == set(completion.Job._fields)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("", {}),
+    (f"a={completion.MEM_PER_CPU | 300}:{completion.MEM_PER_CPU | 1000}",
+     {"a": (completion.MemDefault(per_cpu=300), 1000)}),
+    ("b=2000:0,c=0:4000", {"b": (completion.MemDefault(per_node=2000), None),
+                           "c": (completion.MemDefault(), None)}),  # MaxMemPerNode: no CPU raise
+    ("garbage,d=x:1", {}),
+])
+def test_live_partition_memory(text, expected):
+    assert embed.parse_part_mem(text) == expected
+
+
+def test_live_partition_memory_overrides_slurm_conf():
+    """`scontrol update PartitionName=a DefMemPerCPU=300` reaches the policy
+    through the string the C shim builds for each job."""
+    embed._site = completion.Site(partitions={"a": completion.Partition(
+        mem=completion.MemDefault(per_cpu=100))}, default_partition="a")
+    embed._site_key = None
+    site = embed.site_for(completion.MEM_PER_CPU | 50, 0x160508, completion.CR_CORE, 0,
+                          f"a={completion.MEM_PER_CPU | 300}:0")
+    assert site.partitions["a"].mem == completion.MemDefault(per_cpu=300)
+    assert site.cluster_mem == completion.MemDefault(per_cpu=50)
+    assert completion.complete(completion.Job(partition="a"), site).per_node == \
+        {"k8scpu": 1, "k8smemory": 300}
+    assert embed.site_for(completion.MEM_PER_CPU | 50, 0x160508, completion.CR_CORE, 0,
+                          None).partitions["a"].mem == completion.MemDefault(per_cpu=100)

@@ -4,7 +4,7 @@ import pytest
 from pyk8sres.slurmctld import config
 from pyk8sres.slurmctld import gres
 from pyk8sres.coordinator import slurm
-from pyk8sres.slurmctld import slurmconf
+from pyk8sres.slurmctld import completion, slurmconf
 from pyk8sres.slurmctld.completion import MemDefault
 
 
@@ -47,9 +47,10 @@ def test_partition_memory(tmp_path):
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=x\nPartitionName=small Nodes=n1 DefMemPerNode=500\n"
                     "Include parts.conf\n# PartitionName=ghost DefMemPerCPU=1\n")
-    parts, default = slurmconf.load_partition_memory(str(conf))
-    assert parts == {"small": MemDefault(per_node=500), "big": MemDefault(per_cpu=2000)}
-    assert default == "big"
+    loaded = slurmconf.load(str(conf))
+    assert {name: p.mem for name, p in loaded.partitions.items()} == \
+        {"small": MemDefault(per_node=500), "big": MemDefault(per_cpu=2000)}
+    assert loaded.default_partition == "big"
 
 
 def test_scontrol_record_parsing():
@@ -74,3 +75,41 @@ def test_scontrol_record_parsing():
 ])
 def test_scontrol_gres_counts(text, expected):
     assert slurm.parse_gres(text) == expected
+
+
+SLURM_CONF = """
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory,CR_ONE_TASK_PER_CORE
+MaxMemPerCPU=4000
+NodeName=DEFAULT RealMemory=16000
+NodeName=n[1-2] CPUs=8 ThreadsPerCore=2 CoresPerSocket=4
+NodeName=big[01-02] Sockets=2 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=64000
+PartitionName=DEFAULT DefMemPerCPU=300 MaxMemPerCPU=1000
+PartitionName=smt Nodes=n[1-2] Default=YES
+PartitionName=wide Nodes=big[01-02] DefMemPerNode=2000
+PartitionName=all Nodes=ALL DefMemPerCPU=50
+"""
+
+
+def test_slurm_conf_topology_and_defaults(tmp_path):
+    (tmp_path / "slurm.conf").write_text(SLURM_CONF)
+    conf = slurmconf.load(str(tmp_path / "slurm.conf"))
+    assert conf.select_type_param == completion.CR_CORE | completion.CR_ONE_TASK_PER_CORE
+    assert conf.max_mem_per_cpu == 4000
+    assert conf.default_partition == "smt"
+    smt, wide, every = conf.partitions["smt"], conf.partitions["wide"], conf.partitions["all"]
+    assert smt == completion.Partition(mem=MemDefault(per_cpu=300), max_mem_per_cpu=1000,
+                                       nodes=completion.Nodes(2, 8, 16000, 2, 8))
+    # DefMemPerNode on the line beats the DEFAULT line's DefMemPerCPU (Slurm: mutually exclusive)
+    assert wide.mem == MemDefault(per_node=2000)
+    assert wide.nodes == completion.Nodes(1, 16, 64000, 2, 16)  # CPUs from sockets x cores x threads
+    assert every.mem == MemDefault(per_cpu=50) and every.nodes == completion.Nodes(2, 16, 64000, 4, 8)
+
+
+@pytest.mark.parametrize("text,names", [
+    ("n[1-3,7],login1", ["n1", "n2", "n3", "n7", "login1"]),
+    ("x[01-03]-ib", ["x01-ib", "x02-ib", "x03-ib"]),
+    ("solo", ["solo"]),
+])
+def test_hostlist(text, names):
+    assert slurmconf.expand_hostlist(text) == names

@@ -1,0 +1,216 @@
+"""Differential test of job_submit/k8s_resource_completion against plain Slurm.
+
+Random submission shapes (fixed seed) run through two real clusters with the
+same nodes, side by side: one with our job_submit plugin, one without it
+(no JobSubmitPlugins).  For every shape, on an idle cluster:
+  * it starts in both or in neither (the plugin never refuses or strands a
+    job plain Slurm runs, and never starts one plain Slurm would not);
+  * with the plugin, on every node of every job (array tasks included), the
+    k8scpu/k8smemory held (`scontrol -d show job`: GRES=k8scpu(CNT:n)) is at
+    least the CPUs (CPU_IDs) and memory (Mem) Slurm allocated there.
+Both on plain nodes and on SMT nodes (2 threads per core, CR_Core).
+
+CI runs PYK8SRES_DIFF_SHAPES shapes per topology (default 12, ~1 minute);
+the full run is `PYK8SRES_DIFF_SHAPES=200 python3 -m pytest
+integration/test_job_submit_differential.py` (README).  Each run writes
+every outcome to diff-<topology>.json in the pytest tmp dir and prints a
+summary.  PYK8SRES_DIFF_BASELINE=<site-packages>/pyk8sres/_lib runs another
+build's plugin instead of this one (to measure a baseline, e.g. main).
+Ports: port(17400) .. +9.
+"""
+import json
+import os
+import random
+import re
+import subprocess
+import time
+
+import pytest
+from local_slurm import port, requires_slurm
+
+from pyk8sres.slurmctld.slurmconf import expand_hostlist
+from pyk8sres.testbed import cluster
+
+pytestmark = requires_slurm
+
+SEED = 9
+COUNT = int(os.environ.get("PYK8SRES_DIFF_SHAPES", "12"))
+NODES, CPUS, MEMORY = 3, 8, 16000
+PARTITIONS = ("PartitionName=a Nodes=ALL Default=YES DefMemPerCPU=100 MaxTime=INFINITE State=UP\n"
+              "PartitionName=b Nodes=ALL DefMemPerCPU=300 MaxMemPerCPU=1000 MaxTime=INFINITE "
+              "State=UP")
+TOPOLOGIES = {"plain": {}, "smt": {"threads_per_core": 2}}
+START_TIMEOUT = 6.0
+
+
+def shapes(count: int, seed: int = SEED) -> list[list[str]]:
+    """Random sbatch option lists; some invalid on purpose (both must refuse them)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        opts = []
+        n = rng.choice([None, 1, 2, 3, 4, 5, 6, 8, 9, 12, 16])
+        if n:
+            opts.append(f"-n{n}")
+        nodes = rng.choice([None, None, "1", "2", "3", "1-2", "1-3", "2-3"])
+        if nodes:
+            opts.append(f"-N{nodes}")
+        c = rng.choice([None, None, 1, 2, 3, 4])
+        if c:
+            opts.append(f"-c{c}")
+        if rng.random() < 0.3:
+            opts.append(f"--ntasks-per-node={rng.choice([1, 2, 3, 4])}")
+        if rng.random() < 0.4:
+            opts.append(rng.choice(["--mem=1000", "--mem=3000", "--mem-per-cpu=200",
+                                    "--mem-per-cpu=1500"]))
+        for flag, chance in (("--exclusive", 0.1), ("-O", 0.1), ("--spread-job", 0.1)):
+            if rng.random() < chance:
+                opts.append(flag)
+        if rng.random() < 0.15:
+            opts.append("--distribution=" + rng.choice(["block", "cyclic", "plane=2"]))
+        if rng.random() < 0.15:
+            opts.append(f"--ntasks-per-core={rng.choice([1, 2])}")
+        if rng.random() < 0.1:
+            opts.append("--hint=" + rng.choice(["nomultithread", "multithread", "compute_bound"]))
+        elif rng.random() < 0.1:
+            opts.append("--threads-per-core=1")
+        if rng.random() < 0.1:
+            opts.append(f"--mincpus={rng.choice([2, 3])}")
+        if rng.random() < 0.1:
+            opts.append("--array=0-1")
+        if rng.random() < 0.3:
+            opts.append("-p" + rng.choice(["b", "a,b", "b,a"]))
+        out.append(opts)
+    return out
+
+
+def _cpu_count(ids: str) -> int:
+    total = 0
+    for item in ids.split(","):
+        lo, _, hi = item.partition("-")
+        total += int(hi or lo) - int(lo) + 1
+    return total
+
+
+def allocations(text: str) -> list[dict]:
+    """Per job record of `scontrol -d show job` (one per array task): state,
+    NumCPUs, and for each node: CPUs, memory and k8s GRES held there."""
+    jobs = []
+    for record in re.split(r"\n\s*\n", text.strip()):
+        if "JobId=" not in record:
+            continue
+        state = re.search(r"JobState=(\S+)", record).group(1)
+        nodes = {}
+        for m in re.finditer(r"^\s+Nodes=(\S+) CPU_IDs=(\S+) Mem=(\d+)(?: GRES=(\S*))?",
+                             record, re.M):
+            held = {k: int(v) for k, v in re.findall(r"(k8s\w+)\(CNT:(\d+)\)", m.group(4) or "")}
+            for node in expand_hostlist(m.group(1)):
+                nodes[node] = {"cpus": _cpu_count(m.group(2)), "mem": int(m.group(3)),
+                               "k8scpu": held.get("k8scpu", 0),
+                               "k8smemory": held.get("k8smemory", 0)}
+        jobs.append({"id": re.search(r"JobId=(\d+)", record).group(1), "state": state,
+                     "num_cpus": re.search(r"NumCPUs=(\d+)", record).group(1), "nodes": nodes})
+    return jobs
+
+
+class Side:
+    """One cluster of the pair, with its own SLURM_CONF."""
+
+    def __init__(self, handle: cluster.Cluster):
+        self.c = handle
+        self.job = None
+
+    def run(self, *args, timeout=30):
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                              env=self.c.env, cwd="/tmp")
+
+    def submit(self, opts: list[str]) -> dict:
+        proc = self.run("sbatch", "--parsable", "--output=/dev/null", *opts, "--wrap", "sleep 60")
+        self.job = proc.stdout.strip().split(";")[0] if proc.returncode == 0 else None
+        return {"accepted": proc.returncode == 0,
+                "error": proc.stderr.strip().splitlines()[-1] if proc.returncode else ""}
+
+    def jobs(self) -> list[dict]:
+        if not self.job:
+            return []
+        return allocations(self.run("scontrol", "-d", "show", "job", self.job).stdout)
+
+    def started(self) -> bool:
+        jobs = self.jobs()
+        return bool(jobs) and all(j["state"] == "RUNNING" for j in jobs)
+
+    def clean(self):
+        self.run("scancel", "--user=root")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.run("squeue", "-h").stdout.strip():
+            time.sleep(0.2)
+        self.job = None
+
+
+@pytest.fixture(scope="module", params=sorted(TOPOLOGIES))
+def pair(request, tmp_path_factory):
+    topology = request.param
+    base = port(17400) + (0 if topology == "plain" else 10)
+    works = []
+    sides = []
+    try:
+        for i, with_plugin in enumerate((True, False)):
+            work = str(tmp_path_factory.mktemp(f"diff-{topology}-{'ours' if with_plugin else 'plain'}"))
+            works.append(work)
+            baseline = os.environ.get("PYK8SRES_DIFF_BASELINE") if with_plugin else None
+            handle = cluster.up(work, nodes=NODES, cpus=CPUS, memory=MEMORY,
+                                base_port=base + i * (NODES + 1), node_features=False,
+                                def_mem_per_cpu=100, job_submit=with_plugin,
+                                partitions=PARTITIONS, plugin_lib=baseline,
+                                **TOPOLOGIES[topology])
+            sides.append(Side(handle))
+        yield topology, sides[0], sides[1], tmp_path_factory.getbasetemp()
+    finally:
+        for work in works:
+            cluster.down(work)
+
+
+def held_short(jobs: list[dict]) -> list[str]:
+    """Every node where the GRES held is below what Slurm allocated."""
+    short = []
+    for job in jobs:
+        for node, a in job["nodes"].items():
+            if a["k8scpu"] < a["cpus"] or a["k8smemory"] < a["mem"]:
+                short.append(f"job {job['id']} {node}: {a['cpus']} CPUs/{a['mem']} MB allocated, "
+                             f"holds k8scpu {a['k8scpu']} k8smemory {a['k8smemory']}")
+    return short
+
+
+def test_differential(pair):
+    topology, ours, plain, out_dir = pair
+    results, violations = [], []
+    for opts in shapes(COUNT):
+        accepted = (ours.submit(opts), plain.submit(opts))
+        deadline = time.monotonic() + START_TIMEOUT
+        started = [False, False]
+        while time.monotonic() < deadline and not all(
+                s or not a["accepted"] for s, a in zip(started, accepted)):
+            started = [side.started() for side in (ours, plain)]
+            time.sleep(0.2)
+        ours_jobs, plain_jobs = ours.jobs(), plain.jobs()
+        result = {"opts": " ".join(opts), "ours": {**accepted[0], "started": started[0],
+                                                   "jobs": ours_jobs},
+                  "plain": {**accepted[1], "started": started[1], "jobs": plain_jobs}}
+        problems = held_short(ours_jobs) if started[0] else []
+        if started[0] != started[1]:
+            problems.append(f"starts {'only with' if started[0] else 'only without'} the plugin"
+                            f" ({accepted[0]['error'] or 'pending'})")
+        result["problems"] = problems
+        violations += [f"{' '.join(opts)}: {p}" for p in problems]
+        results.append(result)
+        ours.clean()
+        plain.clean()
+    path = os.path.join(out_dir, f"diff-{topology}.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    both = sum(r["ours"]["started"] and r["plain"]["started"] for r in results)
+    print(f"\n{topology}: {len(results)} shapes, started in both {both}, neither "
+          f"{sum(not r['ours']['started'] and not r['plain']['started'] for r in results)}, "
+          f"violations {len(violations)} ({path})")
+    assert both > len(results) // 3, "too few shapes started to mean anything"
+    assert not violations, "\n".join(violations)
