@@ -22,8 +22,8 @@ class InstallError(RuntimeError):
     pass
 
 
-def built_for() -> str:
-    with open(os.path.join(PACKAGE_LIB, "slurm_version.txt"), encoding="utf-8") as f:
+def built_for(lib_dir: str = PACKAGE_LIB) -> str:
+    with open(os.path.join(lib_dir, "slurm_version.txt"), encoding="utf-8") as f:
         return f.read().strip()
 
 
@@ -89,24 +89,28 @@ def readability_warnings() -> list[str]:
     return warnings
 
 
-def install_plugins(plugin_dir: str, *, check_version: bool = True) -> list[str]:
-    """Install every built plugin into `plugin_dir`; returns the paths written."""
-    if not os.path.isdir(PACKAGE_LIB):
-        raise InstallError(f"{PACKAGE_LIB} missing: pyk8sres was not built (pip install .)")
+def install_plugins(plugin_dir: str, *, check_version: bool = True, lib_dir: str = PACKAGE_LIB,
+                    slurm_version: str | None = None) -> list[str]:
+    """Install every built plugin into `plugin_dir`; returns the paths written.
+    lib_dir: where the built plugins are (default: this package's; the test
+    cluster passes the build for another Slurm release); slurm_version: the
+    Slurm they must match (default: the installed one's)."""
+    if not os.path.isdir(lib_dir):
+        raise InstallError(f"{lib_dir} missing: pyk8sres was not built (pip install .)")
     if check_version:
-        ours, theirs = built_for(), installed_slurm()
+        ours, theirs = built_for(lib_dir), slurm_version or installed_slurm()
         if theirs and _version_tuple(theirs) != _version_tuple(ours):
             raise InstallError(f"plugins were built for Slurm {ours} but Slurm {theirs} is "
                                "installed: rebuild (pip install --force-reinstall .)")
     os.makedirs(plugin_dir, exist_ok=True)
     written = []
     for name in PLUGINS:
-        src = os.path.join(PACKAGE_LIB, name)
+        src = os.path.join(lib_dir, name)
         if os.path.exists(src):
             _atomic_copy(src, os.path.join(plugin_dir, name))
             written.append(os.path.join(plugin_dir, name))
     if not written:
-        raise InstallError(f"no plugins in {PACKAGE_LIB}")
-    _atomic_symlink(os.path.join(PACKAGE_LIB, CORE), os.path.join(plugin_dir, CORE))
+        raise InstallError(f"no plugins in {lib_dir}")
+    _atomic_symlink(os.path.join(lib_dir, CORE), os.path.join(plugin_dir, CORE))
     written.append(os.path.join(plugin_dir, CORE))
     return written
