@@ -5,7 +5,7 @@
 #
 # Usage: tools/slurm-build.sh VERSION     e.g. 24.11, 26.05, 24.11.5
 # Prints the install prefix on stdout (progress goes to stderr):
-#   ${PYK8SRES_CACHE:-/var/cache/pyk8sres}/slurm-build/<upstream version>/prefix
+#   ${PYK8SRES_SLURM_BUILD:-/var/cache/pyk8sres/slurm-build}/<upstream version>/prefix
 # with sbin/slurmctld, sbin/slurmd, bin/scontrol, bin/sbatch, include/slurm,
 # lib/slurm (PluginDir), and next to it src/ (the configured tree the
 # plugins are built against: meson -Dslurm_source=.../src).
@@ -24,7 +24,7 @@ say() { echo "slurm-build: $*" >&2; }
 
 [ $# -eq 1 ] || die "usage: $0 VERSION (e.g. 24.11 or 26.05)"
 want=$1
-root=${PYK8SRES_CACHE:-/var/cache/pyk8sres}/slurm-build
+root=${PYK8SRES_SLURM_BUILD:-/var/cache/pyk8sres/slurm-build}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # Newest finished build whose version is WANT or starts with WANT. or WANT-.
@@ -51,7 +51,7 @@ case "$installed" in "$version"-*)
 esac
 
 dir=$root/$version
-mkdir -p "$dir" || die "cannot create $dir (set PYK8SRES_CACHE)"
+mkdir -p "$dir" || die "cannot create $dir (set PYK8SRES_SLURM_BUILD)"
 exec 9>"$dir/.lock"
 flock 9
 if [ -f "$dir/.ready" ]; then

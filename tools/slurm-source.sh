@@ -13,7 +13,7 @@
 # stderr), so `SRC=$(tools/slurm-source.sh)` works.  Idempotent: with the tree
 # already cached it prints the path at once, without network.
 #
-# Cache: ${PYK8SRES_CACHE:-/var/cache/pyk8sres}/slurm-src/<debian version>/src.
+# Cache: ${PYK8SRES_SLURM_SRC:-${PYK8SRES_CACHE:-/var/cache/pyk8sres}/slurm-src}/<debian version>/src.
 # Suites searched: PYK8SRES_DEBIAN_CODENAME (default: VERSION_CODENAME of
 # /etc/os-release) with its -updates and -security, then
 # PYK8SRES_DEBIAN_SUITES (default "oldstable stable testing unstable"; set it
@@ -82,7 +82,7 @@ pick() {
 	awk -v v="$v" '$0 == v || index($0, v ".") == 1 || index($0, v "-") == 1' | sort -V | tail -n1
 }
 
-cache_root=${PYK8SRES_CACHE:-/var/cache/pyk8sres}/slurm-src
+cache_root=${PYK8SRES_SLURM_SRC:-${PYK8SRES_CACHE:-/var/cache/pyk8sres}/slurm-src}
 version=${1:-}
 if [ -z "$version" ]; then
 	for pkg in slurmctld slurmd libslurm-dev; do
