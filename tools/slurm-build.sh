@@ -4,6 +4,9 @@
 # (`pyk8sres cluster up --slurm 24.11`).
 #
 # Usage: tools/slurm-build.sh VERSION     e.g. 24.11, 26.05, 24.11.5
+#        tools/slurm-build.sh --source DIR VERSION
+#   --source DIR: build that unpacked Slurm tree (e.g. an upstream release
+#   tarball) instead of Debian's source package; VERSION must match it.
 # Prints the install prefix on stdout (progress goes to stderr):
 #   ${PYK8SRES_SLURM_BUILD:-/var/cache/pyk8sres/slurm-build}/<upstream version>/prefix
 # with sbin/slurmctld, sbin/slurmd, bin/scontrol, bin/sbatch, include/slurm,
@@ -22,7 +25,13 @@ set -eu
 die() { echo "slurm-build: error: $*" >&2; exit 1; }
 say() { echo "slurm-build: $*" >&2; }
 
-[ $# -eq 1 ] || die "usage: $0 VERSION (e.g. 24.11 or 26.05)"
+tree=
+if [ "${1:-}" = --source ]; then
+	[ $# -eq 3 ] || die "usage: $0 --source DIR VERSION"
+	tree=$(cd "$2" && pwd) || die "no such directory: $2"
+	shift 2
+fi
+[ $# -eq 1 ] || die "usage: $0 [--source DIR] VERSION (e.g. 24.11 or 26.05)"
 want=$1
 root=${PYK8SRES_SLURM_BUILD:-/var/cache/pyk8sres/slurm-build}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -40,11 +49,20 @@ if [ -n "$done_v" ]; then
 	exit 0
 fi
 
-# The Debian source of that release (cached by slurm-source.sh).
-orig=$("$here/slurm-source.sh" "$want") || die "no source for Slurm $want (see above)"
-num=$(sed -n 's/^#define SLURM_VERSION_NUMBER \(0x[0-9a-fA-F]*\).*/\1/p' "$orig/slurm/slurm_version.h")
-[ -n "$num" ] || die "cannot read SLURM_VERSION_NUMBER from $orig/slurm/slurm_version.h"
-version=$(printf '%d.%02d.%d' $((num >> 16)) $(((num >> 8) & 255)) $((num & 255)))
+if [ -n "$tree" ]; then
+	orig=$tree
+	# An unconfigured tree has no slurm_version.h yet: META says the version.
+	meta() { sed -n "s/^ *$1:[[:space:]]*\([0-9]*\).*/\1/p" "$orig/META" | head -n1; }
+	version=$(meta Major).$(meta Minor).$(meta Micro)
+	[ "$version" != .. ] || die "cannot read the version from $orig/META"
+	case "$version" in "$want" | "$want".*) ;; *) die "$orig is Slurm $version, not $want" ;; esac
+else
+	# The Debian source of that release (cached by slurm-source.sh).
+	orig=$("$here/slurm-source.sh" "$want") || die "no source for Slurm $want (see above)"
+	num=$(sed -n 's/^#define SLURM_VERSION_NUMBER \(0x[0-9a-fA-F]*\).*/\1/p' "$orig/slurm/slurm_version.h")
+	[ -n "$num" ] || die "cannot read SLURM_VERSION_NUMBER from $orig/slurm/slurm_version.h"
+	version=$(printf '%d.%02d.%d' $((num >> 16)) $(((num >> 8) & 255)) $((num & 255)))
+fi
 installed=$(dpkg-query -W -f '${Version}' slurmctld 2>/dev/null || true)
 case "$installed" in "$version"-*)
 	say "note: $version is the installed release: 'cluster up --slurm installed' needs no build" ;;
@@ -94,7 +112,7 @@ for f in sbin/slurmctld sbin/slurmd bin/scontrol bin/sbatch include/slurm/slurm.
 done
 secs=$(($(date +%s) - start))
 echo "$secs" >"$dir/build-seconds"
-echo "${orig%/src}" >"$dir/debian-source"
+echo "${orig%/src}" >"$dir/source"
 touch "$dir/.ready"
 say "Slurm $version built in ${secs} s: $prefix"
 echo "$prefix"

@@ -34,7 +34,8 @@ def test_plugins_build_for_the_other_debian_release(tmp_path):
     other = OTHER_RELEASE[codename()]
     src = subprocess.run([str(REPO / "tools" / "slurm-source.sh"), "latest"], check=True,
                          capture_output=True, text=True, timeout=900,
-                         env={"PYK8SRES_DEBIAN_CODENAME": other, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+                         env={"PYK8SRES_DEBIAN_CODENAME": other, "PYK8SRES_DEBIAN_SUITES": "",
+                              "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
                          ).stdout.strip()
     version = re.search(r"SLURM_VERSION_NUMBER (0x[0-9a-f]+)",
                         Path(src, "slurm", "slurm_version.h").read_text()).group(1)
