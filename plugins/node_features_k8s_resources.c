@@ -386,6 +386,14 @@ extern void node_features_p_step_config(bool mem_sort, bitstr_t *numa_bitmap)
 }
 #endif
 
+#if PYK8SRES_NF_JOB_FEATURES_NEED_REBOOT /* looked up from 26.05 on */
+/* No changeable features here, so none needs a reboot. */
+extern bool node_features_p_job_features_need_reboot(char *features)
+{
+	return false;
+}
+#endif
+
 /* true is neutral: results of several plugins are ANDed. */
 extern bool node_features_p_user_update(uid_t uid)
 {
