@@ -45,7 +45,9 @@ log=$(dirname "$out")/pyk8sres-build.log
 	die "pip install failed, see $log"
 }
 lib=$(ls -d "$out.new"/lib/python3*/site-packages/pyk8sres/_lib 2>/dev/null | head -n1)
-[ -n "$lib" ] && [ "$(cat "$lib/slurm_version.txt")" = "$version" ] ||
+# 26.05.3 and 26.5.3 are the same release (meson prints numbers).
+norm() { echo "$1" | awk -F. '{ printf "%d.%d.%d", $1, $2, $3 }'; }
+[ -n "$lib" ] && [ "$(norm "$(cat "$lib/slurm_version.txt")")" = "$(norm "$version")" ] ||
 	die "the build in $out.new is not for Slurm $version"
 # A running slurmctld may have the old core mapped: move, never overwrite.
 [ ! -e "$out" ] || mv "$out" "$out.old.$$"
