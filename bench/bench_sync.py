@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 
-from pyk8sres import cluster  # the installed package (tools/install-deps.sh)
+from pyk8sres.testbed import cluster  # the installed package (tools/install-deps.sh)
 
 ROOT = os.environ.get("PYK8SRES_BENCH_DIR", "/tmp/pyk8sres-bench-sync")
 SLURM_PORT = 27200

@@ -90,14 +90,14 @@ SRC="$CACHE/gopath/src/pyk8sres"
 # Debian does not package k8s.io/kubernetes' generated models; openapi-gen
 # (from sid's kube-openapi) makes them from k8s.io/api. Needed for
 # server-side apply and kubectl's OpenAPI use.
-if [[ ! -s "$SRC/openapi/zz_openapi.go" ]]; then
+if ! grep -qs admissionregistration "$SRC/openapi/zz_openapi.go"; then
     log "generating OpenAPI models"
     mkdir -p "$SRC/openapi"
     : >"$CACHE/gopath/boilerplate.txt"
     "$ROOT/usr/bin/openapi-gen" --go-header-file "$CACHE/gopath/boilerplate.txt" \
         --output-dir "$SRC/openapi" --output-pkg pyk8sres/openapi --output-file zz_openapi.go.tmp \
         -r /dev/null \
-        k8s.io/api/core/v1 k8s.io/api/rbac/v1 k8s.io/apimachinery/pkg/apis/meta/v1 \
+        k8s.io/api/core/v1 k8s.io/api/rbac/v1 k8s.io/api/admissionregistration/v1 k8s.io/apimachinery/pkg/apis/meta/v1 \
         k8s.io/apimachinery/pkg/runtime k8s.io/apimachinery/pkg/version \
         k8s.io/apimachinery/pkg/api/resource k8s.io/apimachinery/pkg/util/intstr ||
         die "openapi-gen failed"

@@ -44,6 +44,12 @@ struct pyk8sres_core {
 	int (*reconfigure)(const char *, int *, char *, size_t);
 	int (*node_counts)(const char *, uint32_t, uint64_t, uint64_t *,
 			   uint64_t *, char *, size_t);
+	int (*ledger_open)(const char *, const uint32_t *, size_t,
+			   pyk8sres_share_fn, char *, size_t);
+	int (*ledger_prepare)(uint32_t, const char *, int *, char *, size_t);
+	int (*ledger_apply)(int, pyk8sres_facts_fn, pyk8sres_share_fn,
+			    pyk8sres_node_name_fn, pyk8sres_stats_fn, char *,
+			    size_t);
 };
 
 /* Fills `core`; returns 0, or -1 after logging why (prefixed by `who`). */
@@ -79,8 +85,12 @@ static int pyk8sres_core_load(struct pyk8sres_core *core, const char *who,
 	core->job_submit = dlsym(core->handle, "pyk8sres_job_submit");
 	core->reconfigure = dlsym(core->handle, "pyk8sres_reconfigure");
 	core->node_counts = dlsym(core->handle, "pyk8sres_node_counts");
+	core->ledger_open = dlsym(core->handle, "pyk8sres_ledger_open");
+	core->ledger_prepare = dlsym(core->handle, "pyk8sres_ledger_prepare");
+	core->ledger_apply = dlsym(core->handle, "pyk8sres_ledger_apply");
 	if (!core->ping || !core->job_submit || !core->reconfigure ||
-	    !core->node_counts) {
+	    !core->node_counts || !core->ledger_open ||
+	    !core->ledger_prepare || !core->ledger_apply) {
 		slurm_error("%s: %s lacks an entry point (version mismatch?): %s",
 			    who, path, dlerror());
 		return -1;

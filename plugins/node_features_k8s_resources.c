@@ -1,22 +1,40 @@
 /*
- * node_features/k8s_resources: give every node its k8scpu/k8smemory GRES.
+ * node_features/k8s_resources: every node's k8scpu/k8smemory, and the ledger.
  *
- * slurmd side: node_state() reports one marker feature, so that slurmctld
- * calls node_xlate() for the node each time it registers.
- * slurmctld side: node_xlate() (registration) and get_node() (startup,
- * reconfigure, reboot) set the node's counts to what the Python core says
- * (pyk8sres.slurmctld.nodefeatures.node_counts: capacity minus reserve, lowered by the
- * sync daemon's state file).  The GRES are marked node_feature, so slurmctld
- * never checks them against slurmd's report: no DRAIN/INVALID_REG when
- * Kubernetes lowers a count.  All policy is in Python; this file only moves
- * numbers between Slurm's structures and the core.
+ * Capacity: when a node registers (node_xlate), at startup and reconfigure
+ * (get_node), its total k8scpu/k8smemory is set to CPUs/RealMemory minus the
+ * admin's reserve (pyk8sres.slurmctld.nodefeatures).  The GRES are marked
+ * node_feature, so slurmctld never drains a node over them.
  *
- * Needs Slurm internals (node_record_t, gres_node_feature()): build against
+ * The ledger: what Kubernetes holds on a node is *allocated* in Slurm's own
+ * GRES accounting next to what jobs hold (gres_cnt_alloc = jobs + share), so
+ * a job that fits the node queues with reason Resources until pods leave,
+ * and nothing is granted twice.  A thread of ours serves the request socket
+ * (reserve/release/set/show, pyk8sres.policy.ledger); each request is decided
+ * and applied under slurmctld's job+node write locks, atomically with job
+ * starts.  The share each record carries is kept inside that record, in
+ * topo_gres_cnt_alloc[0]: for a count-only GRES (topo_cnt == 0) Slurm reads
+ * that array nowhere, and gres_node_state_dealloc_all() -- the start of every
+ * rebuild of allocations from jobs (startup, reconfigure, partition changes,
+ * setdebugflags, dynamic nodes) -- frees it.  So "no array" means exactly
+ * "alloc holds jobs only", checked in O(1) before every scheduling attempt
+ * (user_update, called at the top of select_nodes) and every request; the
+ * share is then added back before any job can be allocated onto it.
+ *
+ * Needs Slurm internals (node_record_t, gres_node_state_t): build against
  * the configured source of the exact installed Slurm (tools/slurm-source.sh).
  */
 #define _GNU_SOURCE /* dladdr in core_loader.h */
+#include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stddef.h>
 #include <string.h>
@@ -39,7 +57,13 @@
 #include "src/common/gres.h"
 #endif
 
+#include "src/slurmctld/locks.h"
+
 #include "core_loader.h"
+
+/* slurmctld-only: slurmd loads this plugin too and must still dlopen it. */
+#pragma weak lock_slurmctld
+#pragma weak unlock_slurmctld
 
 const char plugin_name[] = "node_features k8s_resources plugin";
 const char plugin_type[] = "node_features/k8s_resources";
@@ -66,6 +90,9 @@ _Static_assert(FIELD_SIZE(gres_state_t, plugin_id) == sizeof(uint32_t), "plugin_
 _Static_assert(FIELD_SIZE(gres_node_state_t, gres_cnt_avail) == sizeof(uint64_t), "avail");
 _Static_assert(FIELD_SIZE(gres_node_state_t, gres_cnt_alloc) == sizeof(uint64_t), "alloc");
 _Static_assert(FIELD_SIZE(gres_node_state_t, node_feature) == sizeof(bool), "node_feature");
+_Static_assert(FIELD_SIZE(gres_node_state_t, topo_cnt) == sizeof(uint16_t), "topo_cnt");
+_Static_assert(FIELD_SIZE(gres_node_state_t, topo_gres_cnt_alloc) == sizeof(uint64_t *),
+	       "topo_gres_cnt_alloc");
 #define AT(t, f, off) _Static_assert(offsetof(t, f) == (off), #t "." #f)
 #if SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(22,5,8)
 AT(node_record_t, cpus, 104);
@@ -94,6 +121,51 @@ AT(gres_node_state_t, gres_cnt_alloc, 48);
 static struct pyk8sres_core core;
 static bool core_ok;
 
+/* --- The ledger's side in C: shares wanted per node ---------------------
+ * Python decides and persists (pyk8sres/slurmctld/ledger.py); C keeps the
+ * wanted share of every node to re-apply it after a rebuild without
+ * entering Python on the scheduling path. */
+struct want {
+	char *name;
+	uint64_t cnt[2];	/* k8scpu CPUs, k8smemory MB */
+};
+static struct want *wants;
+static int want_count, want_size;
+static pthread_mutex_t sync_lock = PTHREAD_MUTEX_INITIALIZER;
+/* A node whose record proves no rebuild happened since we last looked.
+ * Read without sync_lock on the fast path: a torn read only sends the
+ * caller down the locked slow path. */
+static volatile int witness_inx = -1;
+static char witness_name[256];
+static uint64_t resyncs;	/* rebuilds seen */
+static uint64_t checks, check_ns; /* user_update calls and their cost */
+
+static const char *gres_names[2] = { GRES_CPU, GRES_MEM };
+
+static struct want *_want_find(const char *name)
+{
+	for (int i = 0; i < want_count; i++)
+		if (!xstrcmp(wants[i].name, name))
+			return &wants[i];
+	return NULL;
+}
+
+static void _want_set(const char *name, uint64_t cpu, uint64_t mem)
+{
+	struct want *w = _want_find(name);
+
+	if (!w) {
+		if (want_count == want_size) {
+			want_size = want_size ? want_size * 2 : 64;
+			xrecalloc(wants, want_size, sizeof(*wants));
+		}
+		w = &wants[want_count++];
+		w->name = xstrdup(name);
+	}
+	w->cnt[0] = cpu;
+	w->cnt[1] = mem;
+}
+
 /* Both GRES must be in GresTypes, or gres_node_feature() makes records that
  * no GRES plugin owns. */
 static int _check_gres_types(void)
@@ -119,7 +191,7 @@ static int _check_gres_types(void)
 	return SLURM_SUCCESS;
 }
 
-/* Re-read k8s_resources.conf (state file path, reserve). */
+/* Re-read k8s_resources.conf (reserve, ledger users). */
 static void _core_reconfigure(void)
 {
 	char err[PYK8SRES_OUT_LEN] = "";
@@ -130,85 +202,504 @@ static void _core_reconfigure(void)
 		error("%s: %s: %s", plugin_type, __func__, err);
 }
 
-/* The node's GRES record for `plugin_id`, or NULL. */
-static gres_node_state_t *_gres_ns(node_record_t *node_ptr, uint32_t plugin_id)
+/* The node's record of GRES g (0 k8scpu, 1 k8smemory), or NULL. */
+static gres_node_state_t *_gres_ns(node_record_t *node_ptr, int g)
 {
+	static uint32_t ids[2];
 	gres_state_t *gres_state;
 
-	if (!node_ptr->gres_list ||
+	if (!ids[g])
+		ids[g] = gres_build_id((char *) gres_names[g]);
+	if (!node_ptr || !node_ptr->gres_list ||
 	    !(gres_state = list_find_first(node_ptr->gres_list, gres_find_id,
-					   &plugin_id)))
+					   &ids[g])))
 		return NULL;
 	return gres_state->gres_data;
 }
 
+/* The share this record carries (0 after a rebuild: alloc = jobs only). */
+static uint64_t _carried(gres_node_state_t *ns)
+{
+	return (ns->topo_cnt == 0 && ns->topo_gres_cnt_alloc) ?
+		ns->topo_gres_cnt_alloc[0] : 0;
+}
+
+/* What jobs hold on this record. */
+static uint64_t _jobs(gres_node_state_t *ns)
+{
+	uint64_t carried = _carried(ns);
+
+	return ns->gres_cnt_alloc >= carried ? ns->gres_cnt_alloc - carried : 0;
+}
+
 /*
- * Set one count-only GRES on the node to `count` (the total Slurm may use).
+ * Make one record carry `want` next to its jobs, clamped so that allocated
+ * never exceeds the total (Slurm subtracts unsigned: alloc > avail would
+ * look like a huge free count).  Needs the node write lock (or a read lock
+ * plus sync_lock: see user_update).
+ */
+static void _carry(node_record_t *node_ptr, int g, uint64_t want)
+{
+	gres_node_state_t *ns = _gres_ns(node_ptr, g);
+	uint64_t jobs, room, carry;
+
+	if (!ns)
+		return; /* not registered yet: node_xlate will call us */
+	if (ns->topo_cnt) {
+		error("%s: %s: node %s: %s has File= topology; it must be CountOnly (gres.conf)",
+		      plugin_type, __func__, node_ptr->name, gres_names[g]);
+		return;
+	}
+	jobs = _jobs(ns);
+	room = ns->gres_cnt_avail > jobs ? ns->gres_cnt_avail - jobs : 0;
+	carry = MIN(want, room);
+	if (carry < want)
+		error("%s: %s: node %s: pods hold %" PRIu64 " %s but Slurm jobs leave %" PRIu64
+		      "; carrying %" PRIu64 ", no new job starts there until they leave",
+		      plugin_type, __func__, node_ptr->name, want, gres_names[g], room,
+		      carry);
+	if (!ns->topo_gres_cnt_alloc)
+		ns->topo_gres_cnt_alloc = xcalloc(1, sizeof(uint64_t));
+	ns->topo_gres_cnt_alloc[0] = carry;
+	ns->gres_cnt_alloc = jobs + carry;
+	xfree(ns->gres_used); /* cached GresUsed string, rebuilt on demand */
+}
+
+static void _carry_node(node_record_t *node_ptr)
+{
+	struct want *w = _want_find(node_ptr->name);
+
+	for (int g = 0; g < 2; g++)
+		_carry(node_ptr, g, w ? w->cnt[g] : 0);
+}
+
+/* O(1): does the witness record still carry its array (no rebuild)? */
+static bool _intact(void)
+{
+	node_record_t *node_ptr;
+	gres_node_state_t *ns;
+
+	int inx = witness_inx;
+
+	if (inx < 0 || inx >= node_record_count ||
+	    !(node_ptr = node_record_table_ptr[inx]) || !node_ptr->name ||
+	    strncmp(node_ptr->name, witness_name, sizeof(witness_name)) ||
+	    !(ns = _gres_ns(node_ptr, 0)))
+		return false;
+	return ns->topo_gres_cnt_alloc != NULL;
+}
+
+/* Put every node's share back if Slurm rebuilt allocations from jobs. */
+static void _resync_if_rebuilt(void)
+{
+	node_record_t *node_ptr;
+
+	if (_intact())
+		return; /* the common case: O(1), no lock */
+	slurm_mutex_lock(&sync_lock);
+	if (!_intact()) {
+		witness_inx = -1;
+		for (int i = 0; (node_ptr = next_node(&i)); i++) {
+			_carry_node(node_ptr);
+			if (witness_inx < 0 && _gres_ns(node_ptr, 0) &&
+			    strlen(node_ptr->name) < sizeof(witness_name)) {
+				strcpy(witness_name, node_ptr->name);
+				witness_inx = node_ptr->index;
+			}
+		}
+		if (witness_inx >= 0) {
+			last_node_update = time(NULL);
+			verbose("%s: %s: allocations were rebuilt (%" PRIu64
+			      "); Kubernetes' share is back on every node",
+			      plugin_type, __func__, ++resyncs);
+		}
+	}
+	slurm_mutex_unlock(&sync_lock);
+}
+
+/* Ledger callbacks (pyk8sres_core.h), called from Python under our locks. */
+static int _facts(const char *name, uint64_t *out)
+{
+	node_record_t *node_ptr = find_node_record((char *) name);
+	gres_node_state_t *cpu, *mem;
+
+	if (!(cpu = _gres_ns(node_ptr, 0)) ||
+	    !(mem = _gres_ns(node_ptr, 1)))
+		return -1;
+	out[0] = cpu->gres_cnt_avail;
+	out[1] = mem->gres_cnt_avail;
+	out[2] = _jobs(cpu);
+	out[3] = _jobs(mem);
+	return 0;
+}
+
+static void _share(const char *name, uint64_t cpu, uint64_t mem)
+{
+	node_record_t *node_ptr;
+
+	_want_set(name, cpu, mem);
+	if ((node_ptr = find_node_record((char *) name))) {
+		_carry_node(node_ptr);
+		last_node_update = time(NULL);
+	}
+}
+
+static void _stats(uint64_t *out)
+{
+	out[0] = __atomic_load_n(&checks, __ATOMIC_RELAXED);
+	out[1] = __atomic_load_n(&check_ns, __ATOMIC_RELAXED);
+	out[2] = resyncs;
+}
+
+static const char *_node_name(int index)
+{
+	if (index < 0 || index >= node_record_count)
+		return NULL;
+	return node_record_table_ptr[index] ? node_record_table_ptr[index]->name : "";
+}
+
+/* At init (no node table yet): remember only. */
+static void _share_at_load(const char *name, uint64_t cpu, uint64_t mem)
+{
+	_want_set(name, cpu, mem);
+}
+
+/*
+ * Set one count-only GRES's total on the node to `count` (capacity).
  * gres_node_feature() does the bookkeeping (record, gres string, the
  * node_feature flag that stops registration from comparing counts), but it
- * stores avail = count - allocated: on a busy node that subtracts the running
- * jobs twice, since the scheduler subtracts them again.  We set avail = count.
- *
- * Never below what running jobs hold: when slurmctld rebuilds allocations
- * (startup, reconfigure, a dynamic node joining) it drops the GRES of every
- * job that does not fit the node's count (seen: GresUsed k8scpu 2 -> 0,
+ * stores avail = count - allocated; we set avail = count.  Never below what
+ * running jobs hold: when slurmctld rebuilds allocations it drops the GRES of
+ * every job that does not fit the node's count (seen: GresUsed k8scpu 2 -> 0,
  * "overallocated resources"), after which Slurm would hand them out twice.
- * Kept at the held amount, nothing new fits until the jobs end.
  */
-static int _set_gres(node_record_t *node_ptr, char *name, uint64_t count)
+static int _set_gres(node_record_t *node_ptr, int g, uint64_t count)
 {
-	uint32_t plugin_id = gres_build_id(name);
-	gres_node_state_t *gres_ns;
+	gres_node_state_t *ns = _gres_ns(node_ptr, g);
 	uint64_t size = count;
 
-	if ((gres_ns = _gres_ns(node_ptr, plugin_id)) &&
-	    (gres_ns->gres_cnt_alloc > count)) {
-		size = gres_ns->gres_cnt_alloc;
+	if (ns && _jobs(ns) > count) {
+		size = _jobs(ns);
 		verbose("%s: %s: node %s: %s=%" PRIu64 " is below the %" PRIu64
 			" running jobs hold; keeping %" PRIu64 " until they end",
-			plugin_type, __func__, node_ptr->name, name, count,
+			plugin_type, __func__, node_ptr->name, gres_names[g], count,
 			size, size);
 	}
-	gres_node_feature(node_ptr->name, name, size, &node_ptr->gres,
-			  &node_ptr->gres_list);
-	if (!(gres_ns = _gres_ns(node_ptr, plugin_id))) {
+	gres_node_feature(node_ptr->name, (char *) gres_names[g], size,
+			  &node_ptr->gres, &node_ptr->gres_list);
+	if (!(ns = _gres_ns(node_ptr, g))) {
 		error("%s: %s: node %s has no %s record after setting it",
-		      plugin_type, __func__, node_ptr->name, name);
+		      plugin_type, __func__, node_ptr->name, gres_names[g]);
 		return SLURM_ERROR;
 	}
-	gres_ns->gres_cnt_avail = size;
+	ns->gres_cnt_avail = size;
 	return SLURM_SUCCESS;
 }
 
-/* Ask the core for the node's counts and apply them. */
+/* Give the node its capacity, then its share (clamped to what fits). */
 static int _apply(node_record_t *node_ptr)
 {
 	char err[PYK8SRES_OUT_LEN] = "";
-	uint64_t cpu = 0, mem = 0;
+	uint64_t cnt[2] = { 0, 0 };
 	int rv = SLURM_ERROR;
 
 	if (!node_ptr || !node_ptr->name)
 		goto fail;
 	if (!core_ok ||
 	    core.node_counts(node_ptr->name, node_ptr->cpus,
-			     node_ptr->real_memory, &cpu, &mem, err,
+			     node_ptr->real_memory, &cnt[0], &cnt[1], err,
 			     sizeof(err))) {
-		/* Fail closed: capacity Kubernetes may hold must not go to
-		 * Slurm.  The sync daemon's next update lifts the hold. */
+		/* Fail closed: never offer capacity we cannot account for. */
 		error("%s: %s: node %s: %s; holding k8scpu/k8smemory at 0",
 		      plugin_type, __func__, node_ptr->name,
 		      core_ok ? err : "Python core not loaded");
-		cpu = mem = 0;
+		cnt[0] = cnt[1] = 0;
 	}
-	if (_set_gres(node_ptr, GRES_CPU, cpu) ||
-	    _set_gres(node_ptr, GRES_MEM, mem))
-		goto fail;
+	slurm_mutex_lock(&sync_lock);
+	for (int g = 0; g < 2; g++)
+		if (_set_gres(node_ptr, g, cnt[g])) {
+			slurm_mutex_unlock(&sync_lock);
+			goto fail;
+		}
+	_carry_node(node_ptr);
+	slurm_mutex_unlock(&sync_lock);
 	last_node_update = time(NULL);
 	debug("%s: %s: node %s: %s=%" PRIu64 " %s=%" PRIu64, plugin_type,
-	      __func__, node_ptr->name, GRES_CPU, cpu, GRES_MEM, mem);
+	      __func__, node_ptr->name, GRES_CPU, cnt[0], GRES_MEM, cnt[1]);
 	rv = SLURM_SUCCESS;
 fail:
 	return rv;
+}
+
+/* --- The request socket ---------------------------------------------------
+ * One thread, poll()ing the listening socket and its clients; one request
+ * line in, one reply line out.  Callers are authenticated by the kernel
+ * (SO_PEERCRED), as munged authenticates its own; Python decides who may. */
+#define MAX_CLIENTS 32
+#define LINE_MAX_BYTES (1 << 20)
+#define REPLY_BYTES (4 << 20)
+
+struct client {
+	int fd;
+	uid_t uid;
+	char *buf;
+	size_t len;
+};
+
+static char *socket_path;
+static int listen_fd = -1;
+static volatile bool ledger_stop;
+static pthread_t ledger_tid;
+static bool ledger_running;
+
+static int _listen(const char *path)
+{
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	int fd;
+
+	if (strlen(path) >= sizeof(addr.sun_path)) {
+		error("%s: %s: socket path %s is too long", plugin_type, __func__,
+		      path);
+		return -1;
+	}
+	strcpy(addr.sun_path, path);
+	(void) unlink(path);
+	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+	    bind(fd, (struct sockaddr *) &addr, sizeof(addr)) ||
+	    chmod(path, 0666) || /* anyone may ask; SO_PEERCRED decides */
+	    listen(fd, 64)) {
+		error("%s: %s: cannot listen on %s: %m", plugin_type, __func__,
+		      path);
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static void _send_all(int fd, const char *data, size_t len)
+{
+	while (len) {
+		ssize_t n = send(fd, data, len, MSG_NOSIGNAL);
+
+		if (n <= 0) {
+			if (n < 0 && errno == EINTR)
+				continue;
+			return; /* the client went away or stalled 1 s: drop it */
+		}
+		data += n;
+		len -= n;
+	}
+}
+
+static void _serve(struct client *c, char *line, char *reply)
+{
+	slurmctld_lock_t write_lock = { .job = WRITE_LOCK, .node = WRITE_LOCK };
+	int ticket = 0;
+
+	reply[0] = '\0';
+	core.ledger_prepare(c->uid, line, &ticket, reply, REPLY_BYTES);
+	if (ticket > 0) {
+		lock_slurmctld(write_lock);
+		_resync_if_rebuilt();
+		core.ledger_apply(ticket, _facts, _share, _node_name, _stats,
+				  reply, REPLY_BYTES);
+		unlock_slurmctld(write_lock);
+	}
+	if (!reply[0])
+		strcpy(reply, "{\"ok\":false,\"code\":\"internal\",\"error\":\"no reply\"}\n");
+	_send_all(c->fd, reply, strlen(reply));
+}
+
+static void _drop(struct client *c)
+{
+	close(c->fd);
+	xfree(c->buf);
+	c->fd = -1;
+	c->len = 0;
+}
+
+/* Read what is there; serve every complete line.  False: drop the client. */
+static bool _read(struct client *c, char *reply)
+{
+	char *nl;
+	ssize_t n;
+
+	if (!c->buf)
+		c->buf = xmalloc(LINE_MAX_BYTES + 1);
+	n = recv(c->fd, c->buf + c->len, LINE_MAX_BYTES - c->len, MSG_DONTWAIT);
+	if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+		return false;
+	if (n < 0)
+		return true;
+	c->len += n;
+	c->buf[c->len] = '\0';
+	while ((nl = memchr(c->buf, '\n', c->len))) {
+		size_t used = nl - c->buf + 1;
+
+		*nl = '\0';
+		if (memchr(c->buf, '\0', used - 1)) {
+			_send_all(c->fd, "{\"ok\":false,\"code\":\"badrequest\",\"error\":\"NUL byte in request\"}\n", 66);
+		} else
+			_serve(c, c->buf, reply);
+		memmove(c->buf, c->buf + used, c->len - used);
+		c->len -= used;
+		c->buf[c->len] = '\0';
+	}
+	if (c->len == LINE_MAX_BYTES) {
+		_send_all(c->fd, "{\"ok\":false,\"code\":\"badrequest\",\"error\":\"request line longer than 1 MiB\"}\n", 76);
+		return false;
+	}
+	return true;
+}
+
+static void _accept(struct client *clients)
+{
+	struct timeval send_timeout = { .tv_sec = 1 };
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+	int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+
+	if (fd < 0)
+		return;
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len)) {
+		close(fd);
+		return;
+	}
+	(void) setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
+			  sizeof(send_timeout));
+	for (int i = 0; i < MAX_CLIENTS; i++)
+		if (clients[i].fd < 0) {
+			clients[i].fd = fd;
+			clients[i].uid = cred.uid;
+			return;
+		}
+	_send_all(fd, "{\"ok\":false,\"code\":\"internal\",\"error\":\"too many clients\"}\n", 62);
+	close(fd);
+}
+
+/* Idle: re-apply the share soon after a rebuild even when nothing is being
+ * scheduled (slurmctld startup, a reconfigure), so `scontrol show node`
+ * shows it.  Allocations never wait for this: user_update comes first. */
+static void _watch_rebuilds(void)
+{
+	slurmctld_lock_t read_lock = { .node = READ_LOCK };
+
+	lock_slurmctld(read_lock);
+	_resync_if_rebuilt();
+	unlock_slurmctld(read_lock);
+}
+
+static void *_ledger_thread(void *arg)
+{
+	struct client clients[MAX_CLIENTS];
+	struct pollfd fds[MAX_CLIENTS + 1];
+	char *reply = xmalloc(REPLY_BYTES);
+
+	for (int i = 0; i < MAX_CLIENTS; i++)
+		clients[i] = (struct client) { .fd = -1 };
+	while (!ledger_stop) {
+		int n = 0;
+
+		fds[n++] = (struct pollfd) { .fd = listen_fd, .events = POLLIN };
+		for (int i = 0; i < MAX_CLIENTS; i++)
+			fds[n++] = (struct pollfd) { .fd = clients[i].fd,
+						     .events = POLLIN };
+		if (poll(fds, n, 500) <= 0) {
+			_watch_rebuilds();
+			continue;
+		}
+		if (fds[0].revents & POLLIN)
+			_accept(clients);
+		for (int i = 0; i < MAX_CLIENTS; i++)
+			if (clients[i].fd >= 0 &&
+			    (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) &&
+			    !_read(&clients[i], reply))
+				_drop(&clients[i]);
+	}
+	for (int i = 0; i < MAX_CLIENTS; i++)
+		if (clients[i].fd >= 0)
+			_drop(&clients[i]);
+	xfree(reply);
+	return NULL;
+}
+
+/* Load the journal and start serving; slurmctld does not start if the
+ * ledger cannot be trusted (a half-read ledger would double-book). */
+static int _ledger_start(void)
+{
+	char path[PATH_MAX] = "";
+	uint32_t slurm_user = slurm_conf.slurm_user_id;
+	Dl_info info;
+
+	if (!lock_slurmctld || !slurm_conf.state_save_location) {
+		error("%s: %s: not inside slurmctld", plugin_type, __func__);
+		return SLURM_ERROR;
+	}
+	if (core.ledger_open(slurm_conf.state_save_location, &slurm_user, 1,
+			     _share_at_load, path, sizeof(path))) {
+		error("%s: %s: cannot load the ledger: %s", plugin_type,
+		      __func__, path);
+		return SLURM_ERROR;
+	}
+	socket_path = xstrdup(path);
+	if ((listen_fd = _listen(socket_path)) < 0)
+		return SLURM_ERROR;
+	/* Our thread runs code of this .so: never unmap it under the thread. */
+	if (dladdr((void *) _ledger_thread, &info) && info.dli_fname)
+		(void) dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+	if (pthread_create(&ledger_tid, NULL, _ledger_thread, NULL)) {
+		error("%s: %s: cannot start the ledger thread: %m", plugin_type,
+		      __func__);
+		return SLURM_ERROR;
+	}
+	ledger_running = true;
+	verbose("%s: %s: ledger serving %s (%d nodes with a share)", plugin_type,
+		__func__, socket_path, want_count);
+	return SLURM_SUCCESS;
+}
+
+extern int init(void)
+{
+	int rv = SLURM_ERROR;
+
+	/* slurmd only reports the marker: no Python there. */
+	if (!running_in_slurmctld())
+		return SLURM_SUCCESS;
+	if (_check_gres_types())
+		goto fail;
+	if (pyk8sres_core_load(&core, plugin_type, (void *) init))
+		goto fail;
+	core_ok = true;
+	_core_reconfigure();
+	if (_ledger_start())
+		goto fail;
+	verbose("%s: %s: loaded", plugin_type, __func__);
+	rv = SLURM_SUCCESS;
+fail:
+	return rv;
+}
+
+/* Never dlclose the core: Python cannot be restarted in a process.  The
+ * thread is told to stop; it is not joined, as fini may run under the very
+ * locks the thread waits for. */
+extern int fini(void)
+{
+	ledger_stop = true;
+	return SLURM_SUCCESS;
+}
+
+/* slurmd: report the marker so slurmctld calls node_xlate() for this node. */
+extern void node_features_p_node_state(char **avail_modes, char **current_mode)
+{
+	if (!avail_modes)
+		return;
+	if (*avail_modes && (*avail_modes)[0])
+		xstrfmtcat(*avail_modes, ",%s", MARKER);
+	else {
+		xfree(*avail_modes);
+		*avail_modes = xstrdup(MARKER);
+	}
 }
 
 /* `features` without the marker; xfree the result. */
@@ -240,44 +731,6 @@ static bool _has_marker(const char *features)
 	return has;
 }
 
-extern int init(void)
-{
-	int rv = SLURM_ERROR;
-
-	/* slurmd only reports the marker: no Python there. */
-	if (!running_in_slurmctld())
-		return SLURM_SUCCESS;
-	if (_check_gres_types())
-		goto fail;
-	if (pyk8sres_core_load(&core, plugin_type, (void *) init))
-		goto fail;
-	core_ok = true;
-	_core_reconfigure();
-	verbose("%s: %s: loaded", plugin_type, __func__);
-	rv = SLURM_SUCCESS;
-fail:
-	return rv;
-}
-
-/* Never dlclose the core: Python cannot be restarted in a process. */
-extern int fini(void)
-{
-	return SLURM_SUCCESS;
-}
-
-/* slurmd: report the marker so slurmctld calls node_xlate() for this node. */
-extern void node_features_p_node_state(char **avail_modes, char **current_mode)
-{
-	if (!avail_modes)
-		return;
-	if (*avail_modes && (*avail_modes)[0])
-		xstrfmtcat(*avail_modes, ",%s", MARKER);
-	else {
-		xfree(*avail_modes);
-		*avail_modes = xstrdup(MARKER);
-	}
-}
-
 /*
  * slurmctld, node registration (new_features carries the marker), right
  * before the node's GRES are validated: set the counts, return the features
@@ -299,7 +752,7 @@ extern char *node_features_p_node_xlate(char *new_features, char *orig_features,
 
 #if PYK8SRES_NF_GET_NODE /* slurmctld no longer calls it from 25.11 on */
 /* Startup, reconfigure (node_list NULL) and node reboots: set counts before
- * any scheduling, so capacity Kubernetes holds is never offered. */
+ * any scheduling. */
 extern int node_features_p_get_node(char *node_list)
 {
 	node_record_t *node_ptr;
@@ -394,9 +847,27 @@ extern bool node_features_p_job_features_need_reboot(char *features)
 }
 #endif
 
-/* true is neutral: results of several plugins are ANDed. */
+/*
+ * Called at the top of select_nodes() before every allocation (main
+ * scheduler and backfill), and at submit: the place to put Kubernetes'
+ * share back after a rebuild.  O(1) unless a rebuild happened.  Most
+ * callers hold the node write lock; those at submit hold it for reading,
+ * under which nothing rebuilds and sync_lock keeps two readers from
+ * re-applying at once.  true is neutral: results of plugins are ANDed.
+ */
 extern bool node_features_p_user_update(uid_t uid)
 {
+	struct timespec t0, t1;
+
+	if (!ledger_running)
+		return true;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	_resync_if_rebuilt();
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	__atomic_add_fetch(&checks, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&check_ns, (uint64_t) ((t1.tv_sec - t0.tv_sec) * 1000000000L +
+						 (t1.tv_nsec - t0.tv_nsec)),
+			   __ATOMIC_RELAXED);
 	return true;
 }
 

@@ -93,6 +93,37 @@ int pyk8sres_node_counts(const char *node_name, uint32_t cpus,
 			 uint64_t real_memory_mb,
 			 uint64_t *k8scpu, uint64_t *k8smemory,
 			 char *err, size_t errlen);
+/* The ledger (node_features/k8s_resources serves it inside slurmctld;
+ * policy in pyk8sres/slurmctld/ledger.py).  Callbacks from Python into the
+ * plugin, valid only while the plugin holds slurmctld's job+node write locks:
+ * facts: k8scpu total, k8smemory total, what jobs hold of each; -1 if the
+ * node is unknown or has no k8s GRES yet.  share: the node's new Kubernetes
+ * share, in CPUs and MB. */
+typedef int (*pyk8sres_facts_fn)(const char *node, uint64_t *facts4);
+typedef void (*pyk8sres_share_fn)(const char *node, uint64_t cpu, uint64_t mem);
+/* The name of node `index` in slurmctld's table, "" for an empty slot, NULL
+ * past the end (a `show` of every node). */
+typedef const char *(*pyk8sres_node_name_fn)(int index);
+/* The plugin's counters: scheduling-attempt checks, ns spent in them,
+ * rebuilds of allocations seen (for `show` and bench/bench_ledger.py). */
+typedef void (*pyk8sres_stats_fn)(uint64_t *stats3);
+
+/* Load the journal under `state_dir`; every node's share goes to `share`.
+ * `allowed_uids` (n_allowed) may call the ledger besides root.  On success
+ * `out` holds the socket path to serve; on failure the reason. */
+int pyk8sres_ledger_open(const char *state_dir, const uint32_t *allowed_uids,
+			 size_t n_allowed, pyk8sres_share_fn share,
+			 char *out, size_t outlen);
+/* Outside slurmctld's locks: parse, authorize, journal (fsync).  Returns 0
+ * with *ticket > 0 to go on to ..._apply, or 0 with *ticket == 0 and the
+ * reply line in `reply`. */
+int pyk8sres_ledger_prepare(uint32_t uid, const char *line, int *ticket,
+			    char *reply, size_t replylen);
+/* Under slurmctld's job+node write locks: decide and apply; the reply line
+ * goes to `reply`. */
+int pyk8sres_ledger_apply(int ticket, pyk8sres_facts_fn facts,
+			  pyk8sres_share_fn share, pyk8sres_node_name_fn node_name,
+			  pyk8sres_stats_fn stats, char *reply, size_t replylen);
 /* CFFI-END */
 
 /* Plain C in the core library: same contract as pyk8sres_job_submit_py,

@@ -24,7 +24,8 @@ def _cluster_up(args) -> int:
     if c.release.bin_dirs:
         print(f"export PATH={os.pathsep.join(c.release.bin_dirs)}:$PATH  # Slurm {c.release.name}")
     if args.kubernetes:
-        print(f"# Kubernetes API server {kas.url}, pyk8sres sync running (log: {c.work}/log/sync.out)")
+        print(f"# Kubernetes API server {kas.url}, pyk8sres sync and webhook running "
+              f"(logs: {c.work}/log/sync.out, webhook.out)")
         print(f"export KUBECONFIG={kas.kubeconfig}")
         print(f"export PATH={os.path.dirname(kas.paths.kubectl)}:$PATH  # kubectl")
     return 0
@@ -43,6 +44,37 @@ def _install_plugins(args) -> int:
         print(path)
     for warning in install.readability_warnings():
         print(f"pyk8sres: warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def _ledger(args) -> int:
+    """`pyk8sres ledger ...`: the operator's view of what Kubernetes holds."""
+    import json
+    import math
+    from .coordinator import slurm
+    from .policy.usage import parse_quantity
+    ledger = slurm.Ledger(args.socket or slurm.ledger_socket_path())
+    if args.action == "show":
+        reply = ledger.show(args.node)
+    elif args.action == "reserve":
+        reply = ledger.reserve(args.node, args.key,
+                               math.ceil(parse_quantity(args.cpu) * 1000),
+                               math.ceil(parse_quantity(args.memory)))
+    else:
+        reply = ledger.release(args.node, args.key)
+    if getattr(args, "output", "") == "json" or args.action != "show" or not reply.get("ok"):
+        print(json.dumps(reply, indent=1, sort_keys=True))
+        return 0 if reply.get("ok") else 1
+    print(f"{'NODE':<16} {'CAPACITY':>14} {'JOBS':>14} {'KUBERNETES':>14} {'FREE':>14}  NOTE")
+    for name, n in sorted(reply["nodes"].items()):
+        def cell(part):
+            v = n.get(part)
+            return f"{v['cpu']}/{v['mem']}" if v else "-"
+        note = ("unknown to slurmctld" if n.get("unknown") else
+                "OVERSUBSCRIBED: pods hold more than jobs leave" if n.get("oversubscribed") else "")
+        print(f"{name:<16} {cell('capacity'):>14} {cell('jobs'):>14} {cell('share'):>14} "
+              f"{cell('free'):>14}  {note}".rstrip())
+    print("(CPUs/MB; KUBERNETES is the pods' share the ledger holds inside slurmctld)")
     return 0
 
 
@@ -78,20 +110,42 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--workdir", required=True)
     d.set_defaults(func=_cluster_down)
 
+    g = sub.add_parser("ledger", help="what Kubernetes holds per node, inside slurmctld")
+    g.add_argument("--socket", help="the ledger socket (default: from slurm.conf)")
+    gsub = g.add_subparsers(dest="action", required=True)
+    s = gsub.add_parser("show", help="capacity, Slurm jobs, Kubernetes share, free per node")
+    s.add_argument("node", nargs="?")
+    s.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    r = gsub.add_parser("reserve", help="reserve for KEY (e.g. a pod UID) on NODE, if it fits")
+    r.add_argument("node")
+    r.add_argument("key")
+    r.add_argument("--cpu", required=True, help="Kubernetes quantity, e.g. 2735m")
+    r.add_argument("--memory", required=True, help="Kubernetes quantity, e.g. 3417Mi")
+    r = gsub.add_parser("release", help="release what KEY holds on NODE")
+    r.add_argument("node")
+    r.add_argument("key")
+    for action in gsub.choices.values():
+        action.set_defaults(func=_ledger)
+
     # `sync` has its own parser (pyk8sres/coordinator/sync.py); listed here for --help.
     sub.add_parser("sync", help="keep Slurm and Kubernetes in step (daemon); see `pyk8sres sync -h`")
+    sub.add_parser("webhook", help="admission webhook + placeholder pods (daemon); "
+                                   "see `pyk8sres webhook -h`")
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sync"]:
         from .coordinator import sync
         return sync.main(argv[1:])
+    if argv[:1] == ["webhook"]:
+        from .coordinator import webhook
+        return webhook.main(argv[1:])
     args = parser.parse_args(argv)
     try:
         return args.func(args)
     except Exception as exc:  # a CLI prints one clear line, not a traceback
         name = type(exc).__name__
         if name in ("ClusterError", "InstallError", "SlurmError", "ConfigError", "BuildError",
-                    "StartError"):
+                    "StartError", "LedgerError", "QuantityError"):
             print(f"pyk8sres: error: {exc}", file=sys.stderr)
             return 1
         raise

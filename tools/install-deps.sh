@@ -15,7 +15,8 @@ log() { echo "install-deps: $*" >&2; }
 
 PY=${PYTHON:-python3}
 APT_PKGS="slurmctld slurmd slurm-client munge libslurm-dev slurm-wlm-basic-plugins slurmrestd slurm-wlm-jwt-plugin
-          gcc libc6-dev pkg-config dpkg-dev debian-archive-keyring util-linux curl"
+          gcc libc6-dev pkg-config dpkg-dev debian-archive-keyring util-linux curl
+          python3-venv python3-dev"
 missing=$(for p in $APT_PKGS; do dpkg-query -W -f '${Status}\n' "$p" 2>/dev/null |
           grep -q "install ok installed" || echo "$p"; done)
 if [ -n "$missing" ]; then

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"reflect"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -38,18 +39,27 @@ var (
 	coreScheme = runtime.NewScheme()
 	coreCodecs = serializer.NewCodecFactory(coreScheme)
 
-	coreGroupVersions = []schema.GroupVersion{corev1.SchemeGroupVersion, rbacv1.SchemeGroupVersion}
+	coreGroupVersions = []schema.GroupVersion{corev1.SchemeGroupVersion, rbacv1.SchemeGroupVersion,
+		admissionregistrationv1.SchemeGroupVersion}
+
+	// Go packages whose types are served (the rest are meta types).
+	typePackages = map[string]bool{
+		reflect.TypeOf(corev1.Pod{}).PkgPath():                                             true,
+		reflect.TypeOf(rbacv1.Role{}).PkgPath():                                            true,
+		reflect.TypeOf(admissionregistrationv1.ValidatingWebhookConfiguration{}).PkgPath(): true,
+	}
 )
 
 func init() {
 	must(corev1.AddToScheme(coreScheme))
 	must(rbacv1.AddToScheme(coreScheme))
+	must(admissionregistrationv1.AddToScheme(coreScheme))
 	// Register every external type once more as the internal version of its
 	// group: the generic registry converts to "internal" before storing.
 	for _, gv := range coreGroupVersions {
 		internal := schema.GroupVersion{Group: gv.Group, Version: runtime.APIVersionInternal}
 		for kind, t := range coreScheme.KnownTypes(gv) {
-			if t.PkgPath() != reflect.TypeOf(corev1.Pod{}).PkgPath() && t.PkgPath() != reflect.TypeOf(rbacv1.Role{}).PkgPath() {
+			if !typePackages[t.PkgPath()] {
 				continue // meta types (ListOptions, WatchEvent...) are handled by metav1
 			}
 			coreScheme.AddKnownTypeWithName(internal.WithKind(kind), reflect.New(t).Interface().(runtime.Object))
@@ -168,6 +178,7 @@ type resourceDef struct {
 	hasStatus  bool                            // spec/status split with a /status subresource
 	fieldsFn   func(runtime.Object) fields.Set // nil: metadata only
 	onCreate   func(obj runtime.Object)        // upstream-like defaults set by the server
+	defaults   func(obj runtime.Object)        // defaults applied on create and update
 	validate   func(obj, old runtime.Object) field.ErrorList
 	ttl        uint64 // seconds, 0 = forever (events expire like upstream's 1h)
 }
@@ -179,7 +190,8 @@ var coreResources = []resourceDef{
 	{gv: corev1.SchemeGroupVersion, resource: "nodes", singular: "node", kind: "Node",
 		shortNames: []string{"no"}, hasStatus: true, fieldsFn: nodeFields},
 	{gv: corev1.SchemeGroupVersion, resource: "namespaces", singular: "namespace", kind: "Namespace",
-		shortNames: []string{"ns"}, hasStatus: true, fieldsFn: namespaceFields, onCreate: namespaceOnCreate},
+		shortNames: []string{"ns"}, hasStatus: true, fieldsFn: namespaceFields, onCreate: namespaceOnCreate,
+		defaults: namespaceDefaults},
 	{gv: corev1.SchemeGroupVersion, resource: "events", singular: "event", kind: "Event", namespaced: true,
 		shortNames: []string{"ev"}, fieldsFn: eventFields, ttl: 3600},
 	{gv: corev1.SchemeGroupVersion, resource: "configmaps", singular: "configmap", kind: "ConfigMap", namespaced: true,
@@ -192,6 +204,12 @@ var coreResources = []resourceDef{
 	{gv: rbacv1.SchemeGroupVersion, resource: "clusterrolebindings", singular: "clusterrolebinding", kind: "ClusterRoleBinding"},
 	{gv: rbacv1.SchemeGroupVersion, resource: "roles", singular: "role", kind: "Role", namespaced: true},
 	{gv: rbacv1.SchemeGroupVersion, resource: "rolebindings", singular: "rolebinding", kind: "RoleBinding", namespaced: true},
+	{gv: admissionregistrationv1.SchemeGroupVersion, resource: "validatingwebhookconfigurations",
+		singular: "validatingwebhookconfiguration", kind: "ValidatingWebhookConfiguration",
+		categories: []string{"api-extensions"}, defaults: webhookConfigDefaults, validate: validateWebhookConfig},
+	{gv: admissionregistrationv1.SchemeGroupVersion, resource: "mutatingwebhookconfigurations",
+		singular: "mutatingwebhookconfiguration", kind: "MutatingWebhookConfiguration",
+		categories: []string{"api-extensions"}, defaults: webhookConfigDefaults, validate: validateWebhookConfig},
 }
 
 func podOnCreate(obj runtime.Object) {
@@ -216,6 +234,16 @@ func podOnCreate(obj runtime.Object) {
 
 func namespaceOnCreate(obj runtime.Object) {
 	obj.(*corev1.Namespace).Status = corev1.NamespaceStatus{Phase: corev1.NamespaceActive}
+}
+
+// namespaceDefaults sets the immutable kubernetes.io/metadata.name label, as
+// kube-apiserver does: webhooks' namespaceSelectors match on it.
+func namespaceDefaults(obj runtime.Object) {
+	ns := obj.(*corev1.Namespace)
+	if ns.Labels == nil {
+		ns.Labels = map[string]string{}
+	}
+	ns.Labels[corev1.LabelMetadataName] = ns.Name
 }
 
 // validatePod checks the few pod rules clients are most likely to trip on.
@@ -251,6 +279,7 @@ type strategy struct {
 	names.NameGenerator
 	def    *resourceDef
 	status bool // the /status subresource strategy
+	resize bool // the pods/resize subresource strategy
 }
 
 func (s strategy) NamespaceScoped() bool                                             { return s.def.namespaced }
@@ -268,6 +297,9 @@ func (s strategy) PrepareForCreate(ctx context.Context, obj runtime.Object) {
 	if s.def.onCreate != nil {
 		s.def.onCreate(obj)
 	}
+	if s.def.defaults != nil {
+		s.def.defaults(obj)
+	}
 }
 
 // field returns the named struct field (Spec/Status) of a typed object.
@@ -276,16 +308,24 @@ func structField(obj runtime.Object, name string) reflect.Value {
 }
 
 func (s strategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object) {
+	if s.def.defaults != nil {
+		s.def.defaults(obj)
+	}
 	if !s.def.hasStatus {
 		return
 	}
-	if s.status {
+	if s.resize {
+		// pods/resize may only change containers' resources.
+		resizePod(obj, old)
+	} else if s.status {
 		// /status may only change status (and metadata), like upstream.
 		structField(obj, "Spec").Set(structField(old, "Spec"))
 		return
+	} else {
+		// The main resource ignores status changes.
+		structField(obj, "Status").Set(structField(old, "Status"))
 	}
-	// The main resource ignores status changes; bump generation on spec change.
-	structField(obj, "Status").Set(structField(old, "Status"))
+	// Bump generation on spec change.
 	if !equality.Semantic.DeepEqual(structField(obj, "Spec").Interface(), structField(old, "Spec").Interface()) {
 		m, _ := meta.Accessor(obj)
 		om, _ := meta.Accessor(old)
@@ -315,6 +355,9 @@ func (s strategy) ValidateUpdate(ctx context.Context, obj, old runtime.Object) f
 	errs := apivalidation.ValidateObjectMetaAccessorUpdate(m, om, field.NewPath("metadata"))
 	if s.def.validate != nil {
 		errs = append(errs, s.def.validate(obj, old)...)
+	}
+	if s.resize {
+		errs = append(errs, validateResize(obj, old)...)
 	}
 	return errs
 }
@@ -445,6 +488,11 @@ func buildCoreGroups(getter generic.RESTOptionsGetter) (*genericapiserver.APIGro
 			// Deleting a pod returns the pod (clients expect a Pod, not a Status).
 			store.ReturnDeletedObject = true
 			m["pods/binding"] = &bindingREST{store: store}
+			resizeStore := *store
+			rs := strategy{ObjectTyper: coreScheme, NameGenerator: names.SimpleNameGenerator, def: def, resize: true}
+			resizeStore.UpdateStrategy = rs
+			resizeStore.ResetFieldsStrategy = rs
+			m["pods/resize"] = &statusREST{store: &resizeStore}
 			m["bindings"] = &legacyBindingREST{bindingREST{store: store}}
 		}
 	}

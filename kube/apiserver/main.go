@@ -6,6 +6,9 @@
 //   - a legacy "/api/v1" group with pods (+status, +binding), nodes (+status),
 //     namespaces (+status), events, configmaps, secrets, serviceaccounts,
 //   - rbac.authorization.k8s.io/v1 objects (stored only: nothing enforces them),
+//   - admissionregistration.k8s.io/v1 webhook configurations, called by
+//     upstream's ValidatingAdmissionWebhook / MutatingAdmissionWebhook
+//     plugins (admission.go), and pods/resize for in-place resize,
 //
 // all stored in etcd through the generic registry with the watch cache, so
 // resourceVersions, watches, bookmarks, 409 conflicts, 410 Gone, field and
@@ -104,13 +107,17 @@ func run(bind string, port int, etcdServers, etcdPrefix string, compaction time.
 	if err := etcdOpts.ApplyTo(&cfg.Config); err != nil {
 		return err
 	}
+	authWrapper := webhook.NewDefaultAuthenticationInfoResolverWrapper(nil, nil, loopback, noopoteltrace.NewTracerProvider())
+	if err := setupAdmission(cfg, loopback, authWrapper); err != nil {
+		return fmt.Errorf("admission: %w", err)
+	}
 
 	extCfg := &extapiserver.Config{
 		GenericConfig: cfg,
 		ExtraConfig: extapiserver.ExtraConfig{
 			CRDRESTOptionsGetter: extoptions.NewCRDRESTOptionsGetter(*etcdOpts, cfg.ResourceTransformers, cfg.StorageObjectCountTracker),
 			ServiceResolver:      noServices{},
-			AuthResolverWrapper:  webhook.NewDefaultAuthenticationInfoResolverWrapper(nil, nil, loopback, noopoteltrace.NewTracerProvider()),
+			AuthResolverWrapper:  authWrapper,
 			MasterCount:          1,
 		},
 	}

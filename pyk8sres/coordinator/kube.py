@@ -70,6 +70,7 @@ class Kube:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.ext = client.ApiextensionsV1Api(api)
+        self.admission = client.AdmissionregistrationV1Api(api)
         # Set to False once the server rejects the "spec.nodeName!=" selector;
         # from then on we filter unbound pods client-side.
         self.pod_field_selector_ok = True
@@ -315,3 +316,90 @@ class Informer(threading.Thread):
                 if self.stop_event.wait(backoff):
                     return
                 backoff = min(self.backoff_max, backoff * 2)
+
+
+# ------------------------------------------------------------ admission and pods
+# (the webhook, the placeholder pods and the test scheduler use these)
+
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+
+
+def _missing(e: ApiException) -> bool:
+    return e.status == 404
+
+
+def get_pod(kube: Kube, namespace: str, name: str) -> dict | None:
+    try:
+        return _json(kube.core.read_namespaced_pod(
+            name, namespace, _preload_content=False, _request_timeout=kube.timeout))
+    except ApiException as e:
+        if _missing(e):
+            return None
+        raise
+
+
+def list_pods(kube: Kube, namespace: str | None = None, field_selector: str | None = None) -> list:
+    kw = {"field_selector": field_selector, "_preload_content": False,
+          "_request_timeout": kube.timeout}
+    if namespace:
+        return _json(kube.core.list_namespaced_pod(namespace, **kw)).get("items") or []
+    return _json(kube.core.list_pod_for_all_namespaces(**kw)).get("items") or []
+
+
+def create_pod(kube: Kube, namespace: str, body: dict) -> dict:
+    return _json(kube.core.create_namespaced_pod(
+        namespace, body, _preload_content=False, _request_timeout=kube.timeout))
+
+
+def delete_pod(kube: Kube, namespace: str, name: str) -> None:
+    try:
+        kube.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0,
+                                        _preload_content=False,
+                                        _request_timeout=kube.timeout).release_conn()
+    except ApiException as e:
+        if not _missing(e):
+            raise
+
+
+def resize_pod(kube: Kube, namespace: str, name: str, containers: list[dict]) -> dict:
+    """PATCH pods/resize: containers = [{"name", "resources"}, ...]."""
+    return _json(kube.core.patch_namespaced_pod_resize(
+        name, namespace, {"spec": {"containers": containers}}, _content_type=STRATEGIC_PATCH,
+        _preload_content=False, _request_timeout=kube.timeout))
+
+
+def bind_pod(kube: Kube, namespace: str, name: str, node: str, uid: str | None = None) -> None:
+    """POST pods/binding, as kube-scheduler's DefaultBinder does."""
+    body = {"apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+    # The server answers with a Status, not a Binding: read it raw.
+    kube.core.create_namespaced_pod_binding(
+        name, namespace, body, _preload_content=False,
+        _request_timeout=kube.timeout).release_conn()
+
+
+def list_nodes(kube: Kube) -> list:
+    return _json(kube.core.list_node(_preload_content=False,
+                                     _request_timeout=kube.timeout)).get("items") or []
+
+
+def get_webhook_config(kube: Kube, name: str) -> dict | None:
+    try:
+        return _json(kube.admission.read_validating_webhook_configuration(
+            name, _preload_content=False, _request_timeout=kube.timeout))
+    except ApiException as e:
+        if _missing(e):
+            return None
+        raise
+
+
+def put_webhook_config(kube: Kube, body: dict) -> dict:
+    """Create, or replace (body carries the resourceVersion it was read at:
+    a concurrent change is a 409, and the caller retries)."""
+    name = body["metadata"]["name"]
+    if body["metadata"].get("resourceVersion"):
+        return _json(kube.admission.replace_validating_webhook_configuration(
+            name, body, _preload_content=False, _request_timeout=kube.timeout))
+    return _json(kube.admission.create_validating_webhook_configuration(
+        body, _preload_content=False, _request_timeout=kube.timeout))

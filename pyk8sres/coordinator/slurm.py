@@ -167,3 +167,102 @@ def cluster_name() -> str:
             return value.strip()
     return ""
 
+
+
+# --- The ledger: Kubernetes' share of each node, held inside slurmctld ------
+
+class LedgerError(SlurmError):
+    """The ledger could not be asked (socket, timeout, a reply that is not
+    one): callers fail closed -- no pod admitted, no capacity handed back."""
+
+
+def ledger_socket_path(slurm_conf: str | None = None) -> str:
+    """Where node_features/k8s_resources serves the ledger: LedgerSocket= in
+    k8s_resources.conf, else StateSaveLocation/k8s_resources.socket, both
+    read from the local configuration files (no slurmctld round trip)."""
+    import os
+    from ..slurmctld import config as plugin_config
+    conf = slurm_conf or os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
+    settings = plugin_config.load(conf)
+    if settings.ledger_socket:
+        return settings.ledger_socket
+    state = "/var/spool/slurmctld"
+    with open(conf, encoding="utf-8") as f:
+        for raw in f:
+            key, sep, value = raw.split("#", 1)[0].strip().partition("=")
+            if sep and key.strip().lower() == "statesavelocation":
+                state = value.strip()
+    return os.path.join(state, "k8s_resources.socket")
+
+
+class Ledger:
+    """A client of the ledger (pyk8sres.policy.ledger has the protocol).
+
+    One connection, kept open and re-made once when it breaks; one request
+    at a time (a lock), so threads (the webhook) may share it."""
+
+    def __init__(self, socket_path: str, timeout: float = 2.0):
+        import threading
+        self.socket_path, self.timeout = socket_path, timeout
+        self._sock = None
+        self._file = None
+        self._lock = threading.Lock()
+
+    def _connect(self):
+        import socket
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError as exc:
+            sock.close()
+            raise LedgerError(f"cannot reach the ledger at {self.socket_path}: {exc}") from None
+        self._sock, self._file = sock, sock.makefile("rb")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._file.close()
+            self._sock.close()
+        self._sock = self._file = None
+
+    def call(self, op: str, **fields) -> dict:
+        """One request; the reply dict ({"ok": ...}).  LedgerError if unreachable."""
+        import json
+        from ..policy.ledger import encode
+        line = encode(op, **fields)
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    if self._sock is None:
+                        self._connect()
+                    self._sock.sendall(line)
+                    reply = self._file.readline()
+                    if not reply.endswith(b"\n"):
+                        raise OSError("connection closed")
+                    break
+                except OSError as exc:
+                    self.close()
+                    # A broken kept-open connection is retried once; a reply
+                    # lost mid-way is safe to ask again (requests are idempotent).
+                    if attempt == 2 or isinstance(exc, TimeoutError):
+                        raise LedgerError(f"ledger at {self.socket_path}: {exc}") from None
+        try:
+            answer = json.loads(reply)
+        except ValueError:
+            raise LedgerError(f"ledger at {self.socket_path}: not a reply: {reply[:200]!r}") from None
+        if not isinstance(answer, dict) or "ok" not in answer:
+            raise LedgerError(f"ledger at {self.socket_path}: not a reply: {reply[:200]!r}")
+        return answer
+
+    def reserve(self, node: str, key: str, cpu_m: int, mem_bytes: int) -> dict:
+        return self.call("reserve", node=node, key=key, cpu_m=cpu_m, mem_bytes=mem_bytes)
+
+    def release(self, node: str, key: str) -> dict:
+        return self.call("release", node=node, key=key)
+
+    def set(self, node: str, entries: dict, keep_younger_than: float) -> dict:
+        return self.call("set", node=node, keep_younger_than=keep_younger_than,
+                         entries={k: [int(c), int(m)] for k, (c, m) in entries.items()})
+
+    def show(self, node: str | None = None) -> dict:
+        return self.call("show", **({"node": node} if node else {}))

@@ -36,7 +36,6 @@ import time
 import tomllib
 from typing import Mapping
 
-from ..slurmctld import nodestate
 from ..policy import usage as U
 
 log = logging.getLogger("pyk8sres.coordinator.sync")
@@ -49,16 +48,26 @@ GN_RELIST_SECONDS = 60.0
 class SyncConfig:
     kubeconfig: str | None = None          # None: in-cluster, else ~/.kube/config
     context: str | None = None
-    # state_file / reserves: None means "as k8s_resources.conf next to
+    # ledger_socket / reserves: None means "as k8s_resources.conf next to
     # slurm.conf says", so the daemon and the slurmctld plugin agree.
-    state_file: str | None = None
+    ledger_socket: str | None = None
     reserve_cpus: int | None = None
     reserve_memory_mb: int | None = None
-    node_key: str = "pyk8sres.io/slurm-node"   # annotation/label naming the Slurm node
-    map_by_name: bool = True                    # else only the annotation/label maps
-    slurm_worker_selector: str = "pyk8sres.io/slurm-worker=true"  # pods that ARE Slurm
+    # Node mapping, admin-owned only: node_map (here), else the node label
+    # node_key (must be under node-restriction.kubernetes.io/: kubelets cannot
+    # set it), else the same name (map_by_name).  Annotations are never read.
+    node_key: str = U.NODE_LABEL
+    node_map: dict = dataclasses.field(default_factory=dict)   # k8s node -> Slurm node
+    map_by_name: bool = True
+    # Pods that hold nothing (Slurm's own workers): "namespace" or
+    # "namespace/serviceaccount" entries.  Nothing a pod creator sets counts.
+    slurm_workers: list = dataclasses.field(default_factory=list)
+    placeholder_namespace: str = "pyk8sres-system"  # where slurm-share-<node> pods live
     cluster_name: str | None = None             # GenericNode spec.clusterName; None: Slurm's
     resync_seconds: float = 1.0     # compare desired vs Slurm even without events
+    repair_seconds: float = 30.0    # re-send every node's share even if unchanged
+    reservation_grace: float = 30.0  # keep an admitted pod's reservation this long before it
+                                     # shows up bound (the webhook reserves before binding)
     debounce_seconds: float = 0.005  # let a burst of pod events land in one cycle
     request_timeout: float = 10.0   # client-side timeout of every API call
     watch_timeout: int = 60         # server-side watch duration
@@ -100,20 +109,37 @@ def load_config(path: str | None, base: SyncConfig | None = None) -> SyncConfig:
         if not isinstance(v, want) or (want is int and isinstance(v, bool)):
             raise ConfigError(f"{path}: {k} must be {want.__name__}, not {v!r}")
         values[name] = v
-    return dataclasses.replace(cfg, **values)
+    out = dataclasses.replace(cfg, **values)
+    try:
+        U.check_node_label(out.node_key)
+        exemptions_of(out)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in out.node_map.items()):
+        raise ConfigError(f"{path}: node_map maps Kubernetes node names to Slurm node names (strings)")
+    return out
+
+
+def exemptions_of(cfg: SyncConfig) -> U.Exemptions:
+    return U.exemptions(cfg.slurm_workers, cfg.placeholder_namespace)
 
 
 def fill_from_slurm_conf(cfg: SyncConfig) -> SyncConfig:
-    """Take state file and reserves from k8s_resources.conf where not set."""
+    """Take the ledger socket and reserves from slurm.conf/k8s_resources.conf where not set."""
     from ..slurmctld import config as plugin_config
     slurm_conf = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
     pc = plugin_config.load(slurm_conf)
     return dataclasses.replace(
         cfg,
-        state_file=cfg.state_file or pc.state_file,
+        ledger_socket=cfg.ledger_socket or _slurm().ledger_socket_path(slurm_conf),
         reserve_cpus=pc.reserve_cpus if cfg.reserve_cpus is None else cfg.reserve_cpus,
         reserve_memory_mb=(pc.reserve_memory_mb if cfg.reserve_memory_mb is None
                            else cfg.reserve_memory_mb))
+
+
+def _slurm():
+    from . import slurm
+    return slurm
 
 
 # ----------------------------------------------------------------- cache
@@ -129,13 +155,13 @@ class Cache:
 
     KINDS = ("pods", "nodes")
 
-    def __init__(self, worker_selector: str = "", node_key: str = "pyk8sres.io/slurm-node"):
-        self.terms = U.parse_selector(worker_selector)
+    def __init__(self, exempt: U.Exemptions = U.Exemptions(), node_key: str = U.NODE_LABEL):
+        self.exempt = exempt
         self.node_key = node_key
         self.lock = threading.Lock()
         self.pods: dict[str, U.PodUsage] = {}
         self.nodes: dict[str, dict] = {}
-        # k8s node -> [cpu, memory, {pod key: error}]
+        # k8s node -> [cpu, memory, {pod key: error}, {pod uid: ledger entry}]
         self.sums: dict[str, list] = {}
         self.listed: set[str] = set()
         self.ok = {k: False for k in self.KINDS}
@@ -150,14 +176,13 @@ class Cache:
     def _slim_node(self, obj: Mapping) -> dict:
         m = obj.get("metadata") or {}
         slim = {"name": m.get("name")}
-        for part in ("annotations", "labels"):
-            v = (m.get(part) or {}).get(self.node_key)
-            if v is not None:
-                slim[part] = {self.node_key: v}
+        v = (m.get("labels") or {}).get(self.node_key)
+        if v is not None:
+            slim["labels"] = {self.node_key: v}
         return {"metadata": slim}
 
     def _pod(self, obj: Mapping) -> U.PodUsage | None:
-        pu = U.pod_usage(obj, self.terms)
+        pu = U.pod_usage(obj, self.exempt)
         if pu is not None and pu.error:
             old = self.pods.get(self._key(obj))
             if old is None or old.error != pu.error:
@@ -165,7 +190,7 @@ class Cache:
         return pu
 
     def _account(self, key: str, pu: U.PodUsage, sign: int) -> None:
-        s = self.sums.setdefault(pu.node, [0, 0, {}])
+        s = self.sums.setdefault(pu.node, [0, 0, {}, {}])
         s[0] += sign * pu.cpu
         s[1] += sign * pu.memory
         if pu.error:
@@ -173,7 +198,11 @@ class Cache:
                 s[2][key] = pu.error
             else:
                 s[2].pop(key, None)
-        if s[0] == 0 and s[1] == 0 and not s[2] and sign < 0:
+        elif sign > 0:
+            s[3][pu.uid] = U.ledger_entry(pu)
+        else:
+            s[3].pop(pu.uid, None)
+        if s[0] == 0 and s[1] == 0 and not s[2] and not s[3] and sign < 0:
             del self.sums[pu.node]
 
     # -- Informer handler interface
@@ -237,28 +266,32 @@ class Cache:
         with self.lock:
             healthy = all(k in self.listed and self.ok[k] for k in self.KINDS)
             usage = {n: U.NodeUsage(c, m, tuple(e.values()))
-                     for n, (c, m, e) in self.sums.items()}
+                     for n, (c, m, e, _) in self.sums.items()}
             return usage, dict(self.nodes), healthy
+
+    def entries(self, k8s_node: str) -> dict[str, tuple[int, int]]:
+        """Pod UID -> (millicores, bytes) of the pods bound to `k8s_node`."""
+        with self.lock:
+            s = self.sums.get(k8s_node)
+            return dict(s[3]) if s else {}
 
 
 # ----------------------------------------------------------------- reconcile
 
 class Reconciler:
-    """One cycle: desired = f(cache, Slurm), write state, apply differences,
-    update GenericNodes.  Holds what we last applied (from the state file at
-    start, so a daemon restart never forgets and never hands back capacity)."""
+    """One cycle: desired = f(cache, Slurm); set each node's Kubernetes share
+    in the ledger (slurmctld holds it next to its jobs); update GenericNodes.
 
-    def __init__(self, cfg: SyncConfig, cache: Cache, slurm, kube=None):
+    The ledger is the memory: it survives our restarts, so a restarted
+    daemon starts from what slurmctld already holds and never hands
+    capacity back on missing data."""
+
+    def __init__(self, cfg: SyncConfig, cache: Cache, slurm, kube=None, ledger=None):
         self.cfg, self.cache, self.slurm, self.kube = cfg, cache, slurm, kube
-        self.last_applied: dict[str, dict[str, int]] = {}
-        self.last_unmanaged: list[str] = []
-        try:
-            st = nodestate.read_state(cfg.state_file)
-            self.last_applied, self.last_unmanaged = st["nodes"], st["unmanaged"]
-        except FileNotFoundError:
-            pass
-        except nodestate.StateError as e:
-            log.error("ignoring unreadable state file: %s", e)
+        self.ledger = ledger
+        self.last_set: dict[str, dict[str, tuple[int, int]]] = {}
+        self.last_repair = 0.0
+        self.oversubscribed: dict[str, bool] = {}
         self.warned: set[str] = set()
         self.gn_written: dict[str, tuple[dict, dict]] | None = None
         self.gn_exists: set[str] = set()
@@ -290,47 +323,63 @@ class Reconciler:
             slurm_nodes = list(self.slurm_view.values())
         k8s_usage, knodes, healthy = self.cache.snapshot()
         d = U.desired_state(
-            k8s_usage, knodes, slurm_nodes, self.last_applied, self.last_unmanaged, healthy,
-            key=self.cfg.node_key, map_by_name=self.cfg.map_by_name,
+            k8s_usage, knodes, slurm_nodes, {}, (), healthy,
+            key=self.cfg.node_key, map_by_name=self.cfg.map_by_name, node_map=self.cfg.node_map,
             reserve_cpu=self.cfg.reserve_cpus or 0,
             reserve_memory_mb=self.cfg.reserve_memory_mb or 0)
         self._warn_new(d.warnings)
-
-        # The state file first: a slurmctld that restarts after this point
-        # reads these counts instead of handing pods' capacity to jobs.
-        state = {**self.last_applied, **d.targets}
-        if state != self.last_applied or d.unmanaged != self.last_unmanaged:
-            try:
-                nodestate.write_state(self.cfg.state_file, state, unmanaged=d.unmanaged)
-            except (OSError, nodestate.StateError) as e:
-                log.error("cannot write state file %s: %s", self.cfg.state_file, e)
-            self.last_applied, self.last_unmanaged = state, d.unmanaged
-
-        raw = {n.name: getattr(n, "gres_raw", None) for n in slurm_nodes}
-        changes = U.differences(d.targets, slurm_nodes)
-        try:
-            # Passing the Gres= text we just read saves one scontrol call per node.
-            outcome = self.slurm.set_nodes_gres(changes, current_raw=raw) if changes else {}
-        except Exception as e:  # slurmctld down: retried on the next cycle
-            outcome = {name: e for name in changes}
-        for name, counts in changes.items():
-            error = outcome.get(name)
-            if error is not None:  # SlurmError, node gone, slurmctld down
-                log.warning("cannot set %s on %s: %s", counts, name, error)
-                continue
-            self.applied_total += 1
-            if self.slurm_view is not None and name in self.slurm_view:
-                n = self.slurm_view[name]
-                self.slurm_view[name] = dataclasses.replace(n, gres={**n.gres, **counts})
-            log.info("applied %s %s", name,
-                     " ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-
+        self.set_shares(d, healthy)
         if self.kube is not None and self.cfg.generic_nodes and healthy:
             if self.gn_thread is None:
                 self.sync_generic_nodes_safe(d, slurm_nodes)
             else:
                 self.gn_thread.offer(d, slurm_nodes)
         return d
+
+    def wanted_shares(self, d: U.Desired, healthy: bool) -> dict[str, dict]:
+        """Slurm node -> the entries (pod UID -> millicores, bytes) it should
+        carry: the pods bound there.  While a node's data is not trusted (no
+        list yet, a broken watch, an unparsable pod there) it only gains
+        entries: fail closed, never hand capacity back on missing data."""
+        wanted: dict[str, dict] = {name: {} for name in self.last_set}
+        for k8s_name, slurm_name in d.k8s_to_slurm.items():
+            wanted.setdefault(slurm_name, {}).update(self.cache.entries(k8s_name))
+        for name, entries in wanted.items():
+            if not healthy or (d.usage.get(name) or U.NodeUsage()).errors:
+                wanted[name] = {**self.last_set.get(name, {}), **entries}
+        return wanted
+
+    def set_shares(self, d: U.Desired, healthy: bool) -> None:
+        """Apply the differences to the ledger (all of it now and then, so
+        reservations that never became bound pods expire)."""
+        if self.ledger is None:
+            return
+        now = time.monotonic()
+        repair = now - self.last_repair >= self.cfg.repair_seconds
+        for name, entries in sorted(self.wanted_shares(d, healthy).items()):
+            if not repair and self.last_set.get(name) == entries:
+                continue
+            try:
+                reply = self.ledger.set(name, entries, self.cfg.reservation_grace)
+            except Exception as e:  # slurmctld down: retried next cycle, nothing handed back
+                log.warning("cannot set the Kubernetes share of %s: %s", name, e)
+                self.last_set.pop(name, None)
+                continue
+            if not reply.get("ok"):
+                log.warning("ledger refused the share of %s: %s", name, reply.get("error"))
+                continue
+            if self.last_set.get(name) != entries:
+                self.applied_total += 1
+                log.info("node %s: Kubernetes share set (%d pods)", name, len(entries))
+            over = bool(reply.get("oversubscribed"))
+            if over and not self.oversubscribed.get(name):
+                log.error("node %s is oversubscribed: pods bound there hold more than Slurm's "
+                          "jobs leave (a pod bound without admission, or a static pod); "
+                          "no new job starts there until they leave", name)
+            self.oversubscribed[name] = over
+            self.last_set[name] = entries
+        if repair:
+            self.last_repair = now
 
     def sync_generic_nodes_safe(self, d, slurm_nodes) -> None:
         try:
@@ -369,12 +418,12 @@ class Reconciler:
             if n is not None:
                 u = d.usage.get(s) or U.NodeUsage()
                 inputs[k] = (s, n.cpus, n.real_memory, n.alloc_cpus, n.alloc_memory,
-                             u.cpu, u.memory, self.cluster)
+                             u.cpu, u.memory, self.cluster, self.oversubscribed.get(s, False))
         for name, key in sorted(inputs.items()):
             if self.gn_inputs.get(name) == key and name in self.gn_written:
                 continue
             spec, status = U.generic_node_body(name, by_name[key[0]], d.usage.get(key[0]),
-                                               self.cluster)
+                                               self.cluster, oversubscribed=key[-1])
             old = self.gn_written.get(name)
             if old == (spec, status):
                 self.gn_inputs[name] = key
@@ -440,8 +489,9 @@ class GenericNodeWriter(threading.Thread):
 
 def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False) -> int:
     from .kube import Informer
-    cache = Cache(cfg.slurm_worker_selector, cfg.node_key)
-    rec = Reconciler(cfg, cache, slurm, kube)
+    cache = Cache(exemptions_of(cfg), cfg.node_key)
+    rec = Reconciler(cfg, cache, slurm, kube,
+                     ledger=slurm.Ledger(cfg.ledger_socket, timeout=cfg.request_timeout))
     if once:
         ok = True
         for kind in Cache.KINDS:
@@ -501,14 +551,15 @@ class SlurmPoller(threading.Thread):
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="pyk8sres sync",
-        description="Mirror Kubernetes pod requests into Slurm k8scpu/k8smemory counts "
-                    "and Slurm allocations into GenericNode objects.")
+        description="Hold the requests of the pods bound to each node in Slurm's ledger "
+                    "and publish Slurm allocations as GenericNode objects.")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, "
                                         "then $KUBECONFIG or ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument("--config", help="TOML file with SyncConfig settings")
     p.add_argument("--once", action="store_true", help="one reconcile, then exit")
-    p.add_argument("--state-file", help="node state file (default: from k8s_resources.conf)")
+    p.add_argument("--ledger-socket", help="the ledger's socket (default: from slurm.conf: "
+                                           "StateSaveLocation/k8s_resources.socket)")
     p.add_argument("--cluster-name", help="GenericNode spec.clusterName (default: Slurm's)")
     p.add_argument("--resync", type=float, dest="resync_seconds",
                    help="seconds between full comparisons with Slurm")
@@ -545,8 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    log.info("starting: state file %s, reserve %s CPUs / %s MB, resync %.1fs",
-             cfg.state_file, cfg.reserve_cpus, cfg.reserve_memory_mb, cfg.resync_seconds)
+    log.info("starting: ledger %s, reserve %s CPUs / %s MB, resync %.1fs",
+             cfg.ledger_socket, cfg.reserve_cpus, cfg.reserve_memory_mb, cfg.resync_seconds)
     return run(cfg, slurm, kube, stop, once=a.once)
 
 

@@ -116,6 +116,12 @@ class PodUsage:
     cpu: int = 0
     memory: int = 0
     error: str | None = None
+    uid: str = ""          # the pod's UID: its key in the ledger
+
+
+def ledger_entry(pu: PodUsage) -> tuple[int, int]:
+    """(millicores, bytes) of a pod as the ledger counts it (rounded up)."""
+    return -(-pu.cpu // 1_000_000), pu.memory
 
 
 def _requests_of(resources: Mapping | None) -> dict[str, Fraction]:
@@ -185,52 +191,87 @@ def pod_requests(pod: Mapping) -> dict[str, Fraction]:
             "memory": Fraction(total.get("memory", 0))}
 
 
-def parse_selector(selector: str) -> list[tuple[str, str, str | None]]:
-    """Equality-based label selector: "a=b,c!=d,e,!f" -> [(op, key, value)]."""
-    terms = []
-    for part in (selector or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "!=" in part:
-            k, v = part.split("!=", 1)
-            terms.append(("!=", k.strip(), v.strip()))
-        elif "==" in part:
-            k, v = part.split("==", 1)
-            terms.append(("=", k.strip(), v.strip()))
-        elif "=" in part:
-            k, v = part.split("=", 1)
-            terms.append(("=", k.strip(), v.strip()))
-        elif part.startswith("!"):
-            terms.append(("!", part[1:].strip(), None))
+# --------------------------------------------------------------------------
+# Who is exempt: only what the admin names
+# --------------------------------------------------------------------------
+
+# Kubelets may not set labels under this prefix on their own Node (upstream's
+# NodeRestriction admission plugin): only the admin can, so node mapping
+# and opt-in labels must live under it.
+ADMIN_LABEL_PREFIX = "node-restriction.kubernetes.io/"
+NODE_LABEL = ADMIN_LABEL_PREFIX + "pyk8sres-slurm-node"
+PLACEHOLDER_PREFIX = "slurm-share-"   # placeholder pod name: slurm-share-<k8s node>
+
+
+def check_node_label(key: str) -> str:
+    """key, if only an admin may set it on a Node; else ValueError.
+
+    Annotations and ordinary labels are writable by the node's own kubelet,
+    which could then point a node at another Slurm node.
+    """
+    prefix, _, name = key.partition("/")
+    domain = ADMIN_LABEL_PREFIX.rstrip("/")
+    if not name or not (prefix == domain or prefix.endswith("." + domain)):
+        raise ValueError(f"node label {key!r} is not admin-only: use a key under "
+                         f"{ADMIN_LABEL_PREFIX} (kubelets cannot set those), e.g. {NODE_LABEL}")
+    return key
+
+
+@dataclass(frozen=True)
+class Exemptions:
+    """Pods that hold nothing in the ledger: Slurm's own workers (containerized
+    slurmd: they ARE Slurm's capacity) and our placeholder pods (they show
+    Slurm's jobs to kube-scheduler).  Only the admin's configuration says who;
+    nothing a pod creator writes (labels, annotations, names) counts, except a
+    name inside a namespace the admin owns.
+
+    worker_namespaces: every pod in these namespaces is a Slurm worker.
+    worker_service_accounts: (namespace, service account) pairs.  Any pod
+      creator in that namespace may name that service account, so this is as
+      strong as who may create pods there.
+    placeholder_namespace: where the coordinator keeps slurm-share-<node> pods.
+    """
+    worker_namespaces: frozenset = frozenset()
+    worker_service_accounts: frozenset = frozenset()
+    placeholder_namespace: str | None = None
+
+
+def exemptions(workers=(), placeholder_namespace: str | None = None) -> Exemptions:
+    """From config entries "namespace" or "namespace/serviceaccount"."""
+    ns, sas = set(), set()
+    for w in workers:
+        if not isinstance(w, str) or not w.strip("/") or w.count("/") > 1:
+            raise ValueError(f"slurm worker entry {w!r}: want 'namespace' or 'namespace/serviceaccount'")
+        if "/" in w:
+            n, sa = w.split("/")
+            if not n or not sa:
+                raise ValueError(f"slurm worker entry {w!r}: empty namespace or service account")
+            sas.add((n, sa))
         else:
-            terms.append(("exists", part, None))
-    return terms
+            ns.add(w)
+    return Exemptions(frozenset(ns), frozenset(sas), placeholder_namespace or None)
 
 
-def selector_matches(terms, labels: Mapping | None) -> bool:
-    """True if labels match every term; an empty selector matches nothing
-    here (it is used to *exclude* pods, so empty must exclude none)."""
-    if not terms:
-        return False
-    labels = labels or {}
-    for op, k, v in terms:
-        if op == "=" and labels.get(k) != v:
-            return False
-        if op == "!=" and labels.get(k) == v:
-            return False
-        if op == "exists" and k not in labels:
-            return False
-        if op == "!" and k in labels:
-            return False
-    return True
+def exempt_reason(pod: Mapping, ex: Exemptions) -> str | None:
+    """Why the pod holds nothing in the ledger, or None (it counts)."""
+    meta = pod.get("metadata") or {}
+    ns = meta.get("namespace") or ""
+    if ns and ns in ex.worker_namespaces:
+        return f"Slurm worker pod (namespace {ns} is configured as Slurm's)"
+    sa = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+    if (ns, sa) in ex.worker_service_accounts:
+        return f"Slurm worker pod (service account {ns}/{sa} is configured as Slurm's)"
+    if ex.placeholder_namespace and ns == ex.placeholder_namespace and (
+            meta.get("name") or "").startswith(PLACEHOLDER_PREFIX):
+        return "placeholder pod showing Slurm's jobs to kube-scheduler"
+    return None
 
 
-def pod_usage(pod: Mapping, slurm_worker_terms=()) -> PodUsage | None:
+def pod_usage(pod: Mapping, exempt: Exemptions = Exemptions()) -> PodUsage | None:
     """The usage a pod adds to its node, or None if it holds nothing.
 
-    Unbound, terminal (Succeeded/Failed) and Slurm-worker pods hold nothing:
-    Slurm's own workers are what the k8s counts are carved out *for*.
+    Unbound, terminal (Succeeded/Failed) and exempt pods (exempt_reason: only
+    what the admin configured) hold nothing.
     """
     spec = pod.get("spec") or {}
     node = spec.get("nodeName")
@@ -238,15 +279,17 @@ def pod_usage(pod: Mapping, slurm_worker_terms=()) -> PodUsage | None:
         return None
     if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return None
-    if selector_matches(slurm_worker_terms, (pod.get("metadata") or {}).get("labels")):
+    if exempt_reason(pod, exempt):
         return None
+    meta = pod.get("metadata") or {}
+    uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
     try:
         req = pod_requests(pod)
     except (QuantityError, AttributeError, TypeError, ValueError) as e:
-        meta = pod.get("metadata") or {}
-        return PodUsage(node=node, error=(
+        return PodUsage(node=node, uid=uid, error=(
             f"pod {meta.get('namespace')}/{meta.get('name')}: {e}"))
-    return PodUsage(node=node, cpu=math.ceil(req["cpu"] * NANO), memory=math.ceil(req["memory"]))
+    return PodUsage(node=node, cpu=math.ceil(req["cpu"] * NANO), memory=math.ceil(req["memory"]),
+                    uid=uid)
 
 
 # --------------------------------------------------------------------------
@@ -254,19 +297,19 @@ def pod_usage(pod: Mapping, slurm_worker_terms=()) -> PodUsage | None:
 # --------------------------------------------------------------------------
 
 def slurm_node_for(k8s_node: Mapping, key: str, slurm_names: set[str] | frozenset,
-                   map_by_name: bool = True) -> str | None:
+                   map_by_name: bool = True, node_map: Mapping[str, str] | None = None) -> str | None:
     """Slurm node a Kubernetes node is, or None.
 
-    The annotation (then label) ``key`` names it explicitly; otherwise the same
-    name if that Slurm node exists.  An explicit name that Slurm does not know
-    maps to nothing (we cannot set counts on it).
+    In order: the admin's node_map (configuration), the admin-only label
+    ``key`` (see check_node_label; annotations are never read: the node's
+    kubelet can write them), then the same name if that Slurm node exists.
+    An explicit name Slurm does not know maps to nothing.
     """
     meta = k8s_node.get("metadata") or {}
-    for source in (meta.get("annotations") or {}, meta.get("labels") or {}):
-        if source.get(key):
-            name = source[key]
-            return name if name in slurm_names else None
     name = meta.get("name")
+    explicit = (node_map or {}).get(name) or (meta.get("labels") or {}).get(key)
+    if explicit:
+        return explicit if explicit in slurm_names else None
     if map_by_name and name in slurm_names:
         return name
     return None
@@ -411,11 +454,13 @@ def differences(targets: Mapping[str, Mapping[str, int]], slurm_nodes
 # --------------------------------------------------------------------------
 
 def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
-                      cluster_name: str) -> tuple[dict, dict]:
+                      cluster_name: str, oversubscribed: bool = False) -> tuple[dict, dict]:
     """(spec, status) of the GenericNode for one shared node.
 
     Slurm side: CPUs and memory Slurm jobs hold; Kubernetes side: exact pod
-    requests, formatted like the reference ("2735m", "3417Mi").
+    requests, formatted like the reference ("2735m", "3417Mi").  The
+    Oversubscribed condition says when pods hold more than Slurm's jobs
+    leave (the ledger then carries only what fits; no new job starts there).
     """
     usage = usage or NodeUsage()
     spec = {"clusterName": cluster_name, "alias": slurm_node.name, "type": "Slurm"}
@@ -430,6 +475,13 @@ def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
         ],
         "capacity": {"cpu": format_cpu(Fraction(slurm_node.cpus)),
                      "memory": format_memory(Fraction(slurm_node.real_memory) * MI)},
+        "conditions": [{
+            "type": "Oversubscribed", "status": "True" if oversubscribed else "False",
+            "reason": "PodsBeyondWhatSlurmLeaves" if oversubscribed else "WithinCapacity",
+            "message": ("pods bound here hold more than Slurm's jobs leave (bound without "
+                        "admission, or static pods): no new Slurm job starts here until "
+                        "they leave" if oversubscribed else
+                        "Slurm jobs and pods fit the node")}],
     }
     return spec, status
 
@@ -446,25 +498,25 @@ class Desired:
 
 def desired_state(k8s_usage: Mapping[str, NodeUsage], k8s_nodes: Mapping[str, Mapping], slurm_nodes,
                   last_applied: Mapping[str, Mapping[str, int]], last_unmanaged: Iterable[str],
-                  healthy: bool, *, key: str = "pyk8sres.io/slurm-node",
+                  healthy: bool, *, key: str = NODE_LABEL,
                   map_by_name: bool = True, reserve_cpu: int = 0,
-                  reserve_memory_mb: int = 0) -> Desired:
+                  reserve_memory_mb: int = 0, node_map: Mapping[str, str] | None = None) -> Desired:
     """desired = f(cache, slurm_nodes, config): the whole reconcile decision.
 
     While the Kubernetes data is not trusted we keep the previous
     `unmanaged` list (declaring a node unshared hands it full capacity).
     """
     slurm_names = frozenset(n.name for n in slurm_nodes)
-    mapping = {k: slurm_node_for(n, key, slurm_names, map_by_name)
+    mapping = {k: slurm_node_for(n, key, slurm_names, map_by_name, node_map)
                for k, n in k8s_nodes.items()}
     usage = usage_by_slurm_node(k8s_usage, mapping, slurm_names, map_by_name)
     managed = {s for s in mapping.values() if s} | set(usage) | set(last_applied)
     targets, warnings = plan(slurm_nodes, usage, managed, last_applied, healthy,
                              reserve_cpu, reserve_memory_mb)
     for k, s in mapping.items():
-        if s is None and (key in ((k8s_nodes[k].get("metadata") or {}).get("annotations") or {})
+        if s is None and (k in (node_map or {})
                           or key in ((k8s_nodes[k].get("metadata") or {}).get("labels") or {})):
-            warnings.append(f"kubernetes node {k}: {key} names no Slurm node")
+            warnings.append(f"kubernetes node {k}: {key} (or node_map) names no Slurm node")
     if healthy:
         unmanaged = sorted(slurm_names - set(targets) - set(last_applied))
     else:

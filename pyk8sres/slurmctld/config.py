@@ -24,8 +24,11 @@ class Config:
     # A job asking for less k8scpu/k8smemory than it uses: "correct" it up,
     # or "reject" it.
     under_request: str = "correct"
-    # Where the sync daemon records each node's counts (node_features reads it).
-    state_file: str = "/var/spool/slurm/k8s_resources.state"
+    # Who may call the ledger besides root and SlurmUser (numeric uids: no
+    # user lookups inside slurmctld), e.g. the coordinator's service user.
+    ledger_users: tuple = ()
+    # The ledger's socket; empty = StateSaveLocation/k8s_resources.socket.
+    ledger_socket: str = ""
     # Capacity kept away from both schedulers (kubelet, system daemons).
     reserve_cpus: int = 0
     reserve_memory_mb: int = 0
@@ -38,7 +41,8 @@ _CHOICES = {
 _KEYS = {
     "oninternalerror": "on_internal_error",
     "underrequest": "under_request",
-    "statefile": "state_file",
+    "ledgerusers": "ledger_users",
+    "ledgersocket": "ledger_socket",
     "reservecpus": "reserve_cpus",
     "reservememory": "reserve_memory_mb",
 }
@@ -61,6 +65,12 @@ def parse(text: str, *, source: str = CONF_NAME, base: Config = Config()) -> Con
             if value not in _CHOICES[field]:
                 raise ConfigError(f"{source}:{lineno}: {key.strip()} must be one of "
                                   f"{'/'.join(_CHOICES[field])}, not {value!r}")
+        elif field == "ledger_users":
+            uids = [u.strip() for u in value.split(",") if u.strip()]
+            if not all(u.isdigit() and int(u) < 1 << 32 for u in uids):
+                raise ConfigError(f"{source}:{lineno}: {key.strip()} takes numeric uids "
+                                  f"separated by commas, not {value!r}")
+            value = tuple(int(u) for u in uids)
         elif isinstance(getattr(base, field), int):
             if not value.isdigit():
                 raise ConfigError(f"{source}:{lineno}: {key.strip()} needs a "

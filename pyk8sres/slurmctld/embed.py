@@ -202,13 +202,84 @@ def bind(ffi, lib) -> None:
     @ffi.def_extern(error=INTERNAL_ERROR)
     def pyk8sres_node_counts(node, cpus, real_memory, k8scpu, k8smemory, err, errlen):
         try:
-            from . import nodefeatures, nodestate
-            state = nodestate.read_state_cached(_config.state_file) \
-                if os.path.exists(_config.state_file) else None
-            cpu, mem = nodefeatures.node_counts(_config, _text(ffi, node), cpus,
-                                                real_memory, state)
-            k8scpu[0], k8smemory[0] = cpu, mem
+            from . import nodefeatures
+            k8scpu[0], k8smemory[0] = nodefeatures.capacity(_config, cpus, real_memory)
             return OK
         except BaseException as exc:
             _put(ffi, err, errlen, f"{type(exc).__name__}: {exc}")
             return INTERNAL_ERROR
+
+    @ffi.def_extern(error=INTERNAL_ERROR)
+    def pyk8sres_ledger_open(state_dir, allowed, n_allowed, share, err, errlen):
+        global _ledger
+        try:
+            from .ledger import Ledger
+            uids = {0, *(allowed[i] for i in range(n_allowed)), *_config.ledger_users}
+            ledger = Ledger(_text(ffi, state_dir), allowed_uids=uids)
+            ledger.load()
+            for node, (cpu, mem) in ledger.shares().items():
+                share(node.encode(), cpu, mem)
+            _ledger = ledger
+            _put(ffi, err, errlen, _config.ledger_socket or
+                 os.path.join(_text(ffi, state_dir), "k8s_resources.socket"))
+            return OK
+        except BaseException as exc:
+            _put(ffi, err, errlen, f"{type(exc).__name__}: {exc}")
+            return INTERNAL_ERROR
+
+    @ffi.def_extern(error=INTERNAL_ERROR)
+    def pyk8sres_ledger_prepare(uid, line, ticket, reply, replylen):
+        ticket[0] = 0
+        try:
+            number, answer = _ledger.prepare(uid, ffi.string(line))
+        except BaseException as exc:
+            log.exception("node_features/k8s_resources: ledger request failed")
+            number, answer = 0, _internal(exc)
+        ticket[0] = number
+        if answer is not None:
+            _put(ffi, reply, replylen, _reply_line(answer, replylen))
+        return OK
+
+    @ffi.def_extern(error=INTERNAL_ERROR)
+    def pyk8sres_ledger_apply(ticket, facts_fn, share, node_name, stats_fn, reply, replylen):
+        from ..policy.ledger import Facts
+        out = ffi.new("uint64_t[4]")
+
+        def facts(node: str):
+            return Facts(*out) if facts_fn(node.encode(), out) == 0 else None
+
+        def names():
+            i = 0
+            while (name := node_name(i)) != ffi.NULL:
+                if name[0] != b"\0":
+                    yield ffi.string(name).decode()
+                i += 1
+        def stats():
+            counters = ffi.new("uint64_t[3]")
+            stats_fn(counters)
+            return {"checks": counters[0], "check_ns": counters[1], "rebuilds": counters[2]}
+        try:
+            answer = _ledger.apply(ticket, facts, lambda n, c, m: share(n.encode(), c, m),
+                                   names, stats)
+        except BaseException as exc:
+            log.exception("node_features/k8s_resources: ledger request failed")
+            answer = _internal(exc)
+        _put(ffi, reply, replylen, _reply_line(answer, replylen))
+        return OK
+
+
+_ledger = None
+
+
+def _internal(exc: BaseException) -> dict:
+    return {"ok": False, "code": "internal", "error": f"internal error ({type(exc).__name__}): "
+            "see slurmctld's log"}
+
+
+def _reply_line(answer: dict, limit: int) -> str:
+    import json
+    text = json.dumps(answer, separators=(",", ":"))
+    if len(text) + 2 > limit:
+        text = json.dumps({"ok": False, "code": "badrequest",
+                           "error": f"reply larger than {limit} bytes: show one node at a time"})
+    return text + "\n"

@@ -67,7 +67,7 @@ def node_names(count: int) -> list[str]:
 
 def slurm_conf_text(work: str, *, nodes: int, cpus: int, memory: int, base_port: int,
                     node_features: bool, def_mem_per_cpu: int, plugin_dir: str,
-                    extra: str = "", auth: str = "munge") -> str:
+                    extra: str = "", auth: str = "munge", slurm_user: str = "root") -> str:
     host = socket.gethostname()
     last = base_port + nodes
     gres = "" if node_features else f" Gres=k8scpu:{cpus},k8smemory:{memory}"
@@ -79,7 +79,7 @@ def slurm_conf_text(work: str, *, nodes: int, cpus: int, memory: int, base_port:
 ClusterName=pyk8sres
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={base_port}
-SlurmUser=root
+SlurmUser={slurm_user}
 SlurmdUser=root
 {auth_lines(work, auth)}StateSaveLocation={work}/state
 SlurmdSpoolDir={work}/spool/%n
@@ -305,6 +305,25 @@ def _mkdir(path: str, mode: int) -> None:
     os.chmod(path, mode)
 
 
+def _hand_to(work: str, user: str) -> None:
+    """What a non-root slurmctld writes becomes that user's (state, logs,
+    pid files); the munge socket's directory becomes traversable (the key
+    stays root's, 0400).  Everything else stays root's and read-only."""
+    import pwd
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise ClusterError(f"SlurmUser {user} does not exist (Debian's slurm packages "
+                           "create `slurm`)") from None
+    for sub in ("state", "log", "run"):
+        os.chown(os.path.join(work, sub), pw.pw_uid, pw.pw_gid)
+    os.chmod(os.path.join(work, "munge"), 0o711)
+    blocked = install.unreadable_by_others(os.path.join(work, "etc", "slurm.conf"))
+    if blocked:
+        raise ClusterError(f"{blocked} cannot be entered by {user}: use a work directory "
+                           "others can traverse")
+
+
 def _write(path: str, text: str, mode: int = 0o644) -> None:
     with open(path, "w") as f:
         f.write(text)
@@ -314,7 +333,8 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
 def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_port: int = 17000,
        node_features: bool | None = None, def_mem_per_cpu: int = 100, extra_conf: str = "",
        k8s_conf: str = "", synced: bool = False, slurmd: bool = True,
-       slurm: str | None = None, auth: str = "auto") -> Cluster:
+       slurm: str | None = None, auth: str = "auto", slurm_user: str = "root",
+       plugin_lib: str | None = None) -> Cluster:
     """Write the configuration, start every daemon, wait until nodes are idle.
 
     slurmd=False starts only munged and slurmctld: nodes then exist in
@@ -322,7 +342,11 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     slurm: "installed" (default) or a built release such as "24.11"
     (releases.get).  auth: "munge", "slurm" (auth/slurm, no munged; the
     release must have it) or "auto" (munge if munged is installed, else
-    auth/slurm where the release has it)."""
+    auth/slurm where the release has it).
+    slurm_user: SlurmUser, as real sites run slurmctld (Debian: `slurm`);
+    slurmctld then owns only its state, log and pid files, and everything it
+    loads (plugin_lib: a pyk8sres build that user can read; default the
+    release's) must be readable by it.  slurmd and munged stay root."""
     if os.geteuid() != 0:
         raise ClusterError("the local cluster runs its daemons as root: run as root")
     release = release_of(slurm)
@@ -348,7 +372,7 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
         raise ClusterError(f"port(s) {', '.join(map(str, taken))} already in use: "
                            "choose another --base-port")
     if node_features is None:
-        node_features = os.path.exists(os.path.join(release.lib_dir, install.PLUGINS[1]))
+        node_features = os.path.exists(os.path.join(plugin_lib or release.lib_dir, install.PLUGINS[1]))
     work = cluster.work
     # Explicit modes whatever the caller's umask: root's slurmctld loads the
     # .so files under plugins/, so no other user may write anywhere here.
@@ -365,13 +389,13 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
 
     _write(os.path.join(work, "etc", "release"),
            f"{release.name}\n{os.pathsep.join(release.bin_dirs)}\n")
-    install.install_plugins(os.path.join(work, "plugins"), lib_dir=release.lib_dir,
+    install.install_plugins(os.path.join(work, "plugins"), lib_dir=plugin_lib or release.lib_dir,
                             slurm_version=None if release.name == releases.INSTALLED else release.name)
     _write(cluster.conf, slurm_conf_text(work, nodes=nodes, cpus=cpus, memory=memory,
                                          base_port=base_port, node_features=node_features,
                                          def_mem_per_cpu=def_mem_per_cpu,
                                          plugin_dir=release.plugin_dir, extra=extra_conf,
-                                         auth=auth))
+                                         auth=auth, slurm_user=slurm_user))
     if auth == "slurm":
         key = os.path.join(work, "etc", "slurm.key")
         if not os.path.exists(key):
@@ -379,13 +403,10 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
             with os.fdopen(fd, "wb") as f:
                 f.write(secrets.token_bytes(1024))
     _write(os.path.join(work, "etc", "gres.conf"), GRES_CONF)
-    state_file = os.path.join(work, "state", "k8s_resources.state")
-    _write(os.path.join(work, "etc", "k8s_resources.conf"), f"StateFile={state_file}\n{k8s_conf}")
-    if node_features and not os.path.exists(state_file):
-        # node_features fails closed (0 k8scpu) on nodes nobody accounts for:
-        # without a sync daemon, declare every node Slurm-only.
-        from ..slurmctld import nodestate
-        nodestate.write_state(state_file, {}, unmanaged=() if synced else ("*",))
+    _write(os.path.join(work, "etc", "k8s_resources.conf"),
+           "# pyk8sres (slurm-conf/k8s_resources.conf); the ledger lives in state/\n" + k8s_conf)
+    if slurm_user != "root":
+        _hand_to(work, slurm_user)
 
     try:
         if auth == "munge":

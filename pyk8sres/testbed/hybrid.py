@@ -1,6 +1,7 @@
 """`pyk8sres cluster up --kubernetes`: the local Slurm cluster plus a real
 Kubernetes API server, one Kubernetes Node per Slurm node, the GenericNode
-CRD, and `pyk8sres sync` running between them.
+CRD, `pyk8sres sync` running between them, and the coordinator's admission
+webhook (`pyk8sres webhook`, HTTPS on kube_port+3, with placeholder pods).
 
 Every process is recorded under WORKDIR (run/*.pid, kube/*.pid) and stopped
 by PID in `down`.
@@ -43,6 +44,16 @@ def up(work: str, *, nodes: int, cpus: int, memory: int, base_port: int, kube_po
                                          "--kubeconfig", kas.kubeconfig],
                        env=dict(c.env, PYTHONUNBUFFERED="1"))
         wait_generic_nodes(kas, cluster.node_names(nodes), c)
+        webhook_port = kube_port + 3      # kube_port+1, +2: etcd
+        if not cluster.port_free(webhook_port):
+            raise cluster.ClusterError(f"port {webhook_port} (webhook) is in use")
+        cluster.start_process(c.work, "webhook", [
+            sys.executable, "-m", "pyk8sres.cli", "webhook", "--kubeconfig", kas.kubeconfig,
+            "--listen", f"127.0.0.1:{webhook_port}",
+            "--url", f"https://127.0.0.1:{webhook_port}/validate",
+            "--cert-dir", os.path.join(c.work, "webhook-tls")],
+            env=dict(c.env, PYTHONUNBUFFERED="1"))
+        wait_webhook(kas, c)
     except BaseException:
         down(work)
         raise
@@ -58,6 +69,19 @@ def wait_generic_nodes(kas, names: list[str], c: cluster.Cluster, timeout: float
         time.sleep(0.3)
     raise cluster.ClusterError("the sync daemon did not publish GenericNodes: "
                                + c.log_tail("sync.out"))
+
+
+def wait_webhook(kas, c: cluster.Cluster, timeout: float = 30) -> None:
+    """Until the coordinator has published its configuration with its CA."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = kas.kubectl("get", "validatingwebhookconfiguration", "pyk8sres-admission",
+                          "-o", "jsonpath={.webhooks[0].clientConfig.caBundle}", check=False).stdout
+        if out.strip():
+            return
+        time.sleep(0.3)
+    raise cluster.ClusterError("the admission webhook did not publish its configuration: "
+                               + c.log_tail("webhook.out"))
 
 
 def down(work: str) -> list[str]:

@@ -208,3 +208,219 @@ def test_nodes_and_status(core):
     with pytest.raises(ApiException) as e:
         core.read_node(name)
     assert e.value.status == 404 and time.monotonic() - t0 < 5
+
+
+# ---------------------------------------------------------------- admission webhooks
+# The API server calls validating webhooks (upstream's ValidatingAdmissionWebhook
+# plugin) over TLS with the configuration's caBundle, for pods/binding,
+# bindings, pods with spec.nodeName and pods/resize; namespaceSelector,
+# matchConditions and failurePolicy behave as upstream.
+
+import base64
+import threading
+
+import yaml
+
+import local_slurm
+from pyk8sres.coordinator import webhook as W
+
+
+class Recorder:
+    """The test's own webhook logic: deny anything aimed at node "n-deny"."""
+
+    def __init__(self):
+        self.requests = []
+        self.lock = threading.Lock()
+
+    def review(self, body):
+        r = body["request"]
+        with self.lock:
+            self.requests.append(r)
+        obj = r.get("object") or {}
+        node = (obj.get("target") or {}).get("name") or (obj.get("spec") or {}).get("nodeName")
+        resp = {"uid": r["uid"], "allowed": node != "n-deny"}
+        if not resp["allowed"]:
+            resp["status"] = {"code": 403, "message": f"test webhook: no pods on {node}"}
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
+
+    def seen(self):
+        with self.lock:
+            return [(r["operation"], r["resource"]["resource"], r.get("subResource") or "",
+                     r.get("name") or "", bool(r.get("dryRun"))) for r in self.requests]
+
+
+@pytest.fixture
+def webhook(tmp_path, ns, kube_server):
+    certs = W.Certs(str(tmp_path / "tls"), ["localhost"], ["127.0.0.1"], 1, 10, 60)
+    certs.ensure()
+    rec = Recorder()
+    p = local_slurm.port(27480)
+    srv = W.WebhookServer(("127.0.0.1", p), rec, certs.cert_file, certs.key_file)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    doc = W.webhook_template()
+    hook = doc["webhooks"][0]
+    doc["metadata"] = {"name": "test-" + ns}
+    hook["clientConfig"] = {"url": f"https://127.0.0.1:{p}/validate",
+                            "caBundle": base64.b64encode(certs.bundle()).decode()}
+    hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+    from pyk8sres.policy import admission as A
+    hook["matchConditions"] = [{"name": "shared-node",
+                                "expression": A.shared_nodes_condition(["n-deny", "n-ok"])}]
+    path = tmp_path / "vwc.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    kube_server.apply(path)           # with the real kubectl
+    try:
+        yield rec, srv, doc
+    finally:
+        kube_server.kubectl("delete", "validatingwebhookconfiguration", doc["metadata"]["name"],
+                            check=False)
+        srv.close()
+
+
+def bind(core, ns, name, node, legacy=False, dry=False):
+    body = client.V1Binding(metadata=client.V1ObjectMeta(name=name),
+                            target=client.V1ObjectReference(kind="Node", name=node))
+    kw = {"_preload_content": False}
+    if dry:
+        kw["dry_run"] = "All"
+    if legacy:
+        return core.create_namespaced_binding(ns, body, **kw)
+    return core.create_namespaced_pod_binding(name, ns, body, **kw)
+
+
+def wait_active(core, ns):
+    """Configurations reach the plugin through an informer: wait for it."""
+    core.create_namespaced_pod(ns, make_pod("probe"))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            bind(core, ns, "probe", "n-deny", dry=True)
+        except ApiException as e:
+            if e.status == 403:
+                return
+            raise
+        time.sleep(0.2)
+    raise AssertionError("webhook never took effect")
+
+
+def test_webhook_called_for_binding_nodename_and_resize(core, ns, webhook, kube_server):
+    rec, _, _ = webhook
+    wait_active(core, ns)
+    for name in ("a", "b", "c", "r"):
+        core.create_namespaced_pod(ns, make_pod(name))
+
+    with pytest.raises(ApiException) as e:
+        bind(core, ns, "a", "n-deny")
+    assert e.value.status == 403 and "test webhook: no pods on n-deny" in e.value.body
+    with pytest.raises(ApiException) as e:
+        bind(core, ns, "b", "n-deny", legacy=True)          # POST .../bindings
+    assert e.value.status == 403
+    with pytest.raises(ApiException) as e:
+        core.create_namespaced_pod(ns, make_pod("direct", node="n-deny"))
+    assert e.value.status == 403
+    # Ground truth: nothing was bound, no pod exists on n-deny.
+    assert core.list_namespaced_pod(ns, field_selector="spec.nodeName=n-deny").items == []
+
+    bind(core, ns, "c", "n-ok")                             # allowed: bound
+    assert core.read_namespaced_pod("c", ns).spec.node_name == "n-ok"
+    bind(core, ns, "a", "n-other")                          # not matched: webhook not called
+    assert core.read_namespaced_pod("a", ns).spec.node_name == "n-other"
+
+    # pods/resize (kubectl's --subresource resize, as for in-place resize)
+    kube_server.kubectl("-n", ns, "patch", "pod", "c", "--subresource", "resize", "--patch",
+                        '{"spec":{"containers":[{"name":"c","resources":{"requests":{"cpu":"700m"}}}]}}')
+    assert core.read_namespaced_pod("c", ns).spec.containers[0].resources.requests["cpu"] == "700m"
+    core.create_namespaced_pod(ns, make_pod("onnode", node="n-ok"))
+    seen = rec.seen()
+    assert ("UPDATE", "pods", "resize", "c", False) in seen
+    assert ("CREATE", "pods", "binding", "a", False) in seen
+    assert ("CREATE", "bindings", "", "b", False) in seen
+    assert ("CREATE", "pods", "binding", "probe", True) in seen       # dry runs are sent, flagged
+    binds = [s[3] for s in seen if s[2] == "binding" and not s[4]]
+    assert binds.count("a") == 1                            # n-other: matchCondition false
+    assert ("CREATE", "pods", "", "onnode", False) in seen
+    # A validating webhook sees the new pod's UID (the ledger's key) on CREATE.
+    created = [r for r in rec.requests if r["operation"] == "CREATE" and not r.get("subResource")
+               and r["resource"]["resource"] == "pods"]
+    assert created and all(r["object"]["metadata"].get("uid") for r in created)
+    creates = [s[3] for s in seen if s[:3] == ("CREATE", "pods", "")]
+    assert "r" not in creates                               # no spec.nodeName: not sent
+
+
+def test_resize_denied_and_failure_policy_fail(core, ns, webhook, kube_server):
+    rec, srv, doc = webhook
+    wait_active(core, ns)
+    core.create_namespaced_pod(ns, make_pod("big", node="n-ok"))
+    core.create_namespaced_pod(ns, make_pod("x"))
+
+    class DenyAll:
+        def review(self, body):
+            return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                    "response": {"uid": body["request"]["uid"], "allowed": False,
+                                 "status": {"code": 403, "message": "resize refused"}}}
+    srv.admission = DenyAll()
+    with pytest.raises(ApiException) as e:
+        core.patch_namespaced_pod_resize("big", ns, {"spec": {"containers": [
+            {"name": "c", "resources": {"requests": {"cpu": "2"}}}]}})
+    assert e.value.status == 403 and "resize refused" in e.value.body
+    assert core.read_namespaced_pod("big", ns).spec.containers[0].resources.requests["cpu"] == "500m"
+
+    # failurePolicy Fail (the default in deploy/webhook.yaml): webhook down,
+    # bindings to matched nodes fail; other nodes are unaffected.
+    srv.close()
+    with pytest.raises(ApiException) as e:
+        bind(core, ns, "x", "n-ok")
+    assert e.value.status >= 500 and "failed calling webhook" in e.value.body
+    assert core.read_namespaced_pod("x", ns).spec.node_name is None
+    bind(core, ns, "x", "elsewhere")
+    assert core.read_namespaced_pod("x", ns).spec.node_name == "elsewhere"
+
+
+def test_webhook_configuration_defaults_and_validation(kube_server, tmp_path):
+    doc = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+           "metadata": {"name": "bad-" + uuid.uuid4().hex[:6]},
+           "webhooks": [{"name": "a.example.com", "admissionReviewVersions": ["v1"],
+                         "clientConfig": {"url": "https://127.0.0.1:1/x"}}]}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out = kube_server.kubectl("apply", "-f", str(path), check=False)
+    assert out.returncode != 0 and "sideEffects" in out.stderr
+    doc["webhooks"][0]["sideEffects"] = "None"
+    path.write_text(yaml.safe_dump(doc))
+    kube_server.apply(path)
+    got = json.loads(kube_server.kubectl("get", "validatingwebhookconfiguration",
+                                         doc["metadata"]["name"], "-o", "json").stdout)
+    w = got["webhooks"][0]
+    assert (w["failurePolicy"], w["matchPolicy"], w["timeoutSeconds"], w["namespaceSelector"],
+            w["objectSelector"]) == ("Fail", "Equivalent", 10, {}, {})
+    kube_server.kubectl("delete", "validatingwebhookconfiguration", doc["metadata"]["name"])
+
+
+def test_match_condition_with_1000_nodes(core, ns, webhook, kube_server, tmp_path):
+    """The coordinator's shared-node condition at 1000 nodes compiles and
+    selects exactly (CEL map membership)."""
+    from pyk8sres.policy import admission as A
+    rec, _, doc = webhook
+    names = [f"node-{i:04d}" for i in range(999)] + ["n-deny"]
+    doc["webhooks"][0]["matchConditions"] = [
+        {"name": "shared-node", "expression": A.shared_nodes_condition(names)}]
+    path = tmp_path / "vwc1000.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    kube_server.apply(path)
+    core.create_namespaced_pod(ns, make_pod("probe"))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:       # the new condition reaches the plugin
+        before = len(rec.requests)
+        bind(core, ns, "probe", "n-ok", dry=True)  # no longer listed: must not be sent
+        if len(rec.requests) == before:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("new condition never took effect")
+    with pytest.raises(ApiException) as e:
+        bind(core, ns, "probe", "n-deny")
+    assert e.value.status == 403
+    bind(core, ns, "probe", "node-0500", dry=True)
+    assert rec.seen()[-1][3] == "probe"
+    assert rec.requests[-1]["object"]["target"]["name"] == "node-0500"

@@ -19,7 +19,7 @@ import pytest
 
 from pyk8sres.testbed import cluster
 from pyk8sres import install
-from pyk8sres.slurmctld.nodestate import write_state
+from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
 from local_slurm import RELEASE, port
 
 BASE_PORT = port(28400)
@@ -51,7 +51,7 @@ def c(tmp_path_factory):
     taken = [p for p in range(BASE_PORT, BASE_PORT + 6) if not cluster.port_free(p)]
     if taken:
         pytest.skip(f"ports {taken} busy (set PYK8SRES_TEST_BASE_PORT)")
-    cl = cluster.Cluster(work, RELEASE)
+    cl = cluster.Cluster(work, RELEASE)  # PYK8SRES_TEST_SLURM (local_slurm)
     for sub in ("etc", "munge", "state", "run", "log", "plugins", "spool/n1", "spool/n2", "spool/n3"):
         os.makedirs(os.path.join(work, sub), exist_ok=True)
     os.chmod(os.path.join(work, "munge"), 0o700)
@@ -75,11 +75,8 @@ def c(tmp_path_factory):
         f.write(node_line_split(text))
     with open(os.path.join(work, "etc", "gres.conf"), "w") as f:
         f.write(cluster.GRES_CONF)
-    cl.state_file = os.path.join(work, "state", "k8s_resources.state")
     with open(os.path.join(work, "etc", "k8s_resources.conf"), "w") as f:
-        f.write(f"StateFile={cl.state_file}\n")
-    # Before any daemon: n1 lowered by Kubernetes, n2 Slurm-only, n3 not yet counted.
-    write_state(cl.state_file, {"n1": {"k8scpu": 3, "k8smemory": 6000}}, unmanaged=["n2"])
+        f.write("# defaults\n")
     try:
         cl.start_munged()
         cl.start_slurmctld()
@@ -143,113 +140,154 @@ def wait_for(pred, what, timeout=30):
     raise AssertionError(f"timed out: {what}")
 
 
-def lower(c, counts, unmanaged=("n2",)):
-    """What the sync daemon does: state file first, then Slurm."""
-    write_state(c.state_file, counts, unmanaged=list(unmanaged))
-    for name, v in counts.items():
-        sh(c, "scontrol", "update", f"NodeName={name}",
-           f"Gres=k8scpu:{v['k8scpu']},k8smemory:{v['k8smemory']}")
+def ledger(c) -> Ledger:
+    return Ledger(ledger_socket_path(c.conf))
+
+
+def hold(c, name, cpu, mem_mb):
+    """What the sync daemon does for the pods bound to a node: set its share."""
+    entries = {"pod-test": (cpu * 1000, mem_mb << 20)} if cpu or mem_mb else {}
+    assert ledger(c).set(name, entries, 0)["ok"]
 
 
 def restart_slurmd(c, name, dynamic_conf=None):
     c.stop(f"slurmd-{name}")
     c.start_slurmd(name, dynamic_conf=dynamic_conf)
-    time.sleep(1)
     c.wait_nodes_idle([name])
 
 
-def submit(c, node, cpus, mem):
-    """A job holding `cpus` CPUs + k8scpu and `mem` MB + k8smemory on `node`."""
-    return sh(c, "sbatch", "--parsable", "-w", node, "-n", str(cpus), f"--mem={mem}",
-              f"--gres=k8scpu:{cpus},k8smemory:{mem}", "-o", "/dev/null",
-              "--wrap", "sleep 600").strip()
+def submit(c, node, cpus, mem, *extra):
+    out = sh(c, "sbatch", "--parsable", "-w", node, "-o", "/dev/null", *extra,
+             f"--gres=k8scpu:{cpus},k8smemory:{mem}", "-c", str(cpus), f"--mem={mem}",
+             "--wrap", "sleep 600")
+    return out.strip()
 
 
 def job_state(c, job):
-    return sh(c, "squeue", "-h", "-j", job, "-o", "%T").strip()
+    out = sh(c, "squeue", "-h", "-j", job, "-o", "%T %r").split()
+    return tuple(out[:2]) if out else ("GONE", "")
 
 
 def test_registration_gives_counts_without_gres_lines(c):
-    expect(c, "n1", 3, 6000)            # Gres= in slurm.conf, lowered by state
-    expect(c, "n2", CPUS, MEMORY)       # no Gres=, unmanaged: full capacity
-    # dynamic node the daemon has not counted yet: held at 0 (node stays up)
-    n3 = node(c, "n3")
-    assert used(n3) == {"k8scpu": 0, "k8smemory": 0}
-    assert not re.search(r"DRAIN|DOWN|INVAL", n3["State"]), n3
-    lower(c, {"n1": {"k8scpu": 3, "k8smemory": 6000}, "n3": {"k8scpu": 2, "k8smemory": 2500}})
-    expect(c, "n3", 2, 2500)
+    expect(c, "n1", CPUS, MEMORY)           # Gres= in slurm.conf
+    expect(c, "n2", CPUS, MEMORY)           # no Gres= at all
+    expect(c, "n3", DYN_CPUS, DYN_MEMORY)   # dynamic node
     no_node_drained(c)
 
 
-def test_lowered_counts_survive_restarts_with_jobs_running(c):
-    job = submit(c, "n1", 2, 1000)
-    wait_for(lambda: job_state(c, job) == "RUNNING", "job on n1")
-    expect(c, "n1", 3, 6000, 2, 1000)
-
-    # Kubernetes takes more: 3 -> 3 CPUs of which the job holds 2.
-    lower(c, {"n1": {"k8scpu": 3, "k8smemory": 4000}, "n3": {"k8scpu": 2, "k8smemory": 2500}})
-    expect(c, "n1", 3, 4000, 2, 1000)
-    # Fits n1's free CPUs (2 of 4) but not its free k8scpu (1): must wait,
-    # through every restart below.
-    blocked = submit(c, "n1", 2, 100)
-
-    restart_slurmd(c, "n1")
-    expect(c, "n1", 3, 4000, 2, 1000)
-    restart_slurmd(c, "n3", dynamic_conf=DYN_CONF)
-    expect(c, "n3", 2, 2500)
-    no_node_drained(c)
-
-    c.restart_slurmctld()
-    # Set at startup under slurmctld's locks, before the first scheduling
-    # pass and before any slurmd registers again.
-    expect(c, "n1", 3, 4000, 2, 1000)
-    expect(c, "n2", CPUS, MEMORY)
-    expect(c, "n3", 2, 2500)
-
-    sh(c, "scontrol", "reconfigure")
-    expect(c, "n1", 3, 4000, 2, 1000)
-    expect(c, "n3", 2, 2500)
-    time.sleep(5)  # a few scheduling passes (sched_interval=2)
-    assert job_state(c, blocked) == "PENDING"
-    assert job_state(c, job) == "RUNNING"
-    expect(c, "n1", 3, 4000, 2, 1000)
-    no_node_drained(c)
-    sh(c, "scancel", blocked)
+def _events(c):
+    """Everything after which Slurm rebuilds GRES allocations from jobs, or
+    loses plugin memory (DESIGN.md §7), plus slurmd re-registration."""
+    yield "slurmd restart", lambda: restart_slurmd(c, "n1")
+    yield "partition update", lambda: sh(c, "scontrol", "update", "PartitionName=debug",
+                                         "MaxTime=1000")
+    yield "partition create", lambda: sh(c, "scontrol", "create", "PartitionName=extra",
+                                         "Nodes=n1")
+    yield "partition delete", lambda: sh(c, "scontrol", "delete", "PartitionName=extra")
+    yield "setdebugflags", lambda: (sh(c, "scontrol", "setdebugflags", "+gres"),
+                                    sh(c, "scontrol", "setdebugflags", "-gres"))
+    yield "reconfigure", lambda: sh(c, "scontrol", "reconfigure")
+    yield "slurmctld restart", c.restart_slurmctld
+    yield "slurmctld kill -9", lambda: _kill9_slurmctld(c)
 
 
-def test_count_below_what_jobs_hold(c):
-    # Kubernetes overcommits: k8scpu 1 while the job holds 2.  Accepted at
-    # once; on re-registration/restart the plugin keeps what the job holds
-    # (Slurm would otherwise drop the job's GRES when it rebuilds allocations
-    # and hand them out again), so nothing new fits either way.
-    lower(c, {"n1": {"k8scpu": 1, "k8smemory": 4000}, "n3": {"k8scpu": 2, "k8smemory": 2500}})
-    expect(c, "n1", 1, 4000, 2, 1000)
-    restart_slurmd(c, "n1")
-    expect(c, "n1", 2, 4000, 2, 1000)
-    c.restart_slurmctld()
-    expect(c, "n1", 2, 4000, 2, 1000)
-    blocked = submit(c, "n1", 1, 100)
-    time.sleep(5)
-    assert job_state(c, blocked) == "PENDING"
-    expect(c, "n1", 2, 4000, 2, 1000)
-    no_node_drained(c)
-    sh(c, "scancel", blocked)
+def _kill9_slurmctld(c):
+    pid = int(open(os.path.join(c.work, "run", "proc-slurmctld.pid")).read())
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    c.start_slurmctld()
 
 
-def test_busy_node_not_subtracted_twice(c):
-    # Raise n1 again while its job runs: free k8scpu must be 4 - 2 = 2, not 0
-    # (gres_node_feature alone would store avail = 4 - 2 and the scheduler
-    # would subtract the job again).
-    lower(c, {"n1": {"k8scpu": CPUS, "k8smemory": MEMORY}, "n3": {"k8scpu": 2, "k8smemory": 2500}})
-    c.restart_slurmctld()
-    expect(c, "n1", CPUS, MEMORY, 2, 1000)
-    restart_slurmd(c, "n1")
-    expect(c, "n1", CPUS, MEMORY, 2, 1000)
-    second = submit(c, "n1", 2, 1000)
-    wait_for(lambda: job_state(c, second) == "RUNNING", "second job on busy n1")
-    expect(c, "n1", CPUS, MEMORY, 4, 2000)
-    no_node_drained(c)
-    sh(c, "scancel", second)
+def test_share_pends_jobs_and_survives_every_rebuild(c):
+    hold(c, "n1", 3, 6000)
+    job1 = submit(c, "n1", 1, 1000)                   # fits next to the share
+    wait_for(lambda: job_state(c, job1)[0] == "RUNNING", "job 1 running")
+    job2 = submit(c, "n1", 1, 500)                    # 3 + 1 + 1 > 4: must pend
+    wait_for(lambda: job_state(c, job2) == ("PENDING", "Resources"), "job 2 pending")
+    expect(c, "n1", CPUS, MEMORY, 4, 7000)
+    for what, event in _events(c):
+        event()
+        wait_for(lambda: gres(node(c, "n1")["GresUsed"]) == {"k8scpu": 4, "k8smemory": 7000},
+                 f"share back after {what}: {node(c, 'n1')['GresUsed']}", timeout=15)
+        expect(c, "n1", CPUS, MEMORY, 4, 7000)
+        assert job_state(c, job1)[0] == "RUNNING", what
+        assert job_state(c, job2)[0] == "PENDING", what
+        no_node_drained(c)
+    hold(c, "n1", 0, 0)                                # the pods leave
+    wait_for(lambda: job_state(c, job2)[0] == "RUNNING", "job 2 starts once the pods go")
+    expect(c, "n1", CPUS, MEMORY, 2, 1500)
+    sh(c, "scancel", job1, job2)
+    wait_for(lambda: used(node(c, "n1")) == {"k8scpu": 0, "k8smemory": 0},
+             "jobs gone")
+
+
+def test_exclusive_job_pends_while_pods_hold_part_of_its_node(c):
+    hold(c, "n2", 1, 1000)
+    job = submit(c, "n2", 1, 100, "--exclusive")
+    wait_for(lambda: job_state(c, job) == ("PENDING", "Resources"), "exclusive job pending")
+    hold(c, "n2", 0, 0)
+    wait_for(lambda: job_state(c, job)[0] == "RUNNING", "exclusive job starts")
+    sh(c, "scancel", job)
+
+
+def test_reserve_answers(c):
+    l = ledger(c)
+    assert l.reserve("n3", "a", 2000, 3000 << 20)["ok"]           # exactly the node
+    again = l.reserve("n3", "a", 2000, 3000 << 20)                  # idempotent
+    assert again["ok"]
+    big = l.reserve("n3", "b", 1, 0)
+    assert big["code"] == "nofit" and "n3" in big["error"]
+    assert l.reserve("n9", "a", 1, 1)["code"] == "unknown_node"
+    assert l.call("reserve", node="n3", key="c", cpu_m=-1, mem_bytes=0)["code"] == "badrequest"
+    assert l.call("reserve", node="n3", key="c", cpu_m=10**30, mem_bytes=0)["code"] == "badrequest"
+    assert l.call("frobnicate")["code"] == "badrequest"
+    shown = l.show("n3")["nodes"]["n3"]
+    assert shown["share"] == {"cpu": DYN_CPUS, "mem": DYN_MEMORY} and shown["free"]["cpu"] == 0
+    assert l.release("n3", "a")["ok"]
+    assert ledger(c).show("n3")["nodes"]["n3"]["share"] == {"cpu": 0, "mem": 0}
+    expect(c, "n3", DYN_CPUS, DYN_MEMORY)
+
+
+def test_malformed_lines_and_strangers_leave_slurmctld_unaffected(c):
+    import socket
+    path = ledger_socket_path(c.conf)
+    for garbage in (b"{\n", b"\x00\xff\n", b"[1,2]\n", b"x" * 100 + b"\n",
+                    b'{"op":"set","node":"n1","entries":{"k":[1]}}\n'):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(5)
+            s.connect(path)
+            s.sendall(garbage)
+            assert b'"ok":false' in s.makefile("rb").readline()
+    # A caller who is neither root nor SlurmUser nor listed: denied.  (The
+    # test's tmp dirs are root-only: let others traverse them meanwhile.)
+    opened = []
+    d = os.path.dirname(path)
+    while d != "/":
+        mode = os.stat(d).st_mode & 0o7777
+        if not mode & 0o001:
+            opened.append((d, mode))
+            os.chmod(d, mode | 0o001)
+        d = os.path.dirname(d)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(path)
+                s.sendall(b'{"op":"reserve","node":"n1","key":"x","cpu_m":1,"mem_bytes":1}\n')
+                os.write(w, s.makefile("rb").readline())
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    for d, mode in opened:
+        os.chmod(d, mode)
+    os.close(w)
+    reply = os.read(r, 4096)
+    assert b'"code":"denied"' in reply, reply
+    assert ledger(c).show("n1")["ok"]
+    sh(c, "scontrol", "ping")
 
 
 def test_node_features_stay_as_configured(c):
@@ -260,20 +298,64 @@ def test_node_features_stay_as_configured(c):
         assert "k8s_resources_managed" not in n.get("ActiveFeatures", ""), n
 
 
-def test_corrupt_state_file_holds_and_keeps_node_up(c):
-    with open(c.state_file, "w") as f:
-        f.write("{not json")
-    restart_slurmd(c, "n2")
-    n2 = node(c, "n2")
-    assert used(n2) == {"k8scpu": 0, "k8smemory": 0}
-    assert gres(n2["Gres"]) == {}, n2     # held at 0 (Slurm hides zero counts)
-    assert not re.search(r"DRAIN|DOWN|INVAL", n2["State"]), n2
-    log = open(os.path.join(c.work, "log", "slurmctld.log"), errors="replace").read()
-    assert "node_features/k8s_resources: _apply: node n2:" in log
-    assert "holding k8scpu/k8smemory at 0" in log
-    # The daemon writes a good file again: the next registration recovers.
-    write_state(c.state_file, {"n1": {"k8scpu": CPUS, "k8smemory": MEMORY},
-                               "n3": {"k8scpu": 2, "k8smemory": 2500}}, unmanaged=["n2"])
-    restart_slurmd(c, "n2")
-    expect(c, "n2", CPUS, MEMORY)
-    no_node_drained(c)
+
+
+def test_job_larger_than_what_pods_leave_everywhere_pends_not_refused(c):
+    for name in ("n1", "n2"):
+        hold(c, name, 3, 1000)
+    out = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-x", "n3", "-o", "/dev/null",
+                          "--gres=k8scpu:2,k8smemory:100", "-c", "2", "--mem=100",
+                          "--wrap", "sleep 600"], capture_output=True, text=True, env=c.env)
+    assert out.returncode == 0, out.stderr       # before the ledger: refused at submit
+    job = out.stdout.strip()
+    wait_for(lambda: job_state(c, job) == ("PENDING", "Resources"), "pending on Resources")
+    hold(c, "n2", 0, 0)
+    wait_for(lambda: job_state(c, job)[0] == "RUNNING", "starts where the pods left")
+    sh(c, "scancel", job)
+    hold(c, "n1", 0, 0)
+
+
+def _cpus_on(c, job: str) -> dict:
+    """Ground truth: CPUs Slurm allocated the job per node (scontrol -d show job)."""
+    out = sh(c, "scontrol", "-d", "show", "job", job)
+    per_node = {}
+    for nodes, ids in re.findall(r"Nodes=(\S+) CPU_IDs=(\S+)", out):
+        count = sum(int(b) - int(a) + 1 if "-" in part else 1
+                    for part in ids.split(",") for a, _, b in [part.partition("-")])
+        per_node[nodes] = count
+    return per_node
+
+
+def test_reserve_raced_against_job_starts_never_overlaps(c):
+    """A job needing 3 of n1's 4 CPUs and a pod needing 2 arrive together,
+    again and again: exactly one of them gets the node, checked from what
+    Slurm allocated (scontrol -d show job) and what the ledger holds."""
+    import random
+    import threading
+    rnd = random.Random(5)
+    l = ledger(c)
+    outcomes = {"job": 0, "pod": 0}
+
+    def race(i, delay, replies):
+        time.sleep(delay)       # sbatch takes ~100-300 ms to reach slurmctld
+        replies["r"] = ledger(c).reserve("n1", f"race-{i}", 2000, 100 << 20)
+    for i in range(100):
+        replies = {}
+        reserve = threading.Thread(target=race, args=(i, rnd.uniform(0, 0.6), replies))
+        reserve.start()
+        job = submit(c, "n1", 3, 100)
+        reserve.join()
+        wait_for(lambda: job_state(c, job)[0] in ("RUNNING", "PENDING"), "job settled")
+        time.sleep(0.05)
+        running = job_state(c, job)[0] == "RUNNING"
+        job_cpus = _cpus_on(c, job).get("n1", 0) if running else 0
+        share = l.show("n1")["nodes"]["n1"]["share"]["cpu"]
+        assert job_cpus + share <= CPUS, (i, job_cpus, share, replies)
+        assert running != replies["r"]["ok"], (i, running, replies)
+        outcomes["job" if running else "pod"] += 1
+        sh(c, "scancel", job)
+        l.release("n1", f"race-{i}")
+        wait_for(lambda: job_state(c, job)[0] in ("GONE", "CANCELLED", "COMPLETED"), "job gone")
+        wait_for(lambda: used(node(c, "n1"))["k8scpu"] == 0, "n1 free again")
+    print(f"race outcomes over 100 rounds: {outcomes}")
+    assert min(outcomes.values()) >= 5, outcomes   # both sides really won races

@@ -108,14 +108,19 @@ def api(kube_paths, root):
 class Daemon:
     """`pyk8sres sync` as its own process (started and stopped by PID)."""
 
-    def __init__(self, slurm, api, state_file):
-        self.slurm, self.api, self.state_file = slurm, api, state_file
+    def __init__(self, slurm, api):
+        self.slurm, self.api = slurm, api
         self.proc = None
         self.log = f"{slurm.work}/log/sync.log"
 
     def start(self):
+        # The admin's configuration: only namespace "slurm-workers" holds
+        # Slurm's own worker pods (issue 8 item 9: nothing else exempts a pod).
+        conf = f"{self.slurm.work}/sync.toml"
+        with open(conf, "w") as f:
+            f.write('slurm_workers = ["slurm-workers"]\n')
         cmd = [sys.executable, "-m", "pyk8sres.coordinator.sync", "--kubeconfig", self.api.kubeconfig,
-               "--state-file", self.state_file, "--resync", "0.5", "--log-level", "DEBUG"]
+               "--config", conf, "--resync", "0.5", "--log-level", "DEBUG"]
         env = dict(self.slurm.env)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -138,9 +143,7 @@ class Daemon:
 
 @pytest.fixture
 def daemon(slurm, api):
-    # The cluster's own state file: the node_features plugin reads it too.
-    state = f"{slurm.work}/state/k8s_resources.state"
-    d = Daemon(slurm, api, state)
+    d = Daemon(slurm, api)
     d.start()
     yield d
     d.stop()
@@ -168,26 +171,35 @@ def wait_for(pred, timeout=15.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
-def k8s_node(api, name, slurm_node=None):
-    meta = {"name": name}
+def k8s_node(api, name, slurm_node=None, annotations=None):
+    from pyk8sres.policy.usage import NODE_LABEL
+    meta = {"name": name, "annotations": annotations or {}}
     if slurm_node:
-        meta["annotations"] = {"pyk8sres.io/slurm-node": slurm_node}
+        meta["labels"] = {NODE_LABEL: slurm_node}   # admin-only label
     api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": meta,
                           "status": {"capacity": {"cpu": str(NODE_CPUS),
                                                   "memory": f"{NODE_MEM}Mi"}}},
                           _preload_content=False).release_conn()
 
 
-def bound_pod(api, node, cpu, mem, name=None, labels=None, ns="default"):
+def bound_pod(api, node, cpu, mem, name=None, labels=None, ns="default", annotations=None):
     name = name or f"p-{uuid.uuid4().hex[:8]}"
     api.core.create_namespaced_pod(ns, {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {}},
+        "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
         "spec": {"nodeName": node, "containers": [{
             "name": "c", "image": "busybox",
             "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}},
         _preload_content=False).release_conn()
     return name
+
+
+def ensure_namespace(api, name):
+    try:
+        api.core.create_namespace({"metadata": {"name": name}}, _preload_content=False).release_conn()
+    except ApiException as e:
+        if e.status != 409:
+            raise
 
 
 def _delete_pod(api, name, ns="default"):
@@ -200,16 +212,19 @@ def _delete_pod(api, name, ns="default"):
             raise
 
 
-def counts(slurm, node="n1"):
+def used(slurm, node="n1"):
+    """Slurm's own word (scontrol -d show node): k8scpu/k8smemory allocated
+    on the node = Slurm jobs + Kubernetes' share.  The totals never move."""
     from pyk8sres.coordinator import slurm as S
     os.environ["SLURM_CONF"] = slurm.conf
     n = S.get_node(node)
-    return n.gres.get("k8scpu"), n.gres.get("k8smemory")
+    assert (n.gres.get("k8scpu"), n.gres.get("k8smemory")) == (NODE_CPUS, NODE_MEM)
+    return n.gres_used.get("k8scpu", 0), n.gres_used.get("k8smemory", 0)
 
 
-def wait_counts(slurm, want, node="n1", timeout=10.0):
-    return wait_for(lambda: counts(slurm, node) == want, timeout,
-                    f"{node} counts {want} (now {counts(slurm, node)})")
+def wait_used(slurm, want, node="n1", timeout=10.0):
+    return wait_for(lambda: used(slurm, node) == want, timeout,
+                    f"{node} GresUsed {want} (now {used(slurm, node)})")
 
 
 def generic_node(api, name):
@@ -244,7 +259,7 @@ def test_reference_walkthrough(slurm, api, daemon):
     assert gn["spec"]["alias"] == "n1" and gn["spec"]["type"] == "Slurm"
     assert allocated(api, "n1") == {"Slurm": {"cpu": "0", "memory": "0"},
                                     "Kubernetes": {"cpu": "1735m", "memory": "2393Mi"}}
-    wait_counts(slurm, (NODE_CPUS - 2, NODE_MEM - 2393))
+    wait_used(slurm, (2, 2393))          # the pods' share, rounded up once
 
     # kubectl shows both sides, like the reference's `kubectl get genericnode`.
     out = subprocess.run(["kubectl", "--kubeconfig", api.kubeconfig, "get", "genericnode"],
@@ -257,9 +272,9 @@ def test_reference_walkthrough(slurm, api, daemon):
     wait_for(lambda: allocated(api, "n1") == {
         "Slurm": {"cpu": "3", "memory": "4000Mi"},
         "Kubernetes": {"cpu": "2735m", "memory": "3417Mi"}}, what="both sides in GenericNode")
-    wait_counts(slurm, (NODE_CPUS - 3, NODE_MEM - 3417))
+    wait_used(slurm, (3 + 3, 4000 + 3417))     # job 1 + the pods, in Slurm's own accounting
 
-    # 8 CPUs - 3 (pods, rounded up) = 5 for Slurm; job 1 holds 3: a second -c 3 pends.
+    # 8 CPUs - 3 (job 1) - 3 (pods, rounded up) = 2 left: a second -c 3 pends.
     job2 = sbatch(slurm, "-c", "3", "--mem=4000")
     wait_for(lambda: job_state(slurm, job2) == ("PENDING", "Resources"), 20, "job 2 pending")
     time.sleep(3)
@@ -267,14 +282,15 @@ def test_reference_walkthrough(slurm, api, daemon):
 
     for p in pods:
         _delete_pod(api, p)
-    wait_counts(slurm, (NODE_CPUS, NODE_MEM))
     wait_for(lambda: job_state(slurm, job2)[0] == "RUNNING", 30, "job 2 starts after pods go")
+    wait_used(slurm, (6, 8000))                # two jobs, no share
     wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "0", "memory": "0"})
 
 
 def test_terminal_unbound_and_worker_pods_do_not_count(slurm, api, daemon):
     k8s_node(api, "n1")
-    bound_pod(api, "n1", "1", "1000Mi", labels={"pyk8sres.io/slurm-worker": "true"})
+    ensure_namespace(api, "slurm-workers")
+    bound_pod(api, "n1", "1", "1000Mi", ns="slurm-workers")    # the admin named it
     api.core.create_namespaced_pod("default", {
         "metadata": {"name": "unbound"},
         "spec": {"containers": [{"name": "c", "image": "x",
@@ -285,70 +301,88 @@ def test_terminal_unbound_and_worker_pods_do_not_count(slurm, api, daemon):
         done, "default", {"status": {"phase": "Succeeded"}},
         _content_type="application/merge-patch+json", _preload_content=False).release_conn()
     counted = bound_pod(api, "n1", "500m", "100Mi")
-    wait_counts(slurm, (NODE_CPUS - 1, NODE_MEM - 100))
+    wait_used(slurm, (1, 100))
     wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "500m", "memory": "100Mi"})
     _delete_pod(api, counted)
-    wait_counts(slurm, (NODE_CPUS, NODE_MEM))
+    wait_used(slurm, (0, 0))
+
+
+def test_no_self_service_exemption(slurm, api, daemon):
+    """Issue 8 item 9, as a user would try it: labels, annotations and names a
+    pod creator writes exempt nothing; an annotation on a Node (its kubelet
+    can write one) redirects nothing."""
+    k8s_node(api, "n1", annotations={"pyk8sres.io/slurm-node": "n2"})
+    bound_pod(api, "n1", "1", "100Mi", labels={"pyk8sres.io/slurm-worker": "true"})
+    bound_pod(api, "n1", "1", "100Mi", annotations={"pyk8sres.io/slurm-worker": "true"})
+    bound_pod(api, "n1", "1", "100Mi", name="slurm-share-n1")       # a placeholder's name
+    bound_pod(api, "n1", "1", "100Mi", ns="kube-system")
+    wait_used(slurm, (4, 400), node="n1")
+    wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "4", "memory": "400Mi"})
+    assert generic_node(api, "n1")["spec"]["alias"] == "n1"    # not redirected to n2
+    assert used(slurm, "n2") == (0, 0)                          # n2 untouched
+    for p in api.core.list_pod_for_all_namespaces().items:
+        _delete_pod(api, p.metadata.name, p.metadata.namespace)
+    wait_used(slurm, (0, 0), node="n1")      # the next test starts from an empty node
 
 
 def test_mapping_and_unmapped_nodes(slurm, api, daemon):
-    k8s_node(api, "k8s-worker-a", slurm_node="n2")     # mapped by annotation
+    k8s_node(api, "k8s-worker-a", slurm_node="n2")     # mapped by the admin-only label
     k8s_node(api, "kx")                                 # no Slurm node: ignored
     bound_pod(api, "k8s-worker-a", "2", "2000Mi")
     bound_pod(api, "kx", "6", "6000Mi")
-    wait_counts(slurm, (NODE_CPUS - 2, NODE_MEM - 2000), node="n2")
+    wait_used(slurm, (2, 2000), node="n2")
     gn = wait_for(lambda: generic_node(api, "k8s-worker-a"), what="GenericNode k8s-worker-a")
     assert gn["spec"]["alias"] == "n2"
     with pytest.raises(ApiException) as e:
         generic_node(api, "kx")
     assert e.value.status == 404
     # n1 has no Kubernetes node and no pods: full capacity (kx's pods count nowhere).
-    wait_counts(slurm, (NODE_CPUS, NODE_MEM), node="n1")
+    wait_used(slurm, (0, 0), node="n1")
 
 
 def test_slurmctld_restart_reapplies(slurm, api, daemon):
     k8s_node(api, "n1")
     bound_pod(api, "n1", "3", "3000Mi")
-    wait_counts(slurm, (NODE_CPUS - 3, NODE_MEM - 3000))
+    wait_used(slurm, (3, 3000))
     slurm.restart_slurmctld()
-    # Back within the resync period (and the node_features plugin reads the
-    # state file at startup, so there is no window with full capacity).
-    wait_counts(slurm, (NODE_CPUS - 3, NODE_MEM - 3000), timeout=10)
+    # The ledger is replayed inside slurmctld at startup: the share is back
+    # before any job is scheduled, without the daemon's help.
+    wait_used(slurm, (3, 3000), timeout=10)
     subprocess.run(["scontrol", "reconfigure"], env=slurm.env, check=True)
-    wait_counts(slurm, (NODE_CPUS - 3, NODE_MEM - 3000), timeout=10)
+    wait_used(slurm, (3, 3000), timeout=10)
 
 
 def test_daemon_restart_keeps_and_recovers(slurm, api, daemon):
     k8s_node(api, "n1")
     p = bound_pod(api, "n1", "2", "1000Mi")
-    wait_counts(slurm, (NODE_CPUS - 2, NODE_MEM - 1000))
+    wait_used(slurm, (2, 1000))
     daemon.stop()
     _delete_pod(api, p)
     q = bound_pod(api, "n1", "1", "0")
     time.sleep(1.5)
-    assert counts(slurm) == (NODE_CPUS - 2, NODE_MEM - 1000)   # nobody raced ahead
+    assert used(slurm) == (2, 1000)   # nobody raced ahead
     daemon.start()
-    wait_counts(slurm, (NODE_CPUS - 1, NODE_MEM))
+    wait_used(slurm, (1, 0))
     _delete_pod(api, q)
-    wait_counts(slurm, (NODE_CPUS, NODE_MEM))
+    wait_used(slurm, (0, 0))
 
 
 def test_apiserver_down_never_hands_back_capacity(slurm, api, daemon):
     k8s_node(api, "n1")
     p = bound_pod(api, "n1", "2", "1000Mi")
-    wait_counts(slurm, (NODE_CPUS - 2, NODE_MEM - 1000))
+    wait_used(slurm, (2, 1000))
     api.stop()
     try:
         time.sleep(2)
         slurm.restart_slurmctld()           # counts reset while Kubernetes is away
-        wait_counts(slurm, (NODE_CPUS - 2, NODE_MEM - 1000), timeout=10)
+        wait_used(slurm, (2, 1000), timeout=10)
         time.sleep(2)
-        assert counts(slurm) == (NODE_CPUS - 2, NODE_MEM - 1000)
+        assert used(slurm) == (2, 1000)
     finally:
         api.start()                         # same data dir: same etcd contents
     assert daemon.proc.poll() is None, "daemon must survive the API server going away"
     _delete_pod(api, p)
-    wait_counts(slurm, (NODE_CPUS, NODE_MEM), timeout=40)   # backs off, then recovers
+    wait_used(slurm, (0, 0), timeout=40)   # backs off, then recovers
     assert "watch lost" in daemon.log_text()
 
 
@@ -359,7 +393,7 @@ def test_410_relist(slurm, api, daemon):
     relist and end up with the right counts."""
     k8s_node(api, "n1")
     p = bound_pod(api, "n1", "1", "0")
-    wait_counts(slurm, (NODE_CPUS - 1, NODE_MEM))
+    wait_used(slurm, (1, 0))
     os.kill(daemon.proc.pid, signal.SIGSTOP)
     try:
         api.stop()
@@ -371,9 +405,9 @@ def test_410_relist(slurm, api, daemon):
         api.compact()
     finally:
         os.kill(daemon.proc.pid, signal.SIGCONT)
-    wait_counts(slurm, (NODE_CPUS - 3, NODE_MEM), timeout=30)
+    wait_used(slurm, (3, 0), timeout=30)
     _delete_pod(api, q)
-    wait_counts(slurm, (NODE_CPUS, NODE_MEM))
+    wait_used(slurm, (0, 0))
     # Either the resumed watch was answered 410, or the broken connection
     # made it relist straight away; both log "relisting".
     assert "relisting" in daemon.log_text()
@@ -384,7 +418,7 @@ def test_malformed_quantity(slurm, api, daemon):
     through, the node is held at its last counts (never raised)."""
     k8s_node(api, "n1")
     good = bound_pod(api, "n1", "1", "0")
-    wait_counts(slurm, (NODE_CPUS - 1, NODE_MEM))
+    wait_used(slurm, (1, 0))
     try:
         bound_pod(api, "n1", "lots", "12 GB", name="bad")
         accepted = True
@@ -393,22 +427,26 @@ def test_malformed_quantity(slurm, api, daemon):
     _delete_pod(api, good)
     if accepted:
         time.sleep(2)
-        assert counts(slurm) == (NODE_CPUS - 1, NODE_MEM)     # held
+        assert used(slurm) == (1, 0)     # held
         assert "malformed quantity" in daemon.log_text()
         _delete_pod(api, "bad")
-    wait_counts(slurm, (NODE_CPUS, NODE_MEM))
+    wait_used(slurm, (0, 0))
 
 
-def test_state_file_written_before_slurm(slurm, api, daemon):
-    from pyk8sres.slurmctld import nodestate
+def test_share_is_in_the_ledger_and_survives_the_daemon(slurm, api, daemon):
+    """The ledger (inside slurmctld) holds each pod by UID; the daemon keeps
+    no state of its own, so stopping it changes nothing in Slurm."""
+    from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
     k8s_node(api, "n1")
-    bound_pod(api, "n1", "2", "1000Mi")
-    wait_counts(slurm, (NODE_CPUS - 2, NODE_MEM - 1000))
-    st = nodestate.read_state(daemon.state_file)
-    assert st["nodes"]["n1"] == {"k8scpu": NODE_CPUS - 2, "k8smemory": NODE_MEM - 1000}
-    # Every Slurm node is accounted for, so the node_features plugin never
-    # has to guess (a node in neither list is held at 0 after a restart).
-    assert {"n1", "n2"} <= set(st["nodes"]) | set(st["unmanaged"])
+    name = bound_pod(api, "n1", "2", "1000Mi")
+    uid = api.core.read_namespaced_pod(name, "default").metadata.uid
+    wait_used(slurm, (2, 1000))
+    shown = Ledger(ledger_socket_path(slurm.conf)).show("n1")["nodes"]["n1"]
+    assert shown["entries"] == {uid: [2000, 1000 << 20]}
+    assert shown["share"] == {"cpu": 2, "mem": 1000} and shown["jobs"] == {"cpu": 0, "mem": 0}
+    daemon.stop()
+    time.sleep(1.5)
+    assert used(slurm) == (2, 1000)
 
 
 def test_once(slurm, api, tmp_path):
@@ -416,13 +454,34 @@ def test_once(slurm, api, tmp_path):
     p = bound_pod(api, "n1", "1", "500Mi")
     try:
         env = dict(slurm.env)
-        r = subprocess.run([sys.executable, "-m", "pyk8sres.coordinator.sync", "--once", "--kubeconfig",
-                            api.kubeconfig, "--state-file",
-                            f"{slurm.work}/state/k8s_resources.state"],
+        r = subprocess.run([sys.executable, "-m", "pyk8sres.coordinator.sync", "--once",
+                            "--kubeconfig", api.kubeconfig],
                            env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
-        assert counts(slurm) == (NODE_CPUS - 1, NODE_MEM - 500)
+        assert used(slurm) == (1, 500)
         assert allocated(api, "n1")["Kubernetes"] == {"cpu": "1", "memory": "500Mi"}
     finally:
         _delete_pod(api, p)
         api.core.delete_node("n1", _preload_content=False).release_conn()
+
+
+def test_pods_beyond_what_jobs_leave_are_clamped_and_reported(slurm, api, daemon):
+    """A pod bound without admission onto a node Slurm jobs fill: Slurm's
+    accounting stays within the total (allocated <= total), no new job
+    starts there, and GenericNode and the log say so loudly."""
+    k8s_node(api, "n1")
+    job = sbatch(slurm, "-c", "6", "--mem=1000")
+    wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "job running")
+    pod = bound_pod(api, "n1", "4", "1000Mi")          # 6 + 4 > 8
+
+    def condition():
+        conds = generic_node(api, "n1").get("status", {}).get("conditions", [])
+        return {c["type"]: c["status"] for c in conds}.get("Oversubscribed")
+    wait_for(lambda: condition() == "True", what="Oversubscribed condition")
+    wait_used(slurm, (8, 2000))                        # clamped: 6 (job) + 2 of the pod's 4
+    small = sbatch(slurm, "-c", "1", "--mem=100")
+    wait_for(lambda: job_state(slurm, small) == ("PENDING", "Resources"), 20, "new job pends")
+    assert "oversubscribed" in daemon.log_text()
+    _delete_pod(api, pod)
+    wait_for(lambda: condition() == "False", what="condition cleared")
+    wait_for(lambda: job_state(slurm, small)[0] == "RUNNING", 30, "the job starts")

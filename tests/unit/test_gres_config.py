@@ -25,8 +25,8 @@ def test_non_gres_entries_are_kept():
     ("", config.Config()),
     ("OnInternalError=accept\nUnderRequest=reject # c\n", config.Config(
         on_internal_error="accept", under_request="reject")),
-    ("reservecpus=2\nReserveMemory=1024\nStateFile=/x", config.Config(
-        reserve_cpus=2, reserve_memory_mb=1024, state_file="/x")),
+    ("reservecpus=2\nReserveMemory=1024\nLedgerSocket=/x\nLedgerUsers=1001, 1002", config.Config(
+        reserve_cpus=2, reserve_memory_mb=1024, ledger_socket="/x", ledger_users=(1001, 1002))),
 ])
 def test_config_parse(text, expected):
     assert config.parse(text) == expected

@@ -16,7 +16,7 @@ NETWORK_MODULES = ("kubernetes", "urllib3", "requests", "http", "http.client", "
 
 
 def _modules_after_import(names: list[str]) -> set:
-    code = ("import json, sys\n" + "".join(f"import {n}\n" for n in names) +
+    code = (f"import json, sys\nsys.path.insert(0, {str(PACKAGE.parent)!r})\n" + "".join(f"import {n}\n" for n in names) +
             "print(json.dumps(sorted(sys.modules)))")
     # -I: a clean interpreter (no PYTHONPATH, no user site), as slurmctld's is.
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
@@ -79,7 +79,7 @@ def test_generic_node_crd_has_one_definition():
 
 
 def test_python_dash_m_is_the_command():
-    out = subprocess.run([sys.executable, "-I", "-m", "pyk8sres", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "pyk8sres", "--help"], capture_output=True,
                          text=True, cwd="/")
     assert out.returncode == 0, out.stderr
     assert "install-plugins" in out.stdout and "cluster" in out.stdout and "sync" in out.stdout

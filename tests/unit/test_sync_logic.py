@@ -1,6 +1,8 @@
 """The sync daemon's logic without any server: the cache fed with watch
 events, the reconcile decision, and a reconcile cycle against an in-memory
-Slurm (we check the counts the 'cluster' ends up with, not the calls)."""
+Slurm whose ledger is the real one (pyk8sres.slurmctld.ledger, journal on
+disk) -- we check what the 'cluster' ends up leaving to jobs, not the calls.
+The real slurmctld is tested in tests/integration."""
 
 import dataclasses
 from dataclasses import dataclass, field
@@ -8,8 +10,10 @@ from fractions import Fraction as F
 
 import pytest
 
-from pyk8sres.slurmctld import nodestate
+from pyk8sres.coordinator import slurm as S
 from pyk8sres.coordinator import sync
+from pyk8sres.policy import ledger as L
+from pyk8sres.slurmctld.ledger import Ledger
 from pyk8sres.policy import usage as U
 
 MI = 1024 * 1024
@@ -34,62 +38,76 @@ class SNode:
 
 
 class SlurmWorld:
-    """An in-memory Slurm: nodes with counts that set_nodes_gres changes and
-    'restart' resets to slurm.conf, like slurmctld does."""
+    """An in-memory Slurm: nodes, and the real ledger code keeping their
+    Kubernetes share on disk; 'restart' reloads it, like slurmctld does."""
 
-    def __init__(self, *names):
+    def __init__(self, directory, *names):
         self.nodes = {n: SNode(n) for n in names}
+        self.directory = directory
+        self.restart()
+        world = self
+
+        class WorldLedger(S.Ledger):   # the real client, talking in-process
+            def __init__(self):
+                pass
+
+            def call(self, op, **fields):
+                ticket, reply = world.core.prepare(0, L.encode(op, **fields))
+                return reply if not ticket else world.core.apply(ticket, world.facts,
+                                                                 lambda *a: None)
+        self.ledger = WorldLedger()
+
+    def facts(self, name):
+        n = self.nodes.get(name)
+        return None if n is None else L.Facts(n.gres["k8scpu"], n.gres["k8smemory"],
+                                              n.gres_used.get("k8scpu", 0),
+                                              n.gres_used.get("k8smemory", 0))
 
     def list_nodes(self):
         return list(self.nodes.values())
-
-    def set_nodes_gres(self, changes, current_raw=None):
-        for name, counts in changes.items():
-            n = self.nodes[name]
-            self.nodes[name] = dataclasses.replace(n, gres={**n.gres, **counts})
-        return {name: None for name in changes}
 
     def cluster_name(self):
         return "c1"
 
     def restart(self):
-        for k, n in self.nodes.items():
-            self.nodes[k] = dataclasses.replace(n, gres=dict(n.reported_gres))
+        self.core = Ledger(self.directory)
+        self.core.load()
 
     def counts(self, name):
-        g = self.nodes[name].gres
-        return g["k8scpu"], g["k8smemory"]
+        """What the node leaves to Slurm jobs: capacity minus Kubernetes' share."""
+        facts = self.facts(name)
+        share = L.applied(L.share_units(self.core.nodes.get(name, {})), facts)
+        return facts.capacity_cpu - share[0], facts.capacity_mem - share[1]
 
 
-def pod(name, node, cpu="1", mem="1Gi", phase="Running", labels=None):
-    return {"metadata": {"name": name, "namespace": "ns", "labels": labels or {},
-                         "resourceVersion": "1"},
+def pod(name, node, cpu="1", mem="1Gi", phase="Running", labels=None, ns="ns"):
+    return {"metadata": {"name": name, "namespace": ns, "labels": labels or {},
+                         "resourceVersion": "1", "uid": f"uid-{name}"},
             "spec": {"nodeName": node,
                      "containers": [{"name": "c", "resources": {
                          "requests": {"cpu": cpu, "memory": mem}}}]},
             "status": {"phase": phase}}
 
 
-def knode(name, **annotations):
-    return {"metadata": {"name": name, "annotations": annotations, "labels": {"x": "y"}}}
+def knode(name, **labels):
+    return {"metadata": {"name": name, "annotations": {}, "labels": {"x": "y", **labels}}}
 
 
 @pytest.fixture
 def world(tmp_path):
-    slurm = SlurmWorld("n1", "n2", "n3")
-    cfg = sync.SyncConfig(state_file=str(tmp_path / "state"), reserve_cpus=0,
-                          reserve_memory_mb=0)
-    cache = sync.Cache(cfg.slurm_worker_selector, cfg.node_key)
+    slurm = SlurmWorld(str(tmp_path), "n1", "n2", "n3")
+    cfg = sync.SyncConfig(ledger_socket="unused", reserve_cpus=0, reserve_memory_mb=0)
+    cache = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
     cache.replace("nodes", [knode("n1"), knode("k8s-b", **{cfg.node_key: "n2"})])
     cache.replace("pods", [])
-    rec = sync.Reconciler(cfg, cache, slurm)
+    rec = sync.Reconciler(cfg, cache, slurm, ledger=slurm.ledger)
     return slurm, cache, rec, cfg
 
 
 # ----------------------------------------------------------------- cache
 
 def test_cache_tracks_watch_events():
-    c = sync.Cache("pyk8sres.io/slurm-worker=true")
+    c = sync.Cache(U.exemptions(["slurm"]))
     c.replace("pods", [pod("a", "n1"), pod("u", None), pod("done", "n1", phase="Succeeded")])
     c.replace("nodes", [])
     assert set(c.pods) == {"ns/a"}
@@ -99,7 +117,10 @@ def test_cache_tracks_watch_events():
     c.event("pods", "ADDED", pod("b", "n1", cpu="2"))
     assert c.changed.is_set() and c.pods["ns/b"].cpu == 2 * 10**9
     c.event("pods", "MODIFIED", pod("b", "n1", phase="Failed"))
-    c.event("pods", "ADDED", pod("w", "n1", labels={"pyk8sres.io/slurm-worker": "true"}))
+    c.event("pods", "ADDED", pod("w", "n1", ns="slurm"))
+    c.event("pods", "ADDED", pod("l", "n1", labels={"pyk8sres.io/slurm-worker": "true"}))
+    assert c.pods["ns/l"].cpu == 10**9       # a label exempts nothing
+    c.event("pods", "DELETED", pod("l", "n1"))
     c.event("pods", "DELETED", pod("a", "n1"))
     usage, nodes, healthy = c.snapshot()
     assert usage == {} and c.pods == {} and healthy
@@ -129,7 +150,7 @@ def test_cache_keeps_only_mapping_fields_of_nodes():
 
 def test_desired_state_table():
     nodes = [SNode("n1"), SNode("n2"), SNode("n3"), SNode("n4")]
-    knodes = {"n1": knode("n1"), "k8s-b": knode("k8s-b", **{"pyk8sres.io/slurm-node": "n2"}),
+    knodes = {"n1": knode("n1"), "k8s-b": knode("k8s-b", **{U.NODE_LABEL: "n2"}),
               "kx": knode("kx")}
     pods = [U.PodUsage("n1", N(1735, 1000), 2393 * MI),
             U.PodUsage("k8s-b", N(1), 1000 * MI),
@@ -154,9 +175,6 @@ def test_reconcile_walkthrough(world):
     slurm, cache, rec, cfg = world
     rec.cycle()
     assert slurm.counts("n1") == (4, 8000) and slurm.counts("n2") == (4, 8000)
-    st = nodestate.read_state(cfg.state_file)
-    assert st["nodes"]["n1"] == {"k8scpu": 4, "k8smemory": 8000}
-    assert st["unmanaged"] == ["n3"]
 
     cache.event("pods", "ADDED", pod("a", "n1", "1735m", "2393Mi"))
     rec.cycle()
@@ -164,10 +182,11 @@ def test_reconcile_walkthrough(world):
     cache.event("pods", "ADDED", pod("b", "n1", "1", "1024Mi"))
     rec.cycle()
     assert slurm.counts("n1") == (1, 4583)
-    assert nodestate.read_state(cfg.state_file)["nodes"]["n1"] == {"k8scpu": 1, "k8smemory": 4583}
+    assert set(slurm.core.nodes["n1"]) == {"uid-a", "uid-b"}   # keyed by pod UID
 
-    # slurmctld restart resets counts to slurm.conf: the next cycle re-applies.
+    # slurmctld restart: the ledger comes back from its journal by itself.
     slurm.restart()
+    assert slurm.counts("n1") == (1, 4583)
     rec.cycle()
     assert slurm.counts("n1") == (1, 4583)
 
@@ -189,9 +208,9 @@ def test_api_loss_never_hands_capacity_back(world):
     slurm.restart()                                   # and slurmctld restarts meanwhile
     rec.cycle()
     assert slurm.counts("n1") == (2, 8000)
-    cache.event("pods", "ADDED", pod("c", "n1", "3", "0"))  # going down is always fine
+    cache.event("pods", "ADDED", pod("c", "n1", "3", "0"))  # adding is always fine
     rec.cycle()
-    assert slurm.counts("n1") == (1, 8000)
+    assert slurm.counts("n1") == (0, 8000)   # a (unconfirmed gone) + c: clamped at 4
     cache.replace("pods", [])                          # relist: in sync again
     rec.cycle()
     assert slurm.counts("n1") == (4, 8000)
@@ -219,19 +238,23 @@ def test_daemon_restart_remembers_state(world):
     cache.event("pods", "ADDED", pod("a", "n1", "3", "0"))
     rec.cycle()
     slurm.restart()
-    # New daemon process: nothing listed yet, but the state file is known.
+    # New daemon process: nothing listed yet; the ledger keeps the share.
     cache2 = sync.Cache()
-    rec2 = sync.Reconciler(cfg, cache2, slurm)
+    rec2 = sync.Reconciler(cfg, cache2, slurm, ledger=slurm.ledger)
     rec2.cycle()
     assert slurm.counts("n1") == (1, 8000)
 
 
-def test_never_above_what_slurmd_reports(world):
+def test_pods_beyond_what_jobs_leave_are_clamped_and_reported(world):
     slurm, cache, rec, _ = world
     slurm.nodes["n1"] = dataclasses.replace(slurm.nodes["n1"],
-                                            reported_gres={"k8scpu": 2, "k8smemory": 100})
+                                            gres_used={"k8scpu": 3, "k8smemory": 0})
+    cache.event("pods", "ADDED", pod("a", "n1", "2", "0"))   # bound without admission
     rec.cycle()
-    assert slurm.counts("n1") == (2, 100)
+    assert slurm.counts("n1") == (3, 8000)      # share clamped to the 1 CPU jobs leave
+    assert rec.oversubscribed["n1"] is True
+    shown = slurm.ledger.show("n1")["nodes"]["n1"]
+    assert shown["oversubscribed"] and shown["free"] == {"cpu": 0, "mem": 8000}
 
 
 def test_slurm_down_is_survivable(world):
@@ -247,15 +270,23 @@ def test_slurm_down_is_survivable(world):
 
 def test_config_file(tmp_path):
     p = tmp_path / "sync.toml"
-    p.write_text('resync_seconds = 2\nnode-key = "example.com/slurm"\nreserve_cpus = 1\n')
+    p.write_text('resync_seconds = 2\nnode-key = "example.node-restriction.kubernetes.io/slurm"\n'
+                 'reserve_cpus = 1\nslurm_workers = ["slurm", "hpc/slurmd"]\n'
+                 '[node_map]\nk8s-a = "n1"\n')
     cfg = sync.load_config(str(p))
-    assert (cfg.resync_seconds, cfg.node_key, cfg.reserve_cpus) == (2.0, "example.com/slurm", 1)
+    assert (cfg.resync_seconds, cfg.node_key, cfg.reserve_cpus) == (
+        2.0, "example.node-restriction.kubernetes.io/slurm", 1)
+    assert cfg.node_map == {"k8s-a": "n1"}
+    assert sync.exemptions_of(cfg).worker_service_accounts == {("hpc", "slurmd")}
     p.write_text('[sync]\nmap_by_name = false\n')
     assert sync.load_config(str(p)).map_by_name is False
 
 
 @pytest.mark.parametrize("text", ['resync_secs = 1\n', 'map_by_name = "yes"\n',
-                                  'reserve_cpus = true\n', 'x = \n'])
+                                  'reserve_cpus = true\n', 'x = \n',
+                                  'node_key = "pyk8sres.io/slurm-node"\n',   # kubelet-writable
+                                  'slurm_workers = "slurm"\n', 'slurm_workers = ["a/b/c"]\n',
+                                  'slurm_worker_selector = "a=b"\n'])
 def test_config_rejects(tmp_path, text):
     p = tmp_path / "sync.toml"
     p.write_text(text)
@@ -264,8 +295,8 @@ def test_config_rejects(tmp_path, text):
 
 
 def test_cli_flags_override(tmp_path, monkeypatch):
-    a = sync.parse_args(["--once", "--state-file", "/x", "--resync", "3", "--no-generic-nodes"])
-    assert a.once and a.state_file == "/x" and a.resync_seconds == 3 and a.generic_nodes is False
+    a = sync.parse_args(["--once", "--ledger-socket", "/x", "--resync", "3", "--no-generic-nodes"])
+    assert a.once and a.ledger_socket == "/x" and a.resync_seconds == 3 and a.generic_nodes is False
 
 
 def test_cache_sums_match_a_full_recount():
@@ -273,7 +304,7 @@ def test_cache_sums_match_a_full_recount():
     random adds, modifies, moves, terminal phases, bad data and deletes."""
     import random
     rnd = random.Random(7)
-    c = sync.Cache("pyk8sres.io/slurm-worker=true")
+    c = sync.Cache(U.exemptions(["slurm"]))
     c.replace("pods", [])
     c.replace("nodes", [])
     for _ in range(2000):
@@ -297,7 +328,7 @@ def test_event_cycles_reuse_the_slurm_view(world):
     cache.event("pods", "ADDED", pod("a", "n1", "1", "0"))
     rec.cycle(refresh=False)
     assert slurm.counts("n1") == (3, 8000) and calls == []
-    slurm.restart()                               # Slurm forgot; the next refresh heals
+    slurm.restart()
     rec.cycle(refresh=False)
     rec.cycle(refresh=True)
     assert slurm.counts("n1") == (3, 8000)

@@ -96,8 +96,11 @@ def ctr(cpu=None, mem=None, restart=None, limits=None):
 
 
 def pod(containers=(), init=(), overhead=None, node="n1", phase="Running",
-        labels=None, pod_resources=None, name="p"):
+        labels=None, pod_resources=None, name="p", namespace="default", sa=None,
+        annotations=None):
     spec = {"containers": list(containers)}
+    if sa:
+        spec["serviceAccountName"] = sa
     if init:
         spec["initContainers"] = list(init)
     if overhead:
@@ -106,7 +109,8 @@ def pod(containers=(), init=(), overhead=None, node="n1", phase="Running",
         spec["resources"] = pod_resources
     if node:
         spec["nodeName"] = node
-    return {"metadata": {"name": name, "namespace": "default", "labels": labels or {}},
+    return {"metadata": {"name": name, "namespace": namespace, "labels": labels or {},
+                         "annotations": annotations or {}},
             "spec": spec, "status": {"phase": phase}}
 
 
@@ -144,7 +148,10 @@ def test_pod_requests(case, p, cpu, mem):
     assert r["memory"] == u.parse_quantity(mem), case
 
 
-WORKER = u.parse_selector("pyk8sres.io/slurm-worker=true")
+# What the admin configured: namespace "slurm" is Slurm's; in "hpc" only the
+# service account "slurmd"; placeholders live in "pyk8sres-system".
+EX = u.exemptions(["slurm", "hpc/slurmd"], "pyk8sres-system")
+SELF_SERVICE = {"pyk8sres.io/slurm-worker": "true", "pyk8sres.io/exempt": "true"}
 
 
 @pytest.mark.parametrize("case,p,expect", [
@@ -154,16 +161,55 @@ WORKER = u.parse_selector("pyk8sres.io/slurm-worker=true")
     ("unbound", pod([ctr("1")], node=None), None),
     ("succeeded", pod([ctr("1")], phase="Succeeded"), None),
     ("failed", pod([ctr("1")], phase="Failed"), None),
-    ("slurm worker", pod([ctr("4")], labels={"pyk8sres.io/slurm-worker": "true"}), None),
-    ("label other value counts", pod([ctr("1")], labels={"pyk8sres.io/slurm-worker": "no"}),
+    ("worker namespace", pod([ctr("4")], namespace="slurm"), None),
+    ("worker service account", pod([ctr("4")], namespace="hpc", sa="slurmd"), None),
+    ("other sa in worker-sa namespace counts", pod([ctr("1")], namespace="hpc", sa="default"),
+     ("n1", "1")),
+    ("worker sa name in another namespace counts", pod([ctr("1")], sa="slurmd"), ("n1", "1")),
+    ("placeholder", pod([ctr("4")], namespace="pyk8sres-system", name="slurm-share-n1"), None),
+    ("placeholder name elsewhere counts", pod([ctr("1")], name="slurm-share-n1"), ("n1", "1")),
+    ("other pod in placeholder namespace counts",
+     pod([ctr("1")], namespace="pyk8sres-system", name="coordinator"), ("n1", "1")),
+    # Nothing the pod creator writes exempts a pod.
+    ("self-service labels count", pod([ctr("1")], labels=SELF_SERVICE), ("n1", "1")),
+    ("self-service annotations count", pod([ctr("1")], annotations=SELF_SERVICE), ("n1", "1")),
+    ("namespace named like the worker one counts", pod([ctr("1")], namespace="slurm-x"),
      ("n1", "1")),
 ])
 def test_pod_usage(case, p, expect):
-    got = u.pod_usage(p, WORKER)
+    got = u.pod_usage(p, EX)
     if expect is None:
         assert got is None, case
     else:
         assert (got.node, got.cpu, got.error) == (expect[0], N(u.parse_quantity(expect[1])), None)
+
+
+def test_no_exemption_without_config():
+    for p in (pod([ctr("1")], namespace="slurm"), pod([ctr("1")], labels=SELF_SERVICE),
+              pod([ctr("1")], namespace="pyk8sres-system", name="slurm-share-n1")):
+        assert u.pod_usage(p).cpu == N(1)
+
+
+@pytest.mark.parametrize("entry", ["", "/", "a/b/c", "a/", "/b", 7])
+def test_exemptions_reject(entry):
+    with pytest.raises(ValueError):
+        u.exemptions([entry])
+
+
+@pytest.mark.parametrize("key,ok", [
+    ("node-restriction.kubernetes.io/pyk8sres-slurm-node", True),
+    ("example.node-restriction.kubernetes.io/slurm", True),
+    ("pyk8sres.io/slurm-node", False),           # the node's kubelet can set it
+    ("evilnode-restriction.kubernetes.io/x", False),
+    ("node-restriction.kubernetes.io/", False),
+    ("slurm-node", False),
+])
+def test_check_node_label(key, ok):
+    if ok:
+        assert u.check_node_label(key) == key
+    else:
+        with pytest.raises(ValueError):
+            u.check_node_label(key)
 
 
 @pytest.mark.parametrize("bad", [
@@ -175,30 +221,14 @@ def test_pod_usage(case, p, expect):
     {"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"resources": "oops"}]}},
 ])
 def test_malformed_pod_is_an_error_not_zero(bad):
-    got = u.pod_usage(bad, WORKER)
+    got = u.pod_usage(bad, EX)
     assert got is not None and got.node == "n1"
     assert got.error and "pod" in got.error
 
 
-@pytest.mark.parametrize("sel,labels,match", [
-    ("a=b", {"a": "b"}, True),
-    ("a=b", {"a": "c"}, False),
-    ("a==b", {"a": "b"}, True),
-    ("a!=b", {"a": "c"}, True),
-    ("a!=b", {}, True),
-    ("a", {"a": ""}, True),
-    ("!a", {"a": "x"}, False),
-    ("a=b,c=d", {"a": "b"}, False),
-    ("a=b,c=d", {"a": "b", "c": "d"}, True),
-    ("", {"a": "b"}, False),  # empty selector excludes nobody
-])
-def test_selector(sel, labels, match):
-    assert u.selector_matches(u.parse_selector(sel), labels) is match
-
-
 # ---------------------------------------------------------------- mapping
 
-KEY = "pyk8sres.io/slurm-node"
+KEY = u.NODE_LABEL
 SLURM = {"n1", "n2", "worker-0"}
 
 
@@ -206,18 +236,26 @@ def knode(name, annotations=None, labels=None):
     return {"metadata": {"name": name, "annotations": annotations or {}, "labels": labels or {}}}
 
 
-@pytest.mark.parametrize("case,node,by_name,expect", [
-    ("same name", knode("n1"), True, "n1"),
-    ("same name disabled", knode("n1"), False, None),
-    ("no such slurm node", knode("kx"), True, None),
-    ("annotation", knode("cn-hongkong.10.1.0.19", annotations={KEY: "worker-0"}), True, "worker-0"),
-    ("label", knode("k1", labels={KEY: "n2"}), True, "n2"),
-    ("annotation beats label", knode("k1", {KEY: "n1"}, {KEY: "n2"}), True, "n1"),
-    ("annotation beats same name", knode("n1", {KEY: "n2"}), True, "n2"),
-    ("annotation naming unknown node", knode("n1", {KEY: "zz"}), True, None),
+@pytest.mark.parametrize("case,node,by_name,node_map,expect", [
+    ("same name", knode("n1"), True, None, "n1"),
+    ("same name disabled", knode("n1"), False, None, None),
+    ("no such slurm node", knode("kx"), True, None, None),
+    ("admin label", knode("k1", labels={KEY: "n2"}), True, None, "n2"),
+    ("admin label beats same name", knode("n1", labels={KEY: "n2"}), True, None, "n2"),
+    ("admin label naming unknown node", knode("n1", labels={KEY: "zz"}), True, None, None),
+    ("config map", knode("cn-hongkong.10.1.0.19"), False, {"cn-hongkong.10.1.0.19": "worker-0"},
+     "worker-0"),
+    ("config beats label", knode("k1", labels={KEY: "n2"}), True, {"k1": "n1"}, "n1"),
+    # What the node's kubelet can write never maps a node.
+    ("annotation ignored", knode("k1", annotations={KEY: "n2"}), True, None, None),
+    ("annotation cannot redirect", knode("n1", annotations={KEY: "n2",
+                                                            "pyk8sres.io/slurm-node": "n2"}),
+     True, None, "n1"),
+    ("old label key ignored", knode("k1", labels={"pyk8sres.io/slurm-node": "n2"}), True, None,
+     None),
 ])
-def test_slurm_node_for(case, node, by_name, expect):
-    assert u.slurm_node_for(node, KEY, SLURM, by_name) == expect, case
+def test_slurm_node_for(case, node, by_name, node_map, expect):
+    assert u.slurm_node_for(node, KEY, SLURM, by_name, node_map) == expect, case
 
 
 def test_usage_by_k8s_node():
@@ -329,3 +367,11 @@ def test_generic_node_body_matches_reference():
     assert status["capacity"] == {"cpu": "4", "memory": "8000Mi"}
     _, idle = u.generic_node_body("k", SNode(), None, "c1")
     assert idle["allocatedResources"][0]["allocated"] == {"cpu": "0", "memory": "0"}
+
+
+def test_generic_node_body_says_when_a_node_is_oversubscribed():
+    _, fine = u.generic_node_body("k", SNode(), None, "c1")
+    _, over = u.generic_node_body("k", SNode(), None, "c1", oversubscribed=True)
+    assert [(c["type"], c["status"]) for c in fine["conditions"]] == [("Oversubscribed", "False")]
+    assert over["conditions"][0]["status"] == "True"
+    assert "no new Slurm job starts here" in over["conditions"][0]["message"]

@@ -1,0 +1,577 @@
+"""The coordinator's admission webhook: HTTPS, AdmissionReview v1.
+
+A pod is bound to (or created on, or resized on) a node shared with Slurm
+only after Slurm's ledger reserved its requests there, keyed by the pod's
+UID; otherwise the API server gets a denial naming the node and what Slurm
+holds.  The rules are pure (pyk8sres/policy/admission.py); this module does
+the I/O: the pod (a Binding carries no spec), the ledger, TLS, and keeping
+the ValidatingWebhookConfiguration (deploy/webhook.yaml) current.
+
+Fails closed: a ledger that does not answer, a pod we cannot read, anything
+unexpected is a denial.  The API server's failurePolicy Fail covers this
+process being down.
+
+TLS out of the box: a self-signed CA is made at start under cert_dir (kept
+across restarts), it signs our serving certificate, and its PEM goes into the
+configuration's caBundle.  The serving certificate is renewed at 2/3 of its
+life; the CA too, in two steps (the new CA joins the bundle first, serving
+certificates switch to it once the API server had time to see it).  With
+cert-manager, point tls_cert_file/tls_key_file at the mounted Secret (reloaded
+when it changes) and let its cainjector fill caBundle.
+
+    python -m pyk8sres.coordinator.webhook --kubeconfig K --ledger-socket S \
+        --listen 127.0.0.1:8443 --url https://127.0.0.1:8443/validate --cert-dir D
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import datetime as dt
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+import ssl
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlparse
+
+from . import kube as K
+from . import sync
+from ..policy import admission as A
+from ..policy import usage as U
+
+log = logging.getLogger("pyk8sres.coordinator.webhook")
+
+WEBHOOK_MANIFEST = ("deploy", "webhook.yaml")
+
+
+@dataclasses.dataclass
+class WebhookConfig:
+    listen: str = "0.0.0.0:8443"
+    configuration: str = "pyk8sres-admission"     # ValidatingWebhookConfiguration name
+    webhook_name: str = "admission.pyk8sres.io"
+    url: str | None = None          # clientConfig.url (outside a cluster); else the manifest's service
+    service_dns: tuple = ("pyk8sres-coordinator.pyk8sres-system.svc",)  # names in our certificate
+    cert_dir: str = "/var/lib/pyk8sres/webhook-tls"
+    tls_cert_file: str | None = None   # cert-manager: the mounted Secret's tls.crt/tls.key
+    tls_key_file: str | None = None
+    cert_days: float = 90.0
+    ca_days: float = 3650.0
+    ca_promote_seconds: float = 120.0  # a new CA is in the bundle this long before it signs
+    ledger_socket: str | None = None   # None: as sync's (k8s_resources.conf / StateSaveLocation)
+    ledger_timeout: float = 2.0
+    refresh_seconds: float = 5.0       # shared node list, certificates, configuration
+
+
+# ----------------------------------------------------------------- TLS
+
+def _pem_cert(cert) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _pem_key(key) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+class Certs:
+    """Our own CA and serving certificate under a directory (kept across restarts).
+
+    Files: ca.crt/ca.key (signing), next-ca.* (rotation in progress),
+    prev-ca.crt (still trusted until it expires), tls.crt/tls.key (served).
+    """
+
+    def __init__(self, directory: str, dns_names, ips, cert_days: float, ca_days: float,
+                 promote_seconds: float):
+        self.dir = Path(directory)
+        self.dns = sorted(set(dns_names))
+        self.ips = sorted(set(ips))
+        self.cert_life = dt.timedelta(days=cert_days)
+        self.ca_life = dt.timedelta(days=ca_days)
+        self.promote = dt.timedelta(seconds=promote_seconds)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+
+    @property
+    def cert_file(self) -> str:
+        return str(self.dir / "tls.crt")
+
+    @property
+    def key_file(self) -> str:
+        return str(self.dir / "tls.key")
+
+    def _load(self, name: str):
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+        crt, key = self.dir / f"{name}.crt", self.dir / f"{name}.key"
+        if not crt.exists():
+            return None, None
+        cert = x509.load_pem_x509_certificate(crt.read_bytes())
+        k = serialization.load_pem_private_key(key.read_bytes(), None) if key.exists() else None
+        return cert, k
+
+    def _new_ca(self, now: dt.datetime):
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
+                                             f"pyk8sres webhook CA {now:%Y%m%d%H%M%S}")])
+        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - self._backdate(self.ca_life)).not_valid_after(now + self.ca_life)
+                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                             content_commitment=False, key_encipherment=False,
+                                             data_encipherment=False, key_agreement=False,
+                                             encipher_only=False, decipher_only=False), critical=True)
+                .sign(key, hashes.SHA256()))
+        return cert, key
+
+    def _issue(self, ca, ca_key, now: dt.datetime) -> None:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+        key = ec.generate_private_key(ec.SECP256R1())
+        sans = [x509.DNSName(d) for d in self.dns] + [
+            x509.IPAddress(ipaddress.ip_address(i)) for i in self.ips]
+        cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, (self.dns or self.ips)[0])]))
+                .issuer_name(ca.subject).public_key(key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - self._backdate(self.cert_life))
+                .not_valid_after(min(now + self.cert_life, ca.not_valid_after_utc))
+                .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+                .sign(ca_key, hashes.SHA256()))
+        _write(self.dir / "tls.key", _pem_key(key), 0o600)
+        _write(self.dir / "tls.crt", _pem_cert(cert) + _pem_cert(ca))
+
+    @staticmethod
+    def _backdate(life: dt.timedelta) -> dt.timedelta:
+        """How far before now a certificate starts (clock skew between hosts)."""
+        return min(dt.timedelta(minutes=5), life / 10)
+
+    @staticmethod
+    def _aged(cert, now: dt.datetime) -> bool:
+        """Past 2/3 of its life (time to renew)."""
+        start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+        return now >= start + (end - start) * 2 / 3
+
+    def ensure(self, now: dt.datetime | None = None) -> bool:
+        """Create or renew what is due; True if the served files changed."""
+        now = now or dt.datetime.now(dt.timezone.utc)
+        changed = False
+        ca, ca_key = self._load("ca")
+        if ca is None or ca_key is None or now >= ca.not_valid_after_utc:
+            ca, ca_key = self._new_ca(now)
+            _write(self.dir / "ca.key", _pem_key(ca_key), 0o600)
+            _write(self.dir / "ca.crt", _pem_cert(ca))
+            changed = True
+        nxt, nxt_key = self._load("next-ca")
+        if nxt is None and self._aged(ca, now):
+            nxt, nxt_key = self._new_ca(now)   # joins the bundle now, signs later
+            _write(self.dir / "next-ca.key", _pem_key(nxt_key), 0o600)
+            _write(self.dir / "next-ca.crt", _pem_cert(nxt))
+            changed = True
+        elif nxt is not None and now >= (nxt.not_valid_before_utc + self._backdate(self.ca_life)
+                                         + self.promote):
+            _write(self.dir / "prev-ca.crt", _pem_cert(ca))
+            os.replace(self.dir / "next-ca.key", self.dir / "ca.key")
+            os.replace(self.dir / "next-ca.crt", self.dir / "ca.crt")
+            ca, ca_key = nxt, nxt_key
+            changed = True
+        served, _ = self._load("tls")
+        if (served is None or changed or served.issuer != ca.subject or self._aged(served, now)
+                or now >= served.not_valid_after_utc):
+            self._issue(ca, ca_key, now)
+            changed = True
+        return changed
+
+    def bundle(self, now: dt.datetime | None = None) -> bytes:
+        """PEM of every CA a client must trust now (current, next, previous)."""
+        from cryptography import x509
+        now = now or dt.datetime.now(dt.timezone.utc)
+        out = b""
+        for name in ("ca", "next-ca", "prev-ca"):
+            p = self.dir / f"{name}.crt"
+            if p.exists():
+                c = x509.load_pem_x509_certificate(p.read_bytes())
+                if now < c.not_valid_after_utc:
+                    out += _pem_cert(c)
+        return out
+
+
+# ----------------------------------------------------------------- scope
+
+class Scope:
+    """Which Kubernetes nodes are shared, and as which Slurm node (admin
+    configuration: sync's node_map / node_key label / map_by_name)."""
+
+    def __init__(self, cfg: sync.SyncConfig):
+        self.cfg = cfg
+        self.exempt = sync.exemptions_of(cfg)
+        self.lock = threading.Lock()
+        self.nodes: dict[str, dict] = {}
+        self.slurm_names: frozenset | None = None   # None: not known yet
+
+    def update(self, k8s_nodes: list[dict] | None = None, slurm_names=None) -> None:
+        with self.lock:
+            if k8s_nodes is not None:
+                self.nodes = {(n.get("metadata") or {}).get("name"): n for n in k8s_nodes}
+            if slurm_names is not None:
+                self.slurm_names = frozenset(slurm_names)
+
+    def slurm_node(self, k8s_node: str) -> str | None:
+        with self.lock:
+            node = self.nodes.get(k8s_node) or {"metadata": {"name": k8s_node}}
+            names = self.slurm_names
+        if names is None:
+            # Slurm's nodes unknown (ledger never answered): the API server
+            # only calls us for nodes last published as shared, so treat the
+            # node as shared and let the ledger decide (it will deny).
+            names = frozenset([k8s_node, *(self.cfg.node_map.values()),
+                               (node["metadata"].get("labels") or {}).get(self.cfg.node_key, "")])
+        return U.slurm_node_for(node, self.cfg.node_key, names, self.cfg.map_by_name,
+                                self.cfg.node_map)
+
+    def shared(self) -> dict[str, str]:
+        with self.lock:
+            nodes, names = dict(self.nodes), self.slurm_names
+        if names is None:
+            return {}
+        out = {}
+        for k, n in nodes.items():
+            s = U.slurm_node_for(n, self.cfg.node_key, names, self.cfg.map_by_name, self.cfg.node_map)
+            if s:
+                out[k] = s
+        return out
+
+
+# ----------------------------------------------------------------- admission
+
+class Admission:
+    """One AdmissionReview in, one out.  kube: kube.Kube; ledger: slurm.Ledger."""
+
+    def __init__(self, kube, ledger, scope: Scope):
+        self.kube, self.ledger, self.scope = kube, ledger, scope
+
+    def decide(self, request: dict) -> A.Allow | A.Deny:
+        t = A.classify(request)
+        if not isinstance(t, A.Target):
+            return t
+        snode = self.scope.slurm_node(t.node)
+        pod = None
+        if t.pod is None and snode is not None:
+            try:
+                pod = K.get_pod(self.kube, t.namespace, t.pod_name)
+            except Exception as e:
+                return A.Deny(f"pyk8sres: cannot read pod {t.namespace}/{t.pod_name} ({e}); "
+                              "failing closed")
+        d = A.plan(t, pod, snode, self.scope.exempt)
+        if not isinstance(d, A.Reserve):
+            return d
+        try:
+            reply = self.ledger.reserve(d.slurm_node, d.key, d.cpu_m, d.mem_bytes)
+        except Exception as e:   # LedgerError (unreachable, malformed reply) or anything else
+            return A.Deny(f"pyk8sres: Slurm's ledger did not answer for node {t.node} ({e}); "
+                          "no pod is placed on a shared node until it does")
+        return A.verdict(t, d, reply)
+
+    def review(self, body: dict) -> dict:
+        request = body.get("request") or {}
+        try:
+            decision = self.decide(request)
+        except Exception as e:
+            log.exception("admission failed")
+            decision = A.Deny(f"pyk8sres: internal error ({type(e).__name__}: {e}); failing closed")
+        if isinstance(decision, A.Deny):
+            log.info("denied %s %s/%s: %s", request.get("operation"), request.get("namespace"),
+                     request.get("name"), decision.message)
+        else:
+            log.debug("allowed %s %s/%s: %s", request.get("operation"), request.get("namespace"),
+                      request.get("name"), decision.reason)
+        return A.review_response(request, decision)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"   # keep-alive: the API server reuses connections
+    server: "WebhookServer"
+
+    def _send(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(n))
+        except (ValueError, OSError):
+            self._send(400, b'{"error":"want an AdmissionReview"}')
+            return
+        self._send(200, json.dumps(self.server.admission.review(body)).encode())
+
+    def do_GET(self) -> None:
+        self._send(200 if self.path in ("/healthz", "/readyz") else 404, b"{}")
+
+    def log_message(self, fmt, *args) -> None:
+        log.debug("%s " + fmt, self.address_string(), *args)
+
+
+class WebhookServer(ThreadingHTTPServer):
+    """HTTPS; the TLS handshake runs in the connection's own thread."""
+    daemon_threads = True
+
+    def __init__(self, addr, admission: Admission, cert_file: str, key_file: str):
+        self.admission = admission
+        self.cert_file, self.key_file = cert_file, key_file
+        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.reload()
+        self.conns: set = set()
+        self.conns_lock = threading.Lock()
+        super().__init__(addr, _Handler)
+
+    def reload(self) -> None:
+        """Serve the certificate files' current content to new connections."""
+        self.ctx.load_cert_chain(self.cert_file, self.key_file)
+        self.loaded = (os.stat(self.cert_file).st_mtime_ns, os.stat(self.key_file).st_mtime_ns)
+
+    def reload_if_changed(self) -> None:
+        try:
+            now = (os.stat(self.cert_file).st_mtime_ns, os.stat(self.key_file).st_mtime_ns)
+        except OSError:
+            return
+        if now != self.loaded:
+            self.reload()
+            log.info("serving certificate reloaded")
+
+    def finish_request(self, request, client_address) -> None:
+        # Headers and body go out in separate writes: without NODELAY, Nagle
+        # plus the client's delayed ACK add ~40 ms to every answer.
+        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            tls = self.ctx.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as e:
+            log.debug("TLS handshake from %s failed: %s", client_address, e)
+            return
+        with self.conns_lock:
+            self.conns.add(tls)
+        try:
+            self.RequestHandlerClass(tls, client_address, self)
+        finally:
+            with self.conns_lock:
+                self.conns.discard(tls)
+            tls.close()
+
+    def close(self) -> None:
+        """Stop serving and drop kept-alive connections (the API server
+        reuses them: without this a stopped server would still answer)."""
+        self.shutdown()
+        self.server_close()
+        with self.conns_lock:
+            conns = list(self.conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+# ----------------------------------------------------------------- the daemon
+
+def webhook_template() -> dict:
+    import yaml
+    from .. import data
+    docs = yaml.safe_load_all(data.path(*WEBHOOK_MANIFEST).read_text(encoding="utf-8"))
+    return next(d for d in docs if d and d.get("kind") == "ValidatingWebhookConfiguration")
+
+
+def slurm_names(shown: dict) -> list[str]:
+    """Slurm nodes with k8scpu/k8smemory, from the ledger's show() (every node)."""
+    if not shown.get("ok"):
+        raise RuntimeError(f"ledger show: {shown.get('error')}")
+    return [n for n, v in (shown.get("nodes") or {}).items() if not v.get("unknown")]
+
+
+class Webhook:
+    """The webhook server plus its refresher (shared nodes, certificates,
+    configuration).  start() returns once it serves; stop() ends both."""
+
+    def __init__(self, wcfg: WebhookConfig, scfg: sync.SyncConfig, kube, ledger):
+        self.wcfg, self.kube, self.ledger = wcfg, kube, ledger
+        self.scope = Scope(scfg)
+        host, _, port = wcfg.listen.rpartition(":")
+        self.addr = (host or "0.0.0.0", int(port))
+        self.certs = None
+        if wcfg.tls_cert_file:
+            cert, key = wcfg.tls_cert_file, wcfg.tls_key_file or wcfg.tls_cert_file
+        else:
+            dns, ips = ["localhost", *wcfg.service_dns], ["127.0.0.1"]
+            if wcfg.url:
+                h = urlparse(wcfg.url).hostname or ""
+                try:
+                    ipaddress.ip_address(h)
+                    ips.append(h)
+                except ValueError:
+                    dns.append(h)
+            self.certs = Certs(wcfg.cert_dir, dns, ips, wcfg.cert_days, wcfg.ca_days,
+                               wcfg.ca_promote_seconds)
+            self.certs.ensure()
+            cert, key = self.certs.cert_file, self.certs.key_file
+        self.server = WebhookServer(self.addr, Admission(kube, ledger, self.scope), cert, key)
+        self.stop_event = threading.Event()
+        self.published: dict | None = None
+        self.threads: list[threading.Thread] = []
+
+    def refresh(self) -> None:
+        """One pass: Slurm's nodes, Kubernetes nodes, certificates, configuration."""
+        try:
+            self.scope.update(slurm_names=slurm_names(self.ledger.show()))
+        except Exception as e:
+            log.warning("ledger show failed: %s (shared node list kept)", e)
+        try:
+            self.scope.update(k8s_nodes=K.list_nodes(self.kube))
+        except Exception as e:
+            log.warning("listing nodes failed: %s (shared node list kept)", e)
+        if self.certs is not None and self.certs.ensure():
+            log.info("webhook certificates renewed")
+        self.server.reload_if_changed()
+        self.publish()
+
+    def publish(self) -> None:
+        """Write caBundle / shared-node condition / clientConfig if they differ."""
+        bundle = (base64.b64encode(self.certs.bundle()).decode()
+                  if self.certs is not None else None)
+        client_config = ({"url": self.wcfg.url} if self.wcfg.url else None)
+        for _ in range(3):   # 409: someone else wrote it; read again
+            try:
+                current = K.get_webhook_config(self.kube, self.wcfg.configuration)
+                base = current or dict(webhook_template(), metadata={"name": self.wcfg.configuration})
+                if current is None and client_config:
+                    for w in base.get("webhooks") or []:
+                        if w.get("name") == self.wcfg.webhook_name:
+                            w["clientConfig"] = {}
+                shared = (sorted(self.scope.shared()) if self.scope.slurm_names is not None
+                          else None)        # not known yet: keep the published list
+                new = A.updated_webhook_config(base, self.wcfg.webhook_name, shared, bundle,
+                                               client_config)
+                if new is None and current is not None:
+                    return
+                K.put_webhook_config(self.kube, new or base)
+                log.info("webhook configuration %s updated", self.wcfg.configuration)
+                return
+            except K.ApiException as e:
+                if e.status != 409:
+                    log.warning("updating webhook configuration: %s", e.reason)
+                    return
+
+    def _refresher(self) -> None:
+        while not self.stop_event.wait(self.wcfg.refresh_seconds):
+            try:
+                self.refresh()
+            except Exception:
+                log.exception("webhook refresh failed")
+
+    def start(self) -> "Webhook":
+        t = threading.Thread(target=self.server.serve_forever, name="webhook-https", daemon=True)
+        t.start()
+        self.threads.append(t)
+        self.refresh()
+        r = threading.Thread(target=self._refresher, name="webhook-refresh", daemon=True)
+        r.start()
+        self.threads.append(r)
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.server.close()
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="pyk8sres-webhook", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", help="coordinator config (TOML: sync settings; [webhook] table)")
+    p.add_argument("--kubeconfig")
+    p.add_argument("--ledger-socket")
+    p.add_argument("--listen")
+    p.add_argument("--url", help="clientConfig.url to publish (else the manifest's service)")
+    p.add_argument("--cert-dir")
+    p.add_argument("--no-placeholders", action="store_false", dest="placeholders",
+                   help="do not keep slurm-share-<node> placeholder pods")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def load_webhook_config(path: str | None) -> WebhookConfig:
+    """[webhook] table of the coordinator config (unknown keys are errors)."""
+    cfg = WebhookConfig()
+    if not path:
+        return cfg
+    import tomllib
+    with open(path, "rb") as f:
+        doc = tomllib.load(f).get("webhook") or {}
+    fields = {f.name for f in dataclasses.fields(WebhookConfig)}
+    values = {}
+    for k, v in doc.items():
+        name = k.replace("-", "_")
+        if name not in fields:
+            raise sync.ConfigError(f"{path}: unknown webhook setting {k!r}")
+        values[name] = tuple(v) if name == "service_dns" else v
+    return dataclasses.replace(cfg, **values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from .slurm import Ledger, ledger_socket_path
+    scfg = sync.load_config(args.config)
+    # The sync settings may sit in a [sync] table next to [webhook].
+    wcfg = load_webhook_config(args.config)
+    over = {k: v for k, v in (("ledger_socket", args.ledger_socket), ("listen", args.listen),
+                              ("url", args.url), ("cert_dir", args.cert_dir)) if v}
+    wcfg = dataclasses.replace(wcfg, **over)
+    if not wcfg.ledger_socket:
+        wcfg = dataclasses.replace(wcfg, ledger_socket=scfg.ledger_socket or ledger_socket_path())
+    kube = K.Kube(args.kubeconfig or scfg.kubeconfig, scfg.context, timeout=scfg.request_timeout)
+    hook = Webhook(wcfg, scfg, kube, Ledger(wcfg.ledger_socket, timeout=wcfg.ledger_timeout)).start()
+    log.info("admission webhook serving on https://%s:%d", *hook.addr)
+    placeholders = None
+    if args.placeholders:
+        from .placeholder import Placeholders
+        # Its own ledger connection: its show() calls never queue admissions.
+        placeholders = Placeholders(kube, Ledger(wcfg.ledger_socket, timeout=wcfg.ledger_timeout),
+                                    hook.scope, scfg.placeholder_namespace).start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    if placeholders is not None:
+        placeholders.stop()
+    hook.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

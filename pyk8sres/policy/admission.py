@@ -1,0 +1,197 @@
+"""Pure admission rules: what a request to bind or resize a pod asks of the
+ledger, and what we answer.  No I/O: the webhook (coordinator/webhook.py)
+fetches the pod and calls the ledger; everything it decides is here.
+
+Requests we see (deploy/webhook.yaml):
+  CREATE pods/binding, CREATE bindings   a scheduler binds a pod to a node
+  CREATE pods with spec.nodeName         a pod placed directly on a node
+  UPDATE pods/resize                     in-place resize: an increase needs room
+
+A pod costs its effective requests (usage.pod_requests: what kube-scheduler
+counts), in millicores and bytes, rounded up.  The ledger key is the pod's
+UID, so the API server retrying, or a binding after a nodeName create, never
+reserves twice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from . import usage as U
+
+
+@dataclass(frozen=True)
+class Allow:
+    """Allow without touching the ledger (the reason is logged and returned)."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class Deny:
+    message: str
+
+
+@dataclass(frozen=True)
+class Target:
+    """A request that places (or grows) a pod on a node."""
+    op: str            # "bind", "create" or "resize"
+    namespace: str
+    pod_name: str
+    node: str          # Kubernetes node
+    dry_run: bool
+    pod: Mapping | None = None       # the pod, when the request carries it
+    old_pod: Mapping | None = None   # resize: the pod before
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """Ask the ledger for this, then answer with verdict()."""
+    slurm_node: str
+    key: str
+    cpu_m: int
+    mem_bytes: int
+
+
+def classify(request: Mapping) -> Target | Allow | Deny:
+    """What an AdmissionReview request is about (pure, from the request alone)."""
+    op = request.get("operation")
+    res = (request.get("resource") or {}).get("resource")
+    sub = request.get("subResource") or ""
+    ns = request.get("namespace") or ""
+    obj = request.get("object") or {}
+    dry = bool(request.get("dryRun"))
+    if op == "CREATE" and ((res == "pods" and sub == "binding") or (res == "bindings" and not sub)):
+        target = (obj.get("target") or {})
+        if target.get("kind") not in (None, "", "Node") or not target.get("name"):
+            return Deny("binding target must name a Node")
+        name = request.get("name") or (obj.get("metadata") or {}).get("name") or ""
+        return Target("bind", ns, name, target["name"], dry)
+    if res == "pods" and op == "CREATE" and not sub:
+        node = (obj.get("spec") or {}).get("nodeName")
+        if not node:
+            return Allow("pod has no spec.nodeName: it is checked when it is bound")
+        name = (obj.get("metadata") or {}).get("name") or request.get("name") or ""
+        return Target("create", ns, name, node, dry, pod=obj)
+    if res == "pods" and op == "UPDATE" and sub == "resize":
+        node = (obj.get("spec") or {}).get("nodeName")
+        if not node:
+            return Allow("pod is not bound: its new size is checked when it is bound")
+        return Target("resize", ns, request.get("name") or "", node, dry, pod=obj,
+                      old_pod=request.get("oldObject") or {})
+    return Allow(f"not a request we check ({op} {res}/{sub})")
+
+
+def pod_cost(pod: Mapping) -> tuple[int, int]:
+    """(millicores, bytes) the pod requests, rounded up.  Raises QuantityError."""
+    req = U.pod_requests(pod)
+    return math.ceil(req["cpu"] * 1000), math.ceil(req["memory"])
+
+
+def plan(target: Target, pod: Mapping | None, slurm_node: str | None,
+         exempt: U.Exemptions) -> Reserve | Allow | Deny:
+    """Decide for one Target; pod is the stored pod for bindings (None: not found).
+
+    slurm_node: the Slurm node the Kubernetes node is (None: not a shared node).
+    """
+    if slurm_node is None:
+        return Allow(f"node {target.node} is not shared with Slurm")
+    pod = target.pod if target.pod is not None else pod
+    if pod is None:
+        return Deny(f"pod {target.namespace}/{target.pod_name} not found")
+    why = U.exempt_reason(pod, exempt)
+    if why:
+        return Allow(why)
+    uid = (pod.get("metadata") or {}).get("uid")
+    if not uid:
+        return Deny(f"pod {target.namespace}/{target.pod_name} has no UID yet")
+    try:
+        cpu_m, mem = pod_cost(pod)
+        if target.op == "resize":
+            old_cpu, old_mem = pod_cost(target.old_pod or {})
+            if cpu_m <= old_cpu and mem <= old_mem:
+                return Allow("resize does not grow the pod (the repair shrinks its share)")
+            # The kubelet runs the old size until it has resized: hold the larger of each.
+            cpu_m, mem = max(cpu_m, old_cpu), max(mem, old_mem)
+    except (U.QuantityError, AttributeError, TypeError, ValueError) as e:
+        return Deny(f"pod {target.namespace}/{target.pod_name}: unreadable requests: {e}")
+    if target.dry_run:
+        return Allow("dry run: nothing reserved")
+    return Reserve(slurm_node, uid, cpu_m, mem)
+
+
+def verdict(target: Target, r: Reserve, reply: Mapping) -> Allow | Deny:
+    """The answer, from the ledger's reply to reserve()."""
+    what = f"pod {target.namespace}/{target.pod_name} ({r.cpu_m}m CPU, {r.mem_bytes // U.MI}Mi)"
+    if reply.get("ok") is True:
+        return Allow(f"{what} reserved on Slurm node {r.slurm_node}")
+    code = reply.get("code") or "internal"
+    err = reply.get("error") or "no reason given"
+    if code == "nofit":
+        return Deny(f"{what} does not fit on node {target.node}: {err}")
+    return Deny(f"{what} refused on node {target.node} ({code}): {err}")
+
+
+def review_response(request: Mapping, decision: Allow | Deny) -> dict:
+    """The AdmissionReview (v1) answering request."""
+    allowed = isinstance(decision, Allow)
+    resp: dict = {"uid": request.get("uid", ""), "allowed": allowed}
+    if not allowed:
+        resp["status"] = {"code": 403, "reason": "Forbidden", "message": decision.message}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
+
+
+# ----------------------------------------------------------------- scoping
+
+def shared_nodes_condition(shared: list[str]) -> str:
+    """CEL matchCondition: the request targets one of these nodes.
+
+    Binding objects carry the node in target.name; pods in spec.nodeName.  The
+    coordinator keeps the set current, so a down coordinator blocks only the
+    shared nodes (failurePolicy Fail), never the others.  The set is a map
+    literal: membership costs O(1) in CEL's cost model, where `in` on a list
+    of 1000 names would be estimated per unbounded string compare.
+    """
+    names = "{" + ", ".join("'" + n.replace("\\", "\\\\").replace("'", "\\'") + "': true"
+                            for n in sorted(set(shared))) + "}"
+    # request.subResource is absent (not "") on plain pod requests: guard with has().
+    return (f"(request.resource.resource == 'bindings' ||"
+            f" (has(request.subResource) && request.subResource == 'binding'))"
+            f" ? object.target.name in {names}"
+            f" : (has(object.spec.nodeName) && object.spec.nodeName in {names})")
+
+
+SHARED_CONDITION = "shared-node"
+
+
+def updated_webhook_config(current: Mapping, webhook_name: str, shared: list[str] | None,
+                           ca_bundle: str | None, client_config: Mapping | None) -> dict | None:
+    """The ValidatingWebhookConfiguration with what the coordinator owns set,
+    or None when nothing changes.
+
+    Owned: the "shared-node" matchCondition, caBundle (ca_bundle None: left
+    alone, cert-manager's cainjector owns it) and clientConfig's url/service
+    when the object has neither.  Everything else (scope, failurePolicy) is
+    the admin's and kept.  shared None (Slurm's nodes not known yet): the
+    condition is left as it is.
+    """
+    import copy
+    doc = copy.deepcopy(dict(current))
+    hooks = [w for w in doc.get("webhooks") or [] if w.get("name") == webhook_name]
+    if not hooks:
+        raise ValueError(f"{(doc.get('metadata') or {}).get('name')}: no webhook named {webhook_name!r}")
+    w = hooks[0]
+    cc = w.setdefault("clientConfig", {})
+    if client_config and not cc.get("url") and not cc.get("service"):
+        cc.update(client_config)
+    if client_config and client_config.get("url") and cc.get("url") != client_config["url"] \
+            and not cc.get("service"):
+        cc["url"] = client_config["url"]
+    if ca_bundle is not None:
+        cc["caBundle"] = ca_bundle
+    if shared is not None:
+        conds = [c for c in w.get("matchConditions") or [] if c.get("name") != SHARED_CONDITION]
+        conds.append({"name": SHARED_CONDITION, "expression": shared_nodes_condition(shared)})
+        w["matchConditions"] = conds
+    return None if doc == current else doc

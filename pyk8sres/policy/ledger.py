@@ -1,0 +1,229 @@
+"""The ledger's rules: the request protocol, what fits, and a share in Slurm units.
+
+The ledger holds, per node, what Kubernetes holds there, inside slurmctld's
+own GRES allocation (k8scpu/k8smemory "allocated" = Slurm jobs + this share).
+Both sides use this module: node_features/k8s_resources serves the requests
+(pyk8sres/slurmctld/ledger.py), the coordinator and the CLI send them
+(pyk8sres/coordinator/slurm.py).  Pure: standard library only, no I/O.
+
+Protocol: one JSON object per line over a unix stream socket, one reply line
+per request line.
+
+    {"op": "reserve", "node": "n1", "key": "<pod uid>", "cpu_m": 2735, "mem_bytes": 3582984192}
+    {"op": "release", "node": "n1", "key": "<pod uid>"}
+    {"op": "set", "node": "n1", "entries": {"<uid>": [cpu_m, mem_bytes], ...},
+     "keep_younger_than": 30}
+    {"op": "show"}  or  {"op": "show", "node": "n1"}
+
+Replies: {"ok": true, ...} or {"ok": false, "code": CODE, "error": "why"}
+with CODE one of CODES.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Mapping, NamedTuple
+
+MIB = 1 << 20
+MAX_REQUEST_BYTES = 1 << 20       # one line; a node with 1000 pods is ~80 KB
+MAX_CPU_M = 1 << 40               # 1e9 CPUs: anything above is a caller bug
+MAX_MEM_BYTES = 1 << 60
+MAX_ENTRIES = 100_000
+MAX_KEEP_SECONDS = 86_400
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,252}\Z")
+CODES = ("nofit", "badrequest", "unknown_node", "denied", "internal")
+OPS = ("reserve", "release", "set", "show")
+
+
+class RequestError(ValueError):
+    """A request that cannot be served; `code` is one of CODES."""
+
+    def __init__(self, message: str, code: str = "badrequest"):
+        super().__init__(message)
+        self.code = code
+
+
+class Entry(NamedTuple):
+    """What one key (a pod) holds on a node, since when (epoch seconds), and
+    whether a `set` has listed it (the pod was seen bound): only a
+    reservation never seen bound gets a grace period in `set`."""
+    cpu_m: int
+    mem_bytes: int
+    since: float
+    bound: bool = False
+
+
+class Request(NamedTuple):
+    op: str
+    node: str | None = None
+    key: str | None = None
+    cpu_m: int = 0
+    mem_bytes: int = 0
+    entries: tuple = ()               # ((key, cpu_m, mem_bytes), ...) for set
+    keep_younger_than: float = 0.0
+
+
+class Facts(NamedTuple):
+    """What slurmctld says of a node, read under its locks."""
+    capacity_cpu: int
+    capacity_mem: int
+    jobs_cpu: int
+    jobs_mem: int
+
+
+def _name(value, what: str) -> str:
+    if not isinstance(value, str) or not NAME.match(value):
+        raise RequestError(f"{what} must be a name of 1-253 letters, digits or ._:@/+-, "
+                           f"not {value!r}"[:300])
+    return value
+
+
+def _amount(value, what: str, limit: int) -> int:
+    # bool is an int subclass: true/false as an amount is a caller bug.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise RequestError(f"{what} must be an integer from 0 to {limit}, not {value!r}"[:300])
+    return value
+
+
+def parse_request(line: bytes | str) -> Request:
+    """The checked request, or RequestError saying what is wrong."""
+    if len(line) > MAX_REQUEST_BYTES:
+        raise RequestError(f"request larger than {MAX_REQUEST_BYTES} bytes")
+    try:
+        doc = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise RequestError(f"not a JSON object: {exc}"[:300]) from None
+    if not isinstance(doc, dict):
+        raise RequestError("a request is a JSON object")
+    op = doc.get("op")
+    if op not in OPS:
+        raise RequestError(f"op must be one of {', '.join(OPS)}, not {op!r}"[:300])
+    allowed = {"reserve": {"node", "key", "cpu_m", "mem_bytes"}, "release": {"node", "key"},
+               "set": {"node", "entries", "keep_younger_than"}, "show": {"node"}}[op]
+    unknown = sorted(set(doc) - allowed - {"op"})
+    if unknown:
+        raise RequestError(f"{op}: unknown field(s) {', '.join(map(str, unknown))}"[:300])
+    if op == "show":
+        node = doc.get("node")
+        return Request(op, node=None if node is None else _name(node, "node"))
+    missing = sorted(f for f in allowed if f not in doc and f != "keep_younger_than")
+    if missing:
+        raise RequestError(f"{op}: missing field(s) {', '.join(missing)}")
+    node = _name(doc["node"], "node")
+    if op == "release":
+        return Request(op, node=node, key=_name(doc["key"], "key"))
+    if op == "reserve":
+        return Request(op, node=node, key=_name(doc["key"], "key"),
+                       cpu_m=_amount(doc["cpu_m"], "cpu_m", MAX_CPU_M),
+                       mem_bytes=_amount(doc["mem_bytes"], "mem_bytes", MAX_MEM_BYTES))
+    entries = doc["entries"]
+    if not isinstance(entries, dict) or len(entries) > MAX_ENTRIES:
+        raise RequestError(f"set: entries must be an object of at most {MAX_ENTRIES} "
+                           "key -> [cpu_m, mem_bytes]")
+    checked = []
+    for key, value in entries.items():
+        if not isinstance(value, list) or len(value) != 2:
+            raise RequestError(f"set: entry {key!r} must be [cpu_m, mem_bytes]"[:300])
+        checked.append((_name(key, "key"), _amount(value[0], "cpu_m", MAX_CPU_M),
+                        _amount(value[1], "mem_bytes", MAX_MEM_BYTES)))
+    keep = doc.get("keep_younger_than", 0)
+    if isinstance(keep, bool) or not isinstance(keep, (int, float)) or \
+            not 0 <= keep <= MAX_KEEP_SECONDS:
+        raise RequestError(f"set: keep_younger_than must be 0 to {MAX_KEEP_SECONDS} seconds")
+    return Request(op, node=node, entries=tuple(sorted(checked)), keep_younger_than=float(keep))
+
+
+def encode(op: str, **fields) -> bytes:
+    """A request line (the client side of parse_request)."""
+    return json.dumps({"op": op, **fields}, separators=(",", ":")).encode() + b"\n"
+
+
+def share_units(entries: Mapping[str, Entry]) -> tuple[int, int]:
+    """Whole CPUs and MB (MiB, as Slurm counts) that `entries` hold together:
+    requests add up exactly, then round up once (two 500m pods = 1 CPU)."""
+    cpu_m = sum(e.cpu_m for e in entries.values())
+    mem = sum(e.mem_bytes for e in entries.values())
+    return -(-cpu_m // 1000), -(-mem // MIB)
+
+
+def applied(share: tuple[int, int], facts: Facts) -> tuple[int, int]:
+    """What Slurm can really carry of `share` next to its jobs: allocated
+    (jobs + share) is never above the total, or Slurm's unsigned free count
+    would wrap around (DESIGN.md §7)."""
+    return (max(0, min(share[0], facts.capacity_cpu - facts.jobs_cpu)),
+            max(0, min(share[1], facts.capacity_mem - facts.jobs_mem)))
+
+
+def _fits(share: tuple[int, int], facts: Facts) -> bool:
+    return (facts.jobs_cpu + share[0] <= facts.capacity_cpu and
+            facts.jobs_mem + share[1] <= facts.capacity_mem)
+
+
+def decide(entries: Mapping[str, Entry], req: Request, facts: Facts | None,
+           now: float) -> tuple[dict[str, Entry] | None, dict]:
+    """(the node's new entries or None if unchanged, the reply) for a
+    reserve/release/set on one node.  `facts` is None for a node slurmctld
+    does not know (or that has not registered its k8s GRES yet)."""
+    if facts is None:
+        if req.op == "release" and req.key not in entries:
+            return None, {"ok": True}
+        if req.op in ("reserve", "set"):
+            return None, {"ok": False, "code": "unknown_node",
+                          "error": f"node {req.node} is not a Slurm node with k8scpu/k8smemory "
+                                   "(unknown, or not registered yet)"}
+    if req.op == "release":
+        if req.key not in entries:
+            return None, {"ok": True}
+        new = {k: e for k, e in entries.items() if k != req.key}
+        return new, {"ok": True}
+    if req.op == "set":
+        wanted = {key: Entry(cpu, mem, entries[key].since if key in entries else now, True)
+                  for key, cpu, mem in req.entries}
+        # A pod admitted a moment ago may not be seen bound yet: keep its
+        # reservation for a while.  One seen bound before and gone now is gone.
+        kept = {k: e for k, e in entries.items()
+                if k not in wanted and not e.bound and now - e.since < req.keep_younger_than}
+        new = {**kept, **wanted}
+        reply = {"ok": True, "dropped": sorted(set(entries) - set(new))}
+        share = share_units(new)
+        if not _fits(share, facts):
+            reply["oversubscribed"] = True
+        return (None if new == dict(entries) else new), reply
+    # reserve: idempotent per key; a new amount for a key is a resize.
+    old = entries.get(req.key)
+    if old is not None and (old.cpu_m, old.mem_bytes) == (req.cpu_m, req.mem_bytes):
+        return None, {"ok": True}
+    new = dict(entries)
+    new[req.key] = Entry(req.cpu_m, req.mem_bytes, old.since if old else now,
+                         old.bound if old else False)
+    share = share_units(new)
+    shrinks = old is not None and req.cpu_m <= old.cpu_m and req.mem_bytes <= old.mem_bytes
+    if shrinks or _fits(share, facts):
+        return new, {"ok": True}
+    others = share_units({k: e for k, e in entries.items() if k != req.key})
+    return None, {"ok": False, "code": "nofit", "error": (
+        f"node {req.node} has no room: this needs {req.cpu_m}m CPU and "
+        f"{-(-req.mem_bytes // MIB)} MB; Slurm jobs hold {facts.jobs_cpu} of "
+        f"{facts.capacity_cpu} CPUs and {facts.jobs_mem} of {facts.capacity_mem} MB, "
+        f"pods already hold {others[0]} CPUs and {others[1]} MB")}
+
+
+def node_view(entries: Mapping[str, Entry], facts: Facts | None, *,
+              with_entries: bool) -> dict:
+    """One node of a `show` reply."""
+    share = share_units(entries)
+    view = {"share": {"cpu": share[0], "mem": share[1]}}
+    if facts is not None:
+        carried = applied(share, facts)
+        view.update(
+            capacity={"cpu": facts.capacity_cpu, "mem": facts.capacity_mem},
+            jobs={"cpu": facts.jobs_cpu, "mem": facts.jobs_mem},
+            free={"cpu": facts.capacity_cpu - facts.jobs_cpu - carried[0],
+                  "mem": facts.capacity_mem - facts.jobs_mem - carried[1]},
+            oversubscribed=carried != share)
+    else:
+        view["unknown"] = True
+    if with_entries:
+        view["entries"] = {k: [e.cpu_m, e.mem_bytes] for k, e in sorted(entries.items())}
+    return view
+

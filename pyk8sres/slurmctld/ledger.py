@@ -1,0 +1,211 @@
+"""The ledger inside slurmctld: Kubernetes' share of each node, durable.
+
+node_features/k8s_resources serves the request socket on its own thread and
+calls in here twice per request (pyk8sres/slurmctld/embed.py):
+
+  prepare()  outside slurmctld's locks: parse, authorize, and write the
+             request to the journal (fsync) -- so whatever is granted next
+             is already durable when the reply says ok;
+  apply()    under slurmctld's job+node write locks: decide with the node's
+             facts (capacity, what jobs hold) and hand the node's new share
+             to C, which puts it into Slurm's GRES allocation at once.
+
+A request denied after its journal line was written gets an "undo" line
+(no fsync: losing it in a crash only keeps a reservation the coordinator's
+next `set` drops).  The journal is replayed at startup (slurmctld restart,
+24.11's re-exec on reconfigure, a backup controller taking over with the
+same StateSaveLocation) and compacted into one snapshot line now and then.
+
+Journal: JSON lines, each {"t": epoch, "op": ...} as in policy.ledger plus
+{"op": "undo", "node", "key", "entry": [cpu_m, mem_bytes, since, bound] | null}
+and {"op": "snapshot", "nodes": {node: {key: [cpu_m, mem_bytes, since, bound]}}}.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Callable, Iterable
+
+from ..policy.ledger import (Entry, Facts, Request, RequestError, decide, node_view,
+                             parse_request, share_units)
+
+log = logging.getLogger("pyk8sres")
+
+JOURNAL_NAME = "k8s_resources.ledger"
+COMPACT_AFTER = 20_000            # journal lines before a snapshot replaces them
+
+FactsFn = Callable[[str], "Facts | None"]
+ShareFn = Callable[[str, int, int], None]
+
+
+class Ledger:
+    def __init__(self, directory: str, *, allowed_uids=(0,), clock=time.time):
+        self.path = os.path.join(directory, JOURNAL_NAME)
+        self.allowed_uids = frozenset(allowed_uids)
+        self.clock = clock
+        self.nodes: dict[str, dict[str, Entry]] = {}
+        self.lines = 0
+        self._journal = None
+        self._tickets: dict[int, Request] = {}
+        self._next_ticket = 1
+
+    # --- persistence -------------------------------------------------------
+    def load(self) -> None:
+        """Replay the journal.  A torn last line (crash mid-write) is ignored;
+        any other bad line is an error: never guess what Kubernetes holds."""
+        self.nodes, self.lines = {}, 0
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read().split(b"\n")
+        except FileNotFoundError:
+            raw = []
+        last = len(raw) - 1
+        for number, line in enumerate(raw):
+            if not line.strip():
+                continue
+            try:
+                self._replay(json.loads(line))
+            except (ValueError, KeyError, TypeError, RequestError) as exc:
+                if number == last:  # every whole line ends with a newline
+                    log.error("node_features/k8s_resources: ledger %s: ignoring a torn last "
+                              "line (crash while writing)", self.path)
+                    break
+                raise ValueError(f"{self.path}:{number + 1}: bad ledger line: {exc}") from None
+            self.lines += 1
+        self._compact()
+
+    def _replay(self, doc: dict) -> None:
+        op, t = doc["op"], float(doc.get("t", 0))
+        if op == "snapshot":
+            self.nodes = {node: {k: _entry(v) for k, v in entries.items()}
+                          for node, entries in doc["nodes"].items()}
+        elif op == "undo":
+            entries = self.nodes.setdefault(doc["node"], {})
+            entries.pop(doc["key"], None)
+            if doc.get("entry"):
+                entries[doc["key"]] = _entry(doc["entry"])
+        else:
+            req = parse_request(json.dumps({k: v for k, v in doc.items() if k != "t"}))
+            entries = self.nodes.get(req.node, {})
+            # Replayed as granted: a grant's undo line follows it if it was not.
+            new = self._granted(entries, req, t)
+            if new is not None:
+                self._store(req.node, new)
+
+    @staticmethod
+    def _granted(entries: dict, req: Request, now: float) -> dict | None:
+        roomy = Facts(1 << 62, 1 << 62, 0, 0)
+        return decide(entries, req, roomy, now)[0]
+
+    def _store(self, node: str, entries: dict) -> None:
+        if entries:
+            self.nodes[node] = entries
+        else:
+            self.nodes.pop(node, None)
+
+    def _open(self):
+        if self._journal is None:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            self._journal = os.fdopen(fd, "ab")
+        return self._journal
+
+    def _append(self, doc: dict, *, sync: bool) -> None:
+        f = self._open()
+        f.write(json.dumps(doc, separators=(",", ":")).encode() + b"\n")
+        f.flush()
+        if sync:
+            os.fsync(f.fileno())
+        self.lines += 1
+
+    def _compact(self) -> None:
+        """Replace the journal by one snapshot line (new file, fsync, rename)."""
+        snapshot = {"t": self.clock(), "op": "snapshot",
+                    "nodes": {node: {k: list(e) for k, e in entries.items()}
+                              for node, entries in self.nodes.items()}}
+        tmp = self.path + ".new"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(json.dumps(snapshot, separators=(",", ":")).encode() + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        dfd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+        self.lines = 1
+
+    # --- the two calls per request ------------------------------------------
+    def prepare(self, uid: int, line: bytes) -> tuple[int, dict | None]:
+        """(ticket, None) to go on to apply(), or (0, reply) when done."""
+        try:
+            req = parse_request(line)
+        except RequestError as exc:
+            return 0, {"ok": False, "code": exc.code, "error": str(exc)}
+        if uid not in self.allowed_uids:
+            return 0, {"ok": False, "code": "denied", "error": (
+                f"uid {uid} may not use the ledger (root, SlurmUser and LedgerUsers= in "
+                "k8s_resources.conf may)")}
+        now = self.clock()
+        if req.op != "show":
+            if self.lines >= COMPACT_AFTER:
+                self._compact()
+            self._append({"t": now, **_as_doc(req)}, sync=True)
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        self._tickets[ticket] = (req, now)   # decided at the journaled time: replay agrees
+        return ticket, None
+
+    def apply(self, ticket: int, facts: FactsFn, set_share: ShareFn,
+              node_names: Callable[[], Iterable[str]] = tuple,
+              stats: Callable[[], dict] = dict) -> dict:
+        """Under slurmctld's locks: decide, and hand changed shares to C.
+        `node_names` lists slurmctld's nodes and `stats` the plugin's
+        counters (for a `show` of all of them)."""
+        req, now = self._tickets.pop(ticket)
+        if req.op == "show":
+            names = [req.node] if req.node else sorted({*self.nodes, *node_names()})
+            reply = {"ok": True, "nodes": {n: node_view(self.nodes.get(n, {}), facts(n),
+                                                        with_entries=bool(req.node))
+                                           for n in names}}
+            if not req.node:
+                reply["plugin"] = stats()
+            return reply
+        entries = self.nodes.get(req.node, {})
+        new, reply = decide(entries, req, facts(req.node), now)
+        if new is not None:
+            self._store(req.node, new)
+            set_share(req.node, *share_units(new))
+        elif not reply["ok"] and req.op == "reserve":
+            old = entries.get(req.key)
+            self._append({"t": now, "op": "undo", "node": req.node, "key": req.key,
+                          "entry": list(old) if old else None}, sync=False)
+        if reply.get("oversubscribed"):
+            log.error("node_features/k8s_resources: node %s: pods hold more than Slurm jobs "
+                      "leave (%s); no new job starts there until they leave", req.node,
+                      share_units(new if new is not None else entries))
+        return reply
+
+    def shares(self) -> dict[str, tuple[int, int]]:
+        """Every node's share in Slurm units (C re-applies them after a wipe)."""
+        return {node: share_units(entries) for node, entries in self.nodes.items()}
+
+
+def _entry(v: list) -> Entry:
+    return Entry(int(v[0]), int(v[1]), float(v[2]), bool(v[3]) if len(v) > 3 else False)
+
+
+def _as_doc(req: Request) -> dict:
+    if req.op == "reserve":
+        return {"op": "reserve", "node": req.node, "key": req.key, "cpu_m": req.cpu_m,
+                "mem_bytes": req.mem_bytes}
+    if req.op == "release":
+        return {"op": "release", "node": req.node, "key": req.key}
+    return {"op": "set", "node": req.node, "keep_younger_than": req.keep_younger_than,
+            "entries": {k: [c, m] for k, c, m in req.entries}}

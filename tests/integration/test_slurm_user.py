@@ -1,0 +1,150 @@
+"""slurmctld as SlurmUser=slurm, as real sites run it (not root): both
+plugins load from a pyk8sres build that user can read, the ledger's journal
+and socket belong to it, and nobody else can write them or use the ledger."""
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from local_slurm import port, requires_slurm
+from pyk8sres.testbed import cluster
+
+pytestmark = requires_slurm
+REPO = Path(__file__).resolve().parents[2]
+BASE_PORT = port(17300)
+# Debian's own Python: what a site's slurmctld can read (ours lives under /root).
+SYSTEM_PYTHON = "/usr/bin/python3"
+VENV = "/var/cache/pyk8sres/slurmuser-venv"
+
+
+def _readable_build() -> str:
+    """pyk8sres built from this checkout into a venv of Debian's Python under
+    /var/cache (readable by every user); returns its _lib directory."""
+    if not os.path.exists(SYSTEM_PYTHON):
+        pytest.fail(f"{SYSTEM_PYTHON} missing: tools/install-deps.sh installs python3-venv")
+    # -I: the venv's own packages only, whatever PYTHONPATH the tests run with.
+    pip = [f"{VENV}/bin/python", "-I", "-m", "pip", "install", "-q",
+           "--disable-pip-version-check"]
+    if not os.path.exists(f"{VENV}/.ready"):
+        shutil.rmtree(VENV, ignore_errors=True)
+        subprocess.run([SYSTEM_PYTHON, "-m", "venv", VENV], check=True)
+        # Debian 12's pip predates -C (config settings): a current one first.
+        subprocess.run(pip + ["-U", "pip"], check=True)
+        subprocess.run(pip + ["meson-python>=0.15", "meson>=1.1", "ninja", "cffi>=1.17"],
+                       check=True)
+        Path(f"{VENV}/.ready").touch()
+    src = subprocess.run([str(REPO / "tools" / "slurm-source.sh")], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    subprocess.run(pip + ["--no-build-isolation", "--force-reinstall", "--no-deps",
+                          f"-Csetup-args=-Dslurm_source={src}",
+                          "-Csetup-args=-Dnode_features=enabled", str(REPO)], check=True)
+    lib = subprocess.run([f"{VENV}/bin/python", "-I", "-c",
+                          "import pyk8sres.install as i; print(i.PACKAGE_LIB)"],
+                         capture_output=True, text=True, check=True, cwd="/").stdout.strip()
+    return lib
+
+
+@pytest.fixture(scope="module")
+def c():
+    lib = _readable_build()
+    work = tempfile.mkdtemp(prefix="pyk8sres-su-")
+    os.chmod(work, 0o755)
+    handle = cluster.up(work, nodes=1, cpus=4, memory=4000, base_port=BASE_PORT,
+                        slurm_user="slurm", plugin_lib=lib)
+    try:
+        yield handle
+    finally:
+        cluster.down(work)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _as(uid: int, gid: int, fn) -> bytes:
+    """Run fn() in a child process with that uid/gid; its bytes come back."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            os.write(w, fn())
+        except BaseException as exc:
+            os.write(w, f"raised {type(exc).__name__}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    out = b""
+    while chunk := os.read(r, 65536):
+        out += chunk
+    os.close(r)
+    return out
+
+
+def _ask(path: str, line: bytes):
+    import socket
+
+    def fn():
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(path)
+            s.sendall(line)
+            return s.makefile("rb").readline()
+    return fn
+
+
+def _sh(c, *argv):
+    return subprocess.run(argv, capture_output=True, text=True, env=c.env, check=True,
+                          timeout=60).stdout
+
+
+def test_slurmctld_runs_as_slurm_and_the_ledger_is_its_own(c):
+    slurm = pwd.getpwnam("slurm")
+    pid = int(open(os.path.join(c.work, "run", "proc-slurmctld.pid")).read())
+    assert os.stat(f"/proc/{pid}").st_uid == slurm.pw_uid      # really not root
+    log = open(os.path.join(c.work, "log", "slurmctld.log")).read()
+    assert "node_features/k8s_resources: init: loaded" in log, log[-2000:]
+    assert "job_submit/k8s_resource_completion" in log
+
+    state = os.path.join(c.work, "state")
+    journal = os.path.join(state, "k8s_resources.ledger")
+    sock = os.path.join(state, "k8s_resources.socket")
+    st = os.stat(journal)
+    assert (st.st_uid, st.st_mode & 0o777) == (slurm.pw_uid, 0o600)
+    assert os.stat(state).st_mode & 0o022 == 0
+
+    # SlurmUser may use the ledger, root may, anybody else is refused.
+    show = b'{"op":"show"}\n'
+    assert b'"ok":true' in _as(slurm.pw_uid, slurm.pw_gid, _ask(sock, show))
+    reserve = b'{"op":"reserve","node":"n1","key":"pod-a","cpu_m":3000,"mem_bytes":1048576000}\n'
+    assert b'"ok":true' in _as(0, 0, _ask(sock, reserve))
+    assert b'"code":"denied"' in _as(65534, 65534, _ask(sock, show))
+    # ... and cannot touch the journal.
+    assert _as(65534, 65534, lambda: open(journal, "ab") and b"opened") == \
+        b"raised PermissionError"
+
+    # The share works as for a root slurmctld: a job that does not fit pends ...
+    job = _sh(c, "sbatch", "--parsable", "-o", "/dev/null", "-c", "2", "--wrap",
+              "sleep 300").strip()
+    deadline = time.monotonic() + 20
+    while _sh(c, "squeue", "-h", "-j", job, "-o", "%r").strip() != "Resources":
+        assert time.monotonic() < deadline, "job did not pend on Resources"
+        time.sleep(0.3)
+    # ... and a restart as slurm reads its own journal back.
+    c.restart_slurmctld()
+    deadline = time.monotonic() + 15
+    while "k8scpu:3" not in _sh(c, "scontrol", "-d", "show", "node", "n1"):
+        assert time.monotonic() < deadline, "share not back after restart"
+        time.sleep(0.3)
+    assert _sh(c, "squeue", "-h", "-j", job, "-o", "%T").strip() == "PENDING"
+    assert b'"ok":true' in _as(0, 0, _ask(sock, b'{"op":"release","node":"n1","key":"pod-a"}\n'))
+    deadline = time.monotonic() + 30
+    while _sh(c, "squeue", "-h", "-j", job, "-o", "%T").strip() != "RUNNING":
+        assert time.monotonic() < deadline, "job did not start after release"
+        time.sleep(0.3)

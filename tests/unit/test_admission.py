@@ -1,0 +1,148 @@
+"""Table-driven tests of the pure admission rules (pyk8sres.policy.admission)."""
+
+import pytest
+
+from pyk8sres.policy import admission as A
+from pyk8sres.policy import usage as U
+
+MI = 1024 * 1024
+EX = U.exemptions(["slurm"], "pyk8sres-system")
+
+
+def pod(name="p", ns="default", node=None, cpu="500m", mem="256Mi", uid="u-1", labels=None):
+    spec = {"containers": [{"name": "c", "image": "x",
+                            "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}
+    if node:
+        spec["nodeName"] = node
+    meta = {"name": name, "namespace": ns, "labels": labels or {}}
+    if uid:
+        meta["uid"] = uid
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def req(op, resource, sub="", obj=None, old=None, name="p", ns="default", dry=False):
+    return {"uid": "r-1", "operation": op, "resource": {"group": "", "version": "v1",
+                                                       "resource": resource},
+            "subResource": sub, "name": name, "namespace": ns, "object": obj,
+            "oldObject": old, "dryRun": dry}
+
+
+def binding(node="n1", name="p"):
+    return {"kind": "Binding", "metadata": {"name": name}, "target": {"kind": "Node", "name": node}}
+
+
+@pytest.mark.parametrize("case,r,expect", [
+    ("pods/binding", req("CREATE", "pods", "binding", binding()), ("bind", "p", "n1")),
+    ("bindings", req("CREATE", "bindings", "", binding(name="q"), name=""), ("bind", "q", "n1")),
+    ("pod with nodeName", req("CREATE", "pods", "", pod(node="n2")), ("create", "p", "n2")),
+    ("pod without nodeName", req("CREATE", "pods", "", pod()), A.Allow),
+    ("resize bound", req("UPDATE", "pods", "resize", pod(node="n1"), pod(node="n1")),
+     ("resize", "p", "n1")),
+    ("resize unbound", req("UPDATE", "pods", "resize", pod(), pod()), A.Allow),
+    ("pod update", req("UPDATE", "pods", "", pod(node="n1"), pod(node="n1")), A.Allow),
+    ("pods/status", req("UPDATE", "pods", "status", pod(node="n1")), A.Allow),
+    ("binding to a non-node", req("CREATE", "pods", "binding",
+                                  {"target": {"kind": "Pod", "name": "x"}}), A.Deny),
+    ("binding without target", req("CREATE", "pods", "binding", {"target": {}}), A.Deny),
+])
+def test_classify(case, r, expect):
+    got = A.classify(r)
+    if isinstance(expect, tuple):
+        assert isinstance(got, A.Target), case
+        assert (got.op, got.pod_name, got.node) == expect, case
+    else:
+        assert isinstance(got, expect), (case, got)
+
+
+def target(op="bind", node="n1", dry=False, p=None, old=None):
+    return A.Target(op, "default", "p", node, dry, pod=p, old_pod=old)
+
+
+@pytest.mark.parametrize("case,t,stored,snode,expect", [
+    ("bind reserves the pod's requests", target(), pod(), "n1",
+     A.Reserve("n1", "u-1", 500, 256 * MI)),
+    ("mapped slurm node", target(node="k8s-a"), pod(), "s7", A.Reserve("s7", "u-1", 500, 256 * MI)),
+    ("not shared", target(), pod(), None, A.Allow),
+    ("pod gone", target(), None, "n1", A.Deny),
+    ("no uid", target(), pod(uid=None), "n1", A.Deny),
+    ("dry run reserves nothing", target(dry=True), pod(), "n1", A.Allow),
+    ("create uses the request's pod", target("create", p=pod(cpu="2")), None, "n1",
+     A.Reserve("n1", "u-1", 2000, 256 * MI)),
+    ("rounded up", target(), pod(cpu="1001u", mem="1001"), "n1", A.Reserve("n1", "u-1", 2, 1001)),
+    ("worker namespace exempt", target(), pod(ns="slurm"), "n1", A.Allow),
+    ("placeholder exempt", target(), pod(ns="pyk8sres-system", name="slurm-share-n1"), "n1",
+     A.Allow),
+    # Nothing the pod creator writes exempts it.
+    ("self-service label", target(), pod(labels={"pyk8sres.io/slurm-worker": "true"}), "n1",
+     A.Reserve("n1", "u-1", 500, 256 * MI)),
+    ("placeholder name elsewhere", target(), pod(name="slurm-share-n1"), "n1",
+     A.Reserve("n1", "u-1", 500, 256 * MI)),
+    ("malformed requests", target(), pod(cpu="lots"), "n1", A.Deny),
+    ("resize growth holds the larger of each",
+     target("resize", p=pod(node="n1", cpu="2", mem="100Mi"), old=pod(node="n1", cpu="1")), None,
+     "n1", A.Reserve("n1", "u-1", 2000, 256 * MI)),
+    ("resize shrink needs nothing",
+     target("resize", p=pod(node="n1", cpu="100m"), old=pod(node="n1")), None, "n1", A.Allow),
+])
+def test_plan(case, t, stored, snode, expect):
+    got = A.plan(t, stored, snode, EX)
+    if isinstance(expect, A.Reserve):
+        assert got == expect, case
+    else:
+        assert isinstance(got, expect), (case, got)
+
+
+@pytest.mark.parametrize("reply,allowed,words", [
+    ({"ok": True}, True, ["reserved", "Slurm node n1"]),
+    ({"ok": False, "code": "nofit", "error": "Slurm jobs hold 6 of 8 CPUs on n1"}, False,
+     ["does not fit on node n1", "Slurm jobs hold 6 of 8 CPUs", "default/p"]),
+    ({"ok": False, "code": "unknown_node", "error": "no node n1"}, False, ["unknown_node"]),
+    ({}, False, ["internal"]),
+    ({"ok": "yes"}, False, ["internal"]),   # only a real true allows
+])
+def test_verdict(reply, allowed, words):
+    d = A.verdict(target(), A.Reserve("n1", "u-1", 500, 256 * MI), reply)
+    assert isinstance(d, A.Allow) is allowed
+    text = d.reason if allowed else d.message
+    for w in words:
+        assert w in text
+
+
+def test_review_response():
+    r = A.review_response({"uid": "abc"}, A.Deny("no room"))
+    assert r["response"] == {"uid": "abc", "allowed": False,
+                             "status": {"code": 403, "reason": "Forbidden", "message": "no room"}}
+    assert A.review_response({"uid": "abc"}, A.Allow("ok"))["response"] == {"uid": "abc",
+                                                                           "allowed": True}
+
+
+def test_shared_nodes_condition_quotes():
+    c = A.shared_nodes_condition(["n2", "n1", "it's"])
+    assert "{'it\\'s': true, 'n1': true, 'n2': true}" in c and "object.target.name" in c
+
+
+VWC = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+       "metadata": {"name": "pyk8sres-admission"},
+       "webhooks": [{"name": "other"},
+                    {"name": "admission.pyk8sres.io", "failurePolicy": "Fail",
+                     "clientConfig": {"service": {"name": "s", "namespace": "x"}},
+                     "matchConditions": [{"name": "admin", "expression": "true"},
+                                         {"name": "shared-node", "expression": "true"}]}]}
+
+
+def test_updated_webhook_config_owns_only_its_fields():
+    new = A.updated_webhook_config(VWC, "admission.pyk8sres.io", ["n1"], "Q0E=", None)
+    w = new["webhooks"][1]
+    assert w["clientConfig"] == {"service": {"name": "s", "namespace": "x"}, "caBundle": "Q0E="}
+    assert [c["name"] for c in w["matchConditions"]] == ["admin", "shared-node"]
+    assert "'n1'" in w["matchConditions"][1]["expression"]
+    assert new["webhooks"][0] == {"name": "other"} and w["failurePolicy"] == "Fail"
+    assert A.updated_webhook_config(new, "admission.pyk8sres.io", ["n1"], "Q0E=", None) is None
+    # cert-manager: caBundle is left alone
+    cm = A.updated_webhook_config(VWC, "admission.pyk8sres.io", [], None, None)
+    assert "caBundle" not in cm["webhooks"][1]["clientConfig"]
+    with pytest.raises(ValueError):
+        A.updated_webhook_config(VWC, "nope", [], None, None)
+    # Slurm's nodes not known yet: the published condition stays
+    keep = A.updated_webhook_config(new, "admission.pyk8sres.io", None, "TkVX", None)
+    assert keep["webhooks"][1]["matchConditions"] == w["matchConditions"]

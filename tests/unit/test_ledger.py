@@ -1,0 +1,205 @@
+"""The ledger's rules (pyk8sres.policy.ledger) and its journal
+(pyk8sres.slurmctld.ledger): table-driven, plus a fuzz of the request parser
+and a crash-replay check.  The real slurmctld side: tests/integration."""
+import json
+import os
+import random
+
+import pytest
+
+from pyk8sres.policy import ledger as L
+from pyk8sres.policy.ledger import Entry, Facts, Request, RequestError
+from pyk8sres.slurmctld.ledger import Ledger
+
+MIB = 1 << 20
+NODE = Facts(capacity_cpu=8, capacity_mem=16000, jobs_cpu=3, jobs_mem=4000)
+
+
+@pytest.mark.parametrize("line, expected", [
+    ('{"op":"show"}', Request("show")),
+    ('{"op":"show","node":"n1"}', Request("show", node="n1")),
+    ('{"op":"reserve","node":"n1","key":"u-1","cpu_m":2735,"mem_bytes":5}',
+     Request("reserve", "n1", "u-1", 2735, 5)),
+    ('{"op":"release","node":"n1","key":"u-1"}', Request("release", "n1", "u-1")),
+    ('{"op":"set","node":"n1","entries":{"b":[1,2],"a":[3,4]},"keep_younger_than":30}',
+     Request("set", "n1", entries=(("a", 3, 4), ("b", 1, 2)), keep_younger_than=30.0)),
+    ('{"op":"set","node":"n1","entries":{}}', Request("set", "n1")),
+])
+def test_parse_request(line, expected):
+    assert L.parse_request(line) == expected
+
+
+@pytest.mark.parametrize("line, words", [
+    ("", "not a JSON object"),
+    ("[1]", "a JSON object"),
+    ('{"op":"grant"}', "op must be"),
+    ('{"op":"reserve","node":"n1","key":"k","cpu_m":-1,"mem_bytes":0}', "cpu_m"),
+    ('{"op":"reserve","node":"n1","key":"k","cpu_m":1.5,"mem_bytes":0}', "cpu_m"),
+    ('{"op":"reserve","node":"n1","key":"k","cpu_m":true,"mem_bytes":0}', "cpu_m"),
+    ('{"op":"reserve","node":"n1","key":"k","cpu_m":1e400,"mem_bytes":0}', "cpu_m"),
+    ('{"op":"reserve","node":"n1","key":"k","cpu_m":%d,"mem_bytes":0}' % (1 << 41), "cpu_m"),
+    ('{"op":"reserve","node":"n1","key":"k","cpu_m":1}', "missing field(s) mem_bytes"),
+    ('{"op":"reserve","node":"","key":"k","cpu_m":1,"mem_bytes":1}', "node must be"),
+    ('{"op":"reserve","node":"n1;rm","key":"k","cpu_m":1,"mem_bytes":1}', "node must be"),
+    ('{"op":"release","node":"n1","key":"k","extra":1}', "unknown field(s) extra"),
+    ('{"op":"set","node":"n1","entries":[]}', "entries must be"),
+    ('{"op":"set","node":"n1","entries":{"k":[1]}}', "must be [cpu_m, mem_bytes]"),
+    ('{"op":"set","node":"n1","entries":{},"keep_younger_than":-1}', "keep_younger_than"),
+    ("[" * 100000, "not a JSON object"),
+])
+def test_parse_request_rejects(line, words):
+    with pytest.raises(RequestError) as e:
+        L.parse_request(line)
+    assert words in str(e.value) and e.value.code == "badrequest"
+
+
+def test_parser_fuzz_only_ever_raises_request_error():
+    """Random bytes and mutated good requests: the parser answers with a
+    Request or a RequestError, never anything else (inside slurmctld)."""
+    rnd = random.Random(11)
+    good = [b'{"op":"reserve","node":"n1","key":"k","cpu_m":2735,"mem_bytes":5}',
+            b'{"op":"set","node":"n1","entries":{"a":[1,2]},"keep_younger_than":3}',
+            b'{"op":"show","node":"n2"}', b'{"op":"release","node":"n1","key":"k"}']
+    for i in range(20000):
+        if i % 3 == 0:
+            line = bytes(rnd.randrange(256) for _ in range(rnd.randrange(60)))
+        else:
+            line = bytearray(rnd.choice(good))
+            for _ in range(rnd.randrange(1, 4)):
+                pos = rnd.randrange(len(line))
+                line[pos:pos + rnd.randrange(3)] = bytes(rnd.randrange(32, 127)
+                                                        for _ in range(rnd.randrange(3)))
+            line = bytes(line)
+        try:
+            assert isinstance(L.parse_request(line), Request)
+        except RequestError:
+            pass
+
+
+def e(cpu_m, mem_mb=0, since=0.0, bound=False):
+    return Entry(cpu_m, mem_mb * MIB, since, bound)
+
+
+@pytest.mark.parametrize("entries, req, facts, new, reply_ok", [
+    # Fits next to jobs (3) and other pods: 3 + 2 + 3 = 8.
+    ({"a": e(2000)}, Request("reserve", "n1", "b", 2100, 0), NODE,
+     {"a": e(2000), "b": e(2100, 0, 100.0)}, True),
+    # One millicore too many: 2000m + 3001m = 6 CPUs, 3 + 6 > 8.
+    ({"a": e(2000)}, Request("reserve", "n1", "b", 3001, 0), NODE, None, False),
+    # Memory decides too: 4000 + 12001 > 16000.
+    ({}, Request("reserve", "n1", "b", 0, 12001 * MIB), NODE, None, False),
+    # Idempotent: the same key and amount again changes nothing, and is ok.
+    ({"a": e(2000)}, Request("reserve", "n1", "a", 2000, 0), NODE, None, True),
+    # A resize down always fits, even on a node over its capacity.
+    ({"a": e(9000)}, Request("reserve", "n1", "a", 1000, 0), NODE, {"a": e(1000)}, True),
+    # Unknown node: refused, nothing changes.
+    ({}, Request("reserve", "n9", "a", 1, 1), None, None, False),
+    # Release of what is not held is fine (the API server retries).
+    ({}, Request("release", "n1", "a"), NODE, None, True),
+    ({"a": e(1), "b": e(2)}, Request("release", "n1", "a"), NODE, {"b": e(2)}, True),
+])
+def test_decide(entries, req, facts, new, reply_ok):
+    got, reply = L.decide(entries, req, facts, now=100.0)
+    assert got == new and reply["ok"] is reply_ok
+    if not reply_ok and facts is not None:
+        assert reply["code"] == "nofit" and "n1" in reply["error"] and "Slurm jobs hold 3" in reply["error"]
+
+
+def test_set_keeps_only_young_reservations_never_seen_bound():
+    entries = {"bound-gone": e(1000, since=99.0, bound=True),   # was bound, now deleted
+               "young": e(1000, since=90.0),                  # admitted 10 s ago
+               "stale": e(1000, since=10.0),                  # admitted, never bound
+               "kept": e(1000, since=0.0, bound=True)}
+    req = Request("set", "n1", entries=(("kept", 1000, 0), ("new", 500, 0)), keep_younger_than=30)
+    new, reply = L.decide(entries, req, NODE, now=100.0)
+    assert set(new) == {"kept", "new", "young"} and new["new"].bound and new["kept"].since == 0.0
+    assert reply == {"ok": True, "dropped": ["bound-gone", "stale"]}
+
+
+def test_set_reports_more_than_jobs_leave():
+    req = Request("set", "n1", entries=(("a", 6000, 0),))
+    new, reply = L.decide({}, req, NODE, now=1.0)
+    assert reply["oversubscribed"] and L.share_units(new) == (6, 0)
+    assert L.applied(L.share_units(new), NODE) == (5, 0)            # allocated <= total
+    view = L.node_view(new, NODE, with_entries=False)
+    assert view["oversubscribed"] and view["free"] == {"cpu": 0, "mem": 12000}
+
+
+def test_share_rounds_the_sum_up_once():
+    assert L.share_units({"a": e(500), "b": e(500)}) == (1, 0)
+    assert L.share_units({"a": e(1735, 2393), "b": e(1000, 1024)}) == (3, 3417)
+    assert L.share_units({"a": Entry(0, 1, 0.0)}) == (0, 1)
+
+
+# ----------------------------------------------------------------- journal
+
+def _serve(ledger, facts, line, uid=0):
+    ticket, reply = ledger.prepare(uid, line if isinstance(line, bytes) else line.encode())
+    shares = {}
+    if ticket:
+        reply = ledger.apply(ticket, lambda n: facts.get(n),
+                             lambda n, c, m: shares.__setitem__(n, (c, m)))
+    return reply, shares
+
+
+def test_journal_replays_grants_not_denials(tmp_path):
+    facts = {"n1": NODE}
+    a = Ledger(str(tmp_path))
+    a.load()
+    assert _serve(a, facts, L.encode("reserve", node="n1", key="p", cpu_m=2000,
+                                     mem_bytes=0))[1] == {"n1": (2, 0)}
+    assert not _serve(a, facts, L.encode("reserve", node="n1", key="q", cpu_m=9000,
+                                         mem_bytes=0))[0]["ok"]
+    # A resize denied must restore the old amount on replay.
+    assert not _serve(a, facts, L.encode("reserve", node="n1", key="p", cpu_m=7000,
+                                         mem_bytes=0))[0]["ok"]
+    _serve(a, facts, L.encode("set", node="n2", entries={"x": [1500, 0]}))
+    b = Ledger(str(tmp_path))       # slurmctld restarts
+    b.load()
+    assert b.shares() == {"n1": (2, 0), "n2": (2, 0)}
+    assert b.nodes["n1"]["p"].cpu_m == 2000
+
+
+def test_journal_torn_last_line_is_ignored_but_corruption_is_an_error(tmp_path):
+    a = Ledger(str(tmp_path))
+    a.load()
+    _serve(a, {"n1": NODE}, L.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
+    with open(a.path, "ab") as f:
+        f.write(b'{"t":1,"op":"reserve","node":"n1","ke')      # crash mid-write
+    b = Ledger(str(tmp_path))
+    b.load()
+    assert b.shares() == {"n1": (1, 0)}
+    with open(b.path, "ab") as f:
+        f.write(b'{"t":1,"op":"bogus"}\n{"t":2,"op":"show"}\n')
+    with pytest.raises(ValueError, match="bad ledger line"):
+        Ledger(str(tmp_path)).load()
+
+
+def test_journal_is_private_and_compacts(tmp_path, monkeypatch):
+    import pyk8sres.slurmctld.ledger as module
+    monkeypatch.setattr(module, "COMPACT_AFTER", 50)
+    a = Ledger(str(tmp_path))
+    a.load()
+    for i in range(200):
+        _serve(a, {"n1": NODE}, L.encode("set", node="n1", entries={f"p{i}": [100, 0]}))
+    assert os.stat(a.path).st_mode & 0o077 == 0
+    with open(a.path) as f:
+        lines = f.read().splitlines()
+    assert len(lines) <= 51 and json.loads(lines[0])["op"] == "snapshot"
+    b = Ledger(str(tmp_path))
+    b.load()
+    assert b.nodes == a.nodes and set(b.nodes["n1"]) == {"p199"}
+
+
+def test_only_root_slurmuser_and_listed_uids(tmp_path):
+    a = Ledger(str(tmp_path), allowed_uids={0, 64030, 1001})
+    a.load()
+    line = L.encode("show").strip()
+    assert _serve(a, {}, line, uid=64030)[0]["ok"]
+    assert _serve(a, {}, line, uid=1001)[0]["ok"]
+    denied = _serve(a, {}, line, uid=1002)[0]
+    assert denied["code"] == "denied" and "LedgerUsers" in denied["error"]
+    # A denied caller writes nothing.
+    size = os.path.getsize(a.path)
+    _serve(a, {"n1": NODE}, L.encode("reserve", node="n1", key="k", cpu_m=1, mem_bytes=1), uid=7)
+    assert os.path.getsize(a.path) == size
