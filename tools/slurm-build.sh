@@ -18,6 +18,7 @@
 # the release builds it (libjwt-dev, libjson-c-dev, libhttp-parser-dev,
 # libyaml-dev).  Missing build packages are installed with apt-get (set
 # PYK8SRES_NO_APT=1 to only report them).
+# Exit status 77 when the mirror does not have the release's source.
 # Idempotent and cached: a finished build prints its prefix at once; one
 # build per version at a time (flock).  About 4 min on 2 cores (24.11.5: 221 s).
 set -eu
@@ -58,7 +59,11 @@ if [ -n "$tree" ]; then
 	case "$version" in "$want" | "$want".*) ;; *) die "$orig is Slurm $version, not $want" ;; esac
 else
 	# The Debian source of that release (cached by slurm-source.sh).
-	orig=$("$here/slurm-source.sh" "$want") || die "no source for Slurm $want (see above)"
+	orig=$("$here/slurm-source.sh" "$want") || {
+		rc=$?
+		echo "slurm-build: error: no source for Slurm $want (see above)" >&2
+		exit $rc # 77: the mirror does not have it
+	}
 	num=$(sed -n 's/^#define SLURM_VERSION_NUMBER \(0x[0-9a-fA-F]*\).*/\1/p' "$orig/slurm/slurm_version.h")
 	[ -n "$num" ] || die "cannot read SLURM_VERSION_NUMBER from $orig/slurm/slurm_version.h"
 	version=$(printf '%d.%02d.%d' $((num >> 16)) $(((num >> 8) & 255)) $((num & 255)))

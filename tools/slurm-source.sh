@@ -20,11 +20,15 @@
 # empty to search only the release).
 # Mirror: the one this machine's apt uses (tools/debian-mirror.sh), or
 # PYK8SRES_DEBIAN_MIRROR / PYK8SRES_DEBIAN_SECURITY_MIRROR.
+# Exit status 77 when the mirror does not have the release's source.
 # Never touches /etc/apt: apt runs on a temporary sources list and temporary
 # state/cache dirs that are removed on exit.
 set -eu
 
 die() { echo "slurm-source: error: $*" >&2; exit 1; }
+# Exit 77: the mirror does not have this release's source (not a bug here;
+# callers such as CI may report it as skipped).
+unavailable() { echo "slurm-source: error: $*" >&2; exit 77; }
 say() { echo "slurm-source: $*" >&2; }
 . "$(dirname "${BASH_SOURCE[0]}")/debian-mirror.sh"
 
@@ -110,7 +114,7 @@ if [ "$version" = latest ]; then
 else
 	resolved=$(printf '%s\n' "$have" | pick "$version")
 fi
-[ -n "$resolved" ] || die "slurm-wlm $version is not in the source indexes of" \
+[ -n "$resolved" ] || unavailable "slurm-wlm $version is not in the source indexes of" \
 	"${codename:+$codename }$suites on $mirror (they have: $(echo $have)); cannot build for this version"
 [ "$resolved" = "$version" ] || say "slurm-wlm $version: Debian version $resolved"
 version=$resolved
@@ -158,7 +162,7 @@ else
 	done
 	if [ -z "$ok" ]; then
 		grep -E '^E:' "$tmp/helper.log" | head -n 1 >&2
-		die "cannot download $file: $mirror lists slurm-wlm $version in its source" \
+		unavailable "cannot download $file: $mirror lists slurm-wlm $version in its source" \
 			"index but does not serve the file; set PYK8SRES_DEBIAN_MIRROR to a mirror that has it"
 	fi
 	mkdir -p "$src"
