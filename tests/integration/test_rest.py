@@ -29,7 +29,7 @@ import urllib.request
 import pytest
 
 from pyk8sres.testbed import cluster
-from local_slurm import port
+from local_slurm import SLURM, port
 
 BASE_PORT = port(29100)
 REST_PORT = BASE_PORT + 10
@@ -136,7 +136,7 @@ def rest(tmp_path_factory):
         f.write(secrets.token_bytes(32))
     os.chmod(key, 0o600)  # slurmctld (root) only: slurmrestd just passes tokens through
     handle = cluster.up(work, nodes=2, cpus=CPUS, memory=MEMORY, base_port=BASE_PORT,
-                        node_features=False, def_mem_per_cpu=100,
+                        node_features=False, def_mem_per_cpu=100, slurm=SLURM,
                         extra_conf=f"AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key={key}\n")
     proc = None
     # slurmrestd reads slurm.conf after dropping to `nobody`, and pytest's
