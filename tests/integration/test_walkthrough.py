@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest_kube import pick_ports
-from local_slurm import SLURM, port, requires_slurm
+from local_slurm import SLURM, port, requires_slurm, tres
 from pyk8sres.testbed import hybrid
 
 pytestmark = requires_slurm
@@ -74,7 +74,7 @@ def test_walkthrough_without_w(world):
          "Kubernetes side in GenericNode")
     job1 = sh(env, "sbatch", "--parsable", "-o", "/dev/null", "--cpus-per-task=3", "--mem=4000",
               "--wrap", "sleep 600").strip()
-    assert "gres:k8scpu:3" in sh(env, "scontrol", "show", "job", job1)   # added by the plugin
+    assert tres("gres:k8scpu:3") in sh(env, "scontrol", "show", "job", job1)   # added by the plugin
     wait(lambda: state(env, job1)[0] == "RUNNING", "job 1 running")
     pod(env, kas, "web-1", "1", "1024Mi")                                # scale up by one
     wait(lambda: allocated(kas, env) == {"Slurm": {"cpu": "3", "memory": "4000Mi"},
