@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     share = ours["check_ns"] / cycle_ns if cycle_ns else float("nan")
     mean = ours["check_ns"] / ours["checks"] if ours["checks"] else 0
     print(f"per-attempt check (user_update): {ours['checks']} calls, mean {mean:.0f} ns, "
-          f"{100 * share:.3f}% of the cycle time  (goal <= 1%: {'met' if share <= 0.01 else 'NOT met'})")
+          f"{100 * share:.5f}% of the cycle time  (goal <= 1%: {'met' if share <= 0.01 else 'NOT met'})")
     idle_ok = results["idle"]["p99_ms"] <= 5
     print(f"\ngoal reserve p99 <= 5 ms idle: {'met' if idle_ok else 'NOT met'} "
           f"({results['idle']['p99_ms']:.2f} ms)")

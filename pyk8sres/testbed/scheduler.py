@@ -145,3 +145,27 @@ class Scheduler:
         self.stop_event.set()
         if self.thread:
             self.thread.join(10)
+
+
+def main(argv=None) -> int:
+    """`python3 -m pyk8sres.testbed.scheduler [--seconds S]`: schedule the
+    pending pods for a while, printing each decision (for the demo)."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python3 -m pyk8sres.testbed.scheduler",
+                                description=main.__doc__)
+    p.add_argument("--kubeconfig")
+    p.add_argument("--namespace")
+    p.add_argument("--seconds", type=float, default=5)
+    a = p.parse_args(argv)
+    sched = Scheduler(K.Kube(a.kubeconfig, None, 10), namespace=a.namespace)
+    deadline = time.monotonic() + a.seconds
+    while time.monotonic() < deadline:
+        for key, node, error in sched.run_once():
+            print(f"{key}: {'bound to ' + node if not error else f'{error} (on {node})'}"
+                  f"{'' if not error else ', backing off'}", flush=True)
+        time.sleep(0.2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

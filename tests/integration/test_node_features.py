@@ -186,6 +186,9 @@ def _events(c):
     yield "partition delete", lambda: sh(c, "scontrol", "delete", "PartitionName=extra")
     yield "setdebugflags", lambda: (sh(c, "scontrol", "setdebugflags", "+gres"),
                                     sh(c, "scontrol", "setdebugflags", "-gres"))
+    yield "dynamic node create", lambda: sh(c, "scontrol", "create", "NodeName=d1", "CPUs=1",
+                                            "RealMemory=100", "State=FUTURE")
+    yield "dynamic node delete", lambda: sh(c, "scontrol", "delete", "NodeName=d1")
     yield "reconfigure", lambda: sh(c, "scontrol", "reconfigure")
     yield "slurmctld restart", c.restart_slurmctld
     yield "slurmctld kill -9", lambda: _kill9_slurmctld(c)
@@ -207,7 +210,7 @@ def test_share_pends_jobs_and_survives_every_rebuild(c):
     expect(c, "n1", CPUS, MEMORY, 4, 7000)
     for what, event in _events(c):
         event()
-        wait_for(lambda: gres(node(c, "n1")["GresUsed"]) == {"k8scpu": 4, "k8smemory": 7000},
+        wait_for(lambda: used(node(c, "n1")) == {"k8scpu": 4, "k8smemory": 7000},
                  f"share back after {what}: {node(c, 'n1')['GresUsed']}", timeout=15)
         expect(c, "n1", CPUS, MEMORY, 4, 7000)
         assert job_state(c, job1)[0] == "RUNNING", what
@@ -328,7 +331,7 @@ def _cpus_on(c, job: str) -> dict:
 
 def test_reserve_raced_against_job_starts_never_overlaps(c):
     """A job needing 3 of n1's 4 CPUs and a pod needing 2 arrive together,
-    again and again: exactly one of them gets the node, checked from what
+    120 times: exactly one of them gets the node, checked from what
     Slurm allocated (scontrol -d show job) and what the ledger holds."""
     import random
     import threading
@@ -339,7 +342,7 @@ def test_reserve_raced_against_job_starts_never_overlaps(c):
     def race(i, delay, replies):
         time.sleep(delay)       # sbatch takes ~100-300 ms to reach slurmctld
         replies["r"] = ledger(c).reserve("n1", f"race-{i}", 2000, 100 << 20)
-    for i in range(100):
+    for i in range(120):
         replies = {}
         reserve = threading.Thread(target=race, args=(i, rnd.uniform(0, 0.6), replies))
         reserve.start()
@@ -357,5 +360,5 @@ def test_reserve_raced_against_job_starts_never_overlaps(c):
         l.release("n1", f"race-{i}")
         wait_for(lambda: job_state(c, job)[0] in ("GONE", "CANCELLED", "COMPLETED"), "job gone")
         wait_for(lambda: used(node(c, "n1"))["k8scpu"] == 0, "n1 free again")
-    print(f"race outcomes over 100 rounds: {outcomes}")
+    print(f"race outcomes over 120 rounds: {outcomes}")
     assert min(outcomes.values()) >= 5, outcomes   # both sides really won races

@@ -22,7 +22,7 @@ CPUS, MEMORY = 8, 16000
 def world(kube_paths):
     work = tempfile.mkdtemp(prefix="pyk8sres-walk-")
     c, kas = hybrid.up(work, nodes=1, cpus=CPUS, memory=MEMORY, base_port=port(17400),
-                       kube_port=pick_ports(27600, 27990), slurm=SLURM)
+                       kube_port=pick_ports(27800, 27990), slurm=SLURM)
     env = dict(c.env, KUBECONFIG=kas.kubeconfig)
     try:
         yield c, kas, env
