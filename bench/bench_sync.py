@@ -1,14 +1,15 @@
 """Benchmark `pyk8sres sync` (a benchmark, not a timed test).
 
 For each cluster size (default 10, 100, 1000 nodes, ~30 pods per node):
-  - a real slurmctld whose nodes are defined in slurm.conf only (GRES
-    updates need no slurmd), ports 27200+ on 127.0.0.1;
+  - a real slurmctld whose nodes are defined in slurm.conf only (Gres=
+    lines, no slurmd), with the ledger (node_features/k8s_resources),
+    ports 27200+ on 127.0.0.1;
   - a real Kubernetes API server (pyk8sres.testbed.kubeapi_server), nodes n1..nN and
     30 bound pods each;
   - the daemon as its own process (`python -m pyk8sres.coordinator.sync`).
 Measured: latency from a pod being bound (create with spec.nodeName) to the
-node's Slurm count being updated (the daemon's "applied" log line, same
-clock), p50/p99; the daemon's CPU time (startup, idle resync, per sample)
+node's share being set in the ledger inside slurmctld (the daemon's "share
+set" log line, written after the ledger's answer; same clock), p50/p99; the daemon's CPU time (startup, idle resync, per sample)
 and memory (peak RSS).  Compared with the 30 s polling interval of Slinky
 slurm-bridge, the nearest open-source peer.
 
@@ -89,7 +90,8 @@ def pod(core, node, name, cpu, mem):
 # ----------------------------------------------------------------- daemon
 
 class Daemon:
-    LINE = re.compile(r"^(\S+ \S+) pyk8sres sync: INFO applied (\S+) k8scpu=(\d+) k8smemory=(\d+)")
+    LINE = re.compile(r"^(\S+ \S+) pyk8sres sync: INFO node (\S+): Kubernetes share set "
+                      r"\(\d+ pods\): k8scpu=(\d+) k8smemory=(\d+)")
 
     def __init__(self, work, kubeconfig, slurm):
         self.slurm = slurm
@@ -97,7 +99,7 @@ class Daemon:
         self.pos = 0
         self.pid = cluster.start_process(slurm.work, "bench-sync", [
             sys.executable, "-m", "pyk8sres.coordinator.sync", "--kubeconfig", kubeconfig,
-            "--state-file", f"{work}/state.json", "--cluster-name", "bench", "--resync", "1"],
+            "--cluster-name", "bench", "--resync", "1"],
             env=slurm.env)
 
     def alive(self) -> bool:
@@ -148,9 +150,11 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
     work = f"{ROOT}/{nodes}"
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    # munged + slurmctld only: nodes exist in slurm.conf, no slurmd needed.
+    # munged + slurmctld only: nodes exist in slurm.conf (Gres= lines), no
+    # slurmd needed; the ledger is served by node_features/k8s_resources.
     slurm = cluster.up(f"{work}/slurm", nodes=nodes, cpus=CPUS, memory=MEM,
-                       base_port=SLURM_PORT, node_features=False, slurmd=False)
+                       base_port=SLURM_PORT, node_features=False, slurmd=False,
+                       extra_conf="NodeFeaturesPlugins=node_features/k8s_resources\n")
     server = daemon = None
     try:
         server = start_api(f"{work}/kube")
@@ -162,7 +166,7 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
 
         used_cpu = -(-per_node * 250 // 1000)
         used_mem = per_node * 256
-        expect = {f"n{i}": (CPUS - used_cpu, MEM - used_mem) for i in range(1, nodes + 1)}
+        expect = {f"n{i}": (used_cpu, used_mem) for i in range(1, nodes + 1)}   # the share
 
         t0 = time.monotonic()
         daemon = Daemon(work, server.kubeconfig, slurm)
@@ -201,7 +205,7 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
         for k in range(samples):
             node = f"n{rnd.randint(1, nodes)}"
             cpu_now, mem_now = expect[node]
-            want = (cpu_now - 1, mem_now - 100)
+            want = (cpu_now + 1, mem_now + 100)
             daemon.applied()                      # skip older lines
             tb = time.time()
             pod(core, node, f"s{k}", "1", "100Mi")

@@ -492,6 +492,11 @@ static void _send_all(int fd, const char *data, size_t len)
 	}
 }
 
+static void _send_str(int fd, const char *text)
+{
+	_send_all(fd, text, strlen(text));
+}
+
 static void _serve(struct client *c, char *line, char *reply)
 {
 	slurmctld_lock_t write_lock = { .job = WRITE_LOCK, .node = WRITE_LOCK };
@@ -508,7 +513,7 @@ static void _serve(struct client *c, char *line, char *reply)
 	}
 	if (!reply[0])
 		strcpy(reply, "{\"ok\":false,\"code\":\"internal\",\"error\":\"no reply\"}\n");
-	_send_all(c->fd, reply, strlen(reply));
+	_send_str(c->fd, reply);
 }
 
 static void _drop(struct client *c)
@@ -539,7 +544,7 @@ static bool _read(struct client *c, char *reply)
 
 		*nl = '\0';
 		if (memchr(c->buf, '\0', used - 1)) {
-			_send_all(c->fd, "{\"ok\":false,\"code\":\"badrequest\",\"error\":\"NUL byte in request\"}\n", 66);
+			_send_str(c->fd, "{\"ok\":false,\"code\":\"badrequest\",\"error\":\"NUL byte in request\"}\n");
 		} else
 			_serve(c, c->buf, reply);
 		memmove(c->buf, c->buf + used, c->len - used);
@@ -547,7 +552,7 @@ static bool _read(struct client *c, char *reply)
 		c->buf[c->len] = '\0';
 	}
 	if (c->len == LINE_MAX_BYTES) {
-		_send_all(c->fd, "{\"ok\":false,\"code\":\"badrequest\",\"error\":\"request line longer than 1 MiB\"}\n", 76);
+		_send_str(c->fd, "{\"ok\":false,\"code\":\"badrequest\",\"error\":\"request line longer than 1 MiB\"}\n");
 		return false;
 	}
 	return true;
@@ -574,7 +579,7 @@ static void _accept(struct client *clients)
 			clients[i].uid = cred.uid;
 			return;
 		}
-	_send_all(fd, "{\"ok\":false,\"code\":\"internal\",\"error\":\"too many clients\"}\n", 62);
+	_send_str(fd, "{\"ok\":false,\"code\":\"internal\",\"error\":\"too many clients\"}\n");
 	close(fd);
 }
 

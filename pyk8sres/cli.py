@@ -127,6 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     for action in gsub.choices.values():
         action.set_defaults(func=_ledger)
 
+    st = sub.add_parser("status", help="per shared node: capacity, Slurm jobs, Kubernetes share, "
+                                       "free, and whether the ledger agrees with the bound pods")
+    st.add_argument("--kubeconfig", help="default: in-cluster, then $KUBECONFIG or ~/.kube/config")
+    st.add_argument("--config", help="the coordinator's TOML (node mapping, Slurm workers)")
+    st.add_argument("--socket", help="the ledger socket (default: from slurm.conf)")
+    st.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    st.set_defaults(func=lambda a: __import__("pyk8sres.coordinator.status",
+                                              fromlist=["main"]).main(a))
+
     # `sync` has its own parser (pyk8sres/coordinator/sync.py); listed here for --help.
     sub.add_parser("sync", help="keep Slurm and Kubernetes in step (daemon); see `pyk8sres sync -h`")
     sub.add_parser("webhook", help="admission webhook + placeholder pods (daemon); "

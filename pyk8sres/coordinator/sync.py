@@ -370,7 +370,9 @@ class Reconciler:
                 continue
             if self.last_set.get(name) != entries:
                 self.applied_total += 1
-                log.info("node %s: Kubernetes share set (%d pods)", name, len(entries))
+                share = reply.get("share") or {}
+                log.info("node %s: Kubernetes share set (%d pods): k8scpu=%s k8smemory=%s", name,
+                         len(entries), share.get("cpu"), share.get("mem"))
             over = bool(reply.get("oversubscribed"))
             if over and not self.oversubscribed.get(name):
                 log.error("node %s is oversubscribed: pods bound there hold more than Slurm's "

@@ -184,8 +184,9 @@ def decide(entries: Mapping[str, Entry], req: Request, facts: Facts | None,
         kept = {k: e for k, e in entries.items()
                 if k not in wanted and not e.bound and now - e.since < req.keep_younger_than}
         new = {**kept, **wanted}
-        reply = {"ok": True, "dropped": sorted(set(entries) - set(new))}
         share = share_units(new)
+        reply = {"ok": True, "dropped": sorted(set(entries) - set(new)),
+                 "share": {"cpu": share[0], "mem": share[1]}}
         if not _fits(share, facts):
             reply["oversubscribed"] = True
         return (None if new == dict(entries) else new), reply

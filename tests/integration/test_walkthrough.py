@@ -5,6 +5,7 @@ the API server, never from our state."""
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -83,6 +84,20 @@ def test_walkthrough_without_w(world):
     wait(lambda: used(env) == "k8scpu:6,k8smemory:7417", "jobs + pods in GresUsed")
     out = sh(env, kas.paths.kubectl, "get", "genericnode")
     assert "n1" in out and "2735m" in out and "3417Mi" in out
+
+    # The admin's view: both sides, and whether they agree ...
+    status = json.loads(sh(env, sys.executable, "-m", "pyk8sres", "status", "-o", "json"))
+    row = status["nodes"][0]
+    assert (row["node"], row["jobs"], row["kubernetes"], row["pods_bound"], row["agree"]) == \
+        ("n1", {"cpu": 3, "mem": 4000}, {"cpu": 3, "mem": 3417}, {"cpu": 3, "mem": 3417}, "yes")
+    # ... and Slurm's side while the API server is down, saying so.
+    workdir, kport = kas.workdir, kas.port
+    kas.stop()
+    try:
+        table = sh(env, sys.executable, "-m", "pyk8sres", "status")
+        assert "API server down" in table and "unreachable" in table and "3/3417" in table
+    finally:
+        kas.start(workdir, kport)
 
     job2 = sh(env, "sbatch", "--parsable", "-o", "/dev/null", "--cpus-per-task=3", "--mem=4000",
               "--wrap", "sleep 600").strip()                      # accepted, not refused

@@ -113,7 +113,8 @@ def test_set_keeps_only_young_reservations_never_seen_bound():
     req = Request("set", "n1", entries=(("kept", 1000, 0), ("new", 500, 0)), keep_younger_than=30)
     new, reply = L.decide(entries, req, NODE, now=100.0)
     assert set(new) == {"kept", "new", "young"} and new["new"].bound and new["kept"].since == 0.0
-    assert reply == {"ok": True, "dropped": ["bound-gone", "stale"]}
+    assert reply == {"ok": True, "dropped": ["bound-gone", "stale"],
+                     "share": {"cpu": 3, "mem": 0}}
 
 
 def test_set_reports_more_than_jobs_leave():
@@ -203,3 +204,32 @@ def test_only_root_slurmuser_and_listed_uids(tmp_path):
     size = os.path.getsize(a.path)
     _serve(a, {"n1": NODE}, L.encode("reserve", node="n1", key="k", cpu_m=1, mem_bytes=1), uid=7)
     assert os.path.getsize(a.path) == size
+
+
+# ----------------------------------------------------------------- pyk8sres status
+
+def test_status_rows_compare_the_ledger_with_the_bound_pods():
+    from pyk8sres.coordinator import status
+    node = {"capacity": {"cpu": 8, "mem": 16000}, "jobs": {"cpu": 3, "mem": 4000},
+            "share": {"cpu": 3, "mem": 3417}, "free": {"cpu": 2, "mem": 8583},
+            "oversubscribed": False}
+    table = status.rows({"n1": node, "n2": dict(node, share={"cpu": 0, "mem": 0}),
+                         "n3": dict(node, share={"cpu": 1, "mem": 0})},
+                        {"n1": (3, 3417), "n2": (1, 0)})
+    assert [r["agree"] for r in table] == ["yes", "LEDGER HOLDS LESS", "ledger holds more"]
+    down = status.rows({"n1": node}, None)
+    assert down[0]["agree"] is None and "API server down" in status.render(down, "refused")
+
+
+def test_status_counts_pods_as_the_ledger_does():
+    from pyk8sres.coordinator import status
+    from pyk8sres.coordinator.sync import SyncConfig
+
+    def pod(name, node, cpu, ns="default"):
+        return {"metadata": {"name": name, "namespace": ns, "uid": name},
+                "spec": {"nodeName": node, "containers": [
+                    {"name": "c", "resources": {"requests": {"cpu": cpu, "memory": "1Mi"}}}]}}
+    pods = [pod("a", "n1", "500m"), pod("b", "n1", "500m"), pod("c", "n1", "1"),
+            pod("slurm-share-n1", "n1", "7", ns="pyk8sres-system"), pod("x", "kx", "3")]
+    nodes = [{"metadata": {"name": "n1"}}, {"metadata": {"name": "kx"}}]
+    assert status.pods_share(pods, nodes, {"n1"}, SyncConfig()) == {"n1": (2, 3)}

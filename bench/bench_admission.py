@@ -1,0 +1,136 @@
+"""Admission latency through a real API server and the coordinator's webhook.
+
+    python3 bench/bench_admission.py [--nodes 100,1000] [--queue 10000] [--pods 500] [--threads 8]
+
+For each node count it brings up its own hybrid cluster (real slurmctld with
+that many nodes in slurm.conf -- no slurmd, Gres= lines, the ledger served by
+node_features/k8s_resources --, a real API server with the webhook and
+`pyk8sres sync`), then measures, from the client, pod creations with
+spec.nodeName:
+  baseline  on a Kubernetes node not shared with Slurm (the webhook is not
+            called): the API server's own cost, measured in the same run,
+  allow     on n2 (webhook + ledger reserve),
+  deny      on n1 asking more than the node has (webhook + ledger refusal),
+sequentially (p50/p99) and with --threads concurrent clients (pods/s);
+with --queue, again with that many jobs queued in slurmctld.
+Goal (slurmctld idle): p99 <= 20 ms and >= 300 pods/s.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+import statistics
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from kubernetes.client.exceptions import ApiException
+
+from pyk8sres.coordinator import kube as K
+from pyk8sres.testbed import hybrid
+
+
+def pod(name, node, cpu):
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x", "resources": {
+                "requests": {"cpu": cpu, "memory": "1Mi"}}}]}}
+
+
+def one(kube, ns, node, cpu, expect_ok):
+    name = "b-" + uuid.uuid4().hex[:10]
+    t0 = time.perf_counter()
+    try:
+        K.create_pod(kube, ns, pod(name, node, cpu))
+        ok = True
+    except ApiException as e:
+        ok = False
+        if e.status != 403:
+            raise
+    dt = time.perf_counter() - t0
+    if ok != expect_ok:
+        raise SystemExit(f"{node}: expected {'allow' if expect_ok else 'deny'}")
+    return dt
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] * 1000
+
+
+def measure(kube, pods: int, threads: int) -> dict:
+    ns = "bench-" + uuid.uuid4().hex[:6]
+    kube.core.create_namespace({"metadata": {"name": ns}}, _preload_content=False).release_conn()
+    cases = [("baseline", "not-shared", "1m", True), ("allow", "n2", "1m", True),
+             ("deny", "n1", "1000", False)]
+    out = {}
+    for label, node, cpu, ok in cases:
+        for _ in range(20):
+            one(kube, ns, node, cpu, ok)            # warm up connections
+        seq = [one(kube, ns, node, cpu, ok) for _ in range(pods)]
+        with ThreadPoolExecutor(threads) as ex:
+            t0 = time.perf_counter()
+            list(ex.map(lambda _: one(kube, ns, node, cpu, ok), range(pods)))
+            rate = pods / (time.perf_counter() - t0)
+        out[label] = (pct(seq, 50), pct(seq, 99), rate)
+    kube.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0,
+                                               _preload_content=False).release_conn()
+    return out
+
+
+def fill_queue(c, count: int) -> None:
+    script = "for i in $(seq %d); do sbatch -H -o /dev/null --wrap true >/dev/null; done"
+    procs = [subprocess.Popen(["sh", "-c", script % (count // 4)], env=c.env, cwd="/tmp")
+             for _ in range(4)]
+    for p in procs:
+        p.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", default="100,1000")
+    ap.add_argument("--queue", type=int, default=0, help="also measure with this many queued jobs")
+    ap.add_argument("--pods", type=int, default=500)
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--base-port", type=int, default=19000)
+    args = ap.parse_args()
+    rows = []
+    for n in [int(x) for x in args.nodes.split(",")]:
+        work = tempfile.mkdtemp(prefix="pyk8sres-bench-adm-")
+        print(f"{n} nodes: starting slurmctld, the API server, sync and the webhook ...",
+              flush=True)
+        c, kas = hybrid.up(work, nodes=n, cpus=64, memory=256000, base_port=args.base_port,
+                           kube_port=args.base_port + 50, node_features=False, slurmd=False,
+                           extra_conf="NodeFeaturesPlugins=node_features/k8s_resources\n")
+        try:
+            os.environ["SLURM_CONF"] = c.conf
+            kube = K.Kube(kas.kubeconfig)
+            kube.core.create_node({"apiVersion": "v1", "kind": "Node",
+                                   "metadata": {"name": "not-shared"},
+                                   "status": {"capacity": {"cpu": "64", "memory": "256000Mi"}}},
+                                  _preload_content=False).release_conn()
+            rows.append((n, "idle", measure(kube, args.pods, args.threads)))
+            if args.queue:
+                print(f"{n} nodes: queueing {args.queue} jobs ...", flush=True)
+                fill_queue(c, args.queue)
+                rows.append((n, f"{args.queue} queued", measure(kube, args.pods, args.threads)))
+        finally:
+            hybrid.down(work)
+    print(f"\n{'nodes':>5} {'slurmctld':<13} {'case':<9} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'pods/s':>7}  ({args.threads} clients for pods/s; baseline = no webhook)")
+    for n, load, out in rows:
+        for label, (p50, p99, rate) in out.items():
+            print(f"{n:>5} {load:<13} {label:<9} {p50:7.1f} {p99:7.1f} {rate:7.0f}")
+        allow = out["allow"]
+        verdict = ("goal p99 <= 20 ms and >= 300 pods/s: " +
+                   ("met" if allow[1] <= 20 and allow[2] >= 300 else "NOT met") + "; "
+                   if load == "idle" else "")
+        print(f"{'':>5} {'':<13} {verdict}the webhook adds "
+              f"{allow[0] - out['baseline'][0]:.1f} ms at p50 over the API server alone")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
