@@ -17,7 +17,8 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${PYK8SRES_CACHE:-/var/cache/pyk8sres/kube}"
-MIRROR="${PYK8SRES_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The Debian mirror this machine's apt uses (or PYK8SRES_DEBIAN_MIRROR).
+. "$HERE/../tools/debian-mirror.sh"
 KEYRING="${PYK8SRES_DEBIAN_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}"
 # Root packages; their Go -dev dependency closure is added automatically.
 ROOT_PKGS="golang-k8s-apiserver-dev golang-k8s-apiextensions-apiserver-dev golang-1.27-go"
@@ -46,6 +47,8 @@ fi
 ROOT="$CACHE/root"
 # ---- 1. download and unpack the sid packages (once) ----
 if [[ ! -e "$ROOT/.complete" ]]; then
+    debian_mirrors || die "cannot download the Kubernetes sources without a Debian mirror"
+    MIRROR=$DEBIAN_MIRROR
     command -v apt-get >/dev/null || die "apt-get not found: this build needs a Debian-like system"
     [[ -r "$KEYRING" ]] || die "$KEYRING missing: apt-get install debian-archive-keyring"
     APT="$CACHE/apt"
@@ -57,7 +60,7 @@ if [[ ! -e "$ROOT/.complete" ]]; then
         -o "Dir::State::Lists=$APT/lists" -o "Dir::Cache=$APT/cache" -o "Dir::State::status=$APT/status"
         -o APT::Sandbox::User=root)
     log "fetching the Debian sid package index from $MIRROR"
-    apt-get "${APTOPTS[@]}" -q update >"$APT/update.log" 2>&1 ||
+    apt-get "${APTOPTS[@]}" -q update --error-on=any >"$APT/update.log" 2>&1 ||
         die "apt-get update for sid failed (see $APT/update.log): is $MIRROR reachable?"
     # The Go -dev closure (their Depends are other golang-* packages; C
     # libraries and tools they pull in are not needed to compile).

@@ -258,14 +258,16 @@ int job_submit(job_desc_msg_t *job_desc, uint32_t submit_uid, char **err_msg)
 	return complete(job_desc, NULL, submit_uid, 0, err_msg);
 }
 
-#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23, 2, 0)
+/* PYK8SRES_JOB_MODIFY_ERR_MSG: meson read the release's job_submit ops table
+ * (22.05: no err_msg; 23.02 on: char **err_msg). */
+#if PYK8SRES_JOB_MODIFY_ERR_MSG
 int job_modify(job_desc_msg_t *job_desc, void *job_ptr, uint32_t submit_uid,
 	       char **err_msg)
 #else
 int job_modify(job_desc_msg_t *job_desc, void *job_ptr, uint32_t submit_uid)
 #endif
 {
-#if SLURM_VERSION_NUMBER < SLURM_VERSION_NUM(23, 2, 0)
+#if !PYK8SRES_JOB_MODIFY_ERR_MSG
 	char **err_msg = NULL;
 #endif
 	return complete(job_desc, job_ptr, submit_uid, 1, err_msg);

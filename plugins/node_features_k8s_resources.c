@@ -51,7 +51,7 @@
 #include "src/common/run_in_daemon.h"
 #include "src/common/xmalloc.h"
 #include "src/common/xstring.h"
-#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23,2,0)
+#if PYK8SRES_INTERFACES_DIR /* detected by meson: src/interfaces/ (23.02+) */
 #include "src/interfaces/gres.h"
 #else
 #include "src/common/gres.h"
@@ -777,6 +777,7 @@ extern char *node_features_p_node_xlate(char *new_features, char *orig_features,
 	return _strip_marker(orig_features);
 }
 
+#if PYK8SRES_NF_GET_NODE /* slurmctld no longer calls it from 25.11 on */
 /* Startup, reconfigure (node_list NULL) and node reboots: set counts before
  * any scheduling. */
 extern int node_features_p_get_node(char *node_list)
@@ -807,6 +808,7 @@ extern int node_features_p_get_node(char *node_list)
 	hostlist_destroy(hl);
 	return rc;
 }
+#endif
 
 extern char *node_features_p_node_xlate2(char *new_features)
 {
@@ -834,26 +836,43 @@ extern int node_features_p_overlap(bitstr_t *active_bitmap)
 	return 0;
 }
 
+/* Removed from slurmctld's lookup in 25.11: defined only where looked up. */
+#if PYK8SRES_NF_NODE_POWER
 extern bool node_features_p_node_power(void)
 {
 	return false;
 }
+#endif
 
+#if PYK8SRES_NF_NODE_UPDATE
 extern int node_features_p_node_update(char *active_features,
 				       bitstr_t *node_bitmap)
 {
 	return SLURM_SUCCESS;
 }
+#endif
 
+#if PYK8SRES_NF_NODE_UPDATE_VALID
 extern bool node_features_p_node_update_valid(void *node_ptr,
 					      update_node_msg_t *update_node_msg)
 {
 	return true;
 }
+#endif
 
+#if PYK8SRES_NF_STEP_CONFIG
 extern void node_features_p_step_config(bool mem_sort, bitstr_t *numa_bitmap)
 {
 }
+#endif
+
+#if PYK8SRES_NF_JOB_FEATURES_NEED_REBOOT /* looked up from 26.05 on */
+/* No changeable features here, so none needs a reboot. */
+extern bool node_features_p_job_features_need_reboot(char *features)
+{
+	return false;
+}
+#endif
 
 /*
  * Called at the top of select_nodes() before every allocation (main
@@ -890,7 +909,9 @@ extern void node_features_p_get_config(config_plugin_params_t *p)
  * node_set need_reboot and dropped reconfig.  22.05: 19 symbols, 23.x: 18,
  * 24.05-25.05: 17.
  */
-#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23,2,0)
+/* PYK8SRES_NF_*: detected by meson from the release's node_features ops
+ * table and the symbol names it looks up (src/interfaces/node_features.c). */
+#if PYK8SRES_NF_JOB_VALID_FEATURE_LIST
 extern int node_features_p_job_valid(char *job_features, list_t *feature_list)
 {
 	return SLURM_SUCCESS;
@@ -912,14 +933,16 @@ extern char *node_features_p_job_xlate(char *job_features)
 {
 	return NULL;
 }
+#endif
 
+#if PYK8SRES_NF_REBOOT_WEIGHT
 extern uint32_t node_features_p_reboot_weight(void)
 {
 	return INFINITE - 1;
 }
 #endif
 
-#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(24,5,0)
+#if PYK8SRES_NF_NODE_SET_NEED_REBOOT
 extern int node_features_p_node_set(char *active_features, bool *need_reboot)
 {
 	return SLURM_SUCCESS;
@@ -929,7 +952,9 @@ extern int node_features_p_node_set(char *active_features)
 {
 	return SLURM_SUCCESS;
 }
+#endif
 
+#if PYK8SRES_NF_RECONFIG
 /* `scontrol reconfigure` also calls get_node(NULL), which re-reads the
  * configuration before setting counts: nothing more to do here. */
 extern int node_features_p_reconfig(void)

@@ -13,16 +13,20 @@ def _cluster_up(args) -> int:
         from .testbed import hybrid
         c, kas = hybrid.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
                            base_port=args.base_port, kube_port=args.kube_port,
-                           node_features=node_features, sockets=args.sockets,
-                           cores_per_socket=args.cores_per_socket,
+                           node_features=node_features, slurm=args.slurm, auth=args.auth,
+                           sockets=args.sockets, cores_per_socket=args.cores_per_socket,
                            threads_per_core=args.threads_per_core)
     else:
         c = cluster.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
                        base_port=args.base_port, node_features=node_features,
+                       slurm=args.slurm, auth=args.auth,
                        sockets=args.sockets, cores_per_socket=args.cores_per_socket,
                        threads_per_core=args.threads_per_core)
-    print(f"# local Slurm cluster up in {c.work}: nodes {','.join(cluster.node_names(args.nodes))}")
+    print(f"# local Slurm cluster up in {c.work}: nodes {','.join(cluster.node_names(args.nodes))}"
+          f", Slurm {c.release.name}")
     print(f"export SLURM_CONF={c.conf}")
+    if c.release.bin_dirs:
+        print(f"export PATH={os.pathsep.join(c.release.bin_dirs)}:$PATH  # Slurm {c.release.name}")
     if args.kubernetes:
         print(f"# Kubernetes API server {kas.url}, pyk8sres sync and webhook running "
               f"(logs: {c.work}/log/sync.out, webhook.out)")
@@ -101,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="slurmctld port; slurmd n<i> uses base+i")
     u.add_argument("--node-features", choices=("auto", "yes", "no"), default="auto",
                    help="use node_features/k8s_resources instead of Gres= in slurm.conf")
+    u.add_argument("--slurm", default="installed",
+                   help="installed (default), or a release built from Debian's source, e.g. 24.11 "
+                        "or 26.05 (tools/slurm-build.sh + tools/release-plugins.sh)")
+    u.add_argument("--auth", choices=("auto", "munge", "slurm"), default="auto",
+                   help="auto: munge if munged is installed, else auth/slurm (23.11+)")
     u.add_argument("--kubernetes", action="store_true", help="also start a Kubernetes API server")
     u.add_argument("--kube-port", type=int, default=16443)
     u.set_defaults(func=_cluster_up)

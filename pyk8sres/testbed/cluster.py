@@ -4,6 +4,10 @@ munged, slurmctld and N slurmd (multiple-slurmd: one host, one port per
 node) run as root in the foreground under WORKDIR, on loopback ports of
 their own, with our plugins installed into WORKDIR/plugins.  Every process
 we start is recorded in WORKDIR/run/*.pid and stopped by that PID.
+
+`slurm=` picks the Slurm: the installed one, or a release built from
+Debian's source (releases.py, tools/slurm-build.sh), e.g. "24.11"; its
+commands come first on the cluster's PATH (Cluster.env).
 """
 from __future__ import annotations
 
@@ -17,29 +21,34 @@ import subprocess
 import time
 
 from .. import install
-
-# Debian's multiarch directory first, then other layouts.
-SLURM_PLUGIN_DIRS = ("/usr/lib/*/slurm-wlm", "/usr/lib64/slurm", "/usr/lib/slurm")
+from . import releases
+from .releases import SLURM_PLUGIN_DIRS  # noqa: F401  (tests look for Slurm's plugins)
 
 
 class ClusterError(RuntimeError):
     pass
 
 
-def _need(binary: str, package: str) -> str:
-    path = shutil.which(binary) or next(
-        (p for p in (f"/usr/sbin/{binary}", f"/usr/bin/{binary}") if os.path.exists(p)), None)
-    if not path:
-        raise ClusterError(f"{binary} not found: apt-get install {package}")
-    return path
+def _need(binary: str, package: str, release: releases.Release | None = None) -> str:
+    try:
+        return (release or releases.Release(releases.INSTALLED)).binary(binary, package)
+    except releases.ReleaseError as e:
+        raise ClusterError(str(e)) from None
 
 
 def slurm_plugin_dir() -> str:
-    for pattern in SLURM_PLUGIN_DIRS:
-        for path in glob.glob(pattern):
-            if os.path.exists(os.path.join(path, "select_cons_tres.so")):
-                return path
-    raise ClusterError("Slurm's plugins (select_cons_tres.so) not found: apt-get install slurmctld")
+    """The installed Slurm's PluginDir."""
+    try:
+        return releases.installed_plugin_dir()
+    except releases.ReleaseError as e:
+        raise ClusterError(str(e)) from None
+
+
+def release_of(slurm: str | None) -> releases.Release:
+    try:
+        return releases.get(slurm)
+    except releases.ReleaseError as e:
+        raise ClusterError(str(e)) from None
 
 
 def port_free(port: int) -> bool:
@@ -73,8 +82,9 @@ def topology(cpus: int, sockets: int | None = None, cores_per_socket: int | None
 
 def slurm_conf_text(work: str, *, nodes: int, cpus: int, memory: int, base_port: int,
                     node_features: bool, def_mem_per_cpu: int, plugin_dir: str,
-                    extra: str = "", slurm_user: str = "root", layout: str = "",
-                    job_submit: bool = True, partitions: str | None = None) -> str:
+                    extra: str = "", auth: str = "munge", slurm_user: str = "root",
+                    layout: str = "", job_submit: bool = True,
+                    partitions: str | None = None) -> str:
     host = socket.gethostname()
     last = base_port + nodes
     gres = "" if node_features else f" Gres=k8scpu:{cpus},k8smemory:{memory}"
@@ -93,10 +103,7 @@ SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={base_port}
 SlurmUser={slurm_user}
 SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={work}/munge/munge.sock
-StateSaveLocation={work}/state
+{auth_lines(work, auth)}StateSaveLocation={work}/state
 SlurmdSpoolDir={work}/spool/%n
 SlurmctldPidFile={work}/run/slurmctld.pid
 SlurmdPidFile={work}/run/slurmd-%n.pid
@@ -127,6 +134,14 @@ GresTypes=k8scpu,k8smemory
 {node_line}
 {partitions}
 """
+
+
+def auth_lines(work: str, auth: str) -> str:
+    """munge: our own munged's socket.  slurm (auth/slurm, 23.11+): no daemon,
+    a shared key etc/slurm.key next to slurm.conf."""
+    if auth == "slurm":
+        return "AuthType=auth/slurm\nCredType=cred/slurm\n"
+    return f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={work}/munge/munge.sock\n"
 
 
 GRES_CONF = """# pyk8sres: count-only GRES mirroring what Kubernetes leaves free.
@@ -197,13 +212,25 @@ def stop_process(work: str, name: str, timeout: float = 15.0) -> bool:
 class Cluster:
     """Handle on a local cluster living in `work`."""
 
-    def __init__(self, work: str):
+    def __init__(self, work: str, release: releases.Release | None = None):
         self.work = os.path.abspath(work)
         self.conf = os.path.join(self.work, "etc", "slurm.conf")
+        self.release = release or self._recorded_release()
+
+    def _recorded_release(self) -> releases.Release:
+        """The release `up` wrote to etc/release (so down() and later
+        handles run the same Slurm's commands)."""
+        try:
+            with open(os.path.join(self.work, "etc", "release"), encoding="utf-8") as f:
+                name, bins = (f.read().splitlines() + ["", ""])[:2]
+        except OSError:
+            return releases.Release(releases.INSTALLED)
+        return releases.Release(name or releases.INSTALLED,
+                                tuple(b for b in bins.split(os.pathsep) if b))
 
     @property
     def env(self) -> dict:
-        return dict(os.environ, SLURM_CONF=self.conf)
+        return dict(os.environ, SLURM_CONF=self.conf, PATH=self.release.path_env())
 
     def names(self) -> list[str]:
         return sorted(os.path.basename(p)[5:-4]
@@ -220,14 +247,15 @@ class Cluster:
         self._wait(lambda: os.path.exists(f"{munge_dir}/munge.sock"), "munged socket", 10)
 
     def start_slurmctld(self) -> None:
-        start_process(self.work, "slurmctld", [_need("slurmctld", "slurmctld"), "-D", "-i", "-f", self.conf])
+        start_process(self.work, "slurmctld", [_need("slurmctld", "slurmctld", self.release),
+                                               "-D", "-i", "-f", self.conf], env=self.env)
         self._wait(self._ctld_up, "slurmctld to answer (see log/slurmctld.log)", 30)
 
     def start_slurmd(self, node: str, dynamic_conf: str | None = None) -> None:
-        argv = [_need("slurmd", "slurmd"), "-D", "-N", node, "-f", self.conf]
+        argv = [_need("slurmd", "slurmd", self.release), "-D", "-N", node, "-f", self.conf]
         if dynamic_conf is not None:
             argv += ["-Z", "--conf", dynamic_conf]
-        start_process(self.work, f"slurmd-{node}", argv)
+        start_process(self.work, f"slurmd-{node}", argv, env=self.env)
 
     def stop(self, name: str) -> bool:
         return stop_process(self.work, name)
@@ -326,7 +354,8 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
 def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_port: int = 17000,
        node_features: bool | None = None, def_mem_per_cpu: int = 100, extra_conf: str = "",
        k8s_conf: str = "", synced: bool = False, slurmd: bool = True,
-       slurm_user: str = "root", plugin_lib: str | None = None,
+       slurm: str | None = None, auth: str = "auto", slurm_user: str = "root",
+       plugin_lib: str | None = None,
        sockets: int | None = None, cores_per_socket: int | None = None,
        threads_per_core: int | None = None, job_submit: bool = True,
        partitions: str | None = None) -> Cluster:
@@ -334,10 +363,14 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
 
     slurmd=False starts only munged and slurmctld: nodes then exist in
     slurm.conf alone (enough for GRES updates; benchmarks use thousands).
+    slurm: "installed" (default) or a built release such as "24.11"
+    (releases.get).  auth: "munge", "slurm" (auth/slurm, no munged; the
+    release must have it) or "auto" (munge if munged is installed, else
+    auth/slurm where the release has it).
     slurm_user: SlurmUser, as real sites run slurmctld (Debian: `slurm`);
     slurmctld then owns only its state, log and pid files, and everything it
-    loads (plugin_lib: a pyk8sres build that user can read) must be readable
-    by it.  slurmd and munged stay root.
+    loads (plugin_lib: a pyk8sres build that user can read; default the
+    release's) must be readable by it.  slurmd and munged stay root.
     sockets/cores_per_socket/threads_per_core lay the `cpus` out like real
     (e.g. SMT) hardware; job_submit=False leaves our job_submit plugin out
     (plain Slurm, for comparisons); `partitions` replaces the one default
@@ -345,10 +378,20 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     layout = topology(cpus, sockets, cores_per_socket, threads_per_core)
     if os.geteuid() != 0:
         raise ClusterError("the local cluster runs its daemons as root: run as root")
-    for binary, package in (("munged", "munge"), ("slurmctld", "slurmctld"),
-                            ("slurmd", "slurmd"), ("scontrol", "slurm-client")):
-        _need(binary, package)
-    cluster = Cluster(work)
+    release = release_of(slurm)
+    if auth == "auto":
+        auth = "munge" if shutil.which("munged") or os.path.exists("/usr/sbin/munged") else "slurm"
+    if auth == "slurm" and not release.has_plugin("auth_slurm"):
+        raise ClusterError(f"Slurm {release.name} has no auth/slurm (23.11+): "
+                           "apt-get install munge, or use a newer release")
+    if auth not in ("munge", "slurm"):
+        raise ClusterError(f"unknown auth {auth!r}: munge, slurm or auto")
+    if auth == "munge":
+        _need("munged", "munge")
+    for binary, package in (("slurmctld", "slurmctld"), ("slurmd", "slurmd"),
+                            ("scontrol", "slurm-client")):
+        _need(binary, package, release)
+    cluster = Cluster(work, release)
     if cluster.names():
         raise ClusterError(f"{cluster.work} already runs {', '.join(cluster.names())}: "
                            "`pyk8sres cluster down` first")
@@ -358,7 +401,7 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
         raise ClusterError(f"port(s) {', '.join(map(str, taken))} already in use: "
                            "choose another --base-port")
     if node_features is None:
-        node_features = os.path.exists(os.path.join(install.PACKAGE_LIB, install.PLUGINS[1]))
+        node_features = os.path.exists(os.path.join(plugin_lib or release.lib_dir, install.PLUGINS[1]))
     work = cluster.work
     # Explicit modes whatever the caller's umask: root's slurmctld loads the
     # .so files under plugins/, so no other user may write anywhere here.
@@ -373,14 +416,22 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
         with os.fdopen(fd, "wb") as f:
             f.write(secrets.token_bytes(1024))
 
-    install.install_plugins(os.path.join(work, "plugins"),
-                            **({"lib_dir": plugin_lib} if plugin_lib else {}))
+    _write(os.path.join(work, "etc", "release"),
+           f"{release.name}\n{os.pathsep.join(release.bin_dirs)}\n")
+    install.install_plugins(os.path.join(work, "plugins"), lib_dir=plugin_lib or release.lib_dir,
+                            slurm_version=None if release.name == releases.INSTALLED else release.name)
     _write(cluster.conf, slurm_conf_text(work, nodes=nodes, cpus=cpus, memory=memory,
                                          base_port=base_port, node_features=node_features,
                                          def_mem_per_cpu=def_mem_per_cpu,
-                                         plugin_dir=slurm_plugin_dir(), extra=extra_conf,
-                                         slurm_user=slurm_user, layout=layout,
+                                         plugin_dir=release.plugin_dir, extra=extra_conf,
+                                         auth=auth, slurm_user=slurm_user, layout=layout,
                                          job_submit=job_submit, partitions=partitions))
+    if auth == "slurm":
+        key = os.path.join(work, "etc", "slurm.key")
+        if not os.path.exists(key):
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(1024))
     _write(os.path.join(work, "etc", "gres.conf"), GRES_CONF)
     _write(os.path.join(work, "etc", "k8s_resources.conf"),
            "# pyk8sres (slurm-conf/k8s_resources.conf); the ledger lives in state/\n" + k8s_conf)
@@ -388,7 +439,8 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
         _hand_to(work, slurm_user)
 
     try:
-        cluster.start_munged()
+        if auth == "munge":
+            cluster.start_munged()
         cluster.start_slurmctld()
         if slurmd:
             for node in node_names(nodes):

@@ -1,23 +1,60 @@
-"""Shared by the integration tests: a real local Slurm cluster per module."""
+"""Shared by the integration tests: a real local Slurm cluster per module.
+
+PYK8SRES_TEST_SLURM picks the Slurm every test runs against: "installed"
+(default) or a release built from Debian's source, e.g. 24.11 or 26.05
+(tools/run-release-tests.sh builds what is missing and sets it).  Its
+commands come first on PATH for the whole test process.
+"""
 import os
-import shutil
+import re
 
 import pytest
 
-from pyk8sres.testbed import cluster
+from pyk8sres.testbed import cluster, releases
+
+SLURM = os.environ.get("PYK8SRES_TEST_SLURM", releases.INSTALLED)
+try:
+    RELEASE = releases.get(SLURM)
+except releases.ReleaseError as e:
+    if SLURM != releases.INSTALLED:
+        raise  # asked for a release that is not built: fail loudly, never skip
+    RELEASE, _why = None, str(e)
+else:
+    _why = ""
+    os.environ["PATH"] = RELEASE.path_env()
+# What meson detected in that release (TRES_SLASH, RECONFIGURE_REEXEC, ...).
+BUILD = releases.build_info(RELEASE.lib_dir) if RELEASE else {}
+
+
+def _have_slurmctld() -> bool:
+    try:
+        return RELEASE is not None and bool(RELEASE.binary("slurmctld", "slurmctld"))
+    except releases.ReleaseError:
+        return False
+
 
 # pytestmark for modules that start Slurm daemons.
 requires_slurm = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the local cluster runs daemons as root"),
-    pytest.mark.skipif(not shutil.which("slurmctld") and not os.path.exists("/usr/sbin/slurmctld"),
-                       reason="slurmctld not installed (apt-get install slurmctld slurmd)"),
+    pytest.mark.skipif(not _have_slurmctld(),
+                       reason=f"slurmctld not installed (apt-get install slurmctld slurmd) {_why}"),
 ]
+
+
+def tres(text: str) -> str:
+    """An expected TRES string written as 22.05 prints it (gres:k8scpu:3), in
+    the syntax of the release under test (gres/k8scpu:3 from 23.02 on, as
+    detected at build time)."""
+    if BUILD.get("TRES_SLASH") == "1":
+        return re.sub(r"(^|[=,\s])gres:", r"\1gres/", text)
+    return text
 
 
 def local_cluster(tmp_path_factory, name: str, **kwargs):
     """Fixture body: start a cluster (pyk8sres.testbed.cluster.up kwargs), point
     SLURM_CONF at it while the module runs, stop it by PID afterwards."""
     work = str(tmp_path_factory.mktemp(name))
+    kwargs.setdefault("slurm", SLURM)
     handle = cluster.up(work, **kwargs)
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = handle.conf

@@ -31,7 +31,7 @@ from fractions import Fraction
 import pytest
 
 from conftest_kube import pick_ports
-from local_slurm import port, requires_slurm
+from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.coordinator import kube as K
 from pyk8sres.policy import usage as U
 from pyk8sres.testbed import cluster, hybrid
@@ -286,7 +286,8 @@ def world(kube_paths):
     # Time limits as a site has them: an srun whose allocation answer died
     # with a kill -9'd slurmctld waits forever, its allocation ends at the limit.
     c, kas = hybrid.up(work, nodes=NODES, cpus=CPUS, memory=MEMORY, base_port=port(17450),
-                       kube_port=pick_ports(27800, 27990), extra_conf="KillWait=5\n")
+                       kube_port=pick_ports(27800, 27990), extra_conf="KillWait=5\n",
+                       slurm=SLURM)
     kube = K.Kube(kas.kubeconfig, None, 10)
     kube.core.create_namespace({"metadata": {"name": NAMESPACE}}, _preload_content=False)
     try:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from local_slurm import port, requires_slurm
+from local_slurm import RELEASE, SLURM, port, requires_slurm
 from pyk8sres.testbed import cluster
 
 pytestmark = requires_slurm
@@ -35,7 +35,7 @@ def _writable_by_others(root: str) -> list[str]:
 def test_up_under_umask_000_then_down_leaves_nothing(tmp_path):
     work = str(tmp_path / "c")
     up = _cli("cluster", "up", "--workdir", work, "--nodes", "1", "--cpus", "2",
-              "--memory", "2000", "--base-port", str(BASE_PORT), umask=0)
+              "--memory", "2000", "--base-port", str(BASE_PORT), "--slurm", SLURM, umask=0)
     assert up.returncode == 0, up.stdout + up.stderr
     env = cluster.Cluster(work).env
     try:
@@ -59,3 +59,23 @@ def test_up_under_umask_000_then_down_leaves_nothing(tmp_path):
     assert down.returncode == 0, down.stdout + down.stderr
     assert cluster.cluster_processes(work) == []
     assert [p for p in before if cluster.alive(p)] == []
+
+
+@pytest.mark.skipif(RELEASE is None or not RELEASE.has_plugin("auth_slurm"),
+                    reason="this Slurm has no auth/slurm (23.11+)")
+def test_auth_slurm_runs_without_munged(tmp_path):
+    """Where the release has auth/slurm, the cluster needs no munged: a shared
+    key next to slurm.conf, and jobs still run."""
+    work = str(tmp_path / "s")
+    c = cluster.up(work, nodes=1, cpus=2, memory=2000, base_port=BASE_PORT + 10, slurm=SLURM,
+                   auth="slurm")
+    try:
+        assert "munged" not in c.names()
+        conf = open(c.conf).read()
+        assert "AuthType=auth/slurm" in conf and "CredType=cred/slurm" in conf
+        assert stat.S_IMODE(os.stat(os.path.join(work, "etc", "slurm.key")).st_mode) == 0o600
+        out = subprocess.run(["srun", "-c", "1", "printenv", "SLURM_JOB_ID"], capture_output=True,
+                             text=True, env=c.env, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip().isdigit(), out.stderr
+    finally:
+        cluster.down(work)

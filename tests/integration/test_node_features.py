@@ -12,7 +12,6 @@ Needs the built plugins in pyk8sres/_lib (pip install . or a staged tree).
 """
 import os
 import re
-import shutil
 import subprocess
 import time
 
@@ -21,7 +20,7 @@ import pytest
 from pyk8sres.testbed import cluster
 from pyk8sres import install
 from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
-from local_slurm import port
+from local_slurm import RELEASE, port
 
 BASE_PORT = port(28400)
 CPUS, MEMORY = 4, 8000
@@ -30,9 +29,9 @@ DYN_CONF = f"CPUs={DYN_CPUS} RealMemory={DYN_MEMORY}"
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the local cluster runs daemons as root"),
-    pytest.mark.skipif(not shutil.which("slurmctld") and not os.path.exists("/usr/sbin/slurmctld"),
-                       reason="slurmctld not installed"),
-    pytest.mark.skipif(not os.path.exists(os.path.join(install.PACKAGE_LIB, install.PLUGINS[1])),
+    pytest.mark.skipif(RELEASE is None, reason="slurmctld not installed"),
+    pytest.mark.skipif(RELEASE is not None and
+                       not os.path.exists(os.path.join(RELEASE.lib_dir, install.PLUGINS[1])),
                        reason="node_features_k8s_resources.so not built (-Dslurm_source)"),
 ]
 
@@ -52,17 +51,20 @@ def c(tmp_path_factory):
     taken = [p for p in range(BASE_PORT, BASE_PORT + 6) if not cluster.port_free(p)]
     if taken:
         pytest.skip(f"ports {taken} busy (set PYK8SRES_TEST_BASE_PORT)")
-    cl = cluster.Cluster(work)
+    cl = cluster.Cluster(work, RELEASE)  # PYK8SRES_TEST_SLURM (local_slurm)
     for sub in ("etc", "munge", "state", "run", "log", "plugins", "spool/n1", "spool/n2", "spool/n3"):
         os.makedirs(os.path.join(work, sub), exist_ok=True)
     os.chmod(os.path.join(work, "munge"), 0o700)
     with open(os.path.join(work, "munge", "munge.key"), "wb") as f:
         f.write(os.urandom(1024))
     os.chmod(os.path.join(work, "munge", "munge.key"), 0o400)
-    install.install_plugins(os.path.join(work, "plugins"), check_version=False)
+    install.install_plugins(os.path.join(work, "plugins"), check_version=False,
+                            lib_dir=RELEASE.lib_dir)
+    with open(os.path.join(work, "etc", "release"), "w") as f:  # for cluster.down
+        f.write(f"{RELEASE.name}\n{os.pathsep.join(RELEASE.bin_dirs)}\n")
     text = cluster.slurm_conf_text(work, nodes=2, cpus=CPUS, memory=MEMORY, base_port=BASE_PORT,
                                    node_features=True, def_mem_per_cpu=100,
-                                   plugin_dir=cluster.slurm_plugin_dir(),
+                                   plugin_dir=RELEASE.plugin_dir,
                                    # the dynamic slurmd takes SlurmdPort (Port= is
                                    # not allowed in --conf)
                                    extra=f"MaxNodeCount=8\nSlurmdPort={BASE_PORT + 3}\n")
@@ -110,10 +112,17 @@ def gres(value: str) -> dict:
     return out
 
 
+def used(n: dict) -> dict:
+    """GresUsed as counts; 24.11 omits GresUsed when the node's Gres is empty
+    (all counts 0), 22.05 prints k8scpu:0,k8smemory:0."""
+    counts = gres(n.get("GresUsed", ""))
+    return {k: counts.get(k, 0) for k in ("k8scpu", "k8smemory")}
+
+
 def expect(c, name, cpu, mem, used_cpu=0, used_mem=0):
     n = node(c, name)
     assert gres(n["Gres"]) == {"k8scpu": cpu, "k8smemory": mem}, n
-    assert gres(n["GresUsed"]) == {"k8scpu": used_cpu, "k8smemory": used_mem}, n
+    assert used(n) == {"k8scpu": used_cpu, "k8smemory": used_mem}, n
     assert not re.search(r"DRAIN|DOWN|INVAL|FAIL", n["State"]), n
 
 
@@ -201,7 +210,7 @@ def test_share_pends_jobs_and_survives_every_rebuild(c):
     expect(c, "n1", CPUS, MEMORY, 4, 7000)
     for what, event in _events(c):
         event()
-        wait_for(lambda: gres(node(c, "n1")["GresUsed"]) == {"k8scpu": 4, "k8smemory": 7000},
+        wait_for(lambda: used(node(c, "n1")) == {"k8scpu": 4, "k8smemory": 7000},
                  f"share back after {what}: {node(c, 'n1')['GresUsed']}", timeout=15)
         expect(c, "n1", CPUS, MEMORY, 4, 7000)
         assert job_state(c, job1)[0] == "RUNNING", what
@@ -211,7 +220,7 @@ def test_share_pends_jobs_and_survives_every_rebuild(c):
     wait_for(lambda: job_state(c, job2)[0] == "RUNNING", "job 2 starts once the pods go")
     expect(c, "n1", CPUS, MEMORY, 2, 1500)
     sh(c, "scancel", job1, job2)
-    wait_for(lambda: gres(node(c, "n1")["GresUsed"]) == {"k8scpu": 0, "k8smemory": 0},
+    wait_for(lambda: used(node(c, "n1")) == {"k8scpu": 0, "k8smemory": 0},
              "jobs gone")
 
 
@@ -350,7 +359,7 @@ def test_reserve_raced_against_job_starts_never_overlaps(c):
         sh(c, "scancel", job)
         l.release("n1", f"race-{i}")
         wait_for(lambda: job_state(c, job)[0] in ("GONE", "CANCELLED", "COMPLETED"), "job gone")
-        wait_for(lambda: gres(node(c, "n1")["GresUsed"]).get("k8scpu") == 0, "n1 free again")
+        wait_for(lambda: used(node(c, "n1"))["k8scpu"] == 0, "n1 free again")
     print(f"race outcomes over 120 rounds: {outcomes}")
     assert min(outcomes.values()) >= 5, outcomes   # both sides really won races
 

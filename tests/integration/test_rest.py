@@ -29,7 +29,7 @@ import urllib.request
 import pytest
 
 from pyk8sres.testbed import cluster
-from local_slurm import port
+from local_slurm import RELEASE, SLURM, port
 
 BASE_PORT = port(29100)
 REST_PORT = BASE_PORT + 10
@@ -43,6 +43,9 @@ def _slurmrestd():
 
 
 def _have_plugin(name):
+    """In the PluginDir of the Slurm under test (PYK8SRES_TEST_SLURM)."""
+    if RELEASE is not None and RELEASE.bin_dirs:
+        return os.path.exists(os.path.join(RELEASE.plugin_dir, name))
     return any(glob.glob(os.path.join(d, name)) for d in cluster.SLURM_PLUGIN_DIRS)
 
 
@@ -56,8 +59,8 @@ pytestmark = [
                        reason="slurmrestd not installed (apt-get install slurmrestd)"),
     pytest.mark.skipif(not (_have_plugin("auth_jwt.so") and _have_plugin("rest_auth_jwt.so")
                             and _have_plugin("openapi_v0_0_38.so")),
-                       reason="JWT/openapi plugins not installed "
-                              "(apt-get install slurmrestd slurm-wlm-jwt-plugin)"),
+                       reason="JWT/openapi v0.0.38 plugins not there (22.05's REST API, which "
+                              "this module speaks: apt-get install slurmrestd slurm-wlm-jwt-plugin)"),
 ]
 
 
@@ -136,7 +139,7 @@ def rest(tmp_path_factory):
         f.write(secrets.token_bytes(32))
     os.chmod(key, 0o600)  # slurmctld (root) only: slurmrestd just passes tokens through
     handle = cluster.up(work, nodes=2, cpus=CPUS, memory=MEMORY, base_port=BASE_PORT,
-                        node_features=False, def_mem_per_cpu=100,
+                        node_features=False, def_mem_per_cpu=100, slurm=SLURM,
                         extra_conf=f"AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key={key}\n")
     proc = None
     # slurmrestd reads slurm.conf after dropping to `nobody`, and pytest's

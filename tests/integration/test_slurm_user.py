@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from local_slurm import port, requires_slurm
+from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.testbed import cluster
 
-pytestmark = requires_slurm
+pytestmark = requires_slurm + [
+    # It builds its own readable venv against the installed Slurm's headers.
+    pytest.mark.skipif(SLURM != "installed", reason="needs the installed Slurm (PYK8SRES_TEST_SLURM)")]
 REPO = Path(__file__).resolve().parents[2]
 BASE_PORT = port(17300)
 # Debian's own Python: what a site's slurmctld can read (ours lives under /root).

@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException  # noqa: E402
 
 from pyk8sres.testbed import cluster as slurm_cluster  # noqa: E402
 from pyk8sres.testbed.kubeapi_server import KubeAPIServer  # noqa: E402
-from local_slurm import port  # noqa: E402
+from local_slurm import SLURM, port  # noqa: E402
 
 from conftest_kube import CRD_MANIFEST  # noqa: E402
 
@@ -91,7 +91,7 @@ def root():
 def slurm(root):
     work = f"{root}/slurm"
     c = slurm_cluster.up(work, nodes=2, cpus=NODE_CPUS, memory=NODE_MEM, base_port=BASE_PORT,
-                         synced=True)
+                         synced=True, slurm=SLURM)
     os.environ["SLURM_CONF"] = c.conf
     yield c
     subprocess.run(["scancel", "--full", "-u", "root"], env=c.env, capture_output=True)

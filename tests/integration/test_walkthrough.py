@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest_kube import pick_ports
-from local_slurm import port, requires_slurm
+from local_slurm import SLURM, port, requires_slurm, tres
 from pyk8sres.testbed import hybrid
 
 pytestmark = requires_slurm
@@ -23,7 +23,7 @@ CPUS, MEMORY = 8, 16000
 def world(kube_paths):
     work = tempfile.mkdtemp(prefix="pyk8sres-walk-")
     c, kas = hybrid.up(work, nodes=1, cpus=CPUS, memory=MEMORY, base_port=port(17400),
-                       kube_port=pick_ports(27800, 27990))
+                       kube_port=pick_ports(27800, 27990), slurm=SLURM)
     env = dict(c.env, KUBECONFIG=kas.kubeconfig)
     try:
         yield c, kas, env
@@ -75,7 +75,7 @@ def test_walkthrough_without_w(world):
          "Kubernetes side in GenericNode")
     job1 = sh(env, "sbatch", "--parsable", "-o", "/dev/null", "--cpus-per-task=3", "--mem=4000",
               "--wrap", "sleep 600").strip()
-    assert "gres:k8scpu:3" in sh(env, "scontrol", "show", "job", job1)   # added by the plugin
+    assert tres("gres:k8scpu:3") in sh(env, "scontrol", "show", "job", job1)   # added by the plugin
     wait(lambda: state(env, job1)[0] == "RUNNING", "job 1 running")
     pod(env, kas, "web-1", "1", "1024Mi")                                # scale up by one
     wait(lambda: allocated(kas, env) == {"Slurm": {"cpu": "3", "memory": "4000Mi"},

@@ -25,7 +25,7 @@ import uuid
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from local_slurm import port
+from local_slurm import SLURM, port
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator import slurm as S
 from pyk8sres.coordinator import sync
@@ -51,7 +51,7 @@ def root():
 def slurm(root):
     work = f"{root}/slurm"
     c = slurm_cluster.up(work, nodes=2, cpus=NODE_CPUS, memory=NODE_MEM, base_port=port(27600),
-                         synced=True)
+                         synced=True, slurm=SLURM)
     os.environ["SLURM_CONF"] = c.conf
     yield c
     subprocess.run(["scancel", "--full", "-u", "root"], env=c.env, capture_output=True)

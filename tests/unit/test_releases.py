@@ -1,0 +1,76 @@
+"""pyk8sres.testbed.releases: which Slurm a test cluster runs."""
+import os
+
+import pytest
+
+from pyk8sres.testbed import releases
+
+
+def make_build(root, version, package=True, ready=True):
+    d = root / version
+    (d / "prefix" / "sbin").mkdir(parents=True)
+    (d / "prefix" / "bin").mkdir(parents=True)
+    (d / "prefix" / "lib" / "slurm").mkdir(parents=True)
+    if ready:
+        (d / ".ready").touch()
+    if package:
+        lib = d / "pyk8sres" / "lib" / "python3.11" / "site-packages" / "pyk8sres" / "_lib"
+        lib.mkdir(parents=True)
+        (lib / "slurm_build.txt").write_text(f"SLURM_VERSION={version}\nTRES_SLASH=1\n")
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYK8SRES_SLURM_BUILD", str(tmp_path))
+    monkeypatch.delenv("PYK8SRES_RELEASE_PACKAGES", raising=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize("builds,want,found", [
+    (["24.11.5"], "24.11", "24.11.5"),
+    (["24.11.5", "24.11.10"], "24.11", "24.11.10"),   # numeric, not text order
+    (["24.11.5"], "24.11.5", "24.11.5"),
+    (["24.11.5"], "24.1", None),                       # a series is matched whole
+    (["26.05.5"], "24.11", None),
+    ([], "26.05", None),
+])
+def test_built_version(root, builds, want, found):
+    for v in builds:
+        make_build(root, v)
+    assert releases.built_version(want) == found
+
+
+def test_unfinished_build_is_not_used(root):
+    make_build(root, "24.11.5", ready=False)
+    with pytest.raises(releases.ReleaseError, match="tools/slurm-build.sh 24.11"):
+        releases.get("24.11")
+
+
+def test_release_without_our_package_says_what_to_run(root):
+    make_build(root, "24.11.5", package=False)
+    with pytest.raises(releases.ReleaseError, match="tools/release-plugins.sh 24.11"):
+        releases.get("24.11")
+
+
+def test_built_release_paths_and_detected_build(root):
+    make_build(root, "24.11.5")
+    rel = releases.get("24.11")
+    prefix = root / "24.11.5" / "prefix"
+    assert rel.name == "24.11.5"
+    assert rel.bin_dirs == (str(prefix / "sbin"), str(prefix / "bin"))
+    assert rel.plugin_dir == str(prefix / "lib" / "slurm")
+    assert releases.build_info(rel.lib_dir) == {"SLURM_VERSION": "24.11.5", "TRES_SLASH": "1"}
+    assert rel.path_env(f"/usr/bin:{prefix / 'bin'}:/bin").split(os.pathsep) == [
+        str(prefix / "sbin"), str(prefix / "bin"), "/usr/bin", "/bin"]
+    (prefix / "sbin" / "slurmctld").write_text("#!/bin/sh\n")
+    (prefix / "sbin" / "slurmctld").chmod(0o755)
+    assert rel.binary("slurmctld", "slurmctld") == str(prefix / "sbin" / "slurmctld")
+    with pytest.raises(releases.ReleaseError, match="slurmd missing from Slurm 24.11.5"):
+        rel.binary("slurmd", "slurmd")  # never falls back to the installed one
+
+
+def test_installed_release_uses_path():
+    rel = releases.Release(releases.INSTALLED)
+    assert rel.path_env("/a:/b") == "/a:/b"
+    with pytest.raises(releases.ReleaseError, match="apt-get install pkg-x"):
+        rel.binary("no-such-binary-pyk8sres", "pkg-x")
