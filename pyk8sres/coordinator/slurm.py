@@ -120,46 +120,6 @@ def get_node(name: str) -> SlurmNode:
     return node_from_line(out.strip().splitlines()[0])
 
 
-def gres_update_text(current_raw: str, counts: dict) -> str:
-    """The Gres= value for `scontrol update`: our counts replaced, others kept."""
-    kept = [e for e in re.sub(r"\([^)]*\)", "", current_raw or "").split(",")
-            if e and e != "(null)" and e.split(":")[0] not in counts]
-    return ",".join(kept + [f"{name}:{count}" for name, count in counts.items()])
-
-
-def set_nodes_gres(changes: dict, current_raw: dict | None = None) -> dict:
-    """Set many nodes' counts with as few scontrol calls as possible: nodes
-    whose new Gres= text is the same share one `scontrol update NodeName=a,b,..`
-    (at 1000 nodes the first sync is one call instead of a thousand).
-
-    Returns {node: None if set, else the SlurmError}.
-    """
-    current_raw = current_raw or {}
-    groups: dict = {}
-    for name, counts in changes.items():
-        raw = current_raw.get(name)
-        if raw is None:
-            try:
-                raw = get_node(name).gres_raw
-            except SlurmError as exc:
-                groups.setdefault(None, []).append((name, exc))
-                continue
-        groups.setdefault(gres_update_text(raw, counts), []).append(name)
-    result = {name: exc for name, exc in groups.pop(None, [])}
-    for text, names in groups.items():
-        try:
-            run("scontrol", "update", f"NodeName={','.join(names)}", f"Gres={text}")
-            result.update((name, None) for name in names)
-        except SlurmError:
-            for name in names:  # find which node(s) refused
-                try:
-                    run("scontrol", "update", f"NodeName={name}", f"Gres={text}")
-                    result[name] = None
-                except SlurmError as exc:
-                    result[name] = exc
-    return result
-
-
 def cluster_name() -> str:
     for line in run("scontrol", "show", "config").splitlines():
         key, _, value = line.partition("=")

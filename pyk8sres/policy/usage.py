@@ -430,29 +430,6 @@ def plan(slurm_nodes, usage: Mapping[str, NodeUsage], managed: Iterable[str],
     return targets, warnings
 
 
-def differences(targets: Mapping[str, Mapping[str, int]], slurm_nodes
-                ) -> dict[str, dict[str, int]]:
-    """Nodes whose observed Slurm counts differ from the target (what to apply).
-
-    Comparing with what Slurm *shows* (not what we last sent) is what makes a
-    slurmctld restart or reconfigure heal on the next cycle.
-    """
-    by_name = {n.name: n for n in slurm_nodes}
-    out = {}
-    for name, want in targets.items():
-        node = by_name.get(name)
-        if node is None:
-            continue
-        have = node.gres or {}
-        if any(have.get(k) != v for k, v in want.items()):
-            out[name] = dict(want)
-    return out
-
-
-# --------------------------------------------------------------------------
-# GenericNode
-# --------------------------------------------------------------------------
-
 def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
                       cluster_name: str, oversubscribed: bool = False) -> tuple[dict, dict]:
     """(spec, status) of the GenericNode for one shared node.

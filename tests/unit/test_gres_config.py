@@ -62,8 +62,6 @@ def test_scontrol_record_parsing():
         ("n1", 4, 2, 8000, 400)
     assert node.gres == {"k8scpu": 3, "gpu": 2}
     assert node.gres_used == {"k8scpu": 2, "gpu": 1}
-    assert slurm.gres_update_text(node.gres_raw, {"k8scpu": 1, "k8smemory": 10}) == \
-        "gpu:tesla:2,k8scpu:1,k8smemory:10"
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -345,17 +345,6 @@ def test_plan_rules():
                        "n3": {"k8scpu": 0, "k8smemory": 0}}
 
 
-@pytest.mark.parametrize("case,gres,target,changed", [
-    ("equal", {"k8scpu": 3, "k8smemory": 7000}, {"k8scpu": 3, "k8smemory": 7000}, False),
-    ("slurmctld restarted (back to conf)", {"k8scpu": 4, "k8smemory": 8000},
-     {"k8scpu": 3, "k8smemory": 7000}, True),
-    ("one differs", {"k8scpu": 3, "k8smemory": 8000}, {"k8scpu": 3, "k8smemory": 7000}, True),
-])
-def test_differences(case, gres, target, changed):
-    got = u.differences({"n1": target, "gone": target}, [SNode(gres=gres)])
-    assert got == ({"n1": target} if changed else {}), case
-
-
 def test_generic_node_body_matches_reference():
     node = SNode(name="slurm-test-worker-cpu-0", alloc_cpus=3, alloc_memory=4000)
     spec, status = u.generic_node_body(
