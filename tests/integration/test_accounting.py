@@ -242,3 +242,40 @@ def test_down_stops_every_daemon_by_pid(up):
     assert {"mariadb", "slurmdbd", "slurmrestd", "slurmctld"} <= set(stopped)
     assert [n for n, pid in pids.items() if cluster.alive(pid)] == []
     assert not os.path.exists(os.path.join(up.work, "mysql", "mysqld.sock"))
+
+
+def test_as_slurm_user():
+    """SlurmUser=slurm, as sites run it: the JWT key is slurm's (0600) and
+    slurmctld reads it, slurmdbd takes slurmctld's registration, a job's
+    k8s GRES reach sacct.  (Our plugins stay out: this Python is not
+    readable by slurm; test_slurm_user.py covers them as slurm.)"""
+    work = tempfile.mkdtemp(prefix="pyk8sres-acct-su-")
+    os.chmod(work, 0o755)
+    base = BASE_PORT + 10
+    try:
+        c = cluster.up(work, nodes=1, cpus=CPUS, memory=MEMORY, base_port=base,
+                       slurm_user="slurm", job_submit=False, node_features=False,
+                       accounting=True, rest=True)
+        slurm = pwd.getpwnam("slurm").pw_uid
+        st = os.stat(os.path.join(work, "etc", "jwt_hs256.key"))
+        assert (st.st_uid, st.st_mode & 0o777) == (slurm, 0o600)
+        assert os.stat(f"/proc/{Up(work, '').pid('slurmctld')}").st_uid == slurm
+        from pyk8sres.testbed import rest
+        token = rest.token(c)          # slurmctld (as slurm) signed it with the key
+        api = rest.api_version(c.release.plugin_dir)[1]
+        status, body = rest.request(c.rest_url, "GET", f"/slurm/{api}/ping", user="root",
+                                    token=token)
+        assert status == 200 and body["pings"][0]["ping"] == "UP", body
+        job = sh(c.env, "sbatch", "--parsable", "-o", "/dev/null", "--gres=k8scpu:2,k8smemory:300",
+                 "-c", "2", "--wrap", "true").strip()
+        deadline = time.monotonic() + 60
+        while True:
+            out = sh(c.env, "sacct", "-X", "-n", "-P", "-j", job, "-o", "State,AllocTRES%60")
+            if out.startswith("COMPLETED"):
+                break
+            assert time.monotonic() < deadline, out
+            time.sleep(0.5)
+        assert _gres(out) == {"k8scpu": 2, "k8smemory": 300}, out
+    finally:
+        cluster.down(work)
+        shutil.rmtree(work, ignore_errors=True)
