@@ -43,6 +43,7 @@ class Target:
     dry_run: bool
     pod: Mapping | None = None       # the pod, when the request carries it
     old_pod: Mapping | None = None   # resize: the pod before
+    user: str = ""                   # who asks (request.userInfo.username)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Reserve:
     key: str
     cpu_m: int
     mem_bytes: int
+    static: bool = False   # a static pod: allowed even when it does not fit
 
 
 def classify(request: Mapping) -> Target | Allow | Deny:
@@ -73,7 +75,8 @@ def classify(request: Mapping) -> Target | Allow | Deny:
         if not node:
             return Allow("pod has no spec.nodeName: it is checked when it is bound")
         name = (obj.get("metadata") or {}).get("name") or request.get("name") or ""
-        return Target("create", ns, name, node, dry, pod=obj)
+        user = (request.get("userInfo") or {}).get("username") or ""
+        return Target("create", ns, name, node, dry, pod=obj, user=user)
     if res == "pods" and op == "UPDATE" and sub == "resize":
         node = (obj.get("spec") or {}).get("nodeName")
         if not node:
@@ -81,6 +84,22 @@ def classify(request: Mapping) -> Target | Allow | Deny:
         return Target("resize", ns, request.get("name") or "", node, dry, pod=obj,
                       old_pod=request.get("oldObject") or {})
     return Allow(f"not a request we check ({op} {res}/{sub})")
+
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+def is_static_pod(target: Target, pod: Mapping) -> bool:
+    """The node's own kubelet creating the mirror of a static pod: the kubelet
+    already runs it, whatever we answer, and retries the mirror until it is
+    accepted.  Refusing would only hide it from both sides, so it is reserved
+    if it fits and allowed (and counted, and the node flagged) if it does not.
+    Only the kubelet's own identity (system:node:<node>, which NodeRestriction
+    confines to mirror pods of that node) gets this; a user's annotation alone
+    gets nothing."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return (target.op == "create" and MIRROR_ANNOTATION in annotations
+            and target.user == f"system:node:{target.node}")
 
 
 def pod_cost(pod: Mapping) -> tuple[int, int]:
@@ -118,7 +137,7 @@ def plan(target: Target, pod: Mapping | None, slurm_node: str | None,
         return Deny(f"pod {target.namespace}/{target.pod_name}: unreadable requests: {e}")
     if target.dry_run:
         return Allow("dry run: nothing reserved")
-    return Reserve(slurm_node, uid, cpu_m, mem)
+    return Reserve(slurm_node, uid, cpu_m, mem, static=is_static_pod(target, pod))
 
 
 def verdict(target: Target, r: Reserve, reply: Mapping) -> Allow | Deny:
@@ -128,6 +147,10 @@ def verdict(target: Target, r: Reserve, reply: Mapping) -> Allow | Deny:
         return Allow(f"{what} reserved on Slurm node {r.slurm_node}")
     code = reply.get("code") or "internal"
     err = reply.get("error") or "no reason given"
+    if code == "nofit" and r.static:
+        return Allow(f"static {what} runs on node {target.node} whatever we answer: allowed "
+                     f"over capacity ({err}); the sync daemon counts it and reports the node "
+                     "Oversubscribed until jobs leave room")
     if code == "nofit":
         return Deny(f"{what} does not fit on node {target.node}: {err}")
     return Deny(f"{what} refused on node {target.node} ({code}): {err}")
