@@ -30,6 +30,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from local_slurm import SLURM, port
 from pyk8sres.coordinator import kube as K
@@ -198,6 +199,13 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world):
     K.bind_pod(direct, "default", "bound", "n1")
     direct.core.create_namespaced_pod("default", _pod("direct", node="n2"),
                                       _preload_content=False).release_conn()
+    # A pod that does not fit is refused, twice (the refusal path; where
+    # the webhook records refusals as Events, the second repeats the first).
+    for _ in range(2):
+        with pytest.raises(ApiException) as refused:
+            direct.core.create_namespaced_pod("default", _pod("too-big", node="n1", cpu="64"),
+                                              _preload_content=False)
+        assert refused.value.status in (400, 403, 422) and "n1" in str(refused.value.body)
     # A job: its placeholder grows, then shrinks when it ends.
     job = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "-c", "2",
                                   "--wrap", "sleep 4"], capture_output=True, text=True,
