@@ -131,8 +131,9 @@ def test_deployments_run_each_daemon_with_its_own_account(kube_paths):
         sc = container["securityContext"]
         assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
         assert spec["securityContext"]["runAsNonRoot"] is True
-        mounts = {m["mountPath"] for m in container["volumeMounts"]}
-        assert "/var/spool/slurmctld" in mounts     # the ledger socket
+        mounts = {m["mountPath"]: m.get("readOnly", False) for m in container["volumeMounts"]}
+        assert mounts["/var/spool/slurmctld"] is True   # the ledger socket; never its journal
+        assert mounts["/etc/slurm"] is True
         labels = dep["spec"]["template"]["metadata"]["labels"]
         selected = all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
         assert selected == (daemon == "webhook"), (name, service["spec"]["selector"])
@@ -159,6 +160,10 @@ def test_sidecar_component(server, tmp_path):
     state = {mount(c, "/var/spool/slurmctld") for c in containers.values() if c["name"] != "munged"}
     assert state == {"state"}
     assert "state" in {t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]}
+    read_only = {n: next(m.get("readOnly", False) for m in c["volumeMounts"]
+                         if m["mountPath"] == "/var/spool/slurmctld")
+                 for n, c in containers.items() if n != "munged"}
+    assert read_only == {"slurmctld": False, "pyk8sres-sync": True, "pyk8sres-webhook": True}
     # The Kubernetes token reaches the sidecars only.
     token = "/var/run/secrets/kubernetes.io/serviceaccount"
     assert spec["automountServiceAccountToken"] is False
