@@ -37,7 +37,9 @@ def _cluster_up(args) -> int:
     if args.rest:
         from .testbed import rest
         _, version = rest.api_version(c.release.plugin_dir)
-        print(f"# slurmrestd (JWT): {c.rest_url}/slurm/{version}/  token: `scontrol token`, "
+        db = f", accounting {c.rest_url}/slurmdb/{version}/" if args.accounting and \
+            rest.db_plugin(c.release.plugin_dir) else ""
+        print(f"# slurmrestd (JWT): {c.rest_url}/slurm/{version}/{db}  token: `scontrol token`, "
               "then headers X-SLURM-USER-NAME and X-SLURM-USER-TOKEN")
         print(f"export SLURMRESTD_URL={c.rest_url}")
     if args.kubernetes:

@@ -441,8 +441,13 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
 
     acct = accounting_mod.Accounting(work, services["slurmdbd"], services["mariadb"]) \
         if accounting else None
+    jwt_key = None
     if rest:
-        extra_conf += rest_mod.slurm_conf_lines(rest_mod.write_jwt_key(work, slurm_user))
+        # With accounting slurmdbd (as its SlurmUser) reads the key too;
+        # a root slurmctld reads it whoever owns it.
+        key_owner = accounting_mod.DBD_USER if acct and slurm_user == "root" else slurm_user
+        jwt_key = rest_mod.write_jwt_key(work, key_owner)
+        extra_conf += rest_mod.slurm_conf_lines(jwt_key)
     _write(os.path.join(work, "etc", "release"),
            f"{release.name}\n{os.pathsep.join(release.bin_dirs)}\n")
     install.install_plugins(os.path.join(work, "plugins"), lib_dir=plugin_lib or release.lib_dir,
@@ -469,7 +474,7 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
 
     try:
         if acct:
-            acct.prepare(auth)
+            acct.prepare(auth, jwt_key)
         if auth == "munge":
             cluster.start_munged()
         if acct:
@@ -482,7 +487,7 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
                 cluster.start_slurmd(node)
             cluster.wait_nodes_idle(node_names(nodes))
         if rest:
-            cluster.rest_url = rest_mod.start(cluster, services["slurmrestd"])
+            cluster.rest_url = rest_mod.start(cluster, services["slurmrestd"], accounting)
     except BaseException:
         down(work)
         raise

@@ -54,6 +54,19 @@ def api_version(plugin_dir: str) -> tuple[str, str]:
                                "apt-get install slurmrestd")
 
 
+def db_plugin(plugin_dir: str) -> str | None:
+    """The slurmrestd -s argument of the accounting (slurmdbd) API, if the
+    release ships it: 22.05 openapi/dbv0.0.38 (served under /slurmdb/v0.0.38),
+    23.11+ openapi/slurmdbd."""
+    _, version = api_version(plugin_dir)
+    legacy = "openapi_db" + version.replace(".", "_") + ".so"
+    if os.path.exists(os.path.join(plugin_dir, legacy)):
+        return "openapi/db" + version
+    if os.path.exists(os.path.join(plugin_dir, "openapi_slurmdbd.so")):
+        return "openapi/slurmdbd"
+    return None
+
+
 def check_installed(release) -> None:
     cluster._need("slurmrestd", "slurmrestd", release)
     for plugin in ("auth_jwt", "rest_auth_jwt"):
@@ -64,7 +77,8 @@ def check_installed(release) -> None:
 
 
 def write_jwt_key(work: str, slurm_user: str) -> str:
-    """A new random HS256 key, 0600 and owned by SlurmUser; returns its path."""
+    """A new random HS256 key, 0600 and owned by SlurmUser (slurmctld's, and
+    slurmdbd's when it validates tokens too); returns its path."""
     path = os.path.join(os.path.abspath(work), "etc", "jwt_hs256.key")
     try:
         os.unlink(path)
@@ -82,10 +96,15 @@ def slurm_conf_lines(key: str) -> str:
     return f"AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key={key}\n"
 
 
-def start(c: cluster.Cluster, port: int) -> str:
-    """Start slurmrestd for cluster `c` on 127.0.0.1:port; returns its URL."""
+def start(c: cluster.Cluster, port: int, accounting: bool = False) -> str:
+    """Start slurmrestd for cluster `c` on 127.0.0.1:port; returns its URL.
+    accounting: also serve slurmdbd's API (/slurmdb/...: jobs with their
+    TRES, as sacct), where the release has it."""
     binary = cluster._need("slurmrestd", "slurmrestd", c.release)
     plugin_arg, _ = api_version(c.release.plugin_dir)
+    db = db_plugin(c.release.plugin_dir) if accounting else None
+    if db:
+        plugin_arg += "," + db
     rest_dir = os.path.join(c.work, "rest")
     os.makedirs(rest_dir, exist_ok=True)
     os.chmod(rest_dir, 0o755)

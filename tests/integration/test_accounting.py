@@ -96,7 +96,8 @@ def test_daemons_users_and_private_files(up):
         st = os.stat(os.path.join(up.work, path))
         return pwd.getpwuid(st.st_uid).pw_name, oct(st.st_mode & 0o777)
     assert mode("etc/slurmdbd.conf") == ("slurm", "0o600")
-    assert mode("etc/jwt_hs256.key") == ("root", "0o600")         # SlurmUser=root here
+    # slurmctld runs as root here; slurmdbd (as slurm) validates tokens too.
+    assert mode("etc/jwt_hs256.key") == ("slurm", "0o600")
     assert mode("mysql") == ("mysql", "0o700")
     assert mode("dbd") == ("slurm", "0o700")
     conf = open(os.path.join(up.work, "etc", "slurm.conf")).read()
@@ -169,6 +170,19 @@ def test_sacct_shows_k8s_tres_of_every_job(up):
         # What Slurm allocated is covered (the project's invariant).
         assert got["k8scpu"] >= t["cpus"] and got["k8smemory"] >= t["mem"], (shape, alloc, t)
         assert f"cpu={t['cpus']}," in alloc, (shape, alloc, t)
+    # slurmrestd's accounting API shows the same TRES (the JWT is checked by
+    # slurmdbd this time).
+    from pyk8sres.testbed import rest
+    token = rest.token(up.handle)
+    api = rest.api_version(cluster.slurm_plugin_dir())[1]
+    for job in jobs:
+        status, body = rest.request(f"http://127.0.0.1:{PORTS['slurmrestd']}", "GET",
+                                    f"/slurmdb/{api}/job/{job}", user="root", token=token)
+        assert status == 200 and not body.get("errors"), (status, body)
+        (record,) = body["jobs"]
+        over_rest = {t["name"]: t["count"] for t in record["tres"]["allocated"]
+                     if t["type"] == "gres"}
+        assert over_rest == truth[job]["gres"], (job, record["tres"])
     # The README's form of the command shows the same.
     readme_form = sh(env, "sacct", "-o", "JobID,AllocTRES%60", "-P", "-j", jobs[0])
     assert f"gres/k8scpu={truth[jobs[0]]['gres']['k8scpu']}," in readme_form

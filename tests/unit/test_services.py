@@ -65,3 +65,23 @@ def test_slurmdbd_conf_documents_what_the_testbed_writes():
     for key in ("StorageType", "StorageLoc", "StorageUser", "SlurmUser", "AuthType"):
         assert doc[key] == used[key], key
     assert set(doc) <= set(used), set(doc) - set(used)
+
+
+@pytest.mark.parametrize("files,expected", [
+    (["openapi_v0_0_37.so", "openapi_v0_0_38.so", "openapi_dbv0_0_38.so"], "openapi/dbv0.0.38"),
+    (["openapi_v0_0_38.so"], None),                          # no slurmdbd API shipped
+    (["openapi_slurmctld.so", "openapi_slurmdbd.so", "data_parser_v0_0_41.so"],
+     "openapi/slurmdbd"),
+])
+def test_rest_db_plugin(tmp_path, files, expected):
+    for name in files:
+        (tmp_path / name).write_bytes(b"")
+    assert rest.db_plugin(str(tmp_path)) == expected
+
+
+def test_slurmdbd_checks_jwt_only_with_rest():
+    with_key = accounting.slurmdbd_conf_text("/w", dbd_port=1, mysql_port=2, password="x",
+                                             auth="munge", jwt_key="/w/etc/jwt_hs256.key")
+    assert "AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key=/w/etc/jwt_hs256.key\n" in with_key
+    assert "AuthAlt" not in accounting.slurmdbd_conf_text("/w", dbd_port=1, mysql_port=2,
+                                                          password="x", auth="munge")
