@@ -170,8 +170,11 @@ class Accounting:
                                f"--socket={self.socket}", "-u", "root", "--batch"],
                               input=sql, capture_output=True, text=True, timeout=30, cwd="/")
         if check and proc.returncode:
-            # The error text never quotes the statement (and so never the password).
-            raise cluster.ClusterError(f"MariaDB refused the setup: {proc.stderr.strip()}")
+            # MariaDB may quote the statement back: never the password.
+            text = proc.stderr.strip()
+            if getattr(self, "password", None):
+                text = text.replace(self.password, "***")
+            raise cluster.ClusterError(f"MariaDB refused the setup: {text}")
         return proc
 
     def start_slurmdbd(self, c: cluster.Cluster) -> None:
