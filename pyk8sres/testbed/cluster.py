@@ -408,6 +408,9 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
         _need(binary, package, release)
     from . import accounting as accounting_mod, rest as rest_mod
     if accounting:
+        if auth == "slurm":
+            raise ClusterError("--accounting runs slurmdbd as slurm, which cannot read this "
+                               "cluster's auth/slurm key: use munge (apt-get install munge)")
         accounting_mod.Accounting.check_installed()
     if rest:
         rest_mod.check_installed(release)
