@@ -4,8 +4,8 @@ The base is rendered by kubectl's own kustomize (the kubectl built with the
 test API server) and applied to a real API server of this module's own (it
 installs a fail-closed admission webhook, which would refuse other modules'
 pods): every kind that server serves is applied and read back; the kinds it
-does not serve (apps/v1 Deployment, v1 Service) are checked by their
-content.  The webhook configuration is then live: a pod aimed at a node in
+does not serve (apps/v1 Deployment, v1 Service) are checked against the
+official client's models of them and by their content.  The webhook configuration is then live: a pod aimed at a node in
 a checked namespace is refused while no coordinator answers (fail closed),
 and the coordinator's own namespace is not checked.
 
@@ -14,6 +14,7 @@ this machine's pyk8sres), and their command lines parse with the daemons'
 own argument parsers.  RBAC content itself: tests/unit/test_rbac.py.
 """
 import configparser
+import json
 import os
 import re
 import shlex
@@ -59,7 +60,6 @@ def server(kube_paths, tmp_path_factory):
 
 def served(kas) -> set[tuple[str, str]]:
     """(apiVersion, kind) the server's discovery lists."""
-    import json
     kinds = set()
     groups = json.loads(kas.kubectl("get", "--raw", "/apis").stdout)["groups"]
     for path in ["/api/v1"] + [f"/apis/{v['groupVersion']}" for g in groups
@@ -108,6 +108,34 @@ def test_base_renders_and_applies(server, tmp_path):
     # ... while the coordinator's own namespace stays schedulable.
     server.kubectl("create", "-n", NAMESPACE, "-f", str(pod_file))
     server.kubectl("delete", "-n", NAMESPACE, "pod", "probe", "--wait=false")
+
+
+def schema_checked(docs) -> list[str]:
+    """The kinds the server does not serve, checked against the official
+    client's models of them: a misspelled or misplaced field does not survive
+    deserialize + serialize (the models keep only the fields Kubernetes has)."""
+    from kubernetes import client
+    api = client.ApiClient()
+    checked = []
+    for d in docs:
+        if (d["apiVersion"], d["kind"]) not in NOT_SERVED | {("apps/v1", "StatefulSet")}:
+            continue
+        back = api.sanitize_for_serialization(
+            api.deserialize(json.dumps(d), "V1" + d["kind"], "application/json"))
+        assert back == d, f"{d['kind']} {d['metadata']['name']}: fields Kubernetes does not have"
+        checked.append(d["kind"])
+    return checked
+
+
+def test_unserved_kinds_match_the_kubernetes_schema(kube_paths, tmp_path):
+    assert sorted(schema_checked(render(kube_paths.kubectl, DEPLOY))) == \
+        ["Deployment", "Deployment", "Service"]
+    site = tmp_path / "site"
+    site.mkdir()
+    rel = os.path.relpath(DEPLOY, site)
+    (site / "kustomization.yaml").write_text(
+        f"resources: [{rel}]\ncomponents: [{rel}/sidecar]\n")
+    assert sorted(schema_checked(render(kube_paths.kubectl, site))) == ["Service", "StatefulSet"]
 
 
 def _deployments(docs):
