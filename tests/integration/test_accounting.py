@@ -228,8 +228,11 @@ def test_password_never_logged_or_printed(up):
     password = up.password()
     assert len(password) >= 24
     assert password not in up.output
+    key_path = os.path.join(up.work, "etc", "jwt_hs256.key")
+    key = open(key_path, "rb").read()
+    assert len(key) == 32
     # Every file of the cluster but slurmdbd.conf and MariaDB's own data
-    # files (which hold only the hash).
+    # files (which hold only the hash): neither the password nor the JWT key.
     leaks = []
     for root, _, files in os.walk(up.work):
         if root.startswith(os.path.join(up.work, "mysql", "data")):
@@ -239,8 +242,9 @@ def test_password_never_logged_or_printed(up):
             if path == os.path.join(up.work, "etc", "slurmdbd.conf") or not os.path.isfile(path):
                 continue
             with open(path, "rb") as f:
-                if password.encode() in f.read():
-                    leaks.append(path)
+                content = f.read()
+            if password.encode() in content or (path != key_path and key in content):
+                leaks.append(path)
     assert leaks == []
     assert os.path.getsize(os.path.join(up.work, "dbd", "slurmdbd.log")) > 0
     # Nor through Slurm's own configuration dumps.
