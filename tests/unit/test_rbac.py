@@ -94,8 +94,10 @@ def _client_methods(func: str, watch: bool = False, seen=None) -> set:
             found.add((node.value.attr, node.attr, watch))
         if isinstance(node, ast.Call):
             f = node.func
-            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
-            callee = _resolve(name) if name else None
+            # A bare name is a module function (never a method: `list(...)`
+            # is the builtin); `x.name(...)` may be a Kube/Informer method.
+            callee = (f.id if isinstance(f, ast.Name) and f.id in FUNCS else
+                      _resolve(f.attr) if isinstance(f, ast.Attribute) else None)
             if callee and callee != func:
                 found |= _client_methods(callee, watch or _has_watch_kw(node), seen)
     return found
