@@ -90,12 +90,16 @@ def wait_webhook(kas, c: cluster.Cluster, timeout: float = 30) -> None:
 
 
 def down(work: str) -> list[str]:
-    stopped = cluster.down(work)
-    kube_dir = os.path.join(os.path.abspath(work), "kube")
+    """The coordinator first, then the API server and etcd by their PIDs
+    (before cluster.down, whose sweep would otherwise SIGKILL them: their
+    command lines name the work directory), then Slurm."""
+    work = os.path.abspath(work)
+    stopped = [name for name in ("sync", "webhook") if cluster.stop_process(work, name)]
+    kube_dir = os.path.join(work, "kube")
     if os.path.exists(os.path.join(kube_dir, "apiserver.pid")) or \
             os.path.exists(os.path.join(kube_dir, "etcd.pid")):
         kas = kubeapi_server.KubeAPIServer(paths=kubeapi_server.Paths("", "", ""))
         kas.workdir = kubeapi_server.Path(kube_dir)
         kas.stop()
         stopped += ["apiserver", "etcd"]
-    return stopped
+    return stopped + cluster.down(work)
