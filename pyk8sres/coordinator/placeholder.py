@@ -40,7 +40,7 @@ class Placeholders:
         nodes = K.list_nodes(self.kube)
         self.scope.update(k8s_nodes=nodes)
         self.nodes = {n["metadata"]["name"]: n for n in nodes}
-        self.pods = {p["metadata"]["name"]: p for p in K.list_pods(self.kube, self.namespace)
+        self.pods = {p["metadata"]["name"]: p for p in K.list_namespace_pods(self.kube, self.namespace)
                      if P.current(p) is not None}
         self.listed_at = time.monotonic()
 
