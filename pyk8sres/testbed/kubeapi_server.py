@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -52,6 +53,16 @@ class Paths:
     apiserver: str
     etcd: str
     kubectl: str
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
 
 
 def build(cache: str | os.PathLike | None = None) -> Paths:
@@ -165,6 +176,11 @@ class KubeAPIServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = int(port)
         self.etcd_port = int(etcd_port) if etcd_port else self.port + 1
+        # A port in use would let our readiness probes reach someone else's
+        # etcd or API server (and its data): refuse instead.
+        busy = [p for p in (self.etcd_port, self.etcd_port + 1, self.port) if not _port_free(p)]
+        if busy:
+            raise StartError(f"port(s) {', '.join(map(str, busy))} on {HOST} already in use")
         try:
             self._start_etcd(timeout)
             self._start_apiserver(timeout, compaction_interval)

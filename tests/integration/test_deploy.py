@@ -34,7 +34,7 @@ from pyk8sres.testbed.kubeapi_server import KubeAPIServer
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-KUBE_PORT = port(27800)           # +1, +2: etcd
+KUBE_PORT = port(27500)           # +1, +2: etcd
 NAMESPACE = "pyk8sres-system"
 # What the test API server (kube/apiserver) does not serve.
 NOT_SERVED = {("apps/v1", "Deployment"), ("v1", "Service")}
