@@ -36,6 +36,8 @@ import time
 import tomllib
 from typing import Mapping
 
+from . import metrics
+from ..policy import events as E
 from ..policy import usage as U
 
 log = logging.getLogger("pyk8sres.coordinator.sync")
@@ -74,6 +76,9 @@ class SyncConfig:
     backoff_max: float = 30.0
     generic_nodes: bool = True      # write GenericNode objects
     create_crd: bool = True         # create the GenericNode CRD if missing
+    metrics_address: str = "127.0.0.1:9710"   # /metrics, /healthz, /readyz over HTTP ("": none)
+    metrics_seconds: float = 5.0    # how often the ledger's show() refreshes the node gauges
+    events: bool = True             # post Kubernetes Events (oversubscribed, ledger unreachable)
     log_level: str = "INFO"
 
 
@@ -261,6 +266,12 @@ class Cache:
                     "in sync again" if ok else "lost: counts will only go down until it is back")
             self.changed.set()
 
+    def not_ready(self) -> str | None:
+        """A readiness check: None once both kinds are listed and watched."""
+        with self.lock:
+            missing = [k for k in self.KINDS if k not in self.listed or not self.ok[k]]
+        return f"{', '.join(missing)} not listed/watched" if missing else None
+
     def snapshot(self) -> tuple[dict[str, U.NodeUsage], dict[str, dict], bool]:
         """(usage per Kubernetes node, slim nodes, healthy)."""
         with self.lock:
@@ -301,6 +312,9 @@ class Reconciler:
         self.applied_total = 0
         self.slurm_view = None   # name -> SlurmNode as of the last refresh
         self.gn_thread: GenericNodeWriter | None = None  # None: write inline
+        self.events = None       # events.Recorder (None: no Events)
+        self.shared: dict[str, str] | None = None   # Slurm node -> Kubernetes node, last cycle
+        self.over_lock = threading.Lock()
 
     def _warn_new(self, warnings: list[str]) -> None:
         now = set(warnings)
@@ -313,12 +327,17 @@ class Reconciler:
         refresh (kept current with what we applied since): pod events then
         cost no `scontrol show node`; the periodic refresh still catches
         anything Slurm changed on its own (restart, reconfigure, jobs)."""
+        with metrics.RECONCILE_SECONDS.time():
+            return self._cycle(slurm_nodes, refresh)
+
+    def _cycle(self, slurm_nodes, refresh: bool) -> U.Desired | None:
         if slurm_nodes is None:
             if refresh or self.slurm_view is None:
                 try:
                     self.slurm_view = {n.name: n for n in self.slurm.list_nodes()}
                 except Exception as e:  # slurmctld down: nothing we can do this cycle
                     log.warning("cannot read Slurm nodes: %s", e)
+                    metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
                     return None
             slurm_nodes = list(self.slurm_view.values())
         k8s_usage, knodes, healthy = self.cache.snapshot()
@@ -328,6 +347,7 @@ class Reconciler:
             reserve_cpu=self.cfg.reserve_cpus or 0,
             reserve_memory_mb=self.cfg.reserve_memory_mb or 0)
         self._warn_new(d.warnings)
+        self.shared = {s: k for k, s in d.k8s_to_slurm.items()}
         self.set_shares(d, healthy)
         if self.kube is not None and self.cfg.generic_nodes and healthy:
             if self.gn_thread is None:
@@ -363,31 +383,82 @@ class Reconciler:
                 reply = self.ledger.set(name, entries, self.cfg.reservation_grace)
             except Exception as e:  # slurmctld down: retried next cycle, nothing handed back
                 log.warning("cannot set the Kubernetes share of %s: %s", name, e)
+                metrics.RECONCILE_ERRORS.labels("ledger_set").inc()
                 self.last_set.pop(name, None)
+                if self.events is not None:
+                    self.events.generic_node(
+                        self.k8s_name(name), E.LEDGER_UNREACHABLE,
+                        f"cannot hold the pods' share of Slurm node {name} in Slurm's ledger "
+                        f"({e}); the node keeps what the ledger last held, and no pod is "
+                        "admitted on it until the ledger answers")
                 continue
             if not reply.get("ok"):
                 log.warning("ledger refused the share of %s: %s", name, reply.get("error"))
+                metrics.RECONCILE_ERRORS.labels("ledger_refused").inc()
                 continue
             if self.last_set.get(name) != entries:
                 self.applied_total += 1
                 share = reply.get("share") or {}
                 log.info("node %s: Kubernetes share set (%d pods): k8scpu=%s k8smemory=%s", name,
                          len(entries), share.get("cpu"), share.get("mem"))
-            over = bool(reply.get("oversubscribed"))
-            if over and not self.oversubscribed.get(name):
-                log.error("node %s is oversubscribed: pods bound there hold more than Slurm's "
-                          "jobs leave (a pod bound without admission, or a static pod); "
-                          "no new job starts there until they leave", name)
-            self.oversubscribed[name] = over
+            share = reply.get("share") or {}
+            self.note_oversubscribed(name, bool(reply.get("oversubscribed")),
+                                     f"pods bound there hold {share.get('cpu')} CPUs and "
+                                     f"{share.get('mem')} MB")
             self.last_set[name] = entries
         if repair:
             self.last_repair = now
+
+    def k8s_name(self, slurm_name: str) -> str:
+        """The Kubernetes node (and GenericNode) a Slurm node is shared as."""
+        return (self.shared or {}).get(slurm_name, slurm_name)
+
+    def note_oversubscribed(self, name: str, over: bool, detail: str) -> None:
+        """Record what the ledger said of Slurm node `name` (from set or show):
+        log, gauge, counter and Event when it becomes oversubscribed, an Event
+        again (its count bumped) while it stays so."""
+        with self.over_lock:
+            was = self.oversubscribed.get(name, False)
+            self.oversubscribed[name] = over
+        metrics.NODE_OVERSUBSCRIBED.labels(name).set(1 if over else 0)
+        if not over:
+            return
+        if not was:
+            metrics.OVERSUBSCRIPTION_DETECTED.labels(name).inc()
+            log.error("node %s is oversubscribed: pods bound there hold more than Slurm's "
+                      "jobs leave (a pod bound without admission, or a static pod); "
+                      "no new job starts there until they leave", name)
+        if self.events is not None:
+            self.events.generic_node(
+                self.k8s_name(name), E.OVERSUBSCRIBED,
+                f"Slurm node {name} is oversubscribed: {detail}, more than Slurm's jobs leave "
+                "(a pod bound without admission, or a static pod); no new job starts there "
+                "until they leave")
+
+    def observe_ledger(self, ledger) -> None:
+        """Node gauges and oversubscription from one ledger show() (the
+        poller's own connection: never queued behind the loop's sets)."""
+        shown = ledger.show()
+        if not shown.get("ok"):
+            raise RuntimeError(f"ledger show: {shown.get('error')}")
+        shared = self.shared
+        metrics.NODES.update(shown, only=set(shared) if shared is not None else None)
+        for name, v in (shown.get("nodes") or {}).items():
+            if v.get("unknown") or (shared is not None and name not in shared):
+                continue
+            share, jobs, cap = v["share"], v["jobs"], v["capacity"]
+            self.note_oversubscribed(
+                name, bool(v.get("oversubscribed")),
+                f"pods hold {share['cpu']} CPUs and {share['mem']} MB, Slurm jobs "
+                f"{jobs['cpu']} CPUs and {jobs['mem']} MB, of {cap['cpu']} CPUs and "
+                f"{cap['mem']} MB")
 
     def sync_generic_nodes_safe(self, d, slurm_nodes) -> None:
         try:
             self.sync_generic_nodes(d, slurm_nodes)
         except Exception as e:  # API down, conflicts: retried on the next cycle
             log.warning("GenericNode update failed: %s", e)
+            metrics.RECONCILE_ERRORS.labels("generic_nodes").inc()
 
     def sync_generic_nodes(self, d: U.Desired, slurm_nodes) -> None:
         """Make GenericNodes match (write only what changed)."""
@@ -509,10 +580,21 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
                  for k in ("nodes", "pods")]
     for i in informers:
         i.start()
+    if cfg.events:
+        from .events import Recorder
+        # Node conditions last: one write a minute per node at most.
+        rec.events = Recorder(kube, "pyk8sres-sync", E.Limits(update_interval=60.0)).start()
     rec.gn_thread = GenericNodeWriter(rec, stop)
     rec.gn_thread.start()
-    SlurmPoller(rec, cache.changed, cfg.resync_seconds, stop).start()
+    alive = max(60.0, 20 * cfg.resync_seconds)
+    metrics.HEALTH.check("watches", cache.not_ready)
+    metrics.HEALTH.check("ledger", metrics.ledger_check(
+        3 * cfg.metrics_seconds + 2 * cfg.request_timeout))
+    SlurmPoller(rec, cache.changed, cfg.resync_seconds, stop,
+                slurm.Ledger(cfg.ledger_socket, timeout=cfg.request_timeout),
+                cfg.metrics_seconds, alive).start()
     while not stop.is_set():
+        metrics.HEALTH.beat("reconcile", alive)
         woke = cache.changed.wait(timeout=cfg.resync_seconds)
         if stop.is_set():
             break
@@ -522,6 +604,8 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
         # The poller keeps rec.slurm_view fresh; a cycle only reads Slurm
         # itself when it has no view yet.
         rec.cycle(refresh=False)
+    if rec.events is not None:
+        rec.events.stop()
     return 0
 
 
@@ -535,16 +619,29 @@ class SlurmPoller(threading.Thread):
     """
 
     def __init__(self, rec: Reconciler, wake: threading.Event, period: float,
-                 stop: threading.Event):
+                 stop: threading.Event, ledger=None, metrics_period: float = 5.0,
+                 alive: float = 60.0):
         super().__init__(name="slurm-poller", daemon=True)
         self.rec, self.wake, self.period, self.stop_event = rec, wake, period, stop
+        self.ledger, self.metrics_period, self.alive = ledger, metrics_period, alive
 
     def run(self) -> None:
-        while not self.stop_event.wait(self.period):
+        shown_at = -1e9
+        while True:
+            metrics.HEALTH.beat("slurm-poller", self.alive)
+            if self.ledger is not None and time.monotonic() - shown_at >= self.metrics_period:
+                shown_at = time.monotonic()
+                try:
+                    self.rec.observe_ledger(self.ledger)
+                except Exception as e:  # counted (ledger errors); /readyz says so
+                    log.warning("ledger show failed: %s", e)
+            if self.stop_event.wait(self.period):
+                return
             try:
                 nodes = self.rec.slurm.list_nodes()
             except Exception as e:  # slurmctld down: keep the old view, retry
                 log.warning("cannot read Slurm nodes: %s", e)
+                metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
                 continue
             self.rec.slurm_view = {n.name: n for n in nodes}
             self.wake.set()
@@ -571,6 +668,11 @@ def parse_args(argv):
                    help="memory kept from both schedulers (default: k8s_resources.conf)")
     p.add_argument("--no-generic-nodes", action="store_false", dest="generic_nodes",
                    default=None, help="do not write GenericNode objects")
+    p.add_argument("--metrics-address", metavar="HOST:PORT",
+                   help="plain HTTP /metrics, /healthz, /readyz (default 127.0.0.1:9710; "
+                        "'' for none)")
+    p.add_argument("--no-events", action="store_false", dest="events", default=None,
+                   help="post no Kubernetes Events")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p.parse_args(argv)
 
@@ -594,6 +696,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import slurm
     from .kube import Kube
+    if cfg.metrics_address and not a.once:
+        try:
+            metrics.serve(cfg.metrics_address)
+        except (OSError, ValueError) as e:
+            print(f"pyk8sres sync: metrics address {cfg.metrics_address}: {e}", file=sys.stderr)
+            return 2
     kube = Kube(cfg.kubeconfig, cfg.context, cfg.request_timeout)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
