@@ -576,6 +576,9 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
                 ok = False
         return 0 if rec.cycle() is not None and ok else 1
 
+    metrics.HEALTH.check("watches", cache.not_ready)
+    metrics.HEALTH.check("ledger", metrics.ledger_check(
+        3 * cfg.metrics_seconds + 2 * cfg.request_timeout))
     informers = [Informer(kube, k, cache, cfg.watch_timeout, cfg.backoff_max, stop)
                  for k in ("nodes", "pods")]
     for i in informers:
@@ -587,9 +590,6 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
     rec.gn_thread = GenericNodeWriter(rec, stop)
     rec.gn_thread.start()
     alive = max(60.0, 20 * cfg.resync_seconds)
-    metrics.HEALTH.check("watches", cache.not_ready)
-    metrics.HEALTH.check("ledger", metrics.ledger_check(
-        3 * cfg.metrics_seconds + 2 * cfg.request_timeout))
     SlurmPoller(rec, cache.changed, cfg.resync_seconds, stop,
                 slurm.Ledger(cfg.ledger_socket, timeout=cfg.request_timeout),
                 cfg.metrics_seconds, alive).start()
