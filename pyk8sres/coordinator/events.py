@@ -8,8 +8,9 @@
 Posting never blocks the caller (the admission response path): emit() only
 puts the occurrence on a bounded queue (full: dropped and counted,
 pyk8sres_events_total{action="queue_full"}); one worker thread decides with
-the pure rules (policy/events.py: create, bump the count, or fold into the
-next bump) and makes the API calls through kube.py.
+the pure rules (policy/events.py: create, bump the count, fold into the next
+bump, or suppress beyond the global write budget) and makes the API calls
+through kube.py.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Recorder:
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self.table: dict = {}              # key -> policy.events.Seen
+        self.bucket = E.Bucket(float(limits.burst), clock())
         self.posted: dict = {}             # key -> (namespace, Event name, latest message)
         self.gn_uids: dict[str, str] = {}
         self.stop_event = threading.Event()
@@ -107,7 +109,10 @@ class Recorder:
 
     def _handle(self, namespace, ref, reason, message, type_, at) -> None:
         key = self._key(namespace, ref, reason)
-        action, seen = E.decide(key, at, self.table, self.limits)
+        action, seen, self.bucket = E.throttled(key, at, self.table, self.bucket, self.limits)
+        if action == E.SUPPRESS:
+            metrics.EVENTS.labels("suppressed").inc()
+            return
         self.table[key] = seen
         try:
             if action == E.CREATE:
@@ -133,6 +138,9 @@ class Recorder:
             seen = self.table[key]
             if seen.count <= seen.written or key not in self.posted:
                 continue
+            ok, self.bucket = E.take(self.bucket, now, self.limits)
+            if not ok and not final:
+                return
             try:
                 self._update(key, seen, self.posted[key][2])
             except Exception as e:

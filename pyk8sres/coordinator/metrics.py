@@ -60,12 +60,13 @@ LEDGER_ERRORS = Counter("pyk8sres_ledger_errors", "Ledger requests without an an
 LEDGER_SECONDS = Histogram("pyk8sres_ledger_call_duration_seconds", "One ledger request",
                            ["op"], buckets=FAST_BUCKETS)
 EVENTS = Counter("pyk8sres_events", "Kubernetes Events, by action (created, updated, folded: "
-                 "counted into the next update, queue_full: dropped, failed)", ["action"])
+                 "counted into the next update, suppressed: over the write budget, "
+                 "queue_full: dropped, failed)", ["action"])
 READY = Gauge("pyk8sres_ready", "1 when /readyz answers 200")
 
 for _result in ("allow", "deny"):   # export zeros from the start: rate() needs them
     ADMISSION_SECONDS.labels(_result)
-for _action in ("created", "updated", "folded", "queue_full", "failed"):
+for _action in ("created", "updated", "folded", "suppressed", "queue_full", "failed"):
     EVENTS.labels(_action)
 
 

@@ -8,7 +8,10 @@ reason is one Event whose count grows, written at most once per
 `update_interval`; occurrences in between are counted and written by the
 next write (the poster calls due() when idle, so the last ones are not lost).
 A key not seen for `window` starts a new Event (kubelet's aggregation
-window; the API server drops Events after an hour anyway).
+window; the API server drops Events after an hour anyway).  Under churn
+(many different pods refused) every write also takes a token from one
+bucket (`rate` per second, `burst`): beyond it a new Event is suppressed
+and a bump is folded, so the API server never sees a storm.
 
 No I/O, standard library only (coordinator/events.py does the posting).
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Hashable, Mapping
 
-CREATE, UPDATE, DROP = "create", "update", "drop"
+CREATE, UPDATE, DROP, SUPPRESS = "create", "update", "drop", "suppress"
 
 # Deny codes (policy/admission.py) -> Event reason on the pod.
 REFUSAL_REASONS = {
@@ -39,6 +42,8 @@ class Limits:
     update_interval: float = 5.0   # at most one write per key this often (seconds)
     window: float = 600.0          # a key unseen this long starts a new Event
     max_keys: int = 4096           # the table forgets the oldest keys beyond this
+    rate: float = 5.0              # API writes per second over all keys, sustained
+    burst: int = 50                # ... and at once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +66,37 @@ def decide(key: Hashable, now: float, table: Mapping[Hashable, Seen],
     if now - old.sent >= limits.update_interval:
         return UPDATE, dataclasses.replace(new, written=new.count, sent=now)
     return DROP, new
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """Write tokens left at time `at`."""
+    tokens: float
+    at: float
+
+
+def take(bucket: Bucket, now: float, limits: Limits = Limits()) -> tuple[bool, Bucket]:
+    """(whether one write may go now, the bucket after)."""
+    tokens = min(float(limits.burst), bucket.tokens + max(0.0, now - bucket.at) * limits.rate)
+    if tokens >= 1.0:
+        return True, Bucket(tokens - 1.0, now)
+    return False, Bucket(tokens, now)
+
+
+def throttled(key: Hashable, now: float, table: Mapping[Hashable, Seen], bucket: Bucket,
+              limits: Limits = Limits()) -> tuple[str, Seen | None, Bucket]:
+    """decide(), then the global budget: (action, the key's new entry or None
+    (SUPPRESS: nothing posted, nothing remembered), the bucket after)."""
+    action, seen = decide(key, now, table, limits)
+    if action == DROP:
+        return DROP, seen, bucket
+    ok, bucket = take(bucket, now, limits)
+    if ok:
+        return action, seen, bucket
+    if action == CREATE:
+        return SUPPRESS, None, bucket
+    old = table[key]
+    return DROP, dataclasses.replace(old, count=old.count + 1, last=max(old.last, now)), bucket
 
 
 def due(table: Mapping[Hashable, Seen], now: float, limits: Limits = Limits()) -> list:

@@ -321,6 +321,28 @@ def test_refused_pod_gets_one_event_with_a_count_and_the_deny_counter(hyb, kube,
     subprocess.run(["scancel", job], env=hyb[0].env, check=True)
 
 
+def test_churn_of_refused_pods_stays_within_the_event_budget(hyb, kube, ns):
+    """Many different pods refused at once: Events for the first ones (the
+    budget's burst, then its rate), the rest suppressed and counted."""
+    from pyk8sres.policy.events import Limits
+    limits = Limits()
+    webhook_in_force(kube, ns)
+    suppressed = scraped(WEBHOOK_METRICS, "pyk8sres_events_total", action="suppressed")
+    n = limits.burst + 40
+    t0 = time.monotonic()
+    for i in range(n):
+        with pytest.raises(ApiException) as e:
+            K.create_pod(kube, ns, pod(f"churn-{i}", "100", "1Mi", node="n1"))
+        assert e.value.status == 403
+    elapsed = time.monotonic() - t0
+    wait_for(lambda: scraped(WEBHOOK_METRICS, "pyk8sres_events_total", action="suppressed")
+             > suppressed, 30, "suppressed Events counted")
+    time.sleep(1)      # the recorder's queue is drained by now
+    posted = [ev for ev in events(kube, ns) if ev["involvedObject"]["name"].startswith("churn-")]
+    assert 0 < len(posted) <= limits.burst + limits.rate * (elapsed + 1) < n, (len(posted), elapsed)
+    assert {ev["reason"] for ev in posted} == {"InsufficientSharedCapacity"}
+
+
 def test_oversubscribed_node_event_gauge_and_alert(hyb, kube, prometheus, ns):
     c, kas = hyb
     job = sbatch(c, "n2", CPUS, 1000)                 # Slurm holds all of n2

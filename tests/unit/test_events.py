@@ -85,3 +85,49 @@ def test_prune(case, table, now, kept):
 ])
 def test_refusal_reason(code, reason):
     assert E.refusal_reason(code) == reason
+
+
+B = E.Limits(update_interval=5.0, window=600.0, rate=2.0, burst=3)
+
+
+@pytest.mark.parametrize("case,bucket,now,ok,after", [
+    ("full bucket gives a token", E.Bucket(3.0, 10.0), 10.0, True, E.Bucket(2.0, 10.0)),
+    ("empty bucket refuses", E.Bucket(0.4, 10.0), 10.0, False, E.Bucket(0.4, 10.0)),
+    ("refills at rate", E.Bucket(0.4, 10.0), 10.3, True, E.Bucket(0.0, 10.3)),
+    ("never above burst", E.Bucket(2.0, 0.0), 100.0, True, E.Bucket(2.0, 100.0)),
+    ("a clock going back refills nothing", E.Bucket(0.5, 10.0), 9.0, False, E.Bucket(0.5, 9.0)),
+])
+def test_take(case, bucket, now, ok, after):
+    got_ok, got = E.take(bucket, now, B)
+    assert (got_ok, got.at) == (ok, after.at) and got.tokens == pytest.approx(after.tokens), case
+
+
+@pytest.mark.parametrize("case,table,bucket,action,entry", [
+    ("new key with a token creates", {}, E.Bucket(1, 100), E.CREATE, seen(1, 1, 100, 100, 100)),
+    ("new key without a token is suppressed (nothing remembered)", {}, E.Bucket(0, 100),
+     E.SUPPRESS, None),
+    ("a due bump without a token folds", {K: seen(3, 3, 0, 90, 90)}, E.Bucket(0, 100), E.DROP,
+     seen(4, 3, 0, 100, 90)),
+    ("a due bump with a token updates", {K: seen(3, 3, 0, 90, 90)}, E.Bucket(1, 100), E.UPDATE,
+     seen(4, 4, 0, 100, 100)),
+    ("a fold costs no token", {K: seen(3, 3, 0, 99, 99)}, E.Bucket(0, 100), E.DROP,
+     seen(4, 3, 0, 100, 99)),
+])
+def test_throttled(case, table, bucket, action, entry):
+    got_action, got, after = E.throttled(K, 100.0, table, bucket, B)
+    assert (got_action, got) == (action, entry), case
+    spent = action in (E.CREATE, E.UPDATE)
+    assert after.tokens == pytest.approx(bucket.tokens - (1 if spent else 0)), case
+
+
+def test_churn_of_distinct_pods_is_bounded_by_the_budget():
+    """1000 different pods refused, 100 every 0.25 s for 2.25 s: burst + rate x 2.25 s
+    Events (a token every 0.5 s), no more."""
+    table, bucket, created = {}, E.Bucket(B.burst, 0.0), 0
+    for i in range(1000):
+        key = ("ns", "Pod", f"p{i}", f"u{i}", "InsufficientSharedCapacity")
+        action, s, bucket = E.throttled(key, (i // 100) * 0.25, table, bucket, B)
+        if s is not None:
+            table[key] = s
+        created += action == E.CREATE
+    assert created == B.burst + 4 == len(table)
