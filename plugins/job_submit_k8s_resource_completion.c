@@ -7,6 +7,7 @@
  * No I/O, no allocation on the Python side that Slurm must free.
  */
 #define _GNU_SOURCE /* dladdr */
+#include <errno.h>
 #include <inttypes.h>
 #include <time.h>
 #include <string.h>
@@ -253,9 +254,24 @@ static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
 	return SLURM_SUCCESS;
 }
 
+/* errno is 0 when we accept: slurmctld's RPC code leaves stale values in it
+ * (EAGAIN from its sockets, and the embedded Python sets it freely), and
+ * 24.11's _update_job returns errno as the error when a partition change
+ * finds no association (no accounting): "Resource temporarily unavailable"
+ * for one partition update in a few, with or without this plugin. */
+static int complete_clearing_errno(job_desc_msg_t *d, void *job_ptr,
+				   uint32_t uid, int is_modify, char **err_msg)
+{
+	int rc = complete(d, job_ptr, uid, is_modify, err_msg);
+
+	if (rc == SLURM_SUCCESS)
+		errno = 0;
+	return rc;
+}
+
 int job_submit(job_desc_msg_t *job_desc, uint32_t submit_uid, char **err_msg)
 {
-	return complete(job_desc, NULL, submit_uid, 0, err_msg);
+	return complete_clearing_errno(job_desc, NULL, submit_uid, 0, err_msg);
 }
 
 /* PYK8SRES_JOB_MODIFY_ERR_MSG: meson read the release's job_submit ops table
@@ -270,5 +286,5 @@ int job_modify(job_desc_msg_t *job_desc, void *job_ptr, uint32_t submit_uid)
 #if !PYK8SRES_JOB_MODIFY_ERR_MSG
 	char **err_msg = NULL;
 #endif
-	return complete(job_desc, job_ptr, submit_uid, 1, err_msg);
+	return complete_clearing_errno(job_desc, job_ptr, submit_uid, 1, err_msg);
 }

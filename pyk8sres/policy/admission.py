@@ -38,7 +38,7 @@ class Deny:
 # Metric labels (pyk8sres_admission_requests_total{result, reason}): a few
 # fixed words, never names, so the series stay few.
 ALLOW_CODES = ("reserved", "not_shared", "exempt", "dry_run", "unbound", "not_checked",
-               "no_growth")
+               "no_growth", "static_over_capacity")
 DENY_CODES = ("nofit", "ledger_unreachable", "ledger_refused", "pod_unreadable",
               "pod_not_found", "bad_request", "internal")
 
@@ -53,6 +53,7 @@ class Target:
     dry_run: bool
     pod: Mapping | None = None       # the pod, when the request carries it
     old_pod: Mapping | None = None   # resize: the pod before
+    user: str = ""                   # who asks (request.userInfo.username)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Reserve:
     key: str
     cpu_m: int
     mem_bytes: int
+    static: bool = False   # a static pod: allowed even when it does not fit
 
 
 def classify(request: Mapping) -> Target | Allow | Deny:
@@ -83,7 +85,8 @@ def classify(request: Mapping) -> Target | Allow | Deny:
         if not node:
             return Allow("pod has no spec.nodeName: it is checked when it is bound", "unbound")
         name = (obj.get("metadata") or {}).get("name") or request.get("name") or ""
-        return Target("create", ns, name, node, dry, pod=obj)
+        user = (request.get("userInfo") or {}).get("username") or ""
+        return Target("create", ns, name, node, dry, pod=obj, user=user)
     if res == "pods" and op == "UPDATE" and sub == "resize":
         node = (obj.get("spec") or {}).get("nodeName")
         if not node:
@@ -91,6 +94,22 @@ def classify(request: Mapping) -> Target | Allow | Deny:
         return Target("resize", ns, request.get("name") or "", node, dry, pod=obj,
                       old_pod=request.get("oldObject") or {})
     return Allow(f"not a request we check ({op} {res}/{sub})", "not_checked")
+
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+def is_static_pod(target: Target, pod: Mapping) -> bool:
+    """The node's own kubelet creating the mirror of a static pod: the kubelet
+    already runs it, whatever we answer, and retries the mirror until it is
+    accepted.  Refusing would only hide it from both sides, so it is reserved
+    if it fits and allowed (and counted, and the node flagged) if it does not.
+    Only the kubelet's own identity (system:node:<node>, which NodeRestriction
+    confines to mirror pods of that node) gets this; a user's annotation alone
+    gets nothing."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return (target.op == "create" and MIRROR_ANNOTATION in annotations
+            and target.user == f"system:node:{target.node}")
 
 
 def pod_cost(pod: Mapping) -> tuple[int, int]:
@@ -130,7 +149,7 @@ def plan(target: Target, pod: Mapping | None, slurm_node: str | None,
                     "bad_request")
     if target.dry_run:
         return Allow("dry run: nothing reserved", "dry_run")
-    return Reserve(slurm_node, uid, cpu_m, mem)
+    return Reserve(slurm_node, uid, cpu_m, mem, static=is_static_pod(target, pod))
 
 
 def verdict(target: Target, r: Reserve, reply: Mapping) -> Allow | Deny:
@@ -140,6 +159,10 @@ def verdict(target: Target, r: Reserve, reply: Mapping) -> Allow | Deny:
         return Allow(f"{what} reserved on Slurm node {r.slurm_node}", "reserved")
     code = reply.get("code") or "internal"
     err = reply.get("error") or "no reason given"
+    if code == "nofit" and r.static:
+        return Allow(f"static {what} runs on node {target.node} whatever we answer: allowed "
+                     f"over capacity ({err}); the sync daemon counts it and reports the node "
+                     "Oversubscribed until jobs leave room", "static_over_capacity")
     if code == "nofit":
         return Deny(f"{what} does not fit on node {target.node}: {err}", "nofit")
     return Deny(f"{what} refused on node {target.node} ({code}): {err}",

@@ -26,7 +26,7 @@ import subprocess
 import time
 
 import pytest
-from local_slurm import port, requires_slurm
+from local_slurm import SLURM, port, requires_slurm
 
 from pyk8sres.slurmctld.slurmconf import expand_hostlist
 from pyk8sres.testbed import cluster
@@ -161,7 +161,7 @@ def pair(request, tmp_path_factory):
             handle = cluster.up(work, nodes=NODES, cpus=CPUS, memory=MEMORY,
                                 base_port=base + i * (NODES + 1), node_features=False,
                                 def_mem_per_cpu=100, job_submit=with_plugin,
-                                partitions=PARTITIONS, plugin_lib=baseline,
+                                partitions=PARTITIONS, plugin_lib=baseline, slurm=SLURM,
                                 **TOPOLOGIES[topology])
             sides.append(Side(handle))
         yield topology, sides[0], sides[1], tmp_path_factory.getbasetemp()

@@ -32,6 +32,7 @@ from pyk8sres.coordinator import sync
 from pyk8sres.coordinator import webhook as W
 from pyk8sres.coordinator.placeholder import Placeholders
 from pyk8sres.policy import placeholder as P
+from pyk8sres.policy.admission import MIRROR_ANNOTATION as A_MIRROR
 from pyk8sres.testbed import cluster as slurm_cluster
 from pyk8sres.testbed.kubeapi_server import KubeAPIServer
 from pyk8sres.testbed.scheduler import Scheduler
@@ -438,3 +439,40 @@ def test_cert_manager_mode(slurm, kube, ledger, ns, root):
         hook.stop()
         kube.admission.delete_validating_webhook_configuration(
             name, _preload_content=False).release_conn()
+
+
+def test_static_pod_from_its_kubelet_is_allowed_and_counted_even_over_capacity(
+        slurm, kube, webhook, ns, ledger, repair, api):
+    """A static pod runs because its kubelet started it; the mirror pod the
+    kubelet then creates is only its record.  Refusing it would hide a
+    running pod from both sides, so the node's own kubelet (system:node:n1)
+    gets it allowed, counted, and the node reported oversubscribed.  The
+    mirror annotation written by anyone else exempts nothing."""
+    active(kube, ns)
+    job = sbatch(slurm, "n1", 6)
+    wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "job running")
+    static = pod("etcd-n1", "4", "1Gi", node="n1")
+    static["metadata"]["annotations"] = {A_MIRROR: "0123abcd"}
+    with pytest.raises(ApiException) as e:                  # a user, with the annotation
+        K.create_pod(kube, ns, static)
+    assert e.value.status == 403 and "does not fit on node n1" in e.value.body
+    kubelet = K.Kube(api.kubeconfig)
+    kubelet.api.set_default_header("Impersonate-User", "system:node:n1")
+    kubelet.api.set_default_header("Impersonate-Group", "system:nodes")
+    K.create_pod(kubelet, ns, static)                        # the kubelet: allowed
+    uid = K.get_pod(kube, ns, "etcd-n1")["metadata"]["uid"]
+    # The repair counts it (its share cannot be carried next to the job) ...
+    view = wait_for(lambda: (lambda v: v if uid in v.get("entries", {}) else None)(
+        ledger.show("n1")["nodes"]["n1"]), 10, "static pod in the ledger")
+    assert view["entries"][uid] == [4000, 1 << 30] and view["oversubscribed"] is True
+    # ... so Slurm starts nothing more there, and a pod is refused.
+    assert used(slurm, "n1")[0] == 8
+    j2 = sbatch(slurm, "n1", 1)
+    wait_for(lambda: job_state(slurm, j2) == ("PENDING", "Resources"), 20, "job 2 pends")
+    with pytest.raises(ApiException) as e:
+        K.create_pod(kube, ns, pod("late", "100m", "10Mi", node="n1"))
+    assert e.value.status == 403
+    # The job ends: the static pod fits again, and the job that pended runs.
+    subprocess.run(["scancel", job], env=slurm.env, check=True)
+    wait_for(lambda: job_state(slurm, j2)[0] == "RUNNING", 30, "job 2 runs")
+    assert ledger.show("n1")["nodes"]["n1"]["oversubscribed"] is False

@@ -9,22 +9,25 @@ MI = 1024 * 1024
 EX = U.exemptions(["slurm"], "pyk8sres-system")
 
 
-def pod(name="p", ns="default", node=None, cpu="500m", mem="256Mi", uid="u-1", labels=None):
+def pod(name="p", ns="default", node=None, cpu="500m", mem="256Mi", uid="u-1", labels=None,
+        annotations=None):
     spec = {"containers": [{"name": "c", "image": "x",
                             "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}
     if node:
         spec["nodeName"] = node
     meta = {"name": name, "namespace": ns, "labels": labels or {}}
+    if annotations:
+        meta["annotations"] = annotations
     if uid:
         meta["uid"] = uid
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
-def req(op, resource, sub="", obj=None, old=None, name="p", ns="default", dry=False):
+def req(op, resource, sub="", obj=None, old=None, name="p", ns="default", dry=False, user="alice"):
     return {"uid": "r-1", "operation": op, "resource": {"group": "", "version": "v1",
                                                        "resource": resource},
             "subResource": sub, "name": name, "namespace": ns, "object": obj,
-            "oldObject": old, "dryRun": dry}
+            "oldObject": old, "dryRun": dry, "userInfo": {"username": user}}
 
 
 def binding(node="n1", name="p"):
@@ -47,6 +50,8 @@ def binding(node="n1", name="p"):
 ])
 def test_classify(case, r, expect):
     got = A.classify(r)
+    if isinstance(got, A.Target) and got.op == "create":
+        assert got.user == "alice"
     if isinstance(expect, tuple):
         assert isinstance(got, A.Target), case
         assert (got.op, got.pod_name, got.node) == expect, case
@@ -54,8 +59,11 @@ def test_classify(case, r, expect):
         assert isinstance(got, expect), (case, got)
 
 
-def target(op="bind", node="n1", dry=False, p=None, old=None):
-    return A.Target(op, "default", "p", node, dry, pod=p, old_pod=old)
+def target(op="bind", node="n1", dry=False, p=None, old=None, user="alice"):
+    return A.Target(op, "default", "p", node, dry, pod=p, old_pod=old, user=user)
+
+
+MIRROR = {A.MIRROR_ANNOTATION: "abc"}
 
 
 @pytest.mark.parametrize("case,t,stored,snode,expect", [
@@ -81,6 +89,20 @@ def target(op="bind", node="n1", dry=False, p=None, old=None):
     ("resize growth holds the larger of each",
      target("resize", p=pod(node="n1", cpu="2", mem="100Mi"), old=pod(node="n1", cpu="1")), None,
      "n1", A.Reserve("n1", "u-1", 2000, 256 * MI)),
+    # A static pod's mirror, from its own node's kubelet: reserved, and
+    # allowed over capacity (verdict); from anyone else it is a plain pod.
+    ("static pod from its kubelet", target("create", p=pod(annotations=MIRROR),
+                                           user="system:node:n1"), None, "n1",
+     A.Reserve("n1", "u-1", 500, 256 * MI, static=True)),
+    ("mirror annotation from a user", target("create", p=pod(annotations=MIRROR)), None, "n1",
+     A.Reserve("n1", "u-1", 500, 256 * MI)),
+    ("mirror from another node's kubelet", target("create", p=pod(annotations=MIRROR),
+                                                  user="system:node:n2"), None, "n1",
+     A.Reserve("n1", "u-1", 500, 256 * MI)),
+    ("kubelet without the mirror annotation", target("create", p=pod(), user="system:node:n1"),
+     None, "n1", A.Reserve("n1", "u-1", 500, 256 * MI)),
+    ("mirror binding is not a create", target("bind", user="system:node:n1"),
+     pod(annotations=MIRROR), "n1", A.Reserve("n1", "u-1", 500, 256 * MI)),
     ("resize shrink needs nothing",
      target("resize", p=pod(node="n1", cpu="100m"), old=pod(node="n1")), None, "n1", A.Allow),
 ])
@@ -106,6 +128,20 @@ def test_verdict(reply, allowed, words):
     text = d.reason if allowed else d.message
     for w in words:
         assert w in text
+
+
+@pytest.mark.parametrize("reply,allowed", [
+    ({"ok": True}, True),
+    ({"ok": False, "code": "nofit", "error": "Slurm jobs hold 8 of 8 CPUs on n1"}, True),
+    ({"ok": False, "code": "unknown_node", "error": "no node n1"}, False),
+    ({"ok": False, "code": "denied", "error": "uid 5 may not"}, False),
+])
+def test_verdict_static_pod(reply, allowed):
+    """Only "does not fit" is overridden for a static pod: it runs anyway."""
+    d = A.verdict(target("create"), A.Reserve("n1", "u-1", 500, 256 * MI, static=True), reply)
+    assert isinstance(d, A.Allow) is allowed
+    if allowed and not reply["ok"]:
+        assert "Oversubscribed" in d.reason and "8 of 8 CPUs" in d.reason
 
 
 def test_review_response():
@@ -170,6 +206,9 @@ def test_updated_webhook_config_owns_only_its_fields():
                                {"ok": False, "code": "unknown_node", "error": "?"}),
      "ledger_refused"),
     ("malformed reply", A.verdict(target(), A.Reserve("n1", "u", 1, 1), {}), "internal"),
+    ("static pod over capacity", A.verdict(target(), A.Reserve("n1", "u", 1, 1, static=True),
+                                           {"ok": False, "code": "nofit", "error": "full"}),
+     "static_over_capacity"),
 ])
 def test_decision_codes(case, decision, code):
     assert decision.code == code, case
