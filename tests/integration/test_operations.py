@@ -406,6 +406,8 @@ def test_readiness_follows_the_ledger_and_the_watches(hyb, kube, prometheus, ns,
     bad.write_text(Path(kas.kubeconfig).read_text().replace(f":{KUBE_PORT}", f":{port(28133)}"))
     assert bad.read_text() != Path(kas.kubeconfig).read_text()
     errors_before = value(prometheus, 'sum(pyk8sres_ledger_errors_total{job="pyk8sres-sync"})') or 0
+    slurm_read_before = value(
+        prometheus, 'pyk8sres_reconcile_errors_total{stage="slurm_read"}') or 0
     c.stop("slurmctld")
     fresh = unlisted = None
     try:
@@ -432,6 +434,8 @@ def test_readiness_follows_the_ledger_and_the_watches(hyb, kube, prometheus, ns,
         settle(prometheus, 'pyk8sres_ready{job="pyk8sres-webhook"}', 0)
         settle(prometheus, 'sum(pyk8sres_ledger_errors_total{job="pyk8sres-sync"})',
                lambda v: v > errors_before)
+        settle(prometheus, 'pyk8sres_reconcile_errors_total{stage="slurm_read"}',
+               lambda v: v > slurm_read_before)
         settle(prometheus, 'count(ALERTS{alertname="PyK8sResNotReady",alertstate="pending"})',
                lambda v: v >= 1)
     finally:
@@ -446,6 +450,9 @@ def test_readiness_follows_the_ledger_and_the_watches(hyb, kube, prometheus, ns,
                                        "ledger" not in r[1] and r)(
             get(f"http://127.0.0.1:{port(28132)}/readyz")), 30, "unlisted: only the watches")
         assert body == "watches: pods, nodes not listed/watched\n", body
+        for kind in ("pods", "nodes"):     # each failed list counts as a restart
+            assert scraped(port(28132), "pyk8sres_watch_restarts_total", kind=kind,
+                           reason="error") >= 1
         assert get(f"http://127.0.0.1:{port(28132)}/healthz") == (200, "ok\n")
         settle(prometheus, 'pyk8sres_ready{job="pyk8sres-webhook"}', 1)
     finally:
