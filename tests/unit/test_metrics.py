@@ -83,3 +83,17 @@ def test_parse_address(text, addr):
 def test_parse_address_errors(text):
     with pytest.raises(ValueError):
         M.parse_address(text)
+
+
+def test_event_queue_never_blocks_and_counts_what_it_drops():
+    """The admission path only queues; with the worker stuck (not started
+    here) a full queue drops the Event at once and counts it."""
+    from pyk8sres.coordinator.events import Recorder
+    r = Recorder(kube=None, component="test", queue_size=2)
+    before = sample("pyk8sres_events_total", action="queue_full")
+    t0 = time.perf_counter()
+    for i in range(5):
+        r.pod("ns", f"p{i}", None, "InsufficientSharedCapacity", "no room")
+    assert time.perf_counter() - t0 < 0.05
+    assert r.queue.qsize() == 2
+    assert sample("pyk8sres_events_total", action="queue_full") == before + 3
