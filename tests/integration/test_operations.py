@@ -364,6 +364,8 @@ def test_oversubscribed_node_event_gauge_and_alert(hyb, kube, prometheus, ns):
         assert ev["involvedObject"]["apiVersion"] == "pyk8sres.io/v1alpha1"
         assert "n2" in ev["message"] and "2 CPUs" in ev["message"]
         assert ev["source"]["component"] == "pyk8sres-sync"
+        out = kas.kubectl("describe", "genericnode", "n2").stdout     # what an admin reads
+        assert "Oversubscribed" in out and "pyk8sres-sync" in out, out
         # The alert rule sees it (pending: its `for` is 1 minute).
         def alerting():
             code, body = get(f"{prometheus}/api/v1/alerts")
