@@ -396,12 +396,11 @@ class Reconciler:
                 log.warning("ledger refused the share of %s: %s", name, reply.get("error"))
                 metrics.RECONCILE_ERRORS.labels("ledger_refused").inc()
                 continue
+            share = reply.get("share") or {}
             if self.last_set.get(name) != entries:
                 self.applied_total += 1
-                share = reply.get("share") or {}
                 log.info("node %s: Kubernetes share set (%d pods): k8scpu=%s k8smemory=%s", name,
                          len(entries), share.get("cpu"), share.get("mem"))
-            share = reply.get("share") or {}
             self.note_oversubscribed(name, bool(reply.get("oversubscribed")),
                                      f"pods bound there hold {share.get('cpu')} CPUs and "
                                      f"{share.get('mem')} MB")
