@@ -60,6 +60,20 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] * 1000
 
 
+def settle(kube, nodes: int, timeout: float = 300) -> float:
+    """Seconds until the coordinator is in its steady state: one placeholder
+    pod per shared node (at 1000 nodes their creation takes a while, and
+    measuring meanwhile would time that start-up, not admission)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        made = sum(1 for p in K.list_pods(kube, "pyk8sres-system")
+                   if p["metadata"]["name"].startswith("slurm-share-"))
+        if made >= nodes:
+            return time.monotonic() - t0
+        time.sleep(1)
+    raise SystemExit(f"only {made} of {nodes} placeholder pods after {timeout} s")
+
+
 def measure(kube, pods: int, threads: int) -> dict:
     ns = "bench-" + uuid.uuid4().hex[:6]
     kube.core.create_namespace({"metadata": {"name": ns}}, _preload_content=False).release_conn()
@@ -111,6 +125,8 @@ def main():
                                    "metadata": {"name": "not-shared"},
                                    "status": {"capacity": {"cpu": "64", "memory": "256000Mi"}}},
                                   _preload_content=False).release_conn()
+            print(f"{n} nodes: coordinator settled (placeholders made) in "
+                  f"{settle(kube, n):.0f} s", flush=True)
             rows.append((n, "idle", measure(kube, args.pods, args.threads)))
             if args.queue:
                 print(f"{n} nodes: queueing {args.queue} jobs ...", flush=True)

@@ -15,18 +15,33 @@ def _cluster_up(args) -> int:
                            base_port=args.base_port, kube_port=args.kube_port,
                            node_features=node_features, slurm=args.slurm, auth=args.auth,
                            sockets=args.sockets, cores_per_socket=args.cores_per_socket,
-                           threads_per_core=args.threads_per_core)
+                           threads_per_core=args.threads_per_core,
+                           accounting=args.accounting, rest=args.rest)
     else:
         c = cluster.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
                        base_port=args.base_port, node_features=node_features,
                        slurm=args.slurm, auth=args.auth,
                        sockets=args.sockets, cores_per_socket=args.cores_per_socket,
-                       threads_per_core=args.threads_per_core)
+                       threads_per_core=args.threads_per_core,
+                       accounting=args.accounting, rest=args.rest)
     print(f"# local Slurm cluster up in {c.work}: nodes {','.join(cluster.node_names(args.nodes))}"
           f", Slurm {c.release.name}")
     print(f"export SLURM_CONF={c.conf}")
     if c.release.bin_dirs:
         print(f"export PATH={os.pathsep.join(c.release.bin_dirs)}:$PATH  # Slurm {c.release.name}")
+    if args.accounting:
+        ports = cluster.service_ports(args.base_port, args.nodes)
+        print(f"# accounting: slurmdbd on 127.0.0.1:{ports['slurmdbd']}, MariaDB on "
+              f"127.0.0.1:{ports['mariadb']} (private, {c.work}/mysql); "
+              "sacct -o JobID,AllocTRES%60 shows each job's k8scpu/k8smemory")
+    if args.rest:
+        from .testbed import rest
+        _, version = rest.api_version(c.release.plugin_dir)
+        db = f", accounting {c.rest_url}/slurmdb/{version}/" if args.accounting and \
+            rest.db_plugin(c.release.plugin_dir) else ""
+        print(f"# slurmrestd (JWT): {c.rest_url}/slurm/{version}/{db}  token: `scontrol token`, "
+              "then headers X-SLURM-USER-NAME and X-SLURM-USER-TOKEN")
+        print(f"export SLURMRESTD_URL={c.rest_url}")
     if args.kubernetes:
         print(f"# Kubernetes API server {kas.url}, pyk8sres sync and webhook running "
               f"(logs: {c.work}/log/sync.out, webhook.out)")
@@ -113,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--auth", choices=("auto", "munge", "slurm"), default="auto",
                    help="auto: munge if munged is installed, else auth/slurm (23.11+)")
     u.add_argument("--kubernetes", action="store_true", help="also start a Kubernetes API server")
+    u.add_argument("--accounting", action="store_true",
+                   help="also a private MariaDB and slurmdbd (ports after the slurmd ones), "
+                        "AccountingStorageTRES=gres/k8scpu,gres/k8smemory")
+    u.add_argument("--rest", action="store_true",
+                   help="also slurmrestd with JWT on 127.0.0.1 (port after slurmdbd's and MariaDB's)")
     u.add_argument("--kube-port", type=int, default=16443)
     u.set_defaults(func=_cluster_up)
     d = csub.add_parser("down")

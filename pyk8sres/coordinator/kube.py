@@ -343,11 +343,18 @@ def get_pod(kube: Kube, namespace: str, name: str) -> dict | None:
 
 
 def list_pods(kube: Kube, namespace: str | None = None, field_selector: str | None = None) -> list:
-    kw = {"field_selector": field_selector, "_preload_content": False,
-          "_request_timeout": kube.timeout}
     if namespace:
-        return _json(kube.core.list_namespaced_pod(namespace, **kw)).get("items") or []
-    return _json(kube.core.list_pod_for_all_namespaces(**kw)).get("items") or []
+        return list_namespace_pods(kube, namespace, field_selector)
+    return _json(kube.core.list_pod_for_all_namespaces(
+        field_selector=field_selector, _preload_content=False,
+        _request_timeout=kube.timeout)).get("items") or []
+
+
+def list_namespace_pods(kube: Kube, namespace: str, field_selector: str | None = None) -> list:
+    """One namespace only (all a Role in that namespace allows: deploy/rbac.yaml)."""
+    return _json(kube.core.list_namespaced_pod(
+        namespace, field_selector=field_selector, _preload_content=False,
+        _request_timeout=kube.timeout)).get("items") or []
 
 
 def create_pod(kube: Kube, namespace: str, body: dict) -> dict:

@@ -32,6 +32,7 @@ class Placeholders:
         self.nodes: dict[str, dict] = {}
         self.pods: dict[str, dict] = {}
         self.listed_at = -1e9
+        self.planned_for = None   # the jobs per node the last complete pass followed
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -39,7 +40,7 @@ class Placeholders:
         nodes = K.list_nodes(self.kube)
         self.scope.update(k8s_nodes=nodes)
         self.nodes = {n["metadata"]["name"]: n for n in nodes}
-        self.pods = {p["metadata"]["name"]: p for p in K.list_pods(self.kube, self.namespace)
+        self.pods = {p["metadata"]["name"]: p for p in K.list_namespace_pods(self.kube, self.namespace)
                      if P.current(p) is not None}
         self.listed_at = time.monotonic()
 
@@ -48,11 +49,19 @@ class Placeholders:
         shown = self.ledger.show()
         names = slurm_names(shown)            # raises when the ledger says no
         self.scope.update(slurm_names=names)
-        if time.monotonic() - self.listed_at >= self.relist_seconds:
+        relisted = time.monotonic() - self.listed_at >= self.relist_seconds
+        if relisted:
             self._relist()
+        done = {"created": [], "resized": [], "deleted": []}
+        # Planning 1000 nodes every period holds the GIL the admission threads
+        # need: skip it while no job moved (our pods and Kubernetes' nodes
+        # change only through our own writes and a relist).
+        jobs = {n: shown["nodes"][n].get("jobs") for n in names}
+        if not relisted and jobs == self.planned_for:
+            return done
+        self.planned_for = None
         nodes = {n: shown["nodes"][n] for n in names}
         create, resize, delete = P.plan(self.scope.shared(), self.nodes, nodes, self.pods)
-        done = {"created": [], "resized": [], "deleted": []}
         for k8s, (cpu_m, mem, alloc) in create.items():
             body = P.pod(k8s, self.namespace, cpu_m, mem, alloc, self.priority_class, self.image)
             try:
@@ -71,6 +80,8 @@ class Placeholders:
             K.delete_pod(self.kube, self.namespace, name)
             self.pods.pop(name, None)
             done["deleted"].append(name)
+        if self.listed_at > 0:             # no 409 asked for a relist
+            self.planned_for = jobs
         return done
 
     def start(self) -> "Placeholders":

@@ -171,6 +171,9 @@ class Cache:
         self.listed: set[str] = set()
         self.ok = {k: False for k in self.KINDS}
         self.changed = threading.Event()
+        # Kubernetes nodes whose pods changed since take_dirty(); None: anything
+        # may have changed (a list, a node, the watches' health, Slurm's view).
+        self.dirty: set[str] | None = None
 
     # -- reducing objects
     @staticmethod
@@ -195,6 +198,8 @@ class Cache:
         return pu
 
     def _account(self, key: str, pu: U.PodUsage, sign: int) -> None:
+        if self.dirty is not None:
+            self.dirty.add(pu.node)
         s = self.sums.setdefault(pu.node, [0, 0, {}, {}])
         s[0] += sign * pu.cpu
         s[1] += sign * pu.memory
@@ -231,6 +236,7 @@ class Cache:
                 self.nodes = new
             self.listed.add(kind)
             self.ok[kind] = True
+            self.dirty = None
         self.changed.set()
 
     def event(self, kind: str, typ: str, obj: dict) -> None:
@@ -255,12 +261,16 @@ class Cache:
                     self._account(key, old, -1)
                 if new is not None:
                     self._account(key, new, +1)
+            else:
+                self.dirty = None
         self.changed.set()
 
     def health(self, kind: str, ok: bool) -> None:
         with self.lock:
             was = self.ok[kind]
             self.ok[kind] = ok
+            if was != ok:
+                self.dirty = None
         if was != ok:
             log.log(logging.INFO if ok else logging.WARNING, "%s watch %s", kind,
                     "in sync again" if ok else "lost: counts will only go down until it is back")
@@ -279,6 +289,27 @@ class Cache:
             usage = {n: U.NodeUsage(c, m, tuple(e.values()))
                      for n, (c, m, e, _) in self.sums.items()}
             return usage, dict(self.nodes), healthy
+
+    def mark_all(self) -> None:
+        """The next cycle recomputes every node (Slurm's view changed)."""
+        with self.lock:
+            self.dirty = None
+        self.changed.set()
+
+    def take_dirty(self) -> set[str] | None:
+        """The Kubernetes nodes whose pods changed since the last call (None:
+        anything may have), and start recording anew."""
+        with self.lock:
+            dirty, self.dirty = self.dirty, set()
+            return dirty
+
+    def usage_of(self, k8s_nodes) -> tuple[dict[str, U.NodeUsage], bool]:
+        """(usage of these Kubernetes nodes, healthy): snapshot() for a few."""
+        with self.lock:
+            healthy = all(k in self.listed and self.ok[k] for k in self.KINDS)
+            usage = {n: U.NodeUsage(s[0], s[1], tuple(s[2].values()))
+                     for n in k8s_nodes if (s := self.sums.get(n))}
+            return usage, healthy
 
     def entries(self, k8s_node: str) -> dict[str, tuple[int, int]]:
         """Pod UID -> (millicores, bytes) of the pods bound to `k8s_node`."""
@@ -315,6 +346,7 @@ class Reconciler:
         self.events = None       # events.Recorder (None: no Events)
         self.shared: dict[str, str] | None = None   # Slurm node -> Kubernetes node, last cycle
         self.over_lock = threading.Lock()
+        self.last: U.Desired | None = None   # the last cycle's decision
 
     def _warn_new(self, warnings: list[str]) -> None:
         now = set(warnings)
@@ -322,15 +354,19 @@ class Reconciler:
             log.warning("%s", w)
         self.warned = now
 
-    def cycle(self, slurm_nodes=None, refresh: bool = True) -> U.Desired | None:
+    def cycle(self, slurm_nodes=None, refresh: bool = True,
+              dirty: set[str] | None = None) -> U.Desired | None:
         """One reconcile.  refresh=False reuses the Slurm view of the last
         refresh (kept current with what we applied since): pod events then
         cost no `scontrol show node`; the periodic refresh still catches
-        anything Slurm changed on its own (restart, reconfigure, jobs)."""
+        anything Slurm changed on its own (restart, reconfigure, jobs).
+        dirty: when only pods changed, the Kubernetes nodes they are on
+        (Cache.take_dirty): only their Slurm nodes are recomputed, so a pod
+        costs O(its node), not O(cluster); None recomputes everything."""
         with metrics.RECONCILE_SECONDS.time():
-            return self._cycle(slurm_nodes, refresh)
+            return self._cycle(slurm_nodes, refresh, dirty)
 
-    def _cycle(self, slurm_nodes, refresh: bool) -> U.Desired | None:
+    def _cycle(self, slurm_nodes, refresh: bool, dirty: set[str] | None) -> U.Desired | None:
         if slurm_nodes is None:
             if refresh or self.slurm_view is None:
                 try:
@@ -340,6 +376,8 @@ class Reconciler:
                     metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
                     return None
             slurm_nodes = list(self.slurm_view.values())
+        if dirty is not None and self.last is not None and not refresh:
+            return self._cycle_pods(dirty, slurm_nodes)
         k8s_usage, knodes, healthy = self.cache.snapshot()
         d = U.desired_state(
             k8s_usage, knodes, slurm_nodes, {}, (), healthy,
@@ -349,34 +387,64 @@ class Reconciler:
         self._warn_new(d.warnings)
         self.shared = {s: k for k, s in d.k8s_to_slurm.items()}
         self.set_shares(d, healthy)
+        self._publish(d, slurm_nodes, healthy)
+        self.last = d
+        return d
+
+    def _cycle_pods(self, dirty: set[str], slurm_nodes) -> U.Desired:
+        """The cycle for pod changes only: the Slurm nodes those pods count
+        on are recomputed from the cache, the rest is the last decision
+        (nodes and mapping change only through a full cycle)."""
+        last = self.last
+        names = {n.name for n in slurm_nodes}
+        touched = {s for k in dirty
+                   if (s := U.slurm_node_of(k, last.mapping, names, self.cfg.map_by_name))}
+        if not touched:
+            return last
+        part, healthy = self.cache.usage_of(U.counting_on(touched, last.mapping))
+        d = dataclasses.replace(last, usage=U.refreshed_usage(
+            last.usage, part, touched, last.mapping, names, self.cfg.map_by_name))
+        self.set_shares(d, healthy, only=touched)
+        self._publish(d, slurm_nodes, healthy)
+        self.last = d
+        return d
+
+    def _publish(self, d: U.Desired, slurm_nodes, healthy: bool) -> None:
         if self.kube is not None and self.cfg.generic_nodes and healthy:
             if self.gn_thread is None:
                 self.sync_generic_nodes_safe(d, slurm_nodes)
             else:
                 self.gn_thread.offer(d, slurm_nodes)
-        return d
 
-    def wanted_shares(self, d: U.Desired, healthy: bool) -> dict[str, dict]:
+    def wanted_shares(self, d: U.Desired, healthy: bool,
+                      only: set[str] | None = None) -> dict[str, dict]:
         """Slurm node -> the entries (pod UID -> millicores, bytes) it should
         carry: the pods bound there.  While a node's data is not trusted (no
         list yet, a broken watch, an unparsable pod there) it only gains
-        entries: fail closed, never hand capacity back on missing data."""
-        wanted: dict[str, dict] = {name: {} for name in self.last_set}
+        entries: fail closed, never hand capacity back on missing data.
+        only: just these Slurm nodes."""
+        wanted: dict[str, dict] = {name: {} for name in self.last_set
+                                   if only is None or name in only}
         for k8s_name, slurm_name in d.k8s_to_slurm.items():
-            wanted.setdefault(slurm_name, {}).update(self.cache.entries(k8s_name))
+            if only is None or slurm_name in only:
+                wanted.setdefault(slurm_name, {}).update(self.cache.entries(k8s_name))
+        if only is not None:
+            for name in only:
+                wanted.setdefault(name, {})
         for name, entries in wanted.items():
             if not healthy or (d.usage.get(name) or U.NodeUsage()).errors:
                 wanted[name] = {**self.last_set.get(name, {}), **entries}
         return wanted
 
-    def set_shares(self, d: U.Desired, healthy: bool) -> None:
+    def set_shares(self, d: U.Desired, healthy: bool, only: set[str] | None = None) -> None:
         """Apply the differences to the ledger (all of it now and then, so
-        reservations that never became bound pods expire)."""
+        reservations that never became bound pods expire); only: just
+        these Slurm nodes (no repair then: the next full cycle does it)."""
         if self.ledger is None:
             return
         now = time.monotonic()
-        repair = now - self.last_repair >= self.cfg.repair_seconds
-        for name, entries in sorted(self.wanted_shares(d, healthy).items()):
+        repair = only is None and now - self.last_repair >= self.cfg.repair_seconds
+        for name, entries in sorted(self.wanted_shares(d, healthy, only).items()):
             if not repair and self.last_set.get(name) == entries:
                 continue
             try:
@@ -589,7 +657,7 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
     rec.gn_thread = GenericNodeWriter(rec, stop)
     rec.gn_thread.start()
     alive = max(60.0, 20 * cfg.resync_seconds)
-    SlurmPoller(rec, cache.changed, cfg.resync_seconds, stop,
+    SlurmPoller(rec, cfg.resync_seconds, stop,
                 slurm.Ledger(cfg.ledger_socket, timeout=cfg.request_timeout),
                 cfg.metrics_seconds, alive).start()
     while not stop.is_set():
@@ -600,9 +668,11 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
         if woke and cfg.debounce_seconds:
             time.sleep(cfg.debounce_seconds)
         cache.changed.clear()
-        # The poller keeps rec.slurm_view fresh; a cycle only reads Slurm
-        # itself when it has no view yet.
-        rec.cycle(refresh=False)
+        # The poller keeps rec.slurm_view fresh (and marks everything dirty);
+        # a cycle only reads Slurm itself when it has no view yet.  A wake by
+        # timeout recomputes everything, as does any change but pods'.
+        dirty = cache.take_dirty()
+        rec.cycle(refresh=False, dirty=dirty if woke else None)
     if rec.events is not None:
         rec.events.stop()
     return 0
@@ -617,11 +687,10 @@ class SlurmPoller(threading.Thread):
     reconfigure, and refreshes the Slurm side of the GenericNodes.
     """
 
-    def __init__(self, rec: Reconciler, wake: threading.Event, period: float,
-                 stop: threading.Event, ledger=None, metrics_period: float = 5.0,
-                 alive: float = 60.0):
+    def __init__(self, rec: Reconciler, period: float, stop: threading.Event,
+                 ledger=None, metrics_period: float = 5.0, alive: float = 60.0):
         super().__init__(name="slurm-poller", daemon=True)
-        self.rec, self.wake, self.period, self.stop_event = rec, wake, period, stop
+        self.rec, self.period, self.stop_event = rec, period, stop
         self.ledger, self.metrics_period, self.alive = ledger, metrics_period, alive
 
     def run(self) -> None:
@@ -643,7 +712,7 @@ class SlurmPoller(threading.Thread):
                 metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
                 continue
             self.rec.slurm_view = {n.name: n for n in nodes}
-            self.wake.set()
+            self.rec.cache.mark_all()
 
 
 def parse_args(argv):

@@ -61,6 +61,12 @@ def port_free(port: int) -> bool:
     return True
 
 
+def service_ports(base_port: int, nodes: int) -> dict[str, int]:
+    """The cluster's port scheme past slurmctld (base) and slurmd n<i> (base+i)."""
+    last = base_port + nodes
+    return {"slurmdbd": last + 1, "mariadb": last + 2, "slurmrestd": last + 3}
+
+
 def node_names(count: int) -> list[str]:
     return [f"n{i}" for i in range(1, count + 1)]
 
@@ -80,11 +86,16 @@ def topology(cpus: int, sockets: int | None = None, cores_per_socket: int | None
     return f" Sockets={sockets} CoresPerSocket={cores} ThreadsPerCore={threads}"
 
 
+NO_ACCOUNTING = "AccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n"
+
+
 def slurm_conf_text(work: str, *, nodes: int, cpus: int, memory: int, base_port: int,
                     node_features: bool, def_mem_per_cpu: int, plugin_dir: str,
                     extra: str = "", auth: str = "munge", slurm_user: str = "root",
                     layout: str = "", job_submit: bool = True,
-                    partitions: str | None = None) -> str:
+                    partitions: str | None = None, accounting: str = "") -> str:
+    """accounting: the AccountingStorage*/JobComp* lines (accounting.py);
+    none by default."""
     host = socket.gethostname()
     last = base_port + nodes
     gres = "" if node_features else f" Gres=k8scpu:{cpus},k8smemory:{memory}"
@@ -115,9 +126,7 @@ PluginDir={work}/plugins:{plugin_dir}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-MpiDefault=none
+{accounting or NO_ACCOUNTING}MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 SchedulerType=sched/backfill
@@ -154,7 +163,8 @@ def _pid_path(work: str, name: str) -> str:
     return os.path.join(work, "run", f"proc-{name}.pid")
 
 
-def start_process(work: str, name: str, argv: list[str], env: dict | None = None) -> int:
+def start_process(work: str, name: str, argv: list[str], env: dict | None = None,
+                  cwd: str | None = None) -> int:
     """Start a daemon in the background; its PID goes to WORK/run/proc-NAME.pid
     (stop_process and down() stop it), its output to WORK/log/NAME.out."""
     log = os.fdopen(os.open(os.path.join(work, "log", f"{name}.out"),
@@ -163,7 +173,7 @@ def start_process(work: str, name: str, argv: list[str], env: dict | None = None
     # umask: what the daemons create (state, logs, sockets) never becomes
     # writable by others, whatever the caller's umask.
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=env, umask=0o022)
+                            start_new_session=True, env=env, umask=0o022, cwd=cwd)
     log.close()
     _write(_pid_path(work, name), str(proc.pid))
     return proc.pid
@@ -216,6 +226,7 @@ class Cluster:
         self.work = os.path.abspath(work)
         self.conf = os.path.join(self.work, "etc", "slurm.conf")
         self.release = release or self._recorded_release()
+        self.rest_url: str | None = None     # set by up(rest=True)
 
     def _recorded_release(self) -> releases.Release:
         """The release `up` wrote to etc/release (so down() and later
@@ -358,7 +369,8 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
        plugin_lib: str | None = None,
        sockets: int | None = None, cores_per_socket: int | None = None,
        threads_per_core: int | None = None, job_submit: bool = True,
-       partitions: str | None = None) -> Cluster:
+       partitions: str | None = None, accounting: bool = False,
+       rest: bool = False) -> Cluster:
     """Write the configuration, start every daemon, wait until nodes are idle.
 
     slurmd=False starts only munged and slurmctld: nodes then exist in
@@ -374,7 +386,10 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     sockets/cores_per_socket/threads_per_core lay the `cpus` out like real
     (e.g. SMT) hardware; job_submit=False leaves our job_submit plugin out
     (plain Slurm, for comparisons); `partitions` replaces the one default
-    partition line."""
+    partition line.
+    accounting: also a private MariaDB and slurmdbd (accounting.py), with
+    the k8s GRES as accounted TRES; rest: slurmrestd with JWT (rest.py).
+    Their ports follow the slurmd ones (service_ports)."""
     layout = topology(cpus, sockets, cores_per_socket, threads_per_core)
     if os.geteuid() != 0:
         raise ClusterError("the local cluster runs its daemons as root: run as root")
@@ -391,11 +406,22 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     for binary, package in (("slurmctld", "slurmctld"), ("slurmd", "slurmd"),
                             ("scontrol", "slurm-client")):
         _need(binary, package, release)
+    from . import accounting as accounting_mod, rest as rest_mod
+    if accounting:
+        if auth == "slurm":
+            raise ClusterError("--accounting runs slurmdbd as slurm, which cannot read this "
+                               "cluster's auth/slurm key: use munge (apt-get install munge)")
+        accounting_mod.Accounting.check_installed()
+    if rest:
+        rest_mod.check_installed(release)
     cluster = Cluster(work, release)
     if cluster.names():
         raise ClusterError(f"{cluster.work} already runs {', '.join(cluster.names())}: "
                            "`pyk8sres cluster down` first")
-    ports = range(base_port, base_port + (nodes + 1 if slurmd else 1))
+    ports = list(range(base_port, base_port + (nodes + 1 if slurmd else 1)))
+    services = service_ports(base_port, nodes)
+    ports += [services[s] for s, on in (("slurmdbd", accounting), ("mariadb", accounting),
+                                        ("slurmrestd", rest)) if on]
     taken = [p for p in ports if not port_free(p)]
     if taken:
         raise ClusterError(f"port(s) {', '.join(map(str, taken))} already in use: "
@@ -416,6 +442,15 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
         with os.fdopen(fd, "wb") as f:
             f.write(secrets.token_bytes(1024))
 
+    acct = accounting_mod.Accounting(work, services["slurmdbd"], services["mariadb"]) \
+        if accounting else None
+    jwt_key = None
+    if rest:
+        # With accounting slurmdbd (as its SlurmUser) reads the key too;
+        # a root slurmctld reads it whoever owns it.
+        key_owner = accounting_mod.DBD_USER if acct and slurm_user == "root" else slurm_user
+        jwt_key = rest_mod.write_jwt_key(work, key_owner)
+        extra_conf += rest_mod.slurm_conf_lines(jwt_key)
     _write(os.path.join(work, "etc", "release"),
            f"{release.name}\n{os.pathsep.join(release.bin_dirs)}\n")
     install.install_plugins(os.path.join(work, "plugins"), lib_dir=plugin_lib or release.lib_dir,
@@ -425,7 +460,9 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
                                          def_mem_per_cpu=def_mem_per_cpu,
                                          plugin_dir=release.plugin_dir, extra=extra_conf,
                                          auth=auth, slurm_user=slurm_user, layout=layout,
-                                         job_submit=job_submit, partitions=partitions))
+                                         job_submit=job_submit, partitions=partitions,
+                                         accounting=accounting_mod.slurm_conf_lines(
+                                             work, services["slurmdbd"], auth) if acct else ""))
     if auth == "slurm":
         key = os.path.join(work, "etc", "slurm.key")
         if not os.path.exists(key):
@@ -439,13 +476,21 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
         _hand_to(work, slurm_user)
 
     try:
+        if acct:
+            acct.prepare(auth, jwt_key)
         if auth == "munge":
             cluster.start_munged()
+        if acct:
+            acct.start_mariadb()
+            acct.start_slurmdbd(cluster)
+            acct.register_cluster(cluster)
         cluster.start_slurmctld()
         if slurmd:
             for node in node_names(nodes):
                 cluster.start_slurmd(node)
             cluster.wait_nodes_idle(node_names(nodes))
+        if rest:
+            cluster.rest_url = rest_mod.start(cluster, services["slurmrestd"], accounting)
     except BaseException:
         down(work)
         raise
@@ -461,7 +506,10 @@ def down(work: str) -> list[str]:
     names = cluster.names()
     if "slurmctld" in names and cluster._running("slurmctld"):
         cluster.cancel_all_jobs()
-    order = sorted(names, key=lambda n: (n == "munged", n == "slurmctld", n))
+    # Clients first, then slurmctld, then what it talks to (slurmdbd, then
+    # its database), munged last.
+    last = ("slurmctld", "slurmdbd", "mariadb", "munged")
+    order = sorted(names, key=lambda n: (last.index(n) + 1 if n in last else 0, n))
     stopped = [name for name in order if stop_process(cluster.work, name)]
     leftovers = cluster_processes(cluster.work)
     for pid in leftovers:

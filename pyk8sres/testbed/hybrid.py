@@ -29,13 +29,14 @@ def node_manifest(names: list[str], cpus: int, memory_mb: int) -> dict:
 
 def up(work: str, *, nodes: int, cpus: int, memory: int, base_port: int, kube_port: int,
        node_features: bool | None = None, extra_conf: str = "", slurm: str | None = None,
-       auth: str = "auto", slurmd: bool = True,
+       auth: str = "auto", slurmd: bool = True, accounting: bool = False, rest: bool = False,
        **layout) -> tuple[cluster.Cluster, kubeapi_server.KubeAPIServer]:
     """slurmd=False: nodes in slurm.conf only (benchmarks with 1000 nodes);
     `layout`: sockets / cores_per_socket / threads_per_core, as cluster.up."""
     c = cluster.up(work, nodes=nodes, cpus=cpus, memory=memory, base_port=base_port,
                    node_features=node_features, synced=True, extra_conf=extra_conf,
-                   slurm=slurm, auth=auth, slurmd=slurmd, **layout)
+                   slurm=slurm, auth=auth, slurmd=slurmd,
+                   accounting=accounting, rest=rest, **layout)
     try:
         kas = kubeapi_server.KubeAPIServer().start(os.path.join(c.work, "kube"), kube_port)
         for manifest in ("crd-genericnode.yaml", "rbac.yaml"):
@@ -94,12 +95,16 @@ def wait_webhook(kas, c: cluster.Cluster, timeout: float = 30) -> None:
 
 
 def down(work: str) -> list[str]:
-    stopped = cluster.down(work)
-    kube_dir = os.path.join(os.path.abspath(work), "kube")
+    """The coordinator first, then the API server and etcd by their PIDs
+    (before cluster.down, whose sweep would otherwise SIGKILL them: their
+    command lines name the work directory), then Slurm."""
+    work = os.path.abspath(work)
+    stopped = [name for name in ("sync", "webhook") if cluster.stop_process(work, name)]
+    kube_dir = os.path.join(work, "kube")
     if os.path.exists(os.path.join(kube_dir, "apiserver.pid")) or \
             os.path.exists(os.path.join(kube_dir, "etcd.pid")):
         kas = kubeapi_server.KubeAPIServer(paths=kubeapi_server.Paths("", "", ""))
         kas.workdir = kubeapi_server.Path(kube_dir)
         kas.stop()
         stopped += ["apiserver", "etcd"]
-    return stopped
+    return stopped + cluster.down(work)

@@ -182,7 +182,7 @@ def test_rbac_manifest_applied(kube_api_client):
     rbac = client.RbacAuthorizationV1Api(kube_api_client)
     role = rbac.read_cluster_role("pyk8sres-sync")
     rules = {(tuple(r.api_groups), tuple(r.resources)): set(r.verbs) for r in role.rules}
-    assert rules[("",), ("pods", "nodes")] == {"get", "list", "watch"}
+    assert rules[("",), ("pods", "nodes")] == {"list", "watch"}
     binding = rbac.read_cluster_role_binding("pyk8sres-sync")
     assert binding.subjects[0].name == "pyk8sres-sync"
     assert binding.subjects[0].namespace == "pyk8sres-system"

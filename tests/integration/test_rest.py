@@ -1,40 +1,33 @@
 """job_submit/k8s_resource_completion for jobs submitted over slurmrestd (root only).
 
-A local 2-node cluster with `AuthAltTypes=auth/jwt` is started from the
-installed package, plus a real slurmrestd (openapi/v0.0.38, rest_auth/jwt,
-running as `nobody`). Jobs are POSTed to /slurm/v0.0.38/job/submit over
+A local 2-node cluster with `AuthAltTypes=auth/jwt` and a real slurmrestd
+(openapi/v0.0.38, rest_auth/jwt, running as `nobody`) is started exactly as
+`pyk8sres cluster up --rest` does (pyk8sres.testbed.rest). Jobs are POSTed to /slurm/v0.0.38/job/submit over
 HTTP with a token from `scontrol token`, and `scontrol show job` must show the
 same TresPerNode/TresPerTask as the sbatch tests in test_job_submit.py expect
 for the equivalent options (DefMemPerCPU=100).
 
 Needs the Debian packages `slurmrestd slurm-wlm-jwt-plugin` besides the
 cluster's (`.ci/run` must install them, otherwise these tests are skipped).
-Ports: PYK8SRES_TEST_REST_PORT (default 29100) .. +2 for the cluster, +10 for
-slurmrestd.
+Ports: 29100 (+ PYK8SRES_TEST_PORT_OFFSET) .. +2 for the cluster, +5 for
+slurmrestd (cluster.service_ports).
 """
 import glob
-import json
 import os
 import re
-import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
-from pyk8sres.testbed import cluster
+from pyk8sres.testbed import cluster, rest as testbed_rest
 from local_slurm import RELEASE, SLURM, port
 
 BASE_PORT = port(29100)
-REST_PORT = BASE_PORT + 10
 CPUS, MEMORY = 8, 16000
-API = "/slurm/v0.0.38"
+API = "/slurm/v0.0.38"   # the SUBMISSIONS below are v0.0.38's job fields
 
 
 def _slurmrestd():
@@ -65,35 +58,28 @@ pytestmark = [
 
 
 class Rest:
-    def __init__(self, handle, proc, log):
-        self.handle, self.proc, self.log = handle, proc, log
-        self.url = f"http://127.0.0.1:{REST_PORT}"
+    """The cluster's slurmrestd (pyk8sres.testbed.rest, as `cluster up --rest`)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.url = handle.rest_url
+        self.log = os.path.join(handle.work, "log", "slurmrestd.out")
 
     @property
     def env(self):
         return self.handle.env
 
+    @property
+    def running(self) -> bool:
+        return self.handle._running("slurmrestd")
+
     def token(self):
-        out = run(self.env, "scontrol", "token", "username=root", "lifespan=600").stdout
-        return re.search(r"SLURM_JWT=(\S+)", out).group(1)
+        return testbed_rest.token(self.handle, "root", lifespan=600)
 
     def request(self, method, path, body=None, token=None):
         """(HTTP status, decoded JSON) of one real HTTP request."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers={
-            "Content-Type": "application/json",
-            "X-SLURM-USER-NAME": "root",
-            "X-SLURM-USER-TOKEN": token or self.token(),
-        })
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                status, raw = resp.status, resp.read()
-        except urllib.error.HTTPError as err:
-            status, raw = err.code, err.read()
-        try:
-            return status, json.loads(raw or b"{}")
-        except ValueError:
-            return status, {"raw": raw.decode(errors="replace")}
+        return testbed_rest.request(self.url, method, path, body, user="root",
+                                    token=token or self.token())
 
     def submit(self, hold=True, script="sleep 300", **job):
         job = dict(job, current_working_directory="/tmp", standard_output="/dev/null",
@@ -111,81 +97,26 @@ class Rest:
             return "(no log)"
 
 
-def _stop(proc):
-    """Stop slurmrestd by its PID (never by name)."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)
-
-
-def _listening(port):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.fixture(scope="module")
-def rest(tmp_path_factory):
-    if not cluster.port_free(REST_PORT):
-        pytest.fail(f"port {REST_PORT} already in use: set PYK8SRES_TEST_REST_PORT")
-    work = str(tmp_path_factory.mktemp("rest"))
-    key = os.path.join(work, "jwt_hs256.key")
-    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secrets.token_bytes(32))
-    os.chmod(key, 0o600)  # slurmctld (root) only: slurmrestd just passes tokens through
-    handle = cluster.up(work, nodes=2, cpus=CPUS, memory=MEMORY, base_port=BASE_PORT,
-                        node_features=False, def_mem_per_cpu=100, slurm=SLURM,
-                        extra_conf=f"AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key={key}\n")
-    proc = None
-    # slurmrestd reads slurm.conf after dropping to `nobody`, and pytest's
-    # tmp dirs (/tmp/pytest-of-root) are 0700: give it a world-readable copy
-    # whose PluginDir is Slurm's own (it checks every entry is readable and
-    # needs none of ours).
-    conf_dir = tempfile.mkdtemp(prefix="pyk8sres-rest-")
+def rest():
+    # slurmrestd reads slurm.conf as `nobody`: pytest's tmp dirs are 0700,
+    # so the cluster lives in a directory others can traverse.
+    work = tempfile.mkdtemp(prefix="pyk8sres-rest-")
+    os.chmod(work, 0o755)
     try:
-        os.chmod(conf_dir, 0o755)
-        rest_conf = os.path.join(conf_dir, "slurm.conf")
-        with open(handle.conf) as f:
-            text = re.sub(r"(?m)^PluginDir=.*$", f"PluginDir={cluster.slurm_plugin_dir()}", f.read())
-        with open(rest_conf, "w") as f:
-            f.write(text)
-        os.chmod(rest_conf, 0o644)
-        log = os.path.join(work, "log", "slurmrestd.out")
-        # slurmrestd refuses to run as root (-u: setuid right after binding
-        # the socket, before reading slurm.conf). SLURM_JWT=daemon makes it talk to
-        # slurmctld with the caller's token (auth/jwt) instead of munge, which
-        # `nobody` cannot reach anyway; without it every token is rejected
-        # ("Rejecting thread config token for user root").
-        env = dict(handle.env, SLURM_CONF=rest_conf, SLURM_JWT="daemon")
-        argv = [_slurmrestd(), "-f", rest_conf, "-u", "nobody", "-s", "openapi/v0.0.38",
-                "-a", "rest_auth/jwt", "-v", f"127.0.0.1:{REST_PORT}"]
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd="/tmp")
-        with open(os.path.join(work, "run", "slurmrestd.pid"), "w") as f:
-            f.write(str(proc.pid))
-        r = Rest(handle, proc, log)
-        deadline = time.monotonic() + 20
-        while not _listening(REST_PORT):
-            if proc.poll() is not None:
-                pytest.fail(f"slurmrestd exited ({proc.returncode}): {r.log_tail()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"slurmrestd not listening on {REST_PORT}: {r.log_tail()}")
-            time.sleep(0.1)
+        handle = cluster.up(work, nodes=2, cpus=CPUS, memory=MEMORY, base_port=BASE_PORT,
+                            node_features=False, def_mem_per_cpu=100, slurm=SLURM, rest=True)
+        r = Rest(handle)
+        key = os.path.join(work, "etc", "jwt_hs256.key")
+        st = os.stat(key)
+        assert (st.st_mode & 0o777, st.st_uid) == (0o600, 0), oct(st.st_mode)
         yield r
     finally:
         try:
-            if proc is not None:
-                run(handle.env, "scancel", "--user=root", check=False)
-                _stop(proc)
+            cluster.Cluster(work).cancel_all_jobs()
         finally:
             cluster.down(work)
-            shutil.rmtree(conf_dir, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def run(env, *args, check=True, timeout=60):
@@ -307,5 +238,5 @@ def test_bad_gres_is_rejected(rest, gres, message):
         f.seek(offset)
         tail = f.read()
     assert f"rejected job from uid 0: invalid GRES '{gres}': {message}" in tail
-    assert rest.proc.poll() is None  # slurmrestd still serving
+    assert rest.running  # slurmrestd still serving
     assert rest.request("GET", f"{API}/ping")[0] == 200

@@ -23,6 +23,44 @@ def test_port_in_use_is_reported(tmp_path):
     assert not os.path.exists(tmp_path / "c" / "run")  # nothing was started
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="cluster up refuses non-root first")
+@pytest.mark.parametrize("service,flags", [("slurmdbd", {"accounting": True}),
+                                           ("mariadb", {"accounting": True}),
+                                           ("slurmrestd", {"rest": True})])
+def test_service_port_in_use_is_reported(tmp_path, service, flags):
+    if not all(os.path.exists(f"/usr/sbin/{b}") for b in ("mariadbd", "slurmdbd", "slurmrestd")):
+        pytest.skip("mariadb-server, slurmdbd, slurmrestd not installed (tools/install-deps.sh)")
+    base = 30000 + int(os.environ.get("PYK8SRES_TEST_PORT_OFFSET", "0"))
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            busy.bind(("0.0.0.0", cluster.service_ports(base, 1)[service]))
+        except OSError:
+            pytest.skip("that port is in use by someone else already")
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(cluster.ClusterError, match=f"port\\(s\\) {port} already in use"):
+            cluster.up(str(tmp_path / "c"), nodes=1, base_port=base, **flags)
+    assert not os.path.exists(tmp_path / "c" / "run")  # nothing was started
+
+
+def test_slurm_conf_accounting_replaces_none(tmp_path):
+    from pyk8sres.testbed import accounting
+    lines = accounting.slurm_conf_lines(str(tmp_path), 6819, "munge")
+    text = cluster.slurm_conf_text(str(tmp_path), nodes=1, cpus=4, memory=8000, base_port=17000,
+                                   node_features=True, def_mem_per_cpu=100, plugin_dir="/x",
+                                   accounting=lines)
+    assert "accounting_storage/none" not in text and "jobcomp/none" not in text
+    assert text.count("AccountingStorageType=") == 1
+    assert "AccountingStorageType=accounting_storage/slurmdbd\n" in text
+    # With munge, slurmdbd connections use AccountingStoragePass as the socket.
+    assert f"AccountingStoragePass=socket={tmp_path}/munge/munge.sock\n" in text
+    plain = cluster.slurm_conf_text(str(tmp_path), nodes=1, cpus=4, memory=8000,
+                                    base_port=17000, node_features=True, def_mem_per_cpu=100,
+                                    plugin_dir="/x")
+    assert "AccountingStorageType=accounting_storage/none\n" in plain
+
+
 def test_slurm_conf_without_node_features_keeps_gres_on_node_lines(tmp_path):
     text = cluster.slurm_conf_text(str(tmp_path), nodes=2, cpus=4, memory=8000, base_port=17000,
                                    node_features=False, def_mem_per_cpu=100, plugin_dir="/x")

@@ -334,6 +334,64 @@ def test_event_cycles_reuse_the_slurm_view(world):
     assert slurm.counts("n1") == (3, 8000)
 
 
+def test_pod_cycles_touch_only_their_nodes_and_equal_a_full_cycle(world):
+    """A cycle for pod changes recomputes only the Slurm nodes those pods
+    count on (k8s-b maps to n2 by label; n3 has no Kubernetes node object,
+    so its pods count by name; 'elsewhere' is no Slurm node), and leaves
+    exactly what a full cycle would: same usage, nothing left for the full
+    cycle to apply."""
+    import random
+    slurm, cache, rec, _ = world
+    rec.cycle()
+    cache.take_dirty()                             # what the daemon's loop does
+    rnd = random.Random(11)
+    sets, partial_sets = [], []
+    real_set = slurm.ledger.set
+    slurm.ledger.set = lambda node, *a, **k: sets.append(node) or real_set(node, *a, **k)
+    for step in range(300):
+        for _ in range(rnd.randrange(1, 4)):
+            name = f"p{rnd.randrange(12)}"
+            if rnd.random() < 0.3:
+                cache.event("pods", "DELETED", pod(name, "n1"))
+            else:
+                node = rnd.choice(["n1", "k8s-b", "n3", "elsewhere", None])
+                cache.event("pods", "MODIFIED", pod(name, node, rnd.choice(["100m", "1", "2"]),
+                                                    "100Mi"))
+        dirty = cache.take_dirty()
+        sets.clear()
+        partial = rec.cycle(refresh=False, dirty=dirty)
+        where = {U.slurm_node_of(k, partial.mapping, {"n1", "n2", "n3"}) for k in dirty}
+        assert set(sets) <= where - {None}, (step, dirty, sets)
+        partial_sets.append(len(sets))
+        entries = {n: dict(slurm.core.nodes.get(n, {})) for n in ("n1", "n2", "n3")}
+        applied = rec.applied_total
+        full = rec.cycle(refresh=False, dirty=None)
+        assert partial.usage == full.usage, step
+        assert rec.applied_total == applied, step       # the full cycle had nothing to do
+        assert {n: dict(slurm.core.nodes.get(n, {})) for n in ("n1", "n2", "n3")} == entries
+    assert sum(partial_sets) > 100 and partial_sets.count(1) > 50   # one node, not all three
+
+
+def test_cache_dirty_tracks_pod_nodes_and_anything_else_means_all():
+    c = sync.Cache()
+    assert c.take_dirty() is None                  # nothing listed yet: everything
+    c.replace("pods", [])
+    c.replace("nodes", [])
+    assert c.take_dirty() is None
+    assert c.take_dirty() == set()
+    c.event("pods", "ADDED", pod("a", "n1"))
+    c.event("pods", "MODIFIED", pod("a", "n2"))    # moved: both nodes
+    assert c.take_dirty() == {"n1", "n2"}
+    c.event("pods", "MODIFIED", pod("a", "n2"))    # nothing counted changed
+    assert c.take_dirty() == set()
+    c.event("nodes", "ADDED", knode("n4"))
+    assert c.take_dirty() is None
+    c.health("pods", False)
+    assert c.take_dirty() is None
+    c.mark_all()
+    assert c.take_dirty() is None
+
+
 class ScriptedServer:
     """Stands in for kube.Kube at the informer's seam: each watch() call plays
     the next scripted stream; we check the cache the informer leaves behind."""

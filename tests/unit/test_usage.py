@@ -364,3 +364,27 @@ def test_generic_node_body_says_when_a_node_is_oversubscribed():
     assert [(c["type"], c["status"]) for c in fine["conditions"]] == [("Oversubscribed", "False")]
     assert over["conditions"][0]["status"] == "True"
     assert "no new Slurm job starts here" in over["conditions"][0]["message"]
+
+
+@pytest.mark.parametrize("k8s,expect", [
+    ("k8s-a", "n1"),         # mapped (label or node_map)
+    ("gpu-1", None),         # known node, shares nothing
+    ("n2", "n2"),            # no node object: counts by name
+    ("nowhere", None),       # no node object, no Slurm node of that name
+])
+def test_slurm_node_of(k8s, expect):
+    mapping = {"k8s-a": "n1", "gpu-1": None}
+    assert u.slurm_node_of(k8s, mapping, {"n1", "n2"}) == expect
+    assert u.slurm_node_of("n2", mapping, {"n1", "n2"}, map_by_name=False) is None
+
+
+def test_counting_on_and_refreshed_usage():
+    mapping = {"k8s-a": "n1", "k8s-b": "n1", "k8s-c": "n3", "gpu-1": None}
+    # and pods on a Kubernetes node named n1 we have no object for
+    assert u.counting_on({"n1"}, mapping) == {"k8s-a", "k8s-b", "n1"}
+    assert u.counting_on({"n2"}, mapping) == {"n2"}      # pods on an unknown node named n2
+    usage = {"n1": u.NodeUsage(1, 1), "n3": u.NodeUsage(5, 5)}
+    part = {"k8s-a": u.NodeUsage(2, 20), "k8s-b": u.NodeUsage(3, 30)}
+    assert u.refreshed_usage(usage, part, {"n1"}, mapping, {"n1", "n3"}) == {
+        "n1": u.NodeUsage(5, 50), "n3": u.NodeUsage(5, 5)}
+    assert u.refreshed_usage(usage, {}, {"n1"}, mapping, {"n1", "n3"}) == {"n3": u.NodeUsage(5, 5)}

@@ -1,0 +1,258 @@
+"""deploy/: the kustomize base, its sidecar component and the systemd units.
+
+The base is rendered by kubectl's own kustomize (the kubectl built with the
+test API server) and applied to a real API server of this module's own (it
+installs a fail-closed admission webhook, which would refuse other modules'
+pods): every kind that server serves is applied and read back; the kinds it
+does not serve (apps/v1 Deployment, v1 Service) are checked against the
+official client's models of them and by their content.  The webhook configuration is then live: a pod aimed at a node in
+a checked namespace is refused while no coordinator answers (fail closed),
+and the coordinator's own namespace is not checked.
+
+The systemd units pass `systemd-analyze verify` (with ExecStart pointing at
+this machine's pyk8sres), and their command lines parse with the daemons'
+own argument parsers.  RBAC content itself: tests/unit/test_rbac.py.
+"""
+import configparser
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from local_slurm import port
+from pyk8sres.coordinator import sync, webhook
+from pyk8sres.testbed.kubeapi_server import KubeAPIServer
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+KUBE_PORT = port(27800)           # +1, +2: etcd
+NAMESPACE = "pyk8sres-system"
+# What the test API server (kube/apiserver) does not serve.
+NOT_SERVED = {("apps/v1", "Deployment"), ("v1", "Service")}
+
+
+def render(kubectl: str, path: Path) -> list[dict]:
+    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def key(doc: dict) -> tuple:
+    return doc["kind"], doc["metadata"].get("namespace"), doc["metadata"]["name"]
+
+
+@pytest.fixture(scope="module")
+def server(kube_paths, tmp_path_factory):
+    kas = KubeAPIServer(kube_paths).start(tmp_path_factory.mktemp("deploy-kube"), KUBE_PORT)
+    try:
+        yield kas
+    finally:
+        kas.stop()
+
+
+def served(kas) -> set[tuple[str, str]]:
+    """(apiVersion, kind) the server's discovery lists."""
+    kinds = set()
+    groups = json.loads(kas.kubectl("get", "--raw", "/apis").stdout)["groups"]
+    for path in ["/api/v1"] + [f"/apis/{v['groupVersion']}" for g in groups
+                               for v in g["versions"]]:
+        body = json.loads(kas.kubectl("get", "--raw", path).stdout)
+        kinds |= {(body["groupVersion"], r["kind"]) for r in body["resources"]
+                  if "/" not in r["name"]}
+    return kinds
+
+
+def test_base_renders_and_applies(server, tmp_path):
+    docs = render(server.paths.kubectl, DEPLOY)
+    kinds = {(d["apiVersion"], d["kind"]) for d in docs}
+    # Everything kustomization.yaml lists, each file's every object.
+    listed = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
+    from_files = {key(d) for f in listed
+                  for d in yaml.safe_load_all((DEPLOY / f).read_text()) if d}
+    assert {key(d) for d in docs} == from_files
+    assert {"CustomResourceDefinition", "ClusterRole", "Role", "ValidatingWebhookConfiguration",
+            "Deployment", "Service"} <= {k for _, k in kinds}
+
+    have = served(server)
+    assert kinds - have == NOT_SERVED, "kinds the server cannot take changed: update NOT_SERVED"
+    apply = [d for d in docs if (d["apiVersion"], d["kind"]) in have]
+    path = tmp_path / "served.yaml"
+    path.write_text(yaml.safe_dump_all(apply))
+    names = server.apply(path)
+    assert len(names) == len(apply), names
+    for d in apply:
+        kind, ns, name = key(d)
+        args = ["get", kind, name, "-o", "yaml"] + (["-n", ns] if ns else [])
+        back = yaml.safe_load(server.kubectl(*args).stdout)
+        if kind in ("ClusterRole", "Role"):
+            assert back["rules"] == d["rules"], name
+        if kind.endswith("Binding"):
+            assert back["subjects"] == d["subjects"] and back["roleRef"] == d["roleRef"]
+
+    # The webhook configuration is live and fails closed: nothing answers at
+    # its Service, so a pod with spec.nodeName in a checked namespace is refused ...
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+           "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "busybox"}]}}
+    pod_file = tmp_path / "pod.yaml"
+    pod_file.write_text(yaml.safe_dump(pod))
+    refused = server.kubectl("create", "-n", "default", "-f", str(pod_file), check=False)
+    assert refused.returncode != 0 and "admission.pyk8sres.io" in refused.stderr, refused
+    # ... while the coordinator's own namespace stays schedulable.
+    server.kubectl("create", "-n", NAMESPACE, "-f", str(pod_file))
+    server.kubectl("delete", "-n", NAMESPACE, "pod", "probe", "--wait=false")
+
+
+def schema_checked(docs) -> list[str]:
+    """The kinds the server does not serve, checked against the official
+    client's models of them: a misspelled or misplaced field does not survive
+    deserialize + serialize (the models keep only the fields Kubernetes has)."""
+    from kubernetes import client
+    api = client.ApiClient()
+    checked = []
+    for d in docs:
+        if (d["apiVersion"], d["kind"]) not in NOT_SERVED | {("apps/v1", "StatefulSet")}:
+            continue
+        back = api.sanitize_for_serialization(
+            api.deserialize(json.dumps(d), "V1" + d["kind"], "application/json"))
+        assert back == d, f"{d['kind']} {d['metadata']['name']}: fields Kubernetes does not have"
+        checked.append(d["kind"])
+    return checked
+
+
+def test_unserved_kinds_match_the_kubernetes_schema(kube_paths, tmp_path):
+    assert sorted(schema_checked(render(kube_paths.kubectl, DEPLOY))) == \
+        ["Deployment", "Deployment", "Service"]
+    site = tmp_path / "site"
+    site.mkdir()
+    rel = os.path.relpath(DEPLOY, site)
+    (site / "kustomization.yaml").write_text(
+        f"resources: [{rel}]\ncomponents: [{rel}/sidecar]\n")
+    assert sorted(schema_checked(render(kube_paths.kubectl, site))) == ["Service", "StatefulSet"]
+
+
+def _deployments(docs):
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+
+
+def test_deployments_run_each_daemon_with_its_own_account(kube_paths):
+    docs = render(kube_paths.kubectl, DEPLOY)
+    deps = _deployments(docs)
+    assert set(deps) == {"pyk8sres-sync", "pyk8sres-webhook"}
+    accounts = {key(d)[2] for d in docs if d["kind"] == "ServiceAccount"}
+    service = next(d for d in docs if d["kind"] == "Service")
+    for name, dep in deps.items():
+        spec = dep["spec"]["template"]["spec"]
+        assert spec["serviceAccountName"] == name and name in accounts
+        (container,) = spec["containers"]
+        daemon = container["args"][0]
+        assert name == f"pyk8sres-{daemon}"
+        parser = {"sync": sync.parse_args, "webhook": webhook.parse_args}[daemon]
+        parser(container["args"][1:])              # the code accepts the command line
+        sc = container["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        mounts = {m["mountPath"]: m.get("readOnly", False) for m in container["volumeMounts"]}
+        assert mounts["/var/spool/slurmctld"] is True   # the ledger socket; never its journal
+        assert mounts["/etc/slurm"] is True
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        selected = all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
+        assert selected == (daemon == "webhook"), (name, service["spec"]["selector"])
+    hook = deps["pyk8sres-webhook"]["spec"]["template"]["spec"]["containers"][0]
+    assert hook["ports"][0]["containerPort"] == service["spec"]["ports"][0]["targetPort"]
+
+
+def test_sidecar_component(server, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    rel = os.path.relpath(DEPLOY, site)
+    (site / "kustomization.yaml").write_text(
+        f"resources: [{rel}]\ncomponents: [{rel}/sidecar]\n")
+    docs = render(server.paths.kubectl, site)
+    assert _deployments(docs) == {}
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    spec = sts["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    assert {"slurmctld", "pyk8sres-sync", "pyk8sres-webhook"} <= set(containers)
+
+    def mount(c, path):
+        return next((m["name"] for m in c["volumeMounts"] if m["mountPath"] == path), None)
+    # One StateSaveLocation volume for slurmctld and both sidecars (the ledger socket).
+    state = {mount(c, "/var/spool/slurmctld") for c in containers.values() if c["name"] != "munged"}
+    assert state == {"state"}
+    assert "state" in {t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]}
+    read_only = {n: next(m.get("readOnly", False) for m in c["volumeMounts"]
+                         if m["mountPath"] == "/var/spool/slurmctld")
+                 for n, c in containers.items() if n != "munged"}
+    assert read_only == {"slurmctld": False, "pyk8sres-sync": True, "pyk8sres-webhook": True}
+    # The Kubernetes token reaches the sidecars only.
+    token = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert spec["automountServiceAccountToken"] is False
+    assert {n for n, c in containers.items() if mount(c, token)} == \
+        {"pyk8sres-sync", "pyk8sres-webhook"}
+    for name in ("pyk8sres-sync", "pyk8sres-webhook"):
+        args = containers[name]["args"]
+        {"sync": sync.parse_args, "webhook": webhook.parse_args}[args[0]](args[1:])
+    # Every binding now names the pod's account, and the Service selects the pod.
+    bindings = [d for d in docs if d["kind"].endswith("RoleBinding")]
+    assert bindings and all(d["subjects"] == [{"kind": "ServiceAccount", "namespace": NAMESPACE,
+                                               "name": spec["serviceAccountName"]}]
+                            for d in bindings)
+    service = next(d for d in docs if d["kind"] == "Service")
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
+    # What the server serves of it applies.
+    have = served(server)
+    path = tmp_path / "served.yaml"
+    path.write_text(yaml.safe_dump_all([d for d in docs
+                                        if (d["apiVersion"], d["kind"]) in have]))
+    server.apply(path)
+    back = yaml.safe_load(server.kubectl("get", "clusterrolebinding", "pyk8sres-sync",
+                                         "-o", "yaml").stdout)
+    assert back["subjects"][0]["name"] == "pyk8sres-slurmctld"
+
+
+UNITS = sorted((DEPLOY / "systemd").glob("*.service"))
+
+
+def _unit(path):
+    cp = configparser.ConfigParser(strict=False, interpolation=None)
+    cp.optionxform = str
+    cp.read(path)
+    return cp
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
+@pytest.mark.parametrize("unit", UNITS, ids=[u.name for u in UNITS])
+def test_systemd_unit(unit, tmp_path):
+    cp = _unit(unit)
+    svc = cp["Service"]
+    assert "slurmctld.service" in cp["Unit"]["After"].split()
+    assert svc["User"] == "slurm" and svc["NoNewPrivileges"] == "yes"
+    assert svc["ProtectSystem"] == "strict" and svc["CapabilityBoundingSet"] == ""
+    argv = shlex.split(svc["ExecStart"])
+    assert argv[0] == "/usr/local/bin/pyk8sres"
+    parser = {"sync": sync.parse_args, "webhook": webhook.parse_args}[argv[1]]
+    parser(argv[2:])
+    # verify needs ExecStart to exist: point it at this machine's pyk8sres.
+    exe = shutil.which("pyk8sres") or str(Path(sys.executable).parent / "pyk8sres")
+    if not os.access(exe, os.X_OK):
+        exe = sys.executable         # `python3 -m pyk8sres` then
+        text = unit.read_text().replace("/usr/local/bin/pyk8sres", f"{exe} -m pyk8sres")
+    else:
+        text = unit.read_text().replace("/usr/local/bin/pyk8sres", exe)
+    copy = tmp_path / unit.name
+    copy.write_text(text)
+    out = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True,
+                         text=True, timeout=60)
+    # Only our unit's lines count (verify also loads the units it names).
+    ours = [line for line in (out.stdout + out.stderr).splitlines() if unit.name in line]
+    assert out.returncode == 0 and ours == [], out.stdout + out.stderr
+    assert re.search(r"(?m)^WantedBy=multi-user.target$", text)

@@ -1,0 +1,254 @@
+"""deploy/rbac.yaml grants exactly the Kubernetes calls the coordinator makes.
+
+The calls are derived from the code, not listed by hand: every module of
+pyk8sres/coordinator/ that calls into kube.py is assigned to the daemon that
+runs it; from there the kube.py functions reached (through its own calls and
+Kube methods) name the official client's methods they use, and the client's
+own source says each method's HTTP method and path (its `_*_serialize`).
+The path and method give (API group, resource, verb) by the API server's
+request rules (GET on a collection is list, with watch=True watch; PUT is
+update; ...).  That set must equal what rbac.yaml grants each daemon's
+ServiceAccount, both ways: nothing missing, nothing extra.
+"""
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+kubernetes = pytest.importorskip("kubernetes")
+
+REPO = Path(__file__).resolve().parents[2]
+COORD = REPO / "pyk8sres" / "coordinator"
+NAMESPACE = "pyk8sres-system"
+
+# Which daemon (ServiceAccount) runs which module's Kubernetes calls.
+DAEMONS = {
+    "pyk8sres-sync": ["sync.py", "events.py"],
+    "pyk8sres-webhook": ["webhook.py", "placeholder.py", "events.py"],
+}
+# Modules whose namespaced calls stay in the coordinator's namespace (a Role
+# there, not a ClusterRole): the placeholder pods live in pyk8sres-system.
+OWN_NAMESPACE_ONLY = {"placeholder.py"}
+# Run by an admin with the admin's own credentials, never by a daemon.
+ADMIN_TOOLS = {"status.py"}
+# Calls the code makes but that RBAC deliberately does not grant: ensure_crd
+# takes a 403 as "the admin applied the CRD" (kube.py).
+DENIED_ON_PURPOSE = {
+    ("pyk8sres-sync", ("apiextensions.k8s.io", "customresourcedefinitions", "get")),
+    ("pyk8sres-sync", ("apiextensions.k8s.io", "customresourcedefinitions", "create")),
+}
+APIS = {"core": "CoreV1Api", "custom": "CustomObjectsApi", "ext": "ApiextensionsV1Api",
+        "admission": "AdmissionregistrationV1Api"}
+
+
+def _kube_py():
+    """kube.py's functions: {name: ast node}; Kube and Informer methods
+    are named 'Kube.x' / 'Informer.x'.  Also GROUP and PLURAL."""
+    tree = ast.parse((COORD / "kube.py").read_text())
+    funcs, consts = {}, {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            funcs[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    funcs[f"{node.name}.{item.name}"] = item
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    consts[t.id] = node.value.value
+    return funcs, consts
+
+
+FUNCS, CONSTS = _kube_py()
+
+
+def _resolve(name: str) -> str | None:
+    """A called name -> the kube.py function it is (Kube methods by method name)."""
+    if name in FUNCS:
+        return name
+    for owner in ("Kube", "Informer"):
+        if f"{owner}.{name}" in FUNCS:
+            return f"{owner}.{name}"
+    return None
+
+
+def _has_watch_kw(call: ast.Call) -> bool:
+    return any(k.arg == "watch" and isinstance(k.value, ast.Constant) and k.value.value is True
+               for k in call.keywords)
+
+
+def _client_methods(func: str, watch: bool = False, seen=None) -> set:
+    """(api, client method, watch) reached from a kube.py function."""
+    seen = set() if seen is None else seen
+    if (func, watch) in seen:
+        return set()
+    seen.add((func, watch))
+    found = set()
+    for node in ast.walk(FUNCS[func]):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+                and node.value.attr in APIS:
+            found.add((node.value.attr, node.attr, watch))
+        if isinstance(node, ast.Call):
+            f = node.func
+            # A bare name is a module function (never a method: `list(...)`
+            # is the builtin); `x.name(...)` may be a Kube/Informer method.
+            callee = (f.id if isinstance(f, ast.Name) and f.id in FUNCS else
+                      _resolve(f.attr) if isinstance(f, ast.Attribute) else None)
+            if callee and callee != func:
+                found |= _client_methods(callee, watch or _has_watch_kw(node), seen)
+    return found
+
+
+def _http(api: str, method: str) -> tuple[str, str]:
+    """(HTTP method, path) of a client method, from the client's own source."""
+    cls = getattr(kubernetes.client, APIS[api])
+    src = inspect.getsource(getattr(cls, f"_{method}_serialize"))
+    m = re.search(r"method='(\w+)',\s*resource_path='([^']+)'", src)
+    assert m, f"cannot read the path of {APIS[api]}.{method} in this client version"
+    return m.group(1), m.group(2)
+
+
+def _rule(http: str, path: str, watch: bool) -> tuple[tuple[str, str, str], bool]:
+    """((group, resource, verb), namespaced) as the API server's RequestInfo sees it."""
+    path = path.replace("{group}", CONSTS["GROUP"]).replace("{plural}", CONSTS["PLURAL"])
+    parts = path.strip("/").split("/")
+    if parts[0] == "api":
+        group, rest = "", parts[2:]
+    else:
+        group, rest = parts[1], parts[3:]
+    namespaced = rest[:1] == ["namespaces"] and len(rest) > 2
+    if namespaced:
+        rest = rest[2:]
+    resource, named = rest[0], len(rest) > 1
+    if len(rest) > 2:
+        resource += "/" + rest[2]
+    verb = {"POST": "create", "PUT": "update", "PATCH": "patch",
+            "DELETE": "delete" if named else "deletecollection"}.get(http)
+    if http == "GET":
+        verb = "get" if named else ("watch" if watch else "list")
+    return (group, resource, verb), namespaced
+
+
+def _module_entries(module: str) -> set:
+    """kube.py functions a coordinator module calls (K.x, kube.x, self.kube.x,
+    names imported from .kube)."""
+    tree = ast.parse((COORD / module).read_text())
+    imported, kube_aliases = set(), {"kube"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "kube" and node.level == 1:
+            imported |= {a.asname or a.name for a in node.names}
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None:
+            kube_aliases |= {a.asname or a.name for a in node.names if a.name == "kube"}
+    entries = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id in imported and _resolve(f.id):
+            entries.add(_resolve(f.id))
+        elif isinstance(f, ast.Attribute) and _resolve(f.attr):
+            receiver = f.value
+            name = receiver.attr if isinstance(receiver, ast.Attribute) else \
+                receiver.id if isinstance(receiver, ast.Name) else ""
+            if name in kube_aliases or name == "kube":
+                entries.add(_resolve(f.attr))
+    # Informer(kube, ...).start() runs Informer.run.
+    if "Informer" in imported:
+        entries.add("Informer.run")
+    return {e for e in entries if e}
+
+
+def code_calls():
+    """{serviceaccount: (cluster-wide rules, rules in NAMESPACE)} the code needs."""
+    out = {sa: (set(), set()) for sa in DAEMONS}
+    for sa, modules in DAEMONS.items():
+        for module in modules:
+            for entry in _module_entries(module):
+                for api, method, watch in _client_methods(entry):
+                    rule, namespaced = _rule(*_http(api, method), watch)
+                    if namespaced and module in OWN_NAMESPACE_ONLY:
+                        out[sa][1].add(rule)
+                    else:
+                        out[sa][0].add(rule)
+    return out
+
+
+def granted():
+    """{serviceaccount: (cluster-wide rules, rules in NAMESPACE)} rbac.yaml grants."""
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()) if d]
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]):
+             {(g, r, v) for rule in d["rules"] for g in rule["apiGroups"]
+              for r in rule["resources"] for v in rule["verbs"]}
+             for d in docs if d["kind"] in ("ClusterRole", "Role")}
+    out = {}
+    for d in docs:
+        if d["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        ref = d["roleRef"]
+        ns = d["metadata"].get("namespace")
+        rules = roles[(ref["kind"], ns if ref["kind"] == "Role" else None, ref["name"])]
+        for s in d["subjects"]:
+            assert s["kind"] == "ServiceAccount" and s["namespace"] == NAMESPACE, s
+            cluster, local = out.setdefault(s["name"], (set(), set()))
+            if d["kind"] == "ClusterRoleBinding":
+                cluster |= rules
+            else:
+                assert ns == NAMESPACE, d["metadata"]
+                local |= rules
+    return out
+
+
+def test_every_module_calling_kubernetes_belongs_to_a_daemon():
+    assigned = {m for ms in DAEMONS.values() for m in ms} | ADMIN_TOOLS
+    calling = {p.name for p in COORD.glob("*.py")
+               if p.name != "kube.py" and _module_entries(p.name)}
+    assert calling - assigned == set(), \
+        "these modules call Kubernetes: add them to DAEMONS (and rbac.yaml) or ADMIN_TOOLS"
+    assert assigned - ADMIN_TOOLS <= calling | {"placeholder.py"}
+
+
+def test_the_extraction_sees_the_calls_we_know():
+    calls = code_calls()
+    # Informers: list then watch; the webhook reads the pod under admission.
+    assert {("", "pods", "list"), ("", "pods", "watch")} <= calls["pyk8sres-sync"][0]
+    assert ("", "pods", "get") in calls["pyk8sres-webhook"][0]
+    assert ("", "pods/resize", "patch") in calls["pyk8sres-webhook"][1]
+
+
+def test_rbac_grants_exactly_what_the_code_calls():
+    calls, grants = code_calls(), granted()
+    assert set(grants) == set(DAEMONS), "ServiceAccounts bound in rbac.yaml vs daemons"
+    for sa in DAEMONS:
+        needed_cluster = calls[sa][0] - {r for s, r in DENIED_ON_PURPOSE if s == sa}
+        assert sorted(needed_cluster - grants[sa][0]) == [], f"{sa}: missing cluster-wide"
+        assert sorted(grants[sa][0] - needed_cluster) == [], f"{sa}: granted but never called"
+        assert sorted(calls[sa][1] - grants[sa][1] - grants[sa][0]) == [], \
+            f"{sa}: missing in {NAMESPACE}"
+        assert sorted(grants[sa][1] - calls[sa][1]) == [], \
+            f"{sa}: granted in {NAMESPACE} but never called"
+    for sa, rule in DENIED_ON_PURPOSE:        # the exemptions are still real calls
+        assert rule in calls[sa][0], (sa, rule)
+
+
+@pytest.mark.parametrize("path,http,watch,expected", [
+    ("/api/v1/pods", "GET", False, (("", "pods", "list"), False)),
+    ("/api/v1/pods", "GET", True, (("", "pods", "watch"), False)),
+    ("/api/v1/namespaces/{namespace}/pods/{name}", "GET", False, (("", "pods", "get"), True)),
+    ("/api/v1/namespaces/{namespace}/pods/{name}/binding", "POST", False,
+     (("", "pods/binding", "create"), True)),
+    ("/api/v1/namespaces/{namespace}/pods/{name}/resize", "PATCH", False,
+     (("", "pods/resize", "patch"), True)),
+    ("/apis/{group}/{version}/{plural}/{name}/status", "PATCH", False,
+     (("pyk8sres.io", "genericnodes/status", "patch"), False)),
+    ("/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}", "PUT",
+     False, (("admissionregistration.k8s.io", "validatingwebhookconfigurations", "update"),
+             False)),
+    ("/api/v1/namespaces/{namespace}/pods", "DELETE", False,
+     (("", "pods", "deletecollection"), True)),
+])
+def test_request_rules(path, http, watch, expected):
+    assert _rule(http, path, watch) == expected
