@@ -156,13 +156,14 @@ def world(kube_paths):
         env = dict(c.env, PYTHONUNBUFFERED="1")
         cluster.start_process(c.work, "sync", [
             sys.executable, "-m", "pyk8sres.cli", "sync", "--kubeconfig",
-            kubeconfig(f"{root}/sync.kubeconfig", proxies["sync"].url)], env=env)
+            kubeconfig(f"{root}/sync.kubeconfig", proxies["sync"].url),
+            "--metrics-address", "127.0.0.1:0"], env=env)
         cluster.start_process(c.work, "webhook", [
             sys.executable, "-m", "pyk8sres.cli", "webhook", "--kubeconfig",
             kubeconfig(f"{root}/webhook.kubeconfig", proxies["webhook"].url),
             "--listen", f"127.0.0.1:{WEBHOOK_PORT}",
             "--url", f"https://127.0.0.1:{WEBHOOK_PORT}/validate",
-            "--cert-dir", f"{root}/webhook-tls"], env=env)
+            "--cert-dir", f"{root}/webhook-tls", "--metrics-address", "127.0.0.1:0"], env=env)
         hybrid.wait_generic_nodes(kas, ["n1", "n2"], c)
         hybrid.wait_webhook(kas, c)
         yield c, kas, direct, proxies
