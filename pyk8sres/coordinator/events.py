@@ -40,8 +40,11 @@ class Recorder:
     """emit() from any thread; start() the worker, stop() it."""
 
     def __init__(self, kube, component: str, limits: E.Limits = E.Limits(),
-                 queue_size: int = 256, clock=time.time):
+                 queue_size: int = 256, clock=time.time, uid_of=None):
+        """uid_of(GenericNode name) -> its UID or None (kubectl describe matches
+        Events by UID); None: GenericNode Events carry no UID."""
         self.kube, self.component, self.limits, self.clock = kube, component, limits, clock
+        self.uid_of = uid_of
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self.table: dict = {}              # key -> policy.events.Seen
@@ -149,7 +152,7 @@ class Recorder:
             self.table[key] = E.flushed(seen, now)
 
     def _create(self, key, namespace, ref, reason, message, type_, seen) -> None:
-        if ref["kind"] == "GenericNode" and "uid" not in ref:
+        if ref["kind"] == "GenericNode" and "uid" not in ref and self.uid_of is not None:
             uid = self._generic_node_uid(ref["name"])
             if uid:
                 ref = dict(ref, uid=uid)   # kubectl describe matches Events by UID
@@ -194,10 +197,10 @@ class Recorder:
     def _generic_node_uid(self, name: str) -> str | None:
         if name not in self.gn_uids:
             try:
-                obj = K.get_generic_node(self.kube, name)
+                uid = self.uid_of(name)
             except Exception:
                 return None
-            if obj is None:
+            if not uid:
                 return None
-            self.gn_uids[name] = obj["metadata"].get("uid", "")
-        return self.gn_uids[name] or None
+            self.gn_uids[name] = uid
+        return self.gn_uids[name]

@@ -79,6 +79,7 @@ class SyncConfig:
     metrics_address: str = "127.0.0.1:9710"   # /metrics, /healthz, /readyz over HTTP ("": none)
     metrics_seconds: float = 5.0    # how often the ledger's show() refreshes the node gauges
     events: bool = True             # post Kubernetes Events (oversubscribed, ledger unreachable)
+    event_update_seconds: float = 60.0   # a repeated node Event's count is written this often
     log_level: str = "INFO"
 
 
@@ -651,9 +652,15 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
     for i in informers:
         i.start()
     if cfg.events:
+        from . import kube as K
         from .events import Recorder
+
+        def uid_of(name):
+            return ((K.get_generic_node(kube, name) or {}).get("metadata") or {}).get("uid")
         # Node conditions last: one write a minute per node at most.
-        rec.events = Recorder(kube, "pyk8sres-sync", E.Limits(update_interval=60.0)).start()
+        rec.events = Recorder(kube, "pyk8sres-sync",
+                              E.Limits(update_interval=cfg.event_update_seconds),
+                              uid_of=uid_of).start()
     rec.gn_thread = GenericNodeWriter(rec, stop)
     rec.gn_thread.start()
     alive = max(60.0, 20 * cfg.resync_seconds)

@@ -333,16 +333,16 @@ class Admission:
         return answer
 
     def _refused(self, t: A.Target, pod, decision: A.Deny) -> None:
-        """Events (queued, posted by the recorder's thread): on the pod, and
-        on the GenericNode when the ledger did not answer."""
+        """The Event on the pod (queued, posted by the recorder's thread).
+        The GenericNode's LedgerUnreachable is the sync daemon's."""
         if self.events is None:
             return
-        p = pod if pod is not None else t.pod
+        # A refused create leaves no pod (each attempt had a UID of its own):
+        # name the pod only, so attempts add up in one Event.
+        p = pod if t.op != "create" else None
         uid = ((p or {}).get("metadata") or {}).get("uid")
         self.events.pod(t.namespace, t.pod_name, uid, E.refusal_reason(decision.code),
                         decision.message)
-        if decision.code == "ledger_unreachable":
-            self.events.generic_node(t.node, E.LEDGER_UNREACHABLE, decision.message)
 
 
 class _Handler(BaseHTTPRequestHandler):
