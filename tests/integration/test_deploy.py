@@ -21,9 +21,11 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
 import yaml
 
 from local_slurm import port
@@ -103,7 +105,15 @@ def test_base_renders_and_applies(server, tmp_path):
            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "busybox"}]}}
     pod_file = tmp_path / "pod.yaml"
     pod_file.write_text(yaml.safe_dump(pod))
-    refused = server.kubectl("create", "-n", "default", "-f", str(pod_file), check=False)
+    # (the configuration reaches the API server's admission plugin through an
+    # informer: a create right after the apply may still pass)
+    deadline = time.monotonic() + 30
+    while True:
+        refused = server.kubectl("create", "-n", "default", "-f", str(pod_file), check=False)
+        if refused.returncode != 0 or time.monotonic() > deadline:
+            break
+        server.kubectl("delete", "-n", "default", "pod", "probe", "--wait=false")
+        time.sleep(0.2)
     assert refused.returncode != 0 and "admission.pyk8sres.io" in refused.stderr, refused
     # ... while the coordinator's own namespace stays schedulable.
     server.kubectl("create", "-n", NAMESPACE, "-f", str(pod_file))
