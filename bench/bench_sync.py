@@ -99,7 +99,7 @@ class Daemon:
         self.pos = 0
         self.pid = cluster.start_process(slurm.work, "bench-sync", [
             sys.executable, "-m", "pyk8sres.coordinator.sync", "--kubeconfig", kubeconfig,
-            "--cluster-name", "bench", "--resync", "1"],
+            "--cluster-name", "bench", "--resync", "1", "--metrics-address", "127.0.0.1:0"],
             env=slurm.env)
 
     def alive(self) -> bool:

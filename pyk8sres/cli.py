@@ -47,6 +47,8 @@ def _cluster_up(args) -> int:
               f"(logs: {c.work}/log/sync.out, webhook.out)")
         print(f"export KUBECONFIG={kas.kubeconfig}")
         print(f"export PATH={os.path.dirname(kas.paths.kubectl)}:$PATH  # kubectl")
+        print(f"# metrics and health: http://127.0.0.1:{args.kube_port + 4}/metrics (sync), "
+              f"http://127.0.0.1:{args.kube_port + 5}/metrics (webhook); /healthz, /readyz")
     return 0
 
 

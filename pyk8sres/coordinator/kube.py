@@ -21,6 +21,8 @@ from typing import Iterator
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from . import metrics
+
 log = logging.getLogger("pyk8sres.coordinator.kube")
 
 GROUP = "pyk8sres.io"
@@ -304,8 +306,10 @@ class Informer(threading.Thread):
                 # Watch ended normally (server timeout); loop re-watches from rv.
             except Gone as e:
                 log.info("%s: resourceVersion %s expired (%s); relisting", self.kind, self.rv, e)
+                metrics.WATCH_RESTARTS.labels(self.kind, "gone").inc()
                 self.rv = None
             except Exception as e:  # network, 5xx, timeouts: never fatal
+                metrics.WATCH_RESTARTS.labels(self.kind, "error").inc()
                 self.handler.health(self.kind, False)
                 # Relist rather than resume: a resumed watch looks healthy the
                 # moment it opens, before the server can say 410 -- and a cycle
@@ -410,3 +414,34 @@ def put_webhook_config(kube: Kube, body: dict) -> dict:
             name, body, _preload_content=False, _request_timeout=kube.timeout))
     return _json(kube.admission.create_validating_webhook_configuration(
         body, _preload_content=False, _request_timeout=kube.timeout))
+
+
+# ------------------------------------------------------------ events (coordinator/events.py)
+
+def create_event(kube: Kube, namespace: str, body: dict) -> dict:
+    return _json(kube.core.create_namespaced_event(
+        namespace, body, _preload_content=False, _request_timeout=kube.timeout))
+
+
+def patch_event(kube: Kube, namespace: str, name: str, patch: dict) -> dict:
+    """Merge-patch an Event (count, lastTimestamp, message)."""
+    return _json(kube.core.patch_namespaced_event(
+        name, namespace, patch, _content_type=MERGE_PATCH, _preload_content=False,
+        _request_timeout=kube.timeout))
+
+
+def list_events(kube: Kube, namespace: str, field_selector: str | None = None) -> list:
+    return _json(kube.core.list_namespaced_event(
+        namespace, field_selector=field_selector, _preload_content=False,
+        _request_timeout=kube.timeout)).get("items") or []
+
+
+def get_generic_node(kube: Kube, name: str) -> dict | None:
+    try:
+        return _json(kube.custom.get_cluster_custom_object(
+            GROUP, VERSION, PLURAL, name, _preload_content=False,
+            _request_timeout=kube.timeout))
+    except ApiException as e:
+        if _missing(e):
+            return None
+        raise

@@ -186,7 +186,20 @@ class Ledger:
         self._sock = self._file = None
 
     def call(self, op: str, **fields) -> dict:
-        """One request; the reply dict ({"ok": ...}).  LedgerError if unreachable."""
+        """One request; the reply dict ({"ok": ...}).  LedgerError if unreachable.
+        Counted in the coordinator's metrics (calls, errors, latency by op)."""
+        import time
+        from . import metrics
+        t0 = time.perf_counter()
+        try:
+            answer = self._call(op, **fields)
+        except Exception as e:
+            metrics.ledger_call(op, time.perf_counter() - t0, e)
+            raise
+        metrics.ledger_call(op, time.perf_counter() - t0, None)
+        return answer
+
+    def _call(self, op: str, **fields) -> dict:
         import json
         from ..policy.ledger import encode
         line = encode(op, **fields)

@@ -36,6 +36,8 @@ import time
 import tomllib
 from typing import Mapping
 
+from . import metrics
+from ..policy import events as E
 from ..policy import usage as U
 
 log = logging.getLogger("pyk8sres.coordinator.sync")
@@ -74,6 +76,10 @@ class SyncConfig:
     backoff_max: float = 30.0
     generic_nodes: bool = True      # write GenericNode objects
     create_crd: bool = True         # create the GenericNode CRD if missing
+    metrics_address: str = "127.0.0.1:9710"   # /metrics, /healthz, /readyz over HTTP ("": none)
+    metrics_seconds: float = 5.0    # how often the ledger's show() refreshes the node gauges
+    events: bool = True             # post Kubernetes Events (oversubscribed, ledger unreachable)
+    event_update_seconds: float = 60.0   # a repeated node Event's count is written this often
     log_level: str = "INFO"
 
 
@@ -271,6 +277,12 @@ class Cache:
                     "in sync again" if ok else "lost: counts will only go down until it is back")
             self.changed.set()
 
+    def not_ready(self) -> str | None:
+        """A readiness check: None once both kinds are listed and watched."""
+        with self.lock:
+            missing = [k for k in self.KINDS if k not in self.listed or not self.ok[k]]
+        return f"{', '.join(missing)} not listed/watched" if missing else None
+
     def snapshot(self) -> tuple[dict[str, U.NodeUsage], dict[str, dict], bool]:
         """(usage per Kubernetes node, slim nodes, healthy)."""
         with self.lock:
@@ -332,6 +344,9 @@ class Reconciler:
         self.applied_total = 0
         self.slurm_view = None   # name -> SlurmNode as of the last refresh
         self.gn_thread: GenericNodeWriter | None = None  # None: write inline
+        self.events = None       # events.Recorder (None: no Events)
+        self.shared: dict[str, str] | None = None   # Slurm node -> Kubernetes node, last cycle
+        self.over_lock = threading.Lock()
         self.last: U.Desired | None = None   # the last cycle's decision
 
     def _warn_new(self, warnings: list[str]) -> None:
@@ -349,12 +364,17 @@ class Reconciler:
         dirty: when only pods changed, the Kubernetes nodes they are on
         (Cache.take_dirty): only their Slurm nodes are recomputed, so a pod
         costs O(its node), not O(cluster); None recomputes everything."""
+        with metrics.RECONCILE_SECONDS.time():
+            return self._cycle(slurm_nodes, refresh, dirty)
+
+    def _cycle(self, slurm_nodes, refresh: bool, dirty: set[str] | None) -> U.Desired | None:
         if slurm_nodes is None:
             if refresh or self.slurm_view is None:
                 try:
                     self.slurm_view = {n.name: n for n in self.slurm.list_nodes()}
                 except Exception as e:  # slurmctld down: nothing we can do this cycle
                     log.warning("cannot read Slurm nodes: %s", e)
+                    metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
                     return None
             slurm_nodes = list(self.slurm_view.values())
         if dirty is not None and self.last is not None and not refresh:
@@ -366,6 +386,7 @@ class Reconciler:
             reserve_cpu=self.cfg.reserve_cpus or 0,
             reserve_memory_mb=self.cfg.reserve_memory_mb or 0)
         self._warn_new(d.warnings)
+        self.shared = {s: k for k, s in d.k8s_to_slurm.items()}
         self.set_shares(d, healthy)
         self._publish(d, slurm_nodes, healthy)
         self.last = d
@@ -431,31 +452,81 @@ class Reconciler:
                 reply = self.ledger.set(name, entries, self.cfg.reservation_grace)
             except Exception as e:  # slurmctld down: retried next cycle, nothing handed back
                 log.warning("cannot set the Kubernetes share of %s: %s", name, e)
+                metrics.RECONCILE_ERRORS.labels("ledger_set").inc()
                 self.last_set.pop(name, None)
+                if self.events is not None:
+                    self.events.generic_node(
+                        self.k8s_name(name), E.LEDGER_UNREACHABLE,
+                        f"cannot hold the pods' share of Slurm node {name} in Slurm's ledger "
+                        f"({e}); the node keeps what the ledger last held, and no pod is "
+                        "admitted on it until the ledger answers")
                 continue
             if not reply.get("ok"):
                 log.warning("ledger refused the share of %s: %s", name, reply.get("error"))
+                metrics.RECONCILE_ERRORS.labels("ledger_refused").inc()
                 continue
+            share = reply.get("share") or {}
             if self.last_set.get(name) != entries:
                 self.applied_total += 1
-                share = reply.get("share") or {}
                 log.info("node %s: Kubernetes share set (%d pods): k8scpu=%s k8smemory=%s", name,
                          len(entries), share.get("cpu"), share.get("mem"))
-            over = bool(reply.get("oversubscribed"))
-            if over and not self.oversubscribed.get(name):
-                log.error("node %s is oversubscribed: pods bound there hold more than Slurm's "
-                          "jobs leave (a pod bound without admission, or a static pod); "
-                          "no new job starts there until they leave", name)
-            self.oversubscribed[name] = over
+            self.note_oversubscribed(name, bool(reply.get("oversubscribed")),
+                                     f"pods bound there hold {share.get('cpu')} CPUs and "
+                                     f"{share.get('mem')} MB")
             self.last_set[name] = entries
         if repair:
             self.last_repair = now
+
+    def k8s_name(self, slurm_name: str) -> str:
+        """The Kubernetes node (and GenericNode) a Slurm node is shared as."""
+        return (self.shared or {}).get(slurm_name, slurm_name)
+
+    def note_oversubscribed(self, name: str, over: bool, detail: str) -> None:
+        """Record what the ledger said of Slurm node `name` (from set or show):
+        log, gauge, counter and Event when it becomes oversubscribed, an Event
+        again (its count bumped) while it stays so."""
+        with self.over_lock:
+            was = self.oversubscribed.get(name, False)
+            self.oversubscribed[name] = over
+        metrics.NODE_OVERSUBSCRIBED.labels(name).set(1 if over else 0)
+        if not over:
+            return
+        if not was:
+            metrics.OVERSUBSCRIPTION_DETECTED.labels(name).inc()
+            log.error("node %s is oversubscribed: pods bound there hold more than Slurm's "
+                      "jobs leave (a pod bound without admission, or a static pod); "
+                      "no new job starts there until they leave", name)
+        if self.events is not None:
+            self.events.generic_node(
+                self.k8s_name(name), E.OVERSUBSCRIBED,
+                f"Slurm node {name} is oversubscribed: {detail}, more than Slurm's jobs leave "
+                "(a pod bound without admission, or a static pod); no new job starts there "
+                "until they leave")
+
+    def observe_ledger(self, ledger) -> None:
+        """Node gauges and oversubscription from one ledger show() (the
+        poller's own connection: never queued behind the loop's sets)."""
+        shown = ledger.show()
+        if not shown.get("ok"):
+            raise RuntimeError(f"ledger show: {shown.get('error')}")
+        shared = self.shared
+        metrics.NODES.update(shown, only=set(shared) if shared is not None else None)
+        for name, v in (shown.get("nodes") or {}).items():
+            if v.get("unknown") or (shared is not None and name not in shared):
+                continue
+            share, jobs, cap = v["share"], v["jobs"], v["capacity"]
+            self.note_oversubscribed(
+                name, bool(v.get("oversubscribed")),
+                f"pods hold {share['cpu']} CPUs and {share['mem']} MB, Slurm jobs "
+                f"{jobs['cpu']} CPUs and {jobs['mem']} MB, of {cap['cpu']} CPUs and "
+                f"{cap['mem']} MB")
 
     def sync_generic_nodes_safe(self, d, slurm_nodes) -> None:
         try:
             self.sync_generic_nodes(d, slurm_nodes)
         except Exception as e:  # API down, conflicts: retried on the next cycle
             log.warning("GenericNode update failed: %s", e)
+            metrics.RECONCILE_ERRORS.labels("generic_nodes").inc()
 
     def sync_generic_nodes(self, d: U.Desired, slurm_nodes) -> None:
         """Make GenericNodes match (write only what changed)."""
@@ -573,14 +644,31 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
                 ok = False
         return 0 if rec.cycle() is not None and ok else 1
 
+    metrics.HEALTH.check("watches", cache.not_ready)
+    metrics.HEALTH.check("ledger", metrics.ledger_check(
+        3 * cfg.metrics_seconds + 2 * cfg.request_timeout))
     informers = [Informer(kube, k, cache, cfg.watch_timeout, cfg.backoff_max, stop)
                  for k in ("nodes", "pods")]
     for i in informers:
         i.start()
+    if cfg.events:
+        from . import kube as K
+        from .events import Recorder
+
+        def uid_of(name):
+            return ((K.get_generic_node(kube, name) or {}).get("metadata") or {}).get("uid")
+        # Node conditions last: one write a minute per node at most.
+        rec.events = Recorder(kube, "pyk8sres-sync",
+                              E.Limits(update_interval=cfg.event_update_seconds),
+                              uid_of=uid_of).start()
     rec.gn_thread = GenericNodeWriter(rec, stop)
     rec.gn_thread.start()
-    SlurmPoller(rec, cfg.resync_seconds, stop).start()
+    alive = max(60.0, 20 * cfg.resync_seconds)
+    SlurmPoller(rec, cfg.resync_seconds, stop,
+                slurm.Ledger(cfg.ledger_socket, timeout=cfg.request_timeout),
+                cfg.metrics_seconds, alive).start()
     while not stop.is_set():
+        metrics.HEALTH.beat("reconcile", alive)
         woke = cache.changed.wait(timeout=cfg.resync_seconds)
         if stop.is_set():
             break
@@ -592,6 +680,8 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
         # timeout recomputes everything, as does any change but pods'.
         dirty = cache.take_dirty()
         rec.cycle(refresh=False, dirty=dirty if woke else None)
+    if rec.events is not None:
+        rec.events.stop()
     return 0
 
 
@@ -604,16 +694,29 @@ class SlurmPoller(threading.Thread):
     reconfigure, and refreshes the Slurm side of the GenericNodes.
     """
 
-    def __init__(self, rec: Reconciler, period: float, stop: threading.Event):
+    def __init__(self, rec: Reconciler, period: float, stop: threading.Event,
+                 ledger=None, metrics_period: float = 5.0, alive: float = 60.0):
         super().__init__(name="slurm-poller", daemon=True)
         self.rec, self.period, self.stop_event = rec, period, stop
+        self.ledger, self.metrics_period, self.alive = ledger, metrics_period, alive
 
     def run(self) -> None:
-        while not self.stop_event.wait(self.period):
+        shown_at = -1e9
+        while True:
+            metrics.HEALTH.beat("slurm-poller", self.alive)
+            if self.ledger is not None and time.monotonic() - shown_at >= self.metrics_period:
+                shown_at = time.monotonic()
+                try:
+                    self.rec.observe_ledger(self.ledger)
+                except Exception as e:  # counted (ledger errors); /readyz says so
+                    log.warning("ledger show failed: %s", e)
+            if self.stop_event.wait(self.period):
+                return
             try:
                 nodes = self.rec.slurm.list_nodes()
             except Exception as e:  # slurmctld down: keep the old view, retry
                 log.warning("cannot read Slurm nodes: %s", e)
+                metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
                 continue
             self.rec.slurm_view = {n.name: n for n in nodes}
             self.rec.cache.mark_all()
@@ -640,6 +743,11 @@ def parse_args(argv):
                    help="memory kept from both schedulers (default: k8s_resources.conf)")
     p.add_argument("--no-generic-nodes", action="store_false", dest="generic_nodes",
                    default=None, help="do not write GenericNode objects")
+    p.add_argument("--metrics-address", metavar="HOST:PORT",
+                   help="plain HTTP /metrics, /healthz, /readyz (default 127.0.0.1:9710; "
+                        "'' for none)")
+    p.add_argument("--no-events", action="store_false", dest="events", default=None,
+                   help="post no Kubernetes Events")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p.parse_args(argv)
 
@@ -663,6 +771,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import slurm
     from .kube import Kube
+    if cfg.metrics_address and not a.once:
+        try:
+            metrics.serve(cfg.metrics_address)
+        except (OSError, ValueError) as e:
+            print(f"pyk8sres sync: metrics address {cfg.metrics_address}: {e}", file=sys.stderr)
+            return 2
     kube = Kube(cfg.kubeconfig, cfg.context, cfg.request_timeout)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -38,13 +38,16 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlparse
 
 from . import kube as K
+from . import metrics
 from . import sync
 from ..policy import admission as A
+from ..policy import events as E
 from ..policy import usage as U
 
 log = logging.getLogger("pyk8sres.coordinator.webhook")
@@ -68,6 +71,8 @@ class WebhookConfig:
     ledger_socket: str | None = None   # None: as sync's (k8s_resources.conf / StateSaveLocation)
     ledger_timeout: float = 2.0
     refresh_seconds: float = 5.0       # shared node list, certificates, configuration
+    metrics_address: str = "127.0.0.1:9711"   # /metrics, /healthz, /readyz over HTTP ("": none)
+    events: bool = True                # post Kubernetes Events for refusals
 
 
 # ----------------------------------------------------------------- TLS
@@ -232,12 +237,14 @@ class Scope:
         self.exempt = sync.exemptions_of(cfg)
         self.lock = threading.Lock()
         self.nodes: dict[str, dict] = {}
+        self.nodes_listed = False
         self.slurm_names: frozenset | None = None   # None: not known yet
 
     def update(self, k8s_nodes: list[dict] | None = None, slurm_names=None) -> None:
         with self.lock:
             if k8s_nodes is not None:
                 self.nodes = {(n.get("metadata") or {}).get("name"): n for n in k8s_nodes}
+                self.nodes_listed = True
             if slurm_names is not None:
                 self.slurm_names = frozenset(slurm_names)
 
@@ -270,15 +277,20 @@ class Scope:
 # ----------------------------------------------------------------- admission
 
 class Admission:
-    """One AdmissionReview in, one out.  kube: kube.Kube; ledger: slurm.Ledger."""
+    """One AdmissionReview in, one out.  kube: kube.Kube; ledger: slurm.Ledger;
+    events: an events.Recorder (None: no Events)."""
 
-    def __init__(self, kube, ledger, scope: Scope):
-        self.kube, self.ledger, self.scope = kube, ledger, scope
+    def __init__(self, kube, ledger, scope: Scope, events=None):
+        self.kube, self.ledger, self.scope, self.events = kube, ledger, scope, events
 
     def decide(self, request: dict) -> A.Allow | A.Deny:
+        return self._decide(request)[0]
+
+    def _decide(self, request: dict):
+        """(decision, the Target or None, the pod or None)."""
         t = A.classify(request)
         if not isinstance(t, A.Target):
-            return t
+            return t, None, None
         snode = self.scope.slurm_node(t.node)
         pod = None
         if t.pod is None and snode is not None:
@@ -286,31 +298,51 @@ class Admission:
                 pod = K.get_pod(self.kube, t.namespace, t.pod_name)
             except Exception as e:
                 return A.Deny(f"pyk8sres: cannot read pod {t.namespace}/{t.pod_name} ({e}); "
-                              "failing closed")
+                              "failing closed", "pod_unreadable"), t, None
         d = A.plan(t, pod, snode, self.scope.exempt)
         if not isinstance(d, A.Reserve):
-            return d
+            return d, t, pod
         try:
             reply = self.ledger.reserve(d.slurm_node, d.key, d.cpu_m, d.mem_bytes)
         except Exception as e:   # LedgerError (unreachable, malformed reply) or anything else
             return A.Deny(f"pyk8sres: Slurm's ledger did not answer for node {t.node} ({e}); "
-                          "no pod is placed on a shared node until it does")
-        return A.verdict(t, d, reply)
+                          "no pod is placed on a shared node until it does",
+                          "ledger_unreachable"), t, pod
+        return A.verdict(t, d, reply), t, pod
 
     def review(self, body: dict) -> dict:
+        t0 = time.perf_counter()
         request = body.get("request") or {}
+        target = pod = None
         try:
-            decision = self.decide(request)
+            decision, target, pod = self._decide(request)
         except Exception as e:
             log.exception("admission failed")
             decision = A.Deny(f"pyk8sres: internal error ({type(e).__name__}: {e}); failing closed")
         if isinstance(decision, A.Deny):
             log.info("denied %s %s/%s: %s", request.get("operation"), request.get("namespace"),
                      request.get("name"), decision.message)
+            if target is not None and not target.dry_run:
+                self._refused(target, pod, decision)
         else:
             log.debug("allowed %s %s/%s: %s", request.get("operation"), request.get("namespace"),
                       request.get("name"), decision.reason)
-        return A.review_response(request, decision)
+        answer = A.review_response(request, decision)
+        metrics.admission("deny" if isinstance(decision, A.Deny) else "allow", decision.code,
+                          time.perf_counter() - t0)
+        return answer
+
+    def _refused(self, t: A.Target, pod, decision: A.Deny) -> None:
+        """The Event on the pod (queued, posted by the recorder's thread).
+        The GenericNode's LedgerUnreachable is the sync daemon's."""
+        if self.events is None:
+            return
+        # A refused create leaves no pod (each attempt had a UID of its own):
+        # name the pod only, so attempts add up in one Event.
+        p = pod if t.op != "create" else None
+        uid = ((p or {}).get("metadata") or {}).get("uid")
+        self.events.pod(t.namespace, t.pod_name, uid, E.refusal_reason(decision.code),
+                        decision.message)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -334,7 +366,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, json.dumps(self.server.admission.review(body)).encode())
 
     def do_GET(self) -> None:
-        self._send(200 if self.path in ("/healthz", "/readyz") else 404, b"{}")
+        code, body = metrics.probe(self.path) or (404, b"not found\n")
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, fmt, *args) -> None:
         log.debug("%s " + fmt, self.address_string(), *args)
@@ -420,7 +457,7 @@ class Webhook:
     """The webhook server plus its refresher (shared nodes, certificates,
     configuration).  start() returns once it serves; stop() ends both."""
 
-    def __init__(self, wcfg: WebhookConfig, scfg: sync.SyncConfig, kube, ledger):
+    def __init__(self, wcfg: WebhookConfig, scfg: sync.SyncConfig, kube, ledger, events=None):
         self.wcfg, self.kube, self.ledger = wcfg, kube, ledger
         self.scope = Scope(scfg)
         host, _, port = wcfg.listen.rpartition(":")
@@ -441,7 +478,8 @@ class Webhook:
                                wcfg.ca_promote_seconds)
             self.certs.ensure()
             cert, key = self.certs.cert_file, self.certs.key_file
-        self.server = WebhookServer(self.addr, Admission(kube, ledger, self.scope), cert, key)
+        self.server = WebhookServer(self.addr, Admission(kube, ledger, self.scope, events),
+                                    cert, key)
         self.stop_event = threading.Event()
         self.published: dict | None = None
         self.threads: list[threading.Thread] = []
@@ -490,12 +528,27 @@ class Webhook:
 
     def _refresher(self) -> None:
         while not self.stop_event.wait(self.wcfg.refresh_seconds):
+            self._beat()
             try:
                 self.refresh()
             except Exception:
                 log.exception("webhook refresh failed")
 
+    def _beat(self) -> None:
+        metrics.HEALTH.beat("webhook-refresh", max(60.0, 10 * self.wcfg.refresh_seconds))
+
+    def _nodes_known(self) -> str | None:
+        if not self.scope.nodes_listed:
+            return "Kubernetes nodes not listed yet"
+        if self.scope.slurm_names is None:
+            return "Slurm's nodes not known yet (no ledger show answered)"
+        return None
+
     def start(self) -> "Webhook":
+        self._beat()
+        metrics.HEALTH.check("nodes", self._nodes_known)
+        metrics.HEALTH.check("ledger", metrics.ledger_check(
+            3 * self.wcfg.refresh_seconds + 2 * self.wcfg.ledger_timeout))
         t = threading.Thread(target=self.server.serve_forever, name="webhook-https", daemon=True)
         t.start()
         self.threads.append(t)
@@ -518,6 +571,11 @@ def parse_args(argv):
     p.add_argument("--listen")
     p.add_argument("--url", help="clientConfig.url to publish (else the manifest's service)")
     p.add_argument("--cert-dir")
+    p.add_argument("--metrics-address", metavar="HOST:PORT",
+                   help="plain HTTP /metrics, /healthz, /readyz (default 127.0.0.1:9711; "
+                        "'' for none)")
+    p.add_argument("--no-events", action="store_false", dest="events", default=None,
+                   help="post no Kubernetes Events")
     p.add_argument("--no-placeholders", action="store_false", dest="placeholders",
                    help="do not keep slurm-share-<node> placeholder pods")
     p.add_argument("--log-level", default="INFO")
@@ -551,11 +609,25 @@ def main(argv: list[str] | None = None) -> int:
     wcfg = load_webhook_config(args.config)
     over = {k: v for k, v in (("ledger_socket", args.ledger_socket), ("listen", args.listen),
                               ("url", args.url), ("cert_dir", args.cert_dir)) if v}
+    over.update({k: v for k, v in (("metrics_address", args.metrics_address),
+                                   ("events", args.events)) if v is not None})
     wcfg = dataclasses.replace(wcfg, **over)
     if not wcfg.ledger_socket:
         wcfg = dataclasses.replace(wcfg, ledger_socket=scfg.ledger_socket or ledger_socket_path())
     kube = K.Kube(args.kubeconfig or scfg.kubeconfig, scfg.context, timeout=scfg.request_timeout)
-    hook = Webhook(wcfg, scfg, kube, Ledger(wcfg.ledger_socket, timeout=wcfg.ledger_timeout)).start()
+    if wcfg.metrics_address:
+        try:
+            metrics.serve(wcfg.metrics_address)
+        except (OSError, ValueError) as e:
+            print(f"pyk8sres webhook: metrics address {wcfg.metrics_address}: {e}",
+                  file=sys.stderr)
+            return 2
+    events = None
+    if wcfg.events:
+        from .events import Recorder
+        events = Recorder(kube, "pyk8sres-webhook").start()
+    hook = Webhook(wcfg, scfg, kube, Ledger(wcfg.ledger_socket, timeout=wcfg.ledger_timeout),
+                   events).start()
     log.info("admission webhook serving on https://%s:%d", *hook.addr)
     placeholders = None
     if args.placeholders:
@@ -570,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     if placeholders is not None:
         placeholders.stop()
     hook.stop()
+    if events is not None:
+        events.stop()
     return 0
 
 

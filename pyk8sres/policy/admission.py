@@ -24,13 +24,23 @@ from . import usage as U
 
 @dataclass(frozen=True)
 class Allow:
-    """Allow without touching the ledger (the reason is logged and returned)."""
+    """Allow (the reason is logged; code labels the metric, see CODES)."""
     reason: str
+    code: str = "reserved"
 
 
 @dataclass(frozen=True)
 class Deny:
     message: str
+    code: str = "internal"
+
+
+# Metric labels (pyk8sres_admission_requests_total{result, reason}): a few
+# fixed words, never names, so the series stay few.
+ALLOW_CODES = ("reserved", "not_shared", "exempt", "dry_run", "unbound", "not_checked",
+               "no_growth", "static_over_capacity")
+DENY_CODES = ("nofit", "ledger_unreachable", "ledger_refused", "pod_unreadable",
+              "pod_not_found", "bad_request", "internal")
 
 
 @dataclass(frozen=True)
@@ -67,23 +77,23 @@ def classify(request: Mapping) -> Target | Allow | Deny:
     if op == "CREATE" and ((res == "pods" and sub == "binding") or (res == "bindings" and not sub)):
         target = (obj.get("target") or {})
         if target.get("kind") not in (None, "", "Node") or not target.get("name"):
-            return Deny("binding target must name a Node")
+            return Deny("binding target must name a Node", "bad_request")
         name = request.get("name") or (obj.get("metadata") or {}).get("name") or ""
         return Target("bind", ns, name, target["name"], dry)
     if res == "pods" and op == "CREATE" and not sub:
         node = (obj.get("spec") or {}).get("nodeName")
         if not node:
-            return Allow("pod has no spec.nodeName: it is checked when it is bound")
+            return Allow("pod has no spec.nodeName: it is checked when it is bound", "unbound")
         name = (obj.get("metadata") or {}).get("name") or request.get("name") or ""
         user = (request.get("userInfo") or {}).get("username") or ""
         return Target("create", ns, name, node, dry, pod=obj, user=user)
     if res == "pods" and op == "UPDATE" and sub == "resize":
         node = (obj.get("spec") or {}).get("nodeName")
         if not node:
-            return Allow("pod is not bound: its new size is checked when it is bound")
+            return Allow("pod is not bound: its new size is checked when it is bound", "unbound")
         return Target("resize", ns, request.get("name") or "", node, dry, pod=obj,
                       old_pod=request.get("oldObject") or {})
-    return Allow(f"not a request we check ({op} {res}/{sub})")
+    return Allow(f"not a request we check ({op} {res}/{sub})", "not_checked")
 
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -115,28 +125,30 @@ def plan(target: Target, pod: Mapping | None, slurm_node: str | None,
     slurm_node: the Slurm node the Kubernetes node is (None: not a shared node).
     """
     if slurm_node is None:
-        return Allow(f"node {target.node} is not shared with Slurm")
+        return Allow(f"node {target.node} is not shared with Slurm", "not_shared")
     pod = target.pod if target.pod is not None else pod
     if pod is None:
-        return Deny(f"pod {target.namespace}/{target.pod_name} not found")
+        return Deny(f"pod {target.namespace}/{target.pod_name} not found", "pod_not_found")
     why = U.exempt_reason(pod, exempt)
     if why:
-        return Allow(why)
+        return Allow(why, "exempt")
     uid = (pod.get("metadata") or {}).get("uid")
     if not uid:
-        return Deny(f"pod {target.namespace}/{target.pod_name} has no UID yet")
+        return Deny(f"pod {target.namespace}/{target.pod_name} has no UID yet", "bad_request")
     try:
         cpu_m, mem = pod_cost(pod)
         if target.op == "resize":
             old_cpu, old_mem = pod_cost(target.old_pod or {})
             if cpu_m <= old_cpu and mem <= old_mem:
-                return Allow("resize does not grow the pod (the repair shrinks its share)")
+                return Allow("resize does not grow the pod (the repair shrinks its share)",
+                             "no_growth")
             # The kubelet runs the old size until it has resized: hold the larger of each.
             cpu_m, mem = max(cpu_m, old_cpu), max(mem, old_mem)
     except (U.QuantityError, AttributeError, TypeError, ValueError) as e:
-        return Deny(f"pod {target.namespace}/{target.pod_name}: unreadable requests: {e}")
+        return Deny(f"pod {target.namespace}/{target.pod_name}: unreadable requests: {e}",
+                    "bad_request")
     if target.dry_run:
-        return Allow("dry run: nothing reserved")
+        return Allow("dry run: nothing reserved", "dry_run")
     return Reserve(slurm_node, uid, cpu_m, mem, static=is_static_pod(target, pod))
 
 
@@ -144,16 +156,17 @@ def verdict(target: Target, r: Reserve, reply: Mapping) -> Allow | Deny:
     """The answer, from the ledger's reply to reserve()."""
     what = f"pod {target.namespace}/{target.pod_name} ({r.cpu_m}m CPU, {r.mem_bytes // U.MI}Mi)"
     if reply.get("ok") is True:
-        return Allow(f"{what} reserved on Slurm node {r.slurm_node}")
+        return Allow(f"{what} reserved on Slurm node {r.slurm_node}", "reserved")
     code = reply.get("code") or "internal"
     err = reply.get("error") or "no reason given"
     if code == "nofit" and r.static:
         return Allow(f"static {what} runs on node {target.node} whatever we answer: allowed "
                      f"over capacity ({err}); the sync daemon counts it and reports the node "
-                     "Oversubscribed until jobs leave room")
+                     "Oversubscribed until jobs leave room", "static_over_capacity")
     if code == "nofit":
-        return Deny(f"{what} does not fit on node {target.node}: {err}")
-    return Deny(f"{what} refused on node {target.node} ({code}): {err}")
+        return Deny(f"{what} does not fit on node {target.node}: {err}", "nofit")
+    return Deny(f"{what} refused on node {target.node} ({code}): {err}",
+                "ledger_refused" if code in ("unknown_node", "denied", "badrequest") else "internal")
 
 
 def review_response(request: Mapping, decision: Allow | Deny) -> dict:

@@ -45,15 +45,20 @@ def up(work: str, *, nodes: int, cpus: int, memory: int, base_port: int, kube_po
         with open(nodes_file, "w") as f:
             json.dump(node_manifest(cluster.node_names(nodes), cpus, memory), f)
         kas.apply(nodes_file)
+        # kube_port+1, +2: etcd; +3 the webhook; +4, +5 sync's and the webhook's /metrics
+        webhook_port = kube_port + 3
+        for p, what in ((webhook_port, "webhook"), (kube_port + 4, "sync metrics"),
+                        (kube_port + 5, "webhook metrics")):
+            if not cluster.port_free(p):
+                raise cluster.ClusterError(f"port {p} ({what}) is in use")
         cluster.start_process(c.work, "sync", [sys.executable, "-m", "pyk8sres.cli", "sync",
-                                         "--kubeconfig", kas.kubeconfig],
+                                         "--kubeconfig", kas.kubeconfig,
+                                         "--metrics-address", f"127.0.0.1:{kube_port + 4}"],
                        env=dict(c.env, PYTHONUNBUFFERED="1"))
         wait_generic_nodes(kas, cluster.node_names(nodes), c)
-        webhook_port = kube_port + 3      # kube_port+1, +2: etcd
-        if not cluster.port_free(webhook_port):
-            raise cluster.ClusterError(f"port {webhook_port} (webhook) is in use")
         cluster.start_process(c.work, "webhook", [
             sys.executable, "-m", "pyk8sres.cli", "webhook", "--kubeconfig", kas.kubeconfig,
+            "--metrics-address", f"127.0.0.1:{kube_port + 5}",
             "--listen", f"127.0.0.1:{webhook_port}",
             "--url", f"https://127.0.0.1:{webhook_port}/validate",
             "--cert-dir", os.path.join(c.work, "webhook-tls")],

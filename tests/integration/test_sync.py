@@ -120,7 +120,8 @@ class Daemon:
         with open(conf, "w") as f:
             f.write('slurm_workers = ["slurm-workers"]\n')
         cmd = [sys.executable, "-m", "pyk8sres.coordinator.sync", "--kubeconfig", self.api.kubeconfig,
-               "--config", conf, "--resync", "0.5", "--log-level", "DEBUG"]
+               "--config", conf, "--resync", "0.5", "--log-level", "DEBUG",
+               "--metrics-address", "127.0.0.1:0"]
         env = dict(self.slurm.env)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,

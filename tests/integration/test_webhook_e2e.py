@@ -102,7 +102,8 @@ def repair(slurm, api, root):
         f.write("resync_seconds = 0.5\n")
     with open(f"{root}/sync.log", "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "pyk8sres.coordinator.sync",
-                                 "--kubeconfig", api.kubeconfig, "--config", conf],
+                                 "--kubeconfig", api.kubeconfig, "--config", conf,
+                                 "--metrics-address", "127.0.0.1:0"],
                                 stdout=out, stderr=subprocess.STDOUT, env=dict(slurm.env),
                                 start_new_session=True)
     yield proc

@@ -182,3 +182,34 @@ def test_updated_webhook_config_owns_only_its_fields():
     # Slurm's nodes not known yet: the published condition stays
     keep = A.updated_webhook_config(new, "admission.pyk8sres.io", None, "TkVX", None)
     assert keep["webhooks"][1]["matchConditions"] == w["matchConditions"]
+
+
+# The metric's reason label (pyk8sres_admission_requests_total{result, reason}).
+@pytest.mark.parametrize("case,decision,code", [
+    ("unbound pod", A.classify(req("CREATE", "pods", "", pod())), "unbound"),
+    ("other request", A.classify(req("UPDATE", "pods", "", pod(node="n1"))), "not_checked"),
+    ("binding to a non-node", A.classify(req("CREATE", "pods", "binding",
+                                             {"target": {"kind": "Pod", "name": "x"}})),
+     "bad_request"),
+    ("not shared", A.plan(target(), pod(), None, EX), "not_shared"),
+    ("pod gone", A.plan(target(), None, "n1", EX), "pod_not_found"),
+    ("no uid", A.plan(target(), pod(uid=None), "n1", EX), "bad_request"),
+    ("exempt", A.plan(target(), pod(ns="slurm"), "n1", EX), "exempt"),
+    ("dry run", A.plan(target(dry=True), pod(), "n1", EX), "dry_run"),
+    ("malformed", A.plan(target(), pod(cpu="lots"), "n1", EX), "bad_request"),
+    ("shrink", A.plan(target("resize", p=pod(node="n1", cpu="100m"), old=pod(node="n1")), None,
+                      "n1", EX), "no_growth"),
+    ("reserved", A.verdict(target(), A.Reserve("n1", "u", 1, 1), {"ok": True}), "reserved"),
+    ("no fit", A.verdict(target(), A.Reserve("n1", "u", 1, 1),
+                         {"ok": False, "code": "nofit", "error": "full"}), "nofit"),
+    ("unknown node", A.verdict(target(), A.Reserve("n1", "u", 1, 1),
+                               {"ok": False, "code": "unknown_node", "error": "?"}),
+     "ledger_refused"),
+    ("malformed reply", A.verdict(target(), A.Reserve("n1", "u", 1, 1), {}), "internal"),
+    ("static pod over capacity", A.verdict(target(), A.Reserve("n1", "u", 1, 1, static=True),
+                                           {"ok": False, "code": "nofit", "error": "full"}),
+     "static_over_capacity"),
+])
+def test_decision_codes(case, decision, code):
+    assert decision.code == code, case
+    assert code in (A.ALLOW_CODES if isinstance(decision, A.Allow) else A.DENY_CODES), case

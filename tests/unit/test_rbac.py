@@ -26,8 +26,8 @@ NAMESPACE = "pyk8sres-system"
 
 # Which daemon (ServiceAccount) runs which module's Kubernetes calls.
 DAEMONS = {
-    "pyk8sres-sync": ["sync.py"],
-    "pyk8sres-webhook": ["webhook.py", "placeholder.py"],
+    "pyk8sres-sync": ["sync.py", "events.py"],
+    "pyk8sres-webhook": ["webhook.py", "placeholder.py", "events.py"],
 }
 # Modules whose namespaced calls stay in the coordinator's namespace (a Role
 # there, not a ClusterRole): the placeholder pods live in pyk8sres-system.
