@@ -1,26 +1,27 @@
 """`pyk8sres sync`: keep Slurm and Kubernetes honest on shared nodes.
 
-Kubernetes -> Slurm: each shared node's k8scpu/k8smemory = capacity minus
-what pods bound there request.  Slurm -> Kubernetes: one GenericNode per
-shared node shows both sides' allocations.
+Kubernetes -> Slurm: each shared node's Kubernetes share in the ledger
+(inside slurmctld, next to its jobs) = the requests of the pods bound there,
+keyed by pod UID.  Slurm -> Kubernetes: one GenericNode per shared node
+shows both sides' allocations.
 
 Level-triggered: watches keep an in-memory cache current and wake the loop;
-every cycle recomputes the desired counts from the cache and Slurm's current
-view (pure: usage.desired_state), records them in the state file, then
-applies only what differs from what Slurm shows.  A periodic cycle (every
-few seconds) also heals slurmctld restarts/reconfigures, which reset counts.
+every cycle recomputes which node is which and what pods hold there from
+the cache and Slurm's current view (pure: usage.desired_state), then sets
+only the shares that differ (all of them every repair_seconds, which also
+expires reservations that never became bound pods).  A pod event recomputes
+only the Slurm nodes its pods count on.
 
 Threads: one informer per kind (pods, nodes) fills the cache; a poller
 re-reads Slurm's nodes every resync period; the main thread reconciles and
-sets Slurm counts; one writer thread updates GenericNodes.  So neither a
+sets the shares; one writer thread updates GenericNodes.  So neither a
 slow `scontrol show node` nor a slow API server delays the reaction to a
 pod.  All Kubernetes calls live in kube.py, all Slurm calls in slurm.py.
 
-Safety rules (see usage.guard): counts only go down while the Kubernetes
-data is not trusted (no list yet, a watch broken, a malformed pod on the
-node); never above what slurmd reports; the state file is written before
-Slurm is touched, so a restarting slurmctld (node_features plugin) or
-daemon never hands pods' capacity to jobs.
+Safety rules: while the Kubernetes data is not trusted (no list yet, a
+watch broken, an unparsable pod on the node) a node's share only grows;
+the ledger is journaled inside slurmctld, so neither a restarting slurmctld
+nor a restarting daemon hands pods' capacity to jobs.
 """
 
 from __future__ import annotations
@@ -50,11 +51,9 @@ GN_RELIST_SECONDS = 60.0
 class SyncConfig:
     kubeconfig: str | None = None          # None: in-cluster, else ~/.kube/config
     context: str | None = None
-    # ledger_socket / reserves: None means "as k8s_resources.conf next to
-    # slurm.conf says", so the daemon and the slurmctld plugin agree.
+    # None: as k8s_resources.conf next to slurm.conf says, so the daemon
+    # and the slurmctld plugin agree.
     ledger_socket: str | None = None
-    reserve_cpus: int | None = None
-    reserve_memory_mb: int | None = None
     # Node mapping, admin-owned only: node_map (here), else the node label
     # node_key (must be under node-restriction.kubernetes.io/: kubelets cannot
     # set it), else the same name (map_by_name).  Annotations are never read.
@@ -108,8 +107,7 @@ def load_config(path: str | None, base: SyncConfig | None = None) -> SyncConfig:
         if name not in fields:
             raise ConfigError(f"{path}: unknown setting {k!r} (known: {', '.join(fields)})")
         default = getattr(SyncConfig(), name)
-        want = type(default) if default is not None else (
-            int if name.startswith("reserve") else str)
+        want = type(default) if default is not None else str
         if want is float and isinstance(v, int) and not isinstance(v, bool):
             v = float(v)
         if not isinstance(v, want) or (want is int and isinstance(v, bool)):
@@ -131,16 +129,10 @@ def exemptions_of(cfg: SyncConfig) -> U.Exemptions:
 
 
 def fill_from_slurm_conf(cfg: SyncConfig) -> SyncConfig:
-    """Take the ledger socket and reserves from slurm.conf/k8s_resources.conf where not set."""
-    from ..slurmctld import config as plugin_config
+    """Take the ledger socket from slurm.conf/k8s_resources.conf where not set."""
     slurm_conf = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
-    pc = plugin_config.load(slurm_conf)
     return dataclasses.replace(
-        cfg,
-        ledger_socket=cfg.ledger_socket or _slurm().ledger_socket_path(slurm_conf),
-        reserve_cpus=pc.reserve_cpus if cfg.reserve_cpus is None else cfg.reserve_cpus,
-        reserve_memory_mb=(pc.reserve_memory_mb if cfg.reserve_memory_mb is None
-                           else cfg.reserve_memory_mb))
+        cfg, ledger_socket=cfg.ledger_socket or _slurm().ledger_socket_path(slurm_conf))
 
 
 def _slurm():
@@ -381,10 +373,8 @@ class Reconciler:
             return self._cycle_pods(dirty, slurm_nodes)
         k8s_usage, knodes, healthy = self.cache.snapshot()
         d = U.desired_state(
-            k8s_usage, knodes, slurm_nodes, {}, (), healthy,
-            key=self.cfg.node_key, map_by_name=self.cfg.map_by_name, node_map=self.cfg.node_map,
-            reserve_cpu=self.cfg.reserve_cpus or 0,
-            reserve_memory_mb=self.cfg.reserve_memory_mb or 0)
+            k8s_usage, knodes, slurm_nodes,
+            key=self.cfg.node_key, map_by_name=self.cfg.map_by_name, node_map=self.cfg.node_map)
         self._warn_new(d.warnings)
         self.shared = {s: k for k, s in d.k8s_to_slurm.items()}
         self.set_shares(d, healthy)
@@ -737,10 +727,6 @@ def parse_args(argv):
     p.add_argument("--cluster-name", help="GenericNode spec.clusterName (default: Slurm's)")
     p.add_argument("--resync", type=float, dest="resync_seconds",
                    help="seconds between full comparisons with Slurm")
-    p.add_argument("--reserve-cpus", type=int,
-                   help="CPUs kept from both schedulers (default: k8s_resources.conf)")
-    p.add_argument("--reserve-memory", type=int, dest="reserve_memory_mb", metavar="MB",
-                   help="memory kept from both schedulers (default: k8s_resources.conf)")
     p.add_argument("--no-generic-nodes", action="store_false", dest="generic_nodes",
                    default=None, help="do not write GenericNode objects")
     p.add_argument("--metrics-address", metavar="HOST:PORT",
@@ -781,8 +767,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    log.info("starting: ledger %s, reserve %s CPUs / %s MB, resync %.1fs",
-             cfg.ledger_socket, cfg.reserve_cpus, cfg.reserve_memory_mb, cfg.resync_seconds)
+    log.info("starting: ledger %s, resync %.1fs", cfg.ledger_socket, cfg.resync_seconds)
     return run(cfg, slurm, kube, stop, once=a.once)
 
 

@@ -394,72 +394,6 @@ def refreshed_usage(usage: Mapping[str, NodeUsage], part: Mapping[str, NodeUsage
     return out
 
 
-def _full(node, gres: str, base: int) -> int:
-    """Highest count Slurm accepts: what slurmd reports, at most the node size."""
-    reported = (node.reported_gres or {}).get(gres)
-    return base if reported is None else min(base, reported)
-
-
-def desired_counts(slurm_node, usage: NodeUsage | None, reserve_cpu: int = 0,
-                   reserve_memory_mb: int = 0) -> dict[str, int]:
-    """Free k8scpu / k8smemory for one Slurm node (pure: no health rules).
-
-    k8scpu = max(0, cpus - reserve - ceil(cpu requests)), never above what
-    slurmd reports (a higher count drains the node).  Same for memory in MB.
-    """
-    usage = usage or NodeUsage()
-    cpu_used = -(-usage.cpu // NANO)     # ceil, in integers
-    mem_used = -(-usage.memory // MI)
-    cpu = max(0, slurm_node.cpus - reserve_cpu - cpu_used)
-    mem = max(0, slurm_node.real_memory - reserve_memory_mb - mem_used)
-    return {CPU_GRES: min(cpu, _full(slurm_node, CPU_GRES, cpu)),
-            MEM_GRES: min(mem, _full(slurm_node, MEM_GRES, mem))}
-
-
-def guard(desired: Mapping[str, int], last_applied: Mapping[str, int] | None,
-          trusted: bool) -> dict[str, int]:
-    """Never hand capacity back to Slurm on data we do not trust.
-
-    Untrusted (API unreachable, watch not synced, malformed pod on the node):
-    counts may only go down from what we last applied; with nothing applied
-    yet, the node gets 0 (Slurm starts nothing there until we know).
-    """
-    if trusted:
-        return dict(desired)
-    last = last_applied or {}
-    return {k: min(v, last.get(k, 0)) for k, v in desired.items()}
-
-
-def plan(slurm_nodes, usage: Mapping[str, NodeUsage], managed: Iterable[str],
-         last_applied: Mapping[str, Mapping[str, int]], healthy: bool,
-         reserve_cpu: int = 0, reserve_memory_mb: int = 0
-         ) -> tuple[dict[str, dict[str, int]], list[str]]:
-    """Target counts for every managed Slurm node, plus warnings.
-
-    managed = Slurm nodes some Kubernetes node maps to, plus those we set
-    before (so a node that stops being shared gets its capacity back, once
-    the data is trusted).  Nodes without k8scpu/k8smemory GRES are skipped.
-    """
-    by_name = {n.name: n for n in slurm_nodes}
-    targets: dict[str, dict[str, int]] = {}
-    warnings: list[str] = []
-    for name in sorted(set(managed)):
-        node = by_name.get(name)
-        if node is None:
-            continue
-        has = set(node.gres or {}) | set(node.reported_gres or {})
-        if CPU_GRES not in has or MEM_GRES not in has:
-            warnings.append(f"node {name}: no {CPU_GRES}/{MEM_GRES} GRES, not managed")
-            continue
-        u = usage.get(name)
-        want = desired_counts(node, u, reserve_cpu, reserve_memory_mb)
-        bad = bool(u and u.errors)
-        if bad:
-            warnings.append(f"node {name}: holding counts, " + "; ".join(u.errors))
-        targets[name] = guard(want, last_applied.get(name), healthy and not bad)
-    return targets, warnings
-
-
 def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
                       cluster_name: str, oversubscribed: bool = False) -> tuple[dict, dict]:
     """(spec, status) of the GenericNode for one shared node.
@@ -496,8 +430,6 @@ def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
 @dataclass
 class Desired:
     """Everything one reconcile decides, computed from a snapshot (pure)."""
-    targets: dict[str, dict[str, int]]      # Slurm node -> counts to hold
-    unmanaged: list[str]                    # Slurm nodes no Kubernetes node shares
     usage: dict[str, NodeUsage]             # Slurm node -> Kubernetes requests
     k8s_to_slurm: dict[str, str]            # mapped Kubernetes node -> Slurm node
     warnings: list[str]
@@ -505,29 +437,29 @@ class Desired:
 
 
 def desired_state(k8s_usage: Mapping[str, NodeUsage], k8s_nodes: Mapping[str, Mapping], slurm_nodes,
-                  last_applied: Mapping[str, Mapping[str, int]], last_unmanaged: Iterable[str],
-                  healthy: bool, *, key: str = NODE_LABEL,
-                  map_by_name: bool = True, reserve_cpu: int = 0,
-                  reserve_memory_mb: int = 0, node_map: Mapping[str, str] | None = None) -> Desired:
-    """desired = f(cache, slurm_nodes, config): the whole reconcile decision.
-
-    While the Kubernetes data is not trusted we keep the previous
-    `unmanaged` list (declaring a node unshared hands it full capacity).
-    """
+                  *, key: str = NODE_LABEL, map_by_name: bool = True,
+                  node_map: Mapping[str, str] | None = None) -> Desired:
+    """desired = f(cache, slurm_nodes, config): which Kubernetes node is
+    which Slurm node, and what Kubernetes holds on each Slurm node (the
+    ledger entries themselves come from the cache's per-node pods)."""
     slurm_names = frozenset(n.name for n in slurm_nodes)
     mapping = {k: slurm_node_for(n, key, slurm_names, map_by_name, node_map)
                for k, n in k8s_nodes.items()}
     usage = usage_by_slurm_node(k8s_usage, mapping, slurm_names, map_by_name)
-    managed = {s for s in mapping.values() if s} | set(usage) | set(last_applied)
-    targets, warnings = plan(slurm_nodes, usage, managed, last_applied, healthy,
-                             reserve_cpu, reserve_memory_mb)
+    warnings: list[str] = []
+    by_name = {n.name: n for n in slurm_nodes}
+    for name in sorted({s for s in mapping.values() if s} | set(usage)):
+        node = by_name.get(name)
+        if node is None:
+            continue
+        has = set(node.gres or {}) | set(node.reported_gres or {})
+        if CPU_GRES not in has or MEM_GRES not in has:
+            warnings.append(f"node {name}: no {CPU_GRES}/{MEM_GRES} GRES, not shared")
+        elif usage.get(name) and usage[name].errors:
+            warnings.append(f"node {name}: its share only grows until these pods can be read: "
+                            + "; ".join(usage[name].errors))
     for k, s in mapping.items():
         if s is None and (k in (node_map or {})
                           or key in ((k8s_nodes[k].get("metadata") or {}).get("labels") or {})):
             warnings.append(f"kubernetes node {k}: {key} (or node_map) names no Slurm node")
-    if healthy:
-        unmanaged = sorted(slurm_names - set(targets) - set(last_applied))
-    else:
-        unmanaged = sorted(set(last_unmanaged) - set(targets))
-    return Desired(targets, unmanaged, usage,
-                   {k: s for k, s in mapping.items() if s}, warnings, mapping)
+    return Desired(usage, {k: s for k, s in mapping.items() if s}, warnings, mapping)

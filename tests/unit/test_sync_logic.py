@@ -96,7 +96,7 @@ def knode(name, **labels):
 @pytest.fixture
 def world(tmp_path):
     slurm = SlurmWorld(str(tmp_path), "n1", "n2", "n3")
-    cfg = sync.SyncConfig(ledger_socket="unused", reserve_cpus=0, reserve_memory_mb=0)
+    cfg = sync.SyncConfig(ledger_socket="unused")
     cache = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
     cache.replace("nodes", [knode("n1"), knode("k8s-b", **{cfg.node_key: "n2"})])
     cache.replace("pods", [])
@@ -149,24 +149,27 @@ def test_cache_keeps_only_mapping_fields_of_nodes():
 # ----------------------------------------------------------------- desired_state
 
 def test_desired_state_table():
-    nodes = [SNode("n1"), SNode("n2"), SNode("n3"), SNode("n4")]
+    nodes = [SNode("n1"), SNode("n2"), SNode("n3"), SNode("n4", gres={}, reported_gres={})]
     knodes = {"n1": knode("n1"), "k8s-b": knode("k8s-b", **{U.NODE_LABEL: "n2"}),
-              "kx": knode("kx")}
+              "kx": knode("kx"), "n4": knode("n4"),
+              "k8s-z": knode("k8s-z", **{U.NODE_LABEL: "nowhere"})}
     pods = [U.PodUsage("n1", N(1735, 1000), 2393 * MI),
             U.PodUsage("k8s-b", N(1), 1000 * MI),
+            U.PodUsage("k8s-b", 0, 0, error="pod x/y: malformed quantity 'lots'"),
+            U.PodUsage("n3", N(2), 0),                  # no node object: counts by name
             U.PodUsage("kx", N(3), 0)]                  # unmapped node: ignored
-    d = U.desired_state(U.usage_by_k8s_node(pods), knodes, nodes, {}, [], True)
-    assert d.targets == {"n1": {"k8scpu": 2, "k8smemory": 5607},
-                         "n2": {"k8scpu": 3, "k8smemory": 7000}}
-    assert d.unmanaged == ["n3", "n4"]
-    assert d.k8s_to_slurm == {"n1": "n1", "k8s-b": "n2"}
-
-    # Unhealthy, previous state known: never above it; unmanaged list kept.
-    last = {"n1": {"k8scpu": 1, "k8smemory": 9000}}
-    d = U.desired_state(U.usage_by_k8s_node(pods), knodes, nodes, last, ["n4"], False)
-    assert d.targets["n1"] == {"k8scpu": 1, "k8smemory": 5607}
-    assert d.targets["n2"] == {"k8scpu": 0, "k8smemory": 0}
-    assert d.unmanaged == ["n4"]
+    d = U.desired_state(U.usage_by_k8s_node(pods), knodes, nodes)
+    assert d.usage == {"n1": U.NodeUsage(N(1735, 1000), 2393 * MI),
+                       "n2": U.NodeUsage(N(1), 1000 * MI, ("pod x/y: malformed quantity 'lots'",)),
+                       "n3": U.NodeUsage(N(2), 0)}
+    assert d.k8s_to_slurm == {"n1": "n1", "k8s-b": "n2", "n4": "n4"}
+    assert d.mapping == {"n1": "n1", "k8s-b": "n2", "kx": None, "n4": "n4", "k8s-z": None}
+    assert len(d.warnings) == 3
+    assert any("n2" in w and "lots" in w for w in d.warnings)        # its share only grows
+    assert any(w.startswith("node n4: no k8scpu") for w in d.warnings)
+    assert any("k8s-z" in w for w in d.warnings)                    # label names no node
+    d = U.desired_state(U.usage_by_k8s_node(pods), knodes, nodes, map_by_name=False)
+    assert d.k8s_to_slurm == {"k8s-b": "n2"} and set(d.usage) == {"n2"}
 
 
 # ----------------------------------------------------------------- reconcile cycles
@@ -271,11 +274,11 @@ def test_slurm_down_is_survivable(world):
 def test_config_file(tmp_path):
     p = tmp_path / "sync.toml"
     p.write_text('resync_seconds = 2\nnode-key = "example.node-restriction.kubernetes.io/slurm"\n'
-                 'reserve_cpus = 1\nslurm_workers = ["slurm", "hpc/slurmd"]\n'
+                 'slurm_workers = ["slurm", "hpc/slurmd"]\n'
                  '[node_map]\nk8s-a = "n1"\n')
     cfg = sync.load_config(str(p))
-    assert (cfg.resync_seconds, cfg.node_key, cfg.reserve_cpus) == (
-        2.0, "example.node-restriction.kubernetes.io/slurm", 1)
+    assert (cfg.resync_seconds, cfg.node_key) == (
+        2.0, "example.node-restriction.kubernetes.io/slurm")
     assert cfg.node_map == {"k8s-a": "n1"}
     assert sync.exemptions_of(cfg).worker_service_accounts == {("hpc", "slurmd")}
     p.write_text('[sync]\nmap_by_name = false\n')
@@ -283,7 +286,7 @@ def test_config_file(tmp_path):
 
 
 @pytest.mark.parametrize("text", ['resync_secs = 1\n', 'map_by_name = "yes"\n',
-                                  'reserve_cpus = true\n', 'x = \n',
+                                  'reserve_cpus = 1\n', 'resync_seconds = true\n', 'x = \n',
                                   'node_key = "pyk8sres.io/slurm-node"\n',   # kubelet-writable
                                   'slurm_workers = "slurm"\n', 'slurm_workers = ["a/b/c"]\n',
                                   'slurm_worker_selector = "a=b"\n'])

@@ -295,56 +295,6 @@ class SNode:
     reported_gres: dict = field(default_factory=lambda: {"k8scpu": 4, "k8smemory": 8000})
 
 
-@pytest.mark.parametrize("case,node,usage,reserve,expect", [
-    ("idle", SNode(), None, (0, 0), (4, 8000)),
-    ("reference: 1735m/2393Mi", SNode(), u.NodeUsage(N(1735, 1000), 2393 * MI), (0, 0),
-     (2, 5607)),
-    ("reference after scale-up", SNode(), u.NodeUsage(N(2735, 1000), 3417 * MI), (0, 0),
-     (1, 4583)),
-    ("memory rounds up to MB", SNode(), u.NodeUsage(N(0), MI + 1), (0, 0), (4, 7998)),
-    ("never negative", SNode(), u.NodeUsage(N(10), 10**12), (0, 0), (0, 0)),
-    ("reserve", SNode(), u.NodeUsage(N(1), 0), (1, 1000), (2, 7000)),
-    ("capped by what slurmd reports", SNode(reported_gres={"k8scpu": 2, "k8smemory": 3000}),
-     None, (0, 0), (2, 3000)),
-    ("no reported gres: node size", SNode(reported_gres={}), None, (0, 0), (4, 8000)),
-])
-def test_desired_counts(case, node, usage, reserve, expect):
-    got = u.desired_counts(node, usage, *reserve)
-    assert (got["k8scpu"], got["k8smemory"]) == expect, case
-
-
-@pytest.mark.parametrize("case,desired,last,trusted,expect", [
-    ("trusted raises", {"k8scpu": 4}, {"k8scpu": 1}, True, {"k8scpu": 4}),
-    ("untrusted never raises", {"k8scpu": 4}, {"k8scpu": 1}, False, {"k8scpu": 1}),
-    ("untrusted may lower", {"k8scpu": 0}, {"k8scpu": 1}, False, {"k8scpu": 0}),
-    ("untrusted, nothing known", {"k8scpu": 4}, None, False, {"k8scpu": 0}),
-])
-def test_guard(case, desired, last, trusted, expect):
-    assert u.guard(desired, last, trusted) == expect, case
-
-
-def test_plan_rules():
-    nodes = [SNode("n1"), SNode("n2"), SNode("n3"),
-             SNode("plain", gres={}, reported_gres={})]
-    usage = {"n1": u.NodeUsage(N(1), 1000 * MI),
-             "n2": u.NodeUsage(N(1), 0, ("pod x/y: malformed quantity 'lots'",))}
-    last = {"n2": {"k8scpu": 2, "k8smemory": 5000}, "n3": {"k8scpu": 0, "k8smemory": 0}}
-    targets, warnings = u.plan(nodes, usage, {"n1", "n2", "plain"} | set(last), last, True)
-    assert targets == {
-        "n1": {"k8scpu": 3, "k8smemory": 7000},
-        "n2": {"k8scpu": 2, "k8smemory": 5000},     # bad pod: hold last applied
-        "n3": {"k8scpu": 4, "k8smemory": 8000},     # no longer shared: capacity back
-    }
-    assert any("n2" in w and "lots" in w for w in warnings)
-    assert any("plain" in w for w in warnings)
-
-    # Same world, API server unreachable: nothing goes up.
-    targets, _ = u.plan(nodes, usage, {"n1", "n2"} | set(last), last, False)
-    assert targets == {"n1": {"k8scpu": 0, "k8smemory": 0},
-                       "n2": {"k8scpu": 2, "k8smemory": 5000},
-                       "n3": {"k8scpu": 0, "k8smemory": 0}}
-
-
 def test_generic_node_body_matches_reference():
     node = SNode(name="slurm-test-worker-cpu-0", alloc_cpus=3, alloc_memory=4000)
     spec, status = u.generic_node_body(
