@@ -559,8 +559,14 @@ class Webhook:
         return self
 
     def stop(self) -> None:
+        """Stop serving and refreshing; on return nothing of ours writes any
+        more (a refresh still running could otherwise re-publish the
+        configuration just after its owner deleted it)."""
         self.stop_event.set()
         self.server.close()
+        for t in self.threads:
+            if t is not threading.current_thread():
+                t.join(30)
 
 
 def parse_args(argv):
