@@ -71,20 +71,6 @@ def _auth_lines(work: str, auth: str) -> str:
     return f"AuthType=auth/munge\nAuthInfo=socket={work}/munge/munge.sock\n"
 
 
-def _private_file(path: str, text: str, owner: str) -> None:
-    """Write `text` to a new 0600 file owned by `owner` (never readable by
-    anyone else, not even for a moment)."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    pw = pwd.getpwnam(owner)
-    os.chown(path, pw.pw_uid, pw.pw_gid)
-
-
 def _user(name: str, package: str) -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(name)
@@ -134,9 +120,9 @@ class Accounting:
                 raise cluster.ClusterError("mariadb-install-db failed: "
                                            + (proc.stderr or proc.stdout)[-2000:])
         self.password = secrets.token_urlsafe(24)
-        _private_file(self.conf, slurmdbd_conf_text(
+        cluster.write_private(self.conf, slurmdbd_conf_text(
             self.work, dbd_port=self.dbd_port, mysql_port=self.mysql_port,
-            password=self.password, auth=auth, jwt_key=jwt_key), DBD_USER)
+            password=self.password, auth=auth, jwt_key=jwt_key).encode(), DBD_USER)
 
     def start_mariadb(self) -> None:
         d = self.mysql_dir

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pwd
 import secrets
 import shutil
 import signal
@@ -341,7 +342,6 @@ def _hand_to(work: str, user: str) -> None:
     """What a non-root slurmctld writes becomes that user's (state, logs,
     pid files); the munge socket's directory becomes traversable (the key
     stays root's, 0400).  Everything else stays root's and read-only."""
-    import pwd
     try:
         pw = pwd.getpwnam(user)
     except KeyError:
@@ -354,6 +354,20 @@ def _hand_to(work: str, user: str) -> None:
     if blocked:
         raise ClusterError(f"{blocked} cannot be entered by {user}: use a work directory "
                            "others can traverse")
+
+
+def write_private(path: str, data: bytes, owner: str) -> None:
+    """Write `data` to a new 0600 file owned by `owner` (never readable by
+    anyone else, not even for a moment): passwords and keys."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    pw = pwd.getpwnam(owner)
+    os.chown(path, pw.pw_uid, pw.pw_gid)
 
 
 def _write(path: str, text: str, mode: int = 0o644) -> None:

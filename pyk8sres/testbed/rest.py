@@ -18,7 +18,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import pwd
 import re
 import secrets
 import socket
@@ -80,15 +79,7 @@ def write_jwt_key(work: str, slurm_user: str) -> str:
     """A new random HS256 key, 0600 and owned by SlurmUser (slurmctld's, and
     slurmdbd's when it validates tokens too); returns its path."""
     path = os.path.join(os.path.abspath(work), "etc", "jwt_hs256.key")
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secrets.token_bytes(32))
-    pw = pwd.getpwnam(slurm_user)
-    os.chown(path, pw.pw_uid, pw.pw_gid)
+    cluster.write_private(path, secrets.token_bytes(32), slurm_user)
     return path
 
 
