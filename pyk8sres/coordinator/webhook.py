@@ -349,9 +349,9 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"   # keep-alive: the API server reuses connections
     server: "WebhookServer"
 
-    def _send(self, code: int, body: bytes) -> None:
+    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -367,11 +367,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         code, body = metrics.probe(self.path) or (404, b"not found\n")
-        self.send_response(code)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self._send(code, body, "text/plain; charset=utf-8")
 
     def log_message(self, fmt, *args) -> None:
         log.debug("%s " + fmt, self.address_string(), *args)
