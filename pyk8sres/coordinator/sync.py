@@ -275,13 +275,18 @@ class Cache:
             missing = [k for k in self.KINDS if k not in self.listed or not self.ok[k]]
         return f"{', '.join(missing)} not listed/watched" if missing else None
 
+    def _healthy(self) -> bool:   # lock held
+        return all(k in self.listed and self.ok[k] for k in self.KINDS)
+
+    @staticmethod
+    def _node_usage(s: list) -> U.NodeUsage:
+        return U.NodeUsage(s[0], s[1], tuple(s[2].values()))
+
     def snapshot(self) -> tuple[dict[str, U.NodeUsage], dict[str, dict], bool]:
         """(usage per Kubernetes node, slim nodes, healthy)."""
         with self.lock:
-            healthy = all(k in self.listed and self.ok[k] for k in self.KINDS)
-            usage = {n: U.NodeUsage(c, m, tuple(e.values()))
-                     for n, (c, m, e, _) in self.sums.items()}
-            return usage, dict(self.nodes), healthy
+            usage = {n: self._node_usage(s) for n, s in self.sums.items()}
+            return usage, dict(self.nodes), self._healthy()
 
     def mark_all(self) -> None:
         """The next cycle recomputes every node (Slurm's view changed)."""
@@ -299,10 +304,8 @@ class Cache:
     def usage_of(self, k8s_nodes) -> tuple[dict[str, U.NodeUsage], bool]:
         """(usage of these Kubernetes nodes, healthy): snapshot() for a few."""
         with self.lock:
-            healthy = all(k in self.listed and self.ok[k] for k in self.KINDS)
-            usage = {n: U.NodeUsage(s[0], s[1], tuple(s[2].values()))
-                     for n in k8s_nodes if (s := self.sums.get(n))}
-            return usage, healthy
+            usage = {n: self._node_usage(s) for n in k8s_nodes if (s := self.sums.get(n))}
+            return usage, self._healthy()
 
     def entries(self, k8s_node: str) -> dict[str, tuple[int, int]]:
         """Pod UID -> (millicores, bytes) of the pods bound to `k8s_node`."""
