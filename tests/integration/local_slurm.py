@@ -5,6 +5,7 @@ PYK8SRES_TEST_SLURM picks the Slurm every test runs against: "installed"
 (tools/run-release-tests.sh builds what is missing and sets it).  Its
 commands come first on PATH for the whole test process.
 """
+import contextlib
 import os
 import re
 
@@ -56,12 +57,22 @@ def local_cluster(tmp_path_factory, name: str, **kwargs):
     work = str(tmp_path_factory.mktemp(name))
     kwargs.setdefault("slurm", SLURM)
     handle = cluster.up(work, **kwargs)
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = handle.conf
     try:
-        yield handle
+        with slurm_conf(handle.conf):
+            yield handle
     finally:
         cluster.down(work)
+
+
+@contextlib.contextmanager
+def slurm_conf(path: str):
+    """SLURM_CONF (what the Slurm commands and our clients read) is `path`
+    inside the block, and as it was afterwards."""
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = path
+    try:
+        yield
+    finally:
         if old is None:
             os.environ.pop("SLURM_CONF", None)
         else:

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from local_slurm import SLURM, port
+from local_slurm import SLURM, port, slurm_conf
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator import slurm as S
 from pyk8sres.testbed import hybrid
@@ -58,16 +58,11 @@ def hyb(root, kube_paths):
     work = str(root / "cluster")
     c, kas = hybrid.up(work, nodes=2, cpus=CPUS, memory=MEMORY, base_port=port(28100),
                        kube_port=KUBE_PORT, slurm=SLURM)
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = c.conf
     try:
-        yield c, kas
+        with slurm_conf(c.conf):
+            yield c, kas
     finally:
         hybrid.down(work)
-        if old is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = old
 
 
 @pytest.fixture(scope="module")
@@ -110,12 +105,7 @@ def prometheus(hyb, root):
                  ["pyk8sres-sync", "pyk8sres-webhook"], 60, "both targets up")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc, 20)
 
 
 @pytest.fixture
@@ -391,10 +381,10 @@ def _sync(hyb, root, name, metrics_port, kubeconfig):
         start_new_session=True)
 
 
-def _stop(proc):
+def _stop(proc, timeout: float = 15):
     proc.terminate()
     try:
-        proc.wait(15)
+        proc.wait(timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
