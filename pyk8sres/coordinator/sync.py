@@ -74,6 +74,13 @@ class SyncConfig:
     watch_timeout: int = 60         # server-side watch duration
     backoff_max: float = 30.0
     generic_nodes: bool = True      # write GenericNode objects
+    # GenericNode writes per second, sustained and at once (kube-controller-
+    # manager's client defaults) for updates: under a burst of pods each
+    # node's object lags, updated oldest change first with its newest state,
+    # instead of one API write per pod.  Creating a node's object (once) is
+    # not budgeted; the ledger and the placeholders are never throttled.
+    generic_node_qps: float = 20.0
+    generic_node_burst: int = 30
     create_crd: bool = True         # create the GenericNode CRD if missing
     metrics_address: str = "127.0.0.1:9710"   # /metrics, /healthz, /readyz over HTTP ("": none)
     metrics_seconds: float = 5.0    # how often the ledger's show() refreshes the node gauges
@@ -335,6 +342,9 @@ class Reconciler:
         self.gn_exists: set[str] = set()
         self.gn_inputs: dict[str, tuple] = {}   # what each written body was built from
         self.gn_listed = 0.0
+        self.gn_waiting: dict[str, float] = {}  # node -> when its object fell behind
+        self.gn_bucket = E.Bucket(float(cfg.generic_node_burst), time.monotonic())
+        self.gn_behind = False   # the last pass ran out of write budget
         self.cluster = cfg.cluster_name
         self.applied_total = 0
         self.slurm_view = None   # name -> SlurmNode as of the last refresh
@@ -521,6 +531,11 @@ class Reconciler:
             log.warning("GenericNode update failed: %s", e)
             metrics.RECONCILE_ERRORS.labels("generic_nodes").inc()
 
+    def gn_refill_seconds(self) -> float:
+        """How long until the GenericNode write budget has a token again."""
+        b, qps = self.gn_bucket, self.cfg.generic_node_qps
+        return max(0.0, (1.0 - b.tokens) / qps - (time.monotonic() - b.at)) if qps > 0 else 1.0
+
     def sync_generic_nodes(self, d: U.Desired, slurm_nodes) -> None:
         """Make GenericNodes match (write only what changed)."""
         from .kube import MANAGED_BY
@@ -553,15 +568,26 @@ class Reconciler:
                 u = d.usage.get(s) or U.NodeUsage()
                 inputs[k] = (s, n.cpus, n.real_memory, n.alloc_cpus, n.alloc_memory,
                              u.cpu, u.memory, self.cluster, self.oversubscribed.get(s, False))
-        for name, key in sorted(inputs.items()):
-            if self.gn_inputs.get(name) == key and name in self.gn_written:
-                continue
+        now = time.monotonic()
+        stale = [n for n, key in inputs.items()
+                 if self.gn_inputs.get(n) != key or n not in self.gn_written]
+        self.gn_waiting = {n: self.gn_waiting.get(n, now) for n in stale}
+        limits = E.Limits(rate=self.cfg.generic_node_qps, burst=self.cfg.generic_node_burst)
+        self.gn_behind = False
+        for name in sorted(stale, key=lambda n: (self.gn_waiting[n], n)):
+            key = inputs[name]
             spec, status = U.generic_node_body(name, by_name[key[0]], d.usage.get(key[0]),
                                                self.cluster, oversubscribed=key[-1])
             old = self.gn_written.get(name)
             if old == (spec, status):
                 self.gn_inputs[name] = key
+                del self.gn_waiting[name]
                 continue
+            if name in self.gn_exists:   # creating (once per node) is not budgeted
+                may, self.gn_bucket = E.take(self.gn_bucket, time.monotonic(), limits)
+                if not may:     # the rest waits for the next pass, oldest first
+                    self.gn_behind = True
+                    break
             try:
                 if name not in self.gn_exists:
                     self.kube.create_generic_node(name, spec, status)
@@ -584,6 +610,7 @@ class Reconciler:
                 continue
             self.gn_written[name] = (spec, status)
             self.gn_inputs[name] = key
+            del self.gn_waiting[name]
         for name in sorted(set(self.gn_written) - set(inputs)):
             self.kube.delete_generic_node(name)
             self.gn_written.pop(name)
@@ -609,14 +636,22 @@ class GenericNodeWriter(threading.Thread):
         self.wake.set()
 
     def run(self) -> None:
+        last = None
         while not self.stop_event.is_set():
-            if not self.wake.wait(0.5):
+            # Out of write budget: the same decision again once a token is
+            # back, and not before (a pass looks at every node: at 1000 nodes
+            # one per pod event would cost more than the writes it saves).
+            behind = self.rec.gn_behind and last is not None
+            if behind:
+                self.stop_event.wait(self.rec.gn_refill_seconds())
+            elif not self.wake.wait(0.5):
                 continue
             self.wake.clear()
             with self.lock:
                 job, self.pending = self.pending, None
-            if job is not None:
-                self.rec.sync_generic_nodes_safe(*job)
+            last = job or last
+            if last is not None and (job is not None or behind):
+                self.rec.sync_generic_nodes_safe(*last)
 
 
 # ----------------------------------------------------------------- daemon

@@ -230,7 +230,13 @@ class Certs:
 
 class Scope:
     """Which Kubernetes nodes are shared, and as which Slurm node (admin
-    configuration: sync's node_map / node_key label / map_by_name)."""
+    configuration: sync's node_map / node_key label / map_by_name).
+
+    Fed by a nodes Informer (the handler interface: slim/replace_slim/event/
+    health), so neither the webhook nor the placeholders list every node
+    again and again: at 1000 nodes each list cost the API server and this
+    process's GIL tens of ms.  Nodes are kept slim: the mapping label and
+    what the placeholders cap at (allocatable, else capacity)."""
 
     def __init__(self, cfg: sync.SyncConfig):
         self.cfg = cfg
@@ -238,15 +244,60 @@ class Scope:
         self.lock = threading.Lock()
         self.nodes: dict[str, dict] = {}
         self.nodes_listed = False
+        self.nodes_watched = False
+        self.version = 0          # bumped whenever a node we keep changes
         self.slurm_names: frozenset | None = None   # None: not known yet
 
-    def update(self, k8s_nodes: list[dict] | None = None, slurm_names=None) -> None:
+    def _slim_node(self, obj: dict) -> dict:
+        m = obj.get("metadata") or {}
+        slim: dict = {"metadata": {"name": m.get("name")}}
+        label = (m.get("labels") or {}).get(self.cfg.node_key)
+        if label is not None:
+            slim["metadata"]["labels"] = {self.cfg.node_key: label}
+        st = obj.get("status") or {}
+        offered = st.get("allocatable") or st.get("capacity")
+        if offered:
+            slim["status"] = {"allocatable": {k: offered[k] for k in ("cpu", "memory")
+                                              if k in offered}}
+        return slim
+
+    # -- Informer handler interface
+    def slim(self, kind: str, obj: dict):
+        return (obj.get("metadata") or {}).get("name"), self._slim_node(obj)
+
+    def replace_slim(self, kind: str, items: list[tuple], watched: bool = True) -> None:
         with self.lock:
-            if k8s_nodes is not None:
-                self.nodes = {(n.get("metadata") or {}).get("name"): n for n in k8s_nodes}
-                self.nodes_listed = True
-            if slurm_names is not None:
+            self.nodes = {k: v for k, v in items if k is not None}
+            self.nodes_listed = True
+            self.nodes_watched = watched
+            self.version += 1
+
+    def event(self, kind: str, typ: str, obj: dict) -> None:
+        name, slim = self.slim(kind, obj)
+        with self.lock:
+            if typ == "DELETED":
+                if self.nodes.pop(name, None) is not None:
+                    self.version += 1
+            elif self.nodes.get(name) != slim:   # heartbeats change nothing we keep
+                self.nodes[name] = slim
+                self.version += 1
+
+    def health(self, kind: str, ok: bool) -> None:
+        with self.lock:
+            self.nodes_watched = ok
+
+    def update(self, k8s_nodes: list[dict] | None = None, slurm_names=None) -> None:
+        if k8s_nodes is not None:
+            self.replace_slim("nodes", [self.slim("nodes", n) for n in k8s_nodes],
+                              watched=False)
+        if slurm_names is not None:
+            with self.lock:
                 self.slurm_names = frozenset(slurm_names)
+
+    def snapshot(self) -> tuple[dict[str, dict], int]:
+        """(the slim nodes, their version)."""
+        with self.lock:
+            return dict(self.nodes), self.version
 
     def slurm_node(self, k8s_node: str) -> str | None:
         with self.lock:
@@ -481,15 +532,12 @@ class Webhook:
         self.threads: list[threading.Thread] = []
 
     def refresh(self) -> None:
-        """One pass: Slurm's nodes, Kubernetes nodes, certificates, configuration."""
+        """One pass: Slurm's nodes, certificates, configuration (the nodes
+        Informer keeps the Kubernetes nodes current)."""
         try:
             self.scope.update(slurm_names=slurm_names(self.ledger.show()))
         except Exception as e:
             log.warning("ledger show failed: %s (shared node list kept)", e)
-        try:
-            self.scope.update(k8s_nodes=K.list_nodes(self.kube))
-        except Exception as e:
-            log.warning("listing nodes failed: %s (shared node list kept)", e)
         if self.certs is not None and self.certs.ensure():
             log.info("webhook certificates renewed")
         self.server.reload_if_changed()
@@ -508,8 +556,8 @@ class Webhook:
                     for w in base.get("webhooks") or []:
                         if w.get("name") == self.wcfg.webhook_name:
                             w["clientConfig"] = {}
-                shared = (sorted(self.scope.shared()) if self.scope.slurm_names is not None
-                          else None)        # not known yet: keep the published list
+                known = self.scope.slurm_names is not None and self.scope.nodes_listed
+                shared = sorted(self.scope.shared()) if known else None  # else: keep it
                 new = A.updated_webhook_config(base, self.wcfg.webhook_name, shared, bundle,
                                                client_config)
                 if new is None and current is not None:
@@ -548,6 +596,12 @@ class Webhook:
         t = threading.Thread(target=self.server.serve_forever, name="webhook-https", daemon=True)
         t.start()
         self.threads.append(t)
+        # Not joined on stop: it only feeds the scope, and may sit in a watch.
+        K.Informer(self.kube, "nodes", self.scope, stop=self.stop_event).start()
+        # The first configuration names the shared nodes: wait (briefly) for the list.
+        deadline = time.monotonic() + self.wcfg.refresh_seconds
+        while not self.scope.nodes_listed and time.monotonic() < deadline:
+            time.sleep(0.02)
         self.refresh()
         r = threading.Thread(target=self._refresher, name="webhook-refresh", daemon=True)
         r.start()

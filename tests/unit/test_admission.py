@@ -213,3 +213,37 @@ def test_updated_webhook_config_owns_only_its_fields():
 def test_decision_codes(case, decision, code):
     assert decision.code == code, case
     assert code in (A.ALLOW_CODES if isinstance(decision, A.Allow) else A.DENY_CODES), case
+
+
+def test_scope_fed_by_the_nodes_informer_keeps_mapping_and_capacity_only():
+    """The webhook's Scope as an Informer handler: a node keeps its name, the
+    admin's mapping label and what it offers pods; heartbeats (anything
+    else) do not bump the version the placeholders plan on."""
+    from pyk8sres.coordinator import sync
+    from pyk8sres.coordinator.webhook import Scope
+    from pyk8sres.policy import usage as U
+    s = Scope(sync.SyncConfig())
+
+    def node(name, label=None, cpu="8", beat="t0"):
+        labels = {"team": "x", **({U.NODE_LABEL: label} if label else {})}
+        return {"metadata": {"name": name, "labels": labels, "annotations": {"a": "b"},
+                             "resourceVersion": beat},
+                "status": {"allocatable": {"cpu": cpu, "memory": "1Gi", "pods": "110"},
+                           "conditions": [{"type": "Ready", "lastHeartbeatTime": beat}]}}
+    s.replace_slim("nodes", [s.slim("nodes", node("k1", label="n1")), s.slim("nodes", node("n2"))])
+    s.update(slurm_names=["n1", "n2"])
+    nodes, v0 = s.snapshot()
+    assert nodes["k1"] == {"metadata": {"name": "k1", "labels": {U.NODE_LABEL: "n1"}},
+                           "status": {"allocatable": {"cpu": "8", "memory": "1Gi"}}}
+    assert s.shared() == {"k1": "n1", "n2": "n2"} and s.nodes_watched
+    s.event("nodes", "MODIFIED", node("n2", beat="t1"))          # a heartbeat
+    assert s.snapshot()[1] == v0
+    s.event("nodes", "MODIFIED", node("n2", cpu="4", beat="t2"))
+    assert s.snapshot() == ({**nodes, "n2": {"metadata": {"name": "n2"}, "status": {
+        "allocatable": {"cpu": "4", "memory": "1Gi"}}}}, v0 + 1)
+    s.event("nodes", "DELETED", node("k1"))
+    assert s.shared() == {"n2": "n2"} and s.snapshot()[1] == v0 + 2
+    s.health("nodes", False)
+    assert not s.nodes_watched and s.shared() == {"n2": "n2"}     # kept while reconnecting
+    s.update(k8s_nodes=[node("n3")])                             # a list of our own
+    assert s.shared() == {} and not s.nodes_watched              # n3 is no Slurm node

@@ -156,10 +156,32 @@ def _module_entries(module: str) -> set:
                 receiver.id if isinstance(receiver, ast.Name) else ""
             if name in kube_aliases or name == "kube":
                 entries.add(_resolve(f.attr))
-    # Informer(kube, ...).start() runs Informer.run.
-    if "Informer" in imported:
-        entries.add("Informer.run")
+        # Informer(kube, kind, ...).start() runs Informer.run for that kind
+        # (any kind when it is not a constant).
+        if (isinstance(f, ast.Name) and f.id == "Informer" and "Informer" in imported) or \
+                (isinstance(f, ast.Attribute) and f.attr == "Informer"):
+            kind = node.args[1] if len(node.args) > 1 else None
+            entries.add(f"Informer.run[{kind.value}]" if isinstance(kind, ast.Constant)
+                        else "Informer.run")
     return {e for e in entries if e}
+
+
+def _listers() -> dict:
+    """kind -> the client method Kube._lister lists and watches it with."""
+    out = {}
+    for node in ast.walk(FUNCS["Kube._lister"]):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+            kind = node.test.comparators[0].value
+            out[kind] = node.body[0].value.attr
+    return out
+
+
+def _entry_methods(entry: str) -> set:
+    """(api, client method, watch) an entry of _module_entries reaches."""
+    if not entry.startswith("Informer.run["):
+        return _client_methods(entry)
+    others = {m for k, m in _listers().items() if k != entry[len("Informer.run["):-1]}
+    return {c for c in _client_methods("Informer.run") if c[1] not in others}
 
 
 def code_calls():
@@ -168,7 +190,7 @@ def code_calls():
     for sa, modules in DAEMONS.items():
         for module in modules:
             for entry in _module_entries(module):
-                for api, method, watch in _client_methods(entry):
+                for api, method, watch in _entry_methods(entry):
                     rule, namespaced = _rule(*_http(api, method), watch)
                     if namespaced and module in OWN_NAMESPACE_ONLY:
                         out[sa][1].add(rule)

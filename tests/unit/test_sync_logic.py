@@ -395,6 +395,73 @@ def test_cache_dirty_tracks_pod_nodes_and_anything_else_means_all():
     assert c.take_dirty() is None
 
 
+class GenericNodeStore:
+    """Stands in for kube.Kube's GenericNode calls: the objects, and the
+    writes in order."""
+
+    def __init__(self):
+        self.objects, self.writes = {}, []
+
+    def ensure_crd(self):
+        pass
+
+    def list_generic_nodes(self):
+        from pyk8sres.coordinator.kube import MANAGED_BY
+        return {n: {"metadata": {"name": n, "labels": dict(MANAGED_BY)}, **o}
+                for n, o in self.objects.items()}
+
+    def create_generic_node(self, name, spec, status):
+        self.writes.append(name)
+        self.objects[name] = {"spec": spec, "status": status}
+
+    def patch_generic_node(self, name, spec=None, status=None):
+        self.writes.append(name)
+        o = self.objects[name]
+        o["spec"] = spec or o["spec"]
+        o["status"] = {**o["status"], **{k: v for k, v in (status or {}).items() if v is not None}}
+
+
+def test_generic_node_writes_keep_a_budget_oldest_change_first(tmp_path, monkeypatch):
+    """A burst of pod changes on many nodes costs at most generic_node_burst
+    writes at once and generic_node_qps after; the nodes left behind are
+    written oldest change first, each with its newest state, and once the
+    budget refills every object equals what Slurm and the pods hold."""
+    now = [1000.0]
+    monkeypatch.setattr(sync.time, "monotonic", lambda: now[0])
+    names = [f"n{i}" for i in range(1, 11)]
+    slurm = SlurmWorld(str(tmp_path), *names)
+    cfg = sync.SyncConfig(ledger_socket="unused", generic_node_qps=2.0, generic_node_burst=3)
+    cache = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
+    cache.replace("nodes", [knode(n) for n in names])
+    cache.replace("pods", [])
+    store = GenericNodeStore()
+    rec = sync.Reconciler(cfg, cache, slurm, kube=store, ledger=slurm.ledger)
+    rec.cluster = "c1"
+    rec.cycle()                                       # creating is not budgeted
+    assert len(store.writes) == 10 and not rec.gn_behind
+    for i, n in enumerate(reversed(names)):           # a burst: every node changes, n1 last
+        now[0] += 0.001
+        cache.event("pods", "ADDED", pod(f"p{i}", n, "1", "1Gi"))
+        rec.cycle(refresh=False, dirty=cache.take_dirty())
+    assert len(store.writes) == 13 and rec.gn_behind  # three tokens
+    assert "n1" not in store.writes[10:], "n1 changed last: the older ones go first"
+    now[0] += 1.0                                     # two more tokens
+    cache.event("pods", "ADDED", pod("late", "n2", "2", "1Gi"))   # n2 again: keeps its turn
+    rec.cycle()
+    assert len(store.writes) == 15
+    for _ in range(10):
+        now[0] += 1.0
+        rec.cycle()
+    assert not rec.gn_behind and len(store.writes) == 10 + 10     # each node once, newest state
+    want = {n: U.generic_node_body(n, slurm.nodes[n], rec.last.usage.get(n), "c1") for n in names}
+    assert {n: (o["spec"], o["status"]) for n, o in store.objects.items()} == want
+    assert want["n2"][1]["allocatedResources"][1]["allocated"]["cpu"] == "3"
+    writes = len(store.writes)
+    now[0] += 100.0
+    rec.cycle()
+    assert len(store.writes) == writes                # nothing changed: nothing written
+
+
 class ScriptedServer:
     """Stands in for kube.Kube at the informer's seam: each watch() call plays
     the next scripted stream; we check the cache the informer leaves behind."""
