@@ -611,6 +611,8 @@ class Reconciler:
             self.gn_written[name] = (spec, status)
             self.gn_inputs[name] = key
             del self.gn_waiting[name]
+        metrics.GENERIC_NODES_BEHIND.set(len(self.gn_waiting))
+        metrics.GENERIC_NODES_LAG.set(now - min(self.gn_waiting.values(), default=now))
         for name in sorted(set(self.gn_written) - set(inputs)):
             self.kube.delete_generic_node(name)
             self.gn_written.pop(name)
