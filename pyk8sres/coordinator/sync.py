@@ -128,6 +128,9 @@ def load_config(path: str | None, base: SyncConfig | None = None) -> SyncConfig:
         raise ConfigError(f"{path}: {e}") from e
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in out.node_map.items()):
         raise ConfigError(f"{path}: node_map maps Kubernetes node names to Slurm node names (strings)")
+    if not (out.generic_node_qps > 0 and out.generic_node_burst >= 1):
+        raise ConfigError(f"{path}: generic_node_qps must be > 0 and generic_node_burst >= 1 "
+                          "(generic_nodes = false writes none)")
     return out
 
 

@@ -289,7 +289,8 @@ def test_config_file(tmp_path):
                                   'reserve_cpus = 1\n', 'resync_seconds = true\n', 'x = \n',
                                   'node_key = "pyk8sres.io/slurm-node"\n',   # kubelet-writable
                                   'slurm_workers = "slurm"\n', 'slurm_workers = ["a/b/c"]\n',
-                                  'slurm_worker_selector = "a=b"\n'])
+                                  'slurm_worker_selector = "a=b"\n',
+                                  'generic_node_qps = 0\n', 'generic_node_burst = 0\n'])
 def test_config_rejects(tmp_path, text):
     p = tmp_path / "sync.toml"
     p.write_text(text)
