@@ -108,8 +108,8 @@ def api(kube_paths, root):
 class Daemon:
     """`pyk8sres sync` as its own process (started and stopped by PID)."""
 
-    def __init__(self, slurm, api):
-        self.slurm, self.api = slurm, api
+    def __init__(self, slurm, api, settings: str = ""):
+        self.slurm, self.api, self.settings = slurm, api, settings
         self.proc = None
         self.log = f"{slurm.work}/log/sync.log"
 
@@ -118,7 +118,7 @@ class Daemon:
         # Slurm's own worker pods (issue 8 item 9: nothing else exempts a pod).
         conf = f"{self.slurm.work}/sync.toml"
         with open(conf, "w") as f:
-            f.write('slurm_workers = ["slurm-workers"]\n')
+            f.write('slurm_workers = ["slurm-workers"]\n' + self.settings)
         cmd = [sys.executable, "-m", "pyk8sres.coordinator.sync", "--kubeconfig", self.api.kubeconfig,
                "--config", conf, "--resync", "0.5", "--log-level", "DEBUG",
                "--metrics-address", "127.0.0.1:0"]
@@ -143,8 +143,8 @@ class Daemon:
 
 
 @pytest.fixture
-def daemon(slurm, api):
-    d = Daemon(slurm, api)
+def daemon(slurm, api, request):
+    d = Daemon(slurm, api, getattr(request, "param", ""))
     d.start()
     yield d
     d.stop()
@@ -286,6 +286,38 @@ def test_reference_walkthrough(slurm, api, daemon):
     wait_for(lambda: job_state(slurm, job2)[0] == "RUNNING", 30, "job 2 starts after pods go")
     wait_used(slurm, (6, 8000))                # two jobs, no share
     wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "0", "memory": "0"})
+
+
+@pytest.mark.parametrize("daemon", ["generic_node_qps = 1.0\ngeneric_node_burst = 1\n"],
+                         indirect=True)
+def test_generic_nodes_within_a_write_budget_still_end_true(slurm, api, daemon):
+    """GenericNode updates keep a write budget (here 1/s): a burst of pods on
+    both nodes is in Slurm's ledger at once, and both GenericNodes end equal
+    to what the API server has bound there (checked against the pods, not
+    against the daemon)."""
+    from pyk8sres.policy import usage as U
+    for n in ("n1", "n2"):
+        k8s_node(api, n)
+    wait_for(lambda: all(allocated(api, n) for n in ("n1", "n2")), what="GenericNodes created")
+    t0 = time.monotonic()
+    for i in range(8):
+        bound_pod(api, ("n1", "n2")[i % 2], f"{250 * (i + 1)}m", f"{100 * (i + 1)}Mi")
+    # Slurm's side is never throttled: 250+750+1250+1750 m = 4 CPUs, 1600 MiB on n1.
+    wait_used(slurm, (4, 1600), "n1", timeout=5)
+    wait_used(slurm, (5, 2000), "n2", timeout=5)
+    in_ledger = time.monotonic() - t0
+
+    def truth(node):
+        pods = [p for p in api.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}").items]
+        cpu = sum(U.parse_quantity(p.spec.containers[0].resources.requests["cpu"]) for p in pods)
+        mem = sum(U.parse_quantity(p.spec.containers[0].resources.requests["memory"]) for p in pods)
+        return {"cpu": U.format_cpu(cpu), "memory": U.format_memory(mem)}
+    wait_for(lambda: all(allocated(api, n)["Kubernetes"] == truth(n) for n in ("n1", "n2")),
+             20, "GenericNodes equal to the pods bound")
+    assert truth("n1") == {"cpu": "4", "memory": "1600Mi"}
+    print(f"ledger current after {in_ledger:.2f} s, GenericNodes after "
+          f"{time.monotonic() - t0:.2f} s (budget 1 write/s)")
 
 
 def test_terminal_unbound_and_worker_pods_do_not_count(slurm, api, daemon):
