@@ -318,6 +318,12 @@ def test_generic_nodes_within_a_write_budget_still_end_true(slurm, api, daemon):
     assert truth("n1") == {"cpu": "4", "memory": "1600Mi"}
     print(f"ledger current after {in_ledger:.2f} s, GenericNodes after "
           f"{time.monotonic() - t0:.2f} s (budget 1 write/s)")
+    for p in api.core.list_pod_for_all_namespaces().items:   # leave n2's share empty too
+        _delete_pod(api, p.metadata.name, p.metadata.namespace)
+    wait_used(slurm, (0, 0), "n1")
+    wait_used(slurm, (0, 0), "n2")
+    wait_for(lambda: all(allocated(api, n)["Kubernetes"] == {"cpu": "0", "memory": "0"}
+                         for n in ("n1", "n2")), 20, "GenericNodes back to nothing")
 
 
 def test_terminal_unbound_and_worker_pods_do_not_count(slurm, api, daemon):
