@@ -184,14 +184,6 @@ class Cache:
         m = obj.get("metadata") or {}
         return f"{m.get('namespace', '')}/{m.get('name', '')}"
 
-    def _slim_node(self, obj: Mapping) -> dict:
-        m = obj.get("metadata") or {}
-        slim = {"name": m.get("name")}
-        v = (m.get("labels") or {}).get(self.node_key)
-        if v is not None:
-            slim["labels"] = {self.node_key: v}
-        return {"metadata": slim}
-
     def _pod(self, obj: Mapping) -> U.PodUsage | None:
         pu = U.pod_usage(obj, self.exempt)
         if pu is not None and pu.error:
@@ -223,7 +215,7 @@ class Cache:
         """Reduce one listed object to what we keep: (key, value or None)."""
         if kind == "pods":
             return self._key(obj), self._pod(obj)
-        return (obj.get("metadata") or {}).get("name"), self._slim_node(obj)
+        return (obj.get("metadata") or {}).get("name"), U.slim_node(obj, self.node_key)
 
     def replace(self, kind: str, items: list[dict]) -> None:
         self.replace_slim(kind, [self.slim(kind, o) for o in items])
@@ -250,7 +242,7 @@ class Cache:
         elif kind == "pods":
             new = self._pod(obj)
         else:
-            new = self._slim_node(obj)
+            new = U.slim_node(obj, self.node_key)
         with self.lock:
             old = table.get(key)
             if old == new:      # status-only pod updates change nothing we count
@@ -536,8 +528,10 @@ class Reconciler:
 
     def gn_refill_seconds(self) -> float:
         """How long until the GenericNode write budget has a token again."""
-        b, qps = self.gn_bucket, self.cfg.generic_node_qps
-        return max(0.0, (1.0 - b.tokens) / qps - (time.monotonic() - b.at)) if qps > 0 else 1.0
+        return E.until_token(self.gn_bucket, time.monotonic(), self.gn_limits())
+
+    def gn_limits(self) -> E.Limits:
+        return E.Limits(rate=self.cfg.generic_node_qps, burst=self.cfg.generic_node_burst)
 
     def sync_generic_nodes(self, d: U.Desired, slurm_nodes) -> None:
         """Make GenericNodes match (write only what changed)."""
@@ -575,7 +569,7 @@ class Reconciler:
         stale = [n for n, key in inputs.items()
                  if self.gn_inputs.get(n) != key or n not in self.gn_written]
         self.gn_waiting = {n: self.gn_waiting.get(n, now) for n in stale}
-        limits = E.Limits(rate=self.cfg.generic_node_qps, burst=self.cfg.generic_node_burst)
+        limits = self.gn_limits()
         self.gn_behind = False
         for name in sorted(stale, key=lambda n: (self.gn_waiting[n], n)):
             key = inputs[name]
@@ -648,7 +642,7 @@ class GenericNodeWriter(threading.Thread):
             # one per pod event would cost more than the writes it saves).
             behind = self.rec.gn_behind and last is not None
             if behind:
-                self.stop_event.wait(self.rec.gn_refill_seconds())
+                self.stop_event.wait(min(1.0, self.rec.gn_refill_seconds()))
             elif not self.wake.wait(0.5):
                 continue
             self.wake.clear()

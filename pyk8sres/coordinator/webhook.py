@@ -248,22 +248,10 @@ class Scope:
         self.version = 0          # bumped whenever a node we keep changes
         self.slurm_names: frozenset | None = None   # None: not known yet
 
-    def _slim_node(self, obj: dict) -> dict:
-        m = obj.get("metadata") or {}
-        slim: dict = {"metadata": {"name": m.get("name")}}
-        label = (m.get("labels") or {}).get(self.cfg.node_key)
-        if label is not None:
-            slim["metadata"]["labels"] = {self.cfg.node_key: label}
-        st = obj.get("status") or {}
-        offered = st.get("allocatable") or st.get("capacity")
-        if offered:
-            slim["status"] = {"allocatable": {k: offered[k] for k in ("cpu", "memory")
-                                              if k in offered}}
-        return slim
-
     # -- Informer handler interface
     def slim(self, kind: str, obj: dict):
-        return (obj.get("metadata") or {}).get("name"), self._slim_node(obj)
+        return (obj.get("metadata") or {}).get("name"), U.slim_node(obj, self.cfg.node_key,
+                                                                     offered=True)
 
     def replace_slim(self, kind: str, items: list[tuple], watched: bool = True) -> None:
         with self.lock:

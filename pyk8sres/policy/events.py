@@ -75,12 +75,25 @@ class Bucket:
     at: float
 
 
+def _tokens(bucket: Bucket, now: float, limits: Limits) -> float:
+    """The bucket's tokens at `now` (refilled at rate, never above burst)."""
+    return min(float(limits.burst), bucket.tokens + max(0.0, now - bucket.at) * limits.rate)
+
+
 def take(bucket: Bucket, now: float, limits: Limits = Limits()) -> tuple[bool, Bucket]:
     """(whether one write may go now, the bucket after)."""
-    tokens = min(float(limits.burst), bucket.tokens + max(0.0, now - bucket.at) * limits.rate)
+    tokens = _tokens(bucket, now, limits)
     if tokens >= 1.0:
         return True, Bucket(tokens - 1.0, now)
     return False, Bucket(tokens, now)
+
+
+def until_token(bucket: Bucket, now: float, limits: Limits = Limits()) -> float:
+    """Seconds until take() would give a token (0: now; inf: it never refills)."""
+    tokens = _tokens(bucket, now, limits)
+    if tokens >= 1.0:
+        return 0.0
+    return (1.0 - tokens) / limits.rate if limits.rate > 0 else float("inf")
 
 
 def throttled(key: Hashable, now: float, table: Mapping[Hashable, Seen], bucket: Bucket,

@@ -316,6 +316,23 @@ def slurm_node_for(k8s_node: Mapping, key: str, slurm_names: set[str] | frozense
     return None
 
 
+def slim_node(obj: Mapping, key: str, offered: bool = False) -> dict:
+    """What a node cache keeps of a Kubernetes Node: its name and the mapping
+    label ``key`` (what slurm_node_for reads); with offered, also its
+    allocatable (else capacity) cpu and memory, what placeholders cap at."""
+    m = obj.get("metadata") or {}
+    slim: dict = {"metadata": {"name": m.get("name")}}
+    label = (m.get("labels") or {}).get(key)
+    if label is not None:
+        slim["metadata"]["labels"] = {key: label}
+    st = obj.get("status") or {}
+    resources = (st.get("allocatable") or st.get("capacity")) if offered else None
+    if resources:
+        slim["status"] = {"allocatable": {k: resources[k] for k in ("cpu", "memory")
+                                          if k in resources}}
+    return slim
+
+
 # --------------------------------------------------------------------------
 # Desired Slurm counts
 # --------------------------------------------------------------------------

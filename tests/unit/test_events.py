@@ -102,6 +102,22 @@ def test_take(case, bucket, now, ok, after):
     assert (got_ok, got.at) == (ok, after.at) and got.tokens == pytest.approx(after.tokens), case
 
 
+@pytest.mark.parametrize("case,bucket,now,seconds", [
+    ("a token now", E.Bucket(1.0, 10.0), 10.0, 0.0),
+    ("refilled meanwhile", E.Bucket(0.4, 10.0), 10.3, 0.0),
+    ("at rate 2/s, 0.6 tokens short", E.Bucket(0.4, 10.0), 10.0, 0.3),
+    ("partly refilled", E.Bucket(0.0, 10.0), 10.25, 0.25),
+])
+def test_until_token(case, bucket, now, seconds):
+    assert E.until_token(bucket, now, B) == pytest.approx(seconds), case
+    ok, _ = E.take(bucket, now + seconds + 1e-9, B)
+    assert ok, case                                     # take() agrees at that moment
+
+
+def test_until_token_never_refilling():
+    assert E.until_token(E.Bucket(0.0, 0.0), 5.0, E.Limits(rate=0.0)) == float("inf")
+
+
 @pytest.mark.parametrize("case,table,bucket,action,entry", [
     ("new key with a token creates", {}, E.Bucket(1, 100), E.CREATE, seen(1, 1, 100, 100, 100)),
     ("new key without a token is suppressed (nothing remembered)", {}, E.Bucket(0, 100),

@@ -338,3 +338,22 @@ def test_counting_on_and_refreshed_usage():
     assert u.refreshed_usage(usage, part, {"n1"}, mapping, {"n1", "n3"}) == {
         "n1": u.NodeUsage(5, 50), "n3": u.NodeUsage(5, 5)}
     assert u.refreshed_usage(usage, {}, {"n1"}, mapping, {"n1", "n3"}) == {"n3": u.NodeUsage(5, 5)}
+
+
+@pytest.mark.parametrize("case,node,offered,want", [
+    ("name and the mapping label only",
+     {"metadata": {"name": "k1", "labels": {u.NODE_LABEL: "n1", "team": "x"},
+                   "annotations": {u.NODE_LABEL: "n9"}},
+      "status": {"allocatable": {"cpu": "8", "memory": "1Gi"}}}, False,
+     {"metadata": {"name": "k1", "labels": {u.NODE_LABEL: "n1"}}}),
+    ("offered: allocatable cpu and memory",
+     {"metadata": {"name": "k1"}, "status": {
+         "allocatable": {"cpu": "7", "memory": "1Gi", "pods": "110"}, "capacity": {"cpu": "8"}}},
+     True, {"metadata": {"name": "k1"}, "status": {"allocatable": {"cpu": "7", "memory": "1Gi"}}}),
+    ("offered: capacity when no allocatable",
+     {"metadata": {"name": "k1"}, "status": {"capacity": {"cpu": "8"}}}, True,
+     {"metadata": {"name": "k1"}, "status": {"allocatable": {"cpu": "8"}}}),
+    ("offered, no status", {"metadata": {"name": "k1"}}, True, {"metadata": {"name": "k1"}}),
+])
+def test_slim_node(case, node, offered, want):
+    assert u.slim_node(node, u.NODE_LABEL, offered=offered) == want, case
