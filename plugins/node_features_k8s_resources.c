@@ -519,19 +519,38 @@ static void _send_str(int fd, const char *text)
 	_send_all(fd, text, strlen(text));
 }
 
+static long _ms_since(const struct timespec *t)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (now.tv_sec - t->tv_sec) * 1000 +
+	       (now.tv_nsec - t->tv_nsec) / 1000000;
+}
+
 static void _serve(struct client *c, char *line, char *reply)
 {
 	slurmctld_lock_t write_lock = { .job = WRITE_LOCK, .node = WRITE_LOCK };
+	struct timespec start, prepared;
 	int ticket = 0;
 
 	reply[0] = '\0';
+	clock_gettime(CLOCK_MONOTONIC, &start);
 	core.ledger_prepare(c->uid, line, &ticket, reply, REPLY_BYTES);
 	if (ticket > 0) {
+		long to_lock;
+
+		clock_gettime(CLOCK_MONOTONIC, &prepared);
 		lock_slurmctld(write_lock);
+		to_lock = _ms_since(&prepared);
 		_resync_if_rebuilt();
 		core.ledger_apply(ticket, _facts, _share, _node_name, _stats,
 				  reply, REPLY_BYTES);
 		unlock_slurmctld(write_lock);
+		/* Callers time out after 2 s: say where a slow answer waited. */
+		if (_ms_since(&start) >= 1000)
+			info("%s: %s: a request took %ld ms, %ld of them waiting for slurmctld's job and node locks",
+			     plugin_type, __func__, _ms_since(&start), to_lock);
 	}
 	if (!reply[0])
 		strcpy(reply, "{\"ok\":false,\"code\":\"internal\",\"error\":\"no reply\"}\n");
@@ -611,10 +630,15 @@ static void _accept(struct client *clients)
 static void _watch_rebuilds(void)
 {
 	slurmctld_lock_t read_lock = { .node = READ_LOCK };
+	struct timespec start;
 
+	clock_gettime(CLOCK_MONOTONIC, &start);
 	lock_slurmctld(read_lock);
 	_resync_if_rebuilt();
 	unlock_slurmctld(read_lock);
+	if (_ms_since(&start) >= 1000) /* requests waited as long */
+		info("%s: %s: waited %ld ms for slurmctld's node lock",
+		     plugin_type, __func__, _ms_since(&start));
 }
 
 static void *_ledger_thread(void *arg)
