@@ -9,7 +9,8 @@ pods/binding and backs off on errors, as kube-scheduler does.
 
 Ground truth only: Slurm's GresUsed (`scontrol -d show node`: jobs + the
 share the ledger holds), job states from squeue, pods from the API server.
-Ports: port(27600...) Slurm, port(27700) API server, port(27710) webhook.
+Ports: port(27600...) Slurm, port(27700) API server, port(27710) webhook,
+port(27713) the repair's health.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -97,15 +99,19 @@ def webhook(slurm, kube, ledger, root):
 def repair(slurm, api, root):
     """The sync daemon (level-triggered repair): releases the share of pods
     that are deleted or terminal.  Its own process, stopped by PID."""
-    conf = f"{root}/sync.toml"
+    conf, health = f"{root}/sync.toml", port(27713)
     with open(conf, "w") as f:
         f.write("resync_seconds = 0.5\n")
     with open(f"{root}/sync.log", "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "pyk8sres.coordinator.sync",
                                  "--kubeconfig", api.kubeconfig, "--config", conf,
-                                 "--metrics-address", "127.0.0.1:0"],
+                                 "--metrics-address", f"127.0.0.1:{health}"],
                                 stdout=out, stderr=subprocess.STDOUT, env=dict(slurm.env),
                                 start_new_session=True)
+    # Ready (pods listed) before the first test: a pod created and deleted
+    # before the repair lists pods leaves its reservation for the whole
+    # grace period, longer than the tests wait for nodes to empty.
+    wait_for(lambda: ready(f"http://127.0.0.1:{health}/readyz"), 30, "the repair ready")
     yield proc
     proc.terminate()
     try:
@@ -140,6 +146,14 @@ def wait_for(pred, timeout=15.0, what="condition"):
             return last
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def used(slurm, node):
