@@ -538,7 +538,7 @@ static void _serve(struct client *c, char *line, char *reply)
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	core.ledger_prepare(c->uid, line, &ticket, reply, REPLY_BYTES);
 	if (ticket > 0) {
-		long to_lock;
+		long to_lock, took;
 
 		clock_gettime(CLOCK_MONOTONIC, &prepared);
 		lock_slurmctld(write_lock);
@@ -548,9 +548,9 @@ static void _serve(struct client *c, char *line, char *reply)
 				  reply, REPLY_BYTES);
 		unlock_slurmctld(write_lock);
 		/* Callers time out after 2 s: say where a slow answer waited. */
-		if (_ms_since(&start) >= 1000)
+		if ((took = _ms_since(&start)) >= 1000)
 			info("%s: %s: a request took %ld ms, %ld of them waiting for slurmctld's job and node locks",
-			     plugin_type, __func__, _ms_since(&start), to_lock);
+			     plugin_type, __func__, took, to_lock);
 	}
 	if (!reply[0])
 		strcpy(reply, "{\"ok\":false,\"code\":\"internal\",\"error\":\"no reply\"}\n");
@@ -631,14 +631,15 @@ static void _watch_rebuilds(void)
 {
 	slurmctld_lock_t read_lock = { .node = READ_LOCK };
 	struct timespec start;
+	long took;
 
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	lock_slurmctld(read_lock);
 	_resync_if_rebuilt();
 	unlock_slurmctld(read_lock);
-	if (_ms_since(&start) >= 1000) /* requests waited as long */
+	if ((took = _ms_since(&start)) >= 1000) /* requests waited as long */
 		info("%s: %s: waited %ld ms for slurmctld's node lock",
-		     plugin_type, __func__, _ms_since(&start));
+		     plugin_type, __func__, took);
 }
 
 static void *_ledger_thread(void *arg)
