@@ -14,6 +14,8 @@ Ports: $PYK8SRES_KUBE_PORT if set, else the first free triple
 from __future__ import annotations
 
 import os
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,16 @@ from pyk8sres.testbed.kubeapi_server import KubeAPIServer, build
 REPO = Path(__file__).resolve().parents[2]
 CRD_MANIFEST = REPO / "deploy" / "crd-genericnode.yaml"
 RBAC_MANIFEST = REPO / "deploy" / "rbac.yaml"
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """(status, body) of a plain GET, error statuses included (our daemons'
+    /metrics, /healthz, /readyz; Prometheus)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
 
 
 def pick_ports(start: int = 26400, stop: int = 26990) -> int:

@@ -21,15 +21,14 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from conftest_kube import http_get
 from local_slurm import SLURM, port, slurm_conf
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator import slurm as S
@@ -98,7 +97,7 @@ def prometheus(hyb, root):
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{PROM_PORT}"
     try:
-        wait_for(lambda: proc.poll() is None and get(url + "/-/ready")[0] == 200, 60,
+        wait_for(lambda: proc.poll() is None and http_get(url + "/-/ready")[0] == 200, 60,
                  "prometheus ready")
         # Both targets scraped and up.
         wait_for(lambda: sorted(r["metric"]["job"] for r in query(url, "up == 1")) ==
@@ -135,16 +134,8 @@ def wait_for(pred, timeout=30.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
 def query(prom: str, expr: str) -> list:
-    code, body = get(f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    code, body = http_get(f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
     doc = json.loads(body)
     assert code == 200 and doc["status"] == "success", (expr, body)
     return doc["data"]["result"]
@@ -175,7 +166,7 @@ def settle(prom: str, expr: str, want, timeout=45.0) -> float:
 def scraped(metrics_port: int, name: str, **labels) -> float:
     """A sample straight from a daemon's /metrics (0 if it has none yet)."""
     from prometheus_client.parser import text_string_to_metric_families
-    code, body = get(f"http://127.0.0.1:{metrics_port}/metrics")
+    code, body = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
     assert code == 200
     for family in text_string_to_metric_families(body):
         for s in family.samples:
@@ -231,12 +222,12 @@ def test_promtool_accepts_the_alert_rules():
 
 def test_health_endpoints(hyb):
     for p in (SYNC_METRICS, WEBHOOK_METRICS):
-        assert get(f"http://127.0.0.1:{p}/healthz") == (200, "ok\n")
-        wait_for(lambda: get(f"http://127.0.0.1:{p}/readyz") == (200, "ok\n"), 30,
+        assert http_get(f"http://127.0.0.1:{p}/healthz") == (200, "ok\n")
+        wait_for(lambda: http_get(f"http://127.0.0.1:{p}/readyz") == (200, "ok\n"), 30,
                  f"readyz on {p}")
-        code, body = get(f"http://127.0.0.1:{p}/metrics")
+        code, body = http_get(f"http://127.0.0.1:{p}/metrics")
         assert code == 200 and "pyk8sres_ledger_calls_total" in body
-        assert get(f"http://127.0.0.1:{p}/nothing")[0] == 404
+        assert http_get(f"http://127.0.0.1:{p}/nothing")[0] == 404
 
 
 def test_node_shares_as_prometheus_sees_them(hyb, kube, ledger, prometheus, ns):
@@ -358,7 +349,7 @@ def test_oversubscribed_node_event_gauge_and_alert(hyb, kube, prometheus, ns):
         assert "Oversubscribed" in out and "pyk8sres-sync" in out, out
         # The alert rule sees it (pending: its `for` is 1 minute).
         def alerting():
-            code, body = get(f"{prometheus}/api/v1/alerts")
+            code, body = http_get(f"{prometheus}/api/v1/alerts")
             return [a for a in json.loads(body)["data"]["alerts"]
                     if a["labels"]["alertname"] == "PyK8sResNodeOversubscribed"]
         alerts = wait_for(alerting, 30, "PyK8sResNodeOversubscribed pending")
@@ -405,13 +396,13 @@ def test_readiness_follows_the_ledger_and_the_watches(hyb, kube, prometheus, ns,
     try:
         for p in (SYNC_METRICS, WEBHOOK_METRICS):
             code, body = wait_for(lambda: (lambda r: r[0] == 503 and r)(
-                get(f"http://127.0.0.1:{p}/readyz")), 30, f"readyz 503 on {p}")
+                http_get(f"http://127.0.0.1:{p}/readyz")), 30, f"readyz 503 on {p}")
             assert "ledger: the ledger did not answer" in body, body
-            assert get(f"http://127.0.0.1:{p}/healthz") == (200, "ok\n")
+            assert http_get(f"http://127.0.0.1:{p}/healthz") == (200, "ok\n")
         # Started while slurmctld is down: not ready from the start.
         fresh = _sync(hyb, root, "sync-fresh", port(28131), kas.kubeconfig)
         code, body = wait_for(lambda: (lambda r: r[0] == 503 and "ledger" in r[1] and r)(
-            get(f"http://127.0.0.1:{port(28131)}/readyz")), 30, "fresh sync readyz 503")
+            http_get(f"http://127.0.0.1:{port(28131)}/readyz")), 30, "fresh sync readyz 503")
         # A pod is refused with the reason and gets an Event; the sync daemon
         # puts one on the GenericNode (its sets fail).
         with pytest.raises(ApiException) as e:
@@ -436,17 +427,17 @@ def test_readiness_follows_the_ledger_and_the_watches(hyb, kube, prometheus, ns,
     try:
         unlisted = _sync(hyb, root, "sync-unlisted", port(28132), str(bad))
         for p in (SYNC_METRICS, WEBHOOK_METRICS, port(28131)):
-            wait_for(lambda: get(f"http://127.0.0.1:{p}/readyz") == (200, "ok\n"), 45,
+            wait_for(lambda: http_get(f"http://127.0.0.1:{p}/readyz") == (200, "ok\n"), 45,
                      f"readyz 200 on {p} once slurmctld is back")
         # The ledger answers it too, but its watches never listed ("starting" first).
         code, body = wait_for(lambda: (lambda r: r[0] == 503 and "watches" in r[1] and
                                        "ledger" not in r[1] and r)(
-            get(f"http://127.0.0.1:{port(28132)}/readyz")), 30, "unlisted: only the watches")
+            http_get(f"http://127.0.0.1:{port(28132)}/readyz")), 30, "unlisted: only the watches")
         assert body == "watches: pods, nodes not listed/watched\n", body
         for kind in ("pods", "nodes"):     # each failed list counts as a restart
             assert scraped(port(28132), "pyk8sres_watch_restarts_total", kind=kind,
                            reason="error") >= 1
-        assert get(f"http://127.0.0.1:{port(28132)}/healthz") == (200, "ok\n")
+        assert http_get(f"http://127.0.0.1:{port(28132)}/healthz") == (200, "ok\n")
         settle(prometheus, 'pyk8sres_ready{job="pyk8sres-webhook"}', 1)
     finally:
         for proc in (fresh, unlisted):

@@ -21,7 +21,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 
 import pytest
@@ -39,7 +38,7 @@ from pyk8sres.testbed import cluster as slurm_cluster
 from pyk8sres.testbed.kubeapi_server import KubeAPIServer
 from pyk8sres.testbed.scheduler import Scheduler
 
-from conftest_kube import RBAC_MANIFEST
+from conftest_kube import RBAC_MANIFEST, http_get
 
 NODE_CPUS, NODE_MEM = 8, 16000
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Slurm daemons)")
@@ -150,9 +149,8 @@ def wait_for(pred, timeout=15.0, what="condition"):
 
 def ready(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
-    except OSError:
+        return http_get(url)[0] == 200
+    except OSError:             # not listening yet
         return False
 
 
