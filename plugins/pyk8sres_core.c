@@ -90,8 +90,13 @@ static void pyk8sres_log(int level, const char *msg)
  *     empties the memo whenever it reloads the configuration.
  *  2. Misses: one Python thread state, made once and lent to the calling
  *     thread under hot_lock (calls are serialized anyway), and a direct
- *     call of pyk8sres.slurmctld.embed.job_submit_fast.  On Python >= 3.12, which
- *     ties thread states to OS threads, the plain cffi entry point is used.
+ *     call of pyk8sres.slurmctld.embed.job_submit_values with the memo key's
+ *     fields as plain arguments (so Python reads exactly what the memo
+ *     keys on).  Reading them from the struct through cffi instead cost
+ *     ~130 us of a ~240 us miss (bench/bench_job_submit.py, issue 9).
+ *     job_modify (rare, and it needs the job as it stands) and Python >=
+ *     3.12 (which ties thread states to OS threads) use the plain cffi
+ *     entry point.
  */
 #include <pthread.h>
 
@@ -219,16 +224,26 @@ static void memo_store(struct memo_entry *e, unsigned generation,
 
 static int hot_init(void)
 {
-	PyGILState_STATE gil = PyGILState_Ensure();
-	PyObject *mod = PyImport_ImportModule("pyk8sres.slurmctld.embed");
+	static int tried;
+	PyGILState_STATE gil;
+	PyObject *mod;
 
-	hot_fn = mod ? PyObject_GetAttrString(mod, "job_submit_fast") : NULL;
+	if (tried++)
+		return -1;  /* it failed before: the cffi entry point serves */
+	gil = PyGILState_Ensure();
+	mod = PyImport_ImportModule("pyk8sres.slurmctld.embed");
+	hot_fn = mod ? PyObject_GetAttrString(mod, "job_submit_values") : NULL;
 	Py_XDECREF(mod);
 	if (!hot_fn)
 		PyErr_Clear();
 	else
 		hot_ts = PyThreadState_New(PyThreadState_Get()->interp);
 	PyGILState_Release(gil);
+	pyk8sres_log(hot_ts ? 2 : 0, hot_ts ?
+		     "job_submit/k8s_resource_completion: new job shapes call "
+		     "Python directly, on one shared thread state" :
+		     "job_submit/k8s_resource_completion: cannot call Python "
+		     "directly; every new job shape goes through cffi (slower)");
 	return hot_ts ? 0 : -1;
 }
 
@@ -250,20 +265,55 @@ static void copy_out(char *dst, size_t len, PyObject *text)
 	dst[n] = '\0';
 }
 
-/* One Python call on the shared thread state; caller holds hot_lock. */
-static int call_python(const struct pyk8sres_job *job, int *changed,
-		       char *node_out, size_t node_len, char *task_out,
-		       size_t task_len, char *err, size_t errlen)
+#define HOT_ARGS 24
+
+/* The memo key as Python values, in the order of the parameters of
+ * pyk8sres.slurmctld.embed.job_submit_values (tests/unit/test_embed.py checks
+ * it): raw numbers (Python decodes Slurm's NO_VAL family), str or None. */
+static int hot_args(const struct memo_key *k, const char **strings,
+		    PyObject **args)
 {
-	PyObject *res;
+	const uint64_t numbers[] = {
+		k->slurm_version, k->def_mem_per_cpu, k->select_type_param,
+		k->max_mem_per_cpu, k->cpus_per_task, k->num_tasks,
+		k->ntasks_per_node, k->min_cpus, k->min_nodes, k->max_nodes,
+		k->pn_min_cpus, k->ntasks_per_core, k->threads_per_core,
+		k->overcommit, k->pn_min_memory, k->shared,
+	};
+	const size_t n = sizeof(numbers) / sizeof(numbers[0]);
+
+	_Static_assert(sizeof(numbers) / sizeof(numbers[0]) + MEMO_STRINGS ==
+		       HOT_ARGS, "job_submit_values takes HOT_ARGS arguments");
+
+	for (size_t i = 0; i < n; i++)
+		args[i] = PyLong_FromUnsignedLongLong(numbers[i]);
+	for (size_t s = 0; s < MEMO_STRINGS; s++)
+		args[n + s] = strings[s] ?
+			PyUnicode_DecodeUTF8(strings[s], strlen(strings[s]),
+					     "replace") : Py_NewRef(Py_None);
+	for (size_t i = 0; i < HOT_ARGS; i++)
+		if (!args[i])
+			return -1;
+	return 0;
+}
+
+/* One Python call on the shared thread state; caller holds hot_lock. */
+static int call_python(const struct pyk8sres_job *job,
+		       const struct memo_key *key, const char **strings,
+		       int *changed, char *node_out, size_t node_len,
+		       char *task_out, size_t task_len, char *err, size_t errlen)
+{
+	PyObject *res = NULL, *args[HOT_ARGS] = { NULL };
 	int rc = PYK8SRES_INTERNAL_ERROR;
 
 #if PY_VERSION_HEX < 0x030C0000
-	if (Py_IsInitialized() && (hot_ts || !hot_init())) {
+	if (!job->is_modify && Py_IsInitialized() && (hot_ts || !hot_init())) {
 		PyEval_RestoreThread(hot_ts);
 		/* -> (rc, changed, tres_per_node, tres_per_task, err) */
-		res = PyObject_CallFunction(hot_fn, "K",
-					    (unsigned long long) (uintptr_t) job);
+		if (!hot_args(key, strings, args))
+			res = PyObject_Vectorcall(hot_fn, args, HOT_ARGS, NULL);
+		for (size_t i = 0; i < HOT_ARGS; i++)
+			Py_XDECREF(args[i]);
 		if (res && PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 5) {
 			rc = (int) PyLong_AsLong(PyTuple_GET_ITEM(res, 0));
 			*changed = (int) PyLong_AsLong(PyTuple_GET_ITEM(res, 1));
@@ -297,8 +347,8 @@ int pyk8sres_job_submit(const struct pyk8sres_job *job, int *changed,
 	int rc;
 
 	pthread_mutex_lock(&hot_lock);
+	memo_fill(job, &key, strings);
 	if (!job->is_modify) {
-		memo_fill(job, &key, strings);
 		slot = &memo[memo_hash(&key, strings) % MEMO_SLOTS];
 		hit = memo_find(slot, &key, strings);
 		if (hit) {
@@ -312,8 +362,8 @@ int pyk8sres_job_submit(const struct pyk8sres_job *job, int *changed,
 		}
 	}
 	generation = memo_generation;  /* before the call: a reload wins */
-	rc = call_python(job, changed, node_out, node_len, task_out, task_len,
-			 err, errlen);
+	rc = call_python(job, &key, strings, changed, node_out, node_len,
+			 task_out, task_len, err, errlen);
 	if (slot && rc != PYK8SRES_INTERNAL_ERROR)
 		memo_store(slot, generation, &key, strings, rc, *changed,
 			   node_out, task_out, err);

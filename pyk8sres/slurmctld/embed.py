@@ -11,7 +11,7 @@ import logging
 import os
 
 from . import completion, config
-from .completion import NO_VAL, NO_VAL16, NO_VAL64, INFINITE, INFINITE16
+from .completion import NO_VAL, NO_VAL16, INFINITE, INFINITE16
 
 PING_SENTINEL = 0x6b38
 OK, USER_ERROR, INTERNAL_ERROR = 0, 1, 2
@@ -49,48 +49,50 @@ def _put(ffi, buf, size: int, text: str) -> None:
         ffi.memmove(buf, data + b"\0", len(data) + 1)
 
 
-# Job field -> the values that mean "not set" in the C struct (Slurm's NO_VAL
-# family, INFINITE for "no limit", 0 where the option cannot be 0).
-_UNSET = {
-    "cpus_per_task": (NO_VAL16, 0),
-    "num_tasks": (NO_VAL, 0),
-    "ntasks_per_node": (NO_VAL16, INFINITE16, 0),
-    "min_cpus": (NO_VAL, 0),
-    "min_nodes": (NO_VAL, 0),
-    "max_nodes": (NO_VAL, INFINITE, 0),
-    "pn_min_cpus": (NO_VAL16, NO_VAL, 0),
-    "ntasks_per_core": (NO_VAL16, INFINITE16, 0),
-    "threads_per_core": (NO_VAL16, 0),
-    "overcommit": (NO_VAL16, 0xFE, 0),   # uint8 in Slurm: NO_VAL8 = unset
-}
+# The job's numbers and strings as the C struct names them (`cur_` + name for
+# the job as it stands, in job_modify), in decode_job's order.
+_NUMBERS = ("cpus_per_task", "num_tasks", "ntasks_per_node", "min_cpus", "min_nodes",
+            "max_nodes", "pn_min_cpus", "ntasks_per_core", "threads_per_core", "overcommit",
+            "pn_min_memory")
 _STRINGS = ("partition", "tres_per_node", "tres_per_task", "tres_per_job", "tres_per_socket",
             "cpus_per_tres", "mem_per_tres")
 # Read by site_for() rather than into the Job: cluster settings slurmctld passes with each job.
 SITE_FIELDS = ("def_mem_per_cpu", "slurm_version", "select_type_param", "max_mem_per_cpu",
                "part_mem")
+_new_tuple = tuple.__new__
 
 
-# (Job field, C attribute, unset values) per struct prefix, computed once:
-# this runs on every submission the C memo has not seen.
-_READS = {prefix: [(name, prefix + name, unset) for name, unset in _UNSET.items()]
-          for prefix in ("", "cur_")}
-_TEXTS = {prefix: [(name, prefix + name) for name in _STRINGS] for prefix in ("", "cur_")}
+def decode_job(cpus_per_task, num_tasks, ntasks_per_node, min_cpus, min_nodes, max_nodes,
+               pn_min_cpus, ntasks_per_core, threads_per_core, overcommit, pn_min_memory,
+               exclusive, partition, tres_per_node, tres_per_task, tres_per_job,
+               tres_per_socket, cpus_per_tres, mem_per_tres) -> completion.Job:
+    """The Job from the struct's raw numbers: Slurm's NO_VAL family, INFINITE
+    ("no limit") and 0 where the option cannot be 0 all mean "not given".
+
+    Straight-line code that builds the tuple in Job's field order: this runs
+    on every submission the C memo has not seen, with the CPU caches cold,
+    where a loop over a table or Job(**fields) cost several times more."""
+    per_node, per_cpu = completion.decode_memory(pn_min_memory)
+    return _new_tuple(completion.Job, (
+        None if cpus_per_task in (NO_VAL16, 0) else cpus_per_task,
+        None if num_tasks in (NO_VAL, 0) else num_tasks,
+        None if ntasks_per_node in (NO_VAL16, INFINITE16, 0) else ntasks_per_node,
+        None if min_cpus in (NO_VAL, 0) else min_cpus,
+        None if min_nodes in (NO_VAL, 0) else min_nodes,
+        None if max_nodes in (NO_VAL, INFINITE, 0) else max_nodes,
+        None if pn_min_cpus in (NO_VAL16, NO_VAL, 0) else pn_min_cpus,
+        per_node, per_cpu, exclusive,
+        partition, tres_per_node, tres_per_task, tres_per_job, tres_per_socket,
+        cpus_per_tres, mem_per_tres,
+        None if ntasks_per_core in (NO_VAL16, INFINITE16, 0) else ntasks_per_core,
+        None if threads_per_core in (NO_VAL16, 0) else threads_per_core,
+        overcommit not in (NO_VAL16, 0xFE, 0)))  # uint8 in Slurm: NO_VAL8 = not given
 
 
 def _job(ffi, c, prefix: str, exclusive: bool) -> completion.Job:
-    values = {name: (None if value in unset else value)
-              for name, attr, unset in _READS[prefix]
-              for value in (getattr(c, attr),)}
-    null, string = ffi.NULL, ffi.string
-    for name, attr in _TEXTS[prefix]:
-        ptr = getattr(c, attr)
-        values[name] = None if ptr == null else string(ptr).decode("utf-8", "replace")
-    memory = getattr(c, prefix + "pn_min_memory")
-    values["mem_per_node"], values["mem_per_cpu"] = completion.decode_memory(
-        None if memory == NO_VAL64 else memory)
-    values["exclusive"] = exclusive
-    values["overcommit"] = bool(values["overcommit"])
-    return completion.Job(**values)
+    numbers = [getattr(c, prefix + name) for name in _NUMBERS]
+    texts = [_text(ffi, getattr(c, prefix + name)) for name in _STRINGS]
+    return decode_job(*numbers, exclusive, *texts)
 
 
 def job_from_c(ffi, c) -> completion.Job:
@@ -177,7 +179,6 @@ def reconfigure(slurm_conf_path: str) -> None:
 
 
 _ffi = None
-_job_ptr = None
 _lib = None
 
 
@@ -187,32 +188,58 @@ def _forget_answers() -> None:
         _lib.pyk8sres_memo_clear()
 
 
+def _answer(result: completion.Result) -> tuple:
+    bits = (1 if result.tres_per_node is not None else 0) | \
+        (2 if result.tres_per_task is not None else 0) | \
+        (4 if result.clear_tres_per_job else 0)
+    return OK, bits, result.tres_per_node or "", result.tres_per_task or "", ""
+
+
+def _refusal(exc: BaseException) -> tuple:
+    if isinstance(exc, (completion.PolicyError, ValueError)):
+        return USER_ERROR, 0, "", "", str(exc)
+    # a bug: never let it reach slurmctld
+    log.error("job_submit/k8s_resource_completion: internal error", exc_info=exc)
+    if _config.on_internal_error == "accept":
+        return OK, 0, "", "", ""
+    return (INTERNAL_ERROR, 0, "", "", f"internal error ({type(exc).__name__}); the job "
+            "was not submitted, please tell your administrator")
+
+
 def job_submit(c) -> tuple:
-    """-> (rc, changed bits, tres_per_node, tres_per_task, error message)."""
+    """The struct through cffi (job_modify; every call on Python >= 3.12)
+    -> (rc, changed bits, tres_per_node, tres_per_task, error message)."""
     try:
         site = site_for(c.def_mem_per_cpu, c.slurm_version, c.select_type_param,
                         c.max_mem_per_cpu, _text(_ffi, c.part_mem))
         if c.is_modify:
-            result = completion.complete_modify(job_from_c(_ffi, c), current_from_c(_ffi, c), site)
-        else:
-            result = completion.complete(job_from_c(_ffi, c), site)
-        bits = (1 if result.tres_per_node is not None else 0) | \
-            (2 if result.tres_per_task is not None else 0) | \
-            (4 if result.clear_tres_per_job else 0)
-        return OK, bits, result.tres_per_node or "", result.tres_per_task or "", ""
-    except (completion.PolicyError, ValueError) as exc:
-        return USER_ERROR, 0, "", "", str(exc)
-    except BaseException as exc:  # a bug: never let it reach slurmctld
-        log.exception("job_submit/k8s_resource_completion: internal error")
-        if _config.on_internal_error == "accept":
-            return OK, 0, "", "", ""
-        return (INTERNAL_ERROR, 0, "", "", f"internal error ({type(exc).__name__}); the job "
-                "was not submitted, please tell your administrator")
+            return _answer(completion.complete_modify(job_from_c(_ffi, c),
+                                                      current_from_c(_ffi, c), site))
+        return _answer(completion.complete(job_from_c(_ffi, c), site))
+    except BaseException as exc:
+        return _refusal(exc)
 
 
-def job_submit_fast(address: int) -> tuple:
-    """The hot path from C (plugins/pyk8sres_core.c): `address` is the job struct."""
-    return job_submit(_ffi.cast(_job_ptr, address))
+def job_submit_values(slurm_version, def_mem_per_cpu, select_type_param, max_mem_per_cpu,
+                      cpus_per_task, num_tasks, ntasks_per_node, min_cpus, min_nodes,
+                      max_nodes, pn_min_cpus, ntasks_per_core, threads_per_core, overcommit,
+                      pn_min_memory, shared, partition, tres_per_node, tres_per_task,
+                      tres_per_job, tres_per_socket, cpus_per_tres, mem_per_tres,
+                      part_mem) -> tuple:
+    """The hot path from C (plugins/pyk8sres_core.c, hot_args): a submission
+    the memo has not seen, as the memo key's fields; the same answer as
+    job_submit()."""
+    try:
+        site = site_for(def_mem_per_cpu, slurm_version, select_type_param, max_mem_per_cpu,
+                        part_mem)
+        job = decode_job(cpus_per_task, num_tasks, ntasks_per_node, min_cpus, min_nodes,
+                         max_nodes, pn_min_cpus, ntasks_per_core, threads_per_core, overcommit,
+                         pn_min_memory, shared == completion.JOB_SHARED_NONE, partition,
+                         tres_per_node, tres_per_task, tres_per_job, tres_per_socket,
+                         cpus_per_tres, mem_per_tres)
+        return _answer(completion.complete(job, site))
+    except BaseException as exc:
+        return _refusal(exc)
 
 
 def bind(ffi, lib) -> None:
@@ -247,8 +274,8 @@ def bind(ffi, lib) -> None:
         _put(ffi, err, errlen, message)
         return rc
 
-    global _ffi, _job_ptr, _lib
-    _ffi, _job_ptr, _lib = ffi, ffi.typeof("struct pyk8sres_job *"), lib
+    global _ffi, _lib
+    _ffi, _lib = ffi, lib
     # Everything imported so far lives as long as slurmctld: keep the cyclic
     # GC from rescanning it in the middle of a submission.
     import gc

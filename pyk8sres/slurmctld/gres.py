@@ -38,6 +38,8 @@ def parse_count(text: str) -> int | None:
 
 def parse(tres: str | None) -> list[Entry]:
     """Entries of a TRES string; raises GresError for malformed k8s entries."""
+    if not tres:
+        return []
     entries = []
     for text in (tres or "").replace(";", ",").split(","):
         text = text.strip()
@@ -68,6 +70,8 @@ def parse(tres: str | None) -> list[Entry]:
 
 def count_of(entries: list[Entry], name: str) -> int | None:
     """Total requested of `name` (Slurm adds repeated entries), None if absent."""
+    if not entries:
+        return None
     counts = [e.count or 0 for e in entries if e.name == name]
     return sum(counts) if counts else None
 

@@ -328,6 +328,19 @@ def test_no_per_job_log_lines_at_default_level(c):
     assert not [line for line in ours if " uid " in line]  # per-job lines are debug only
 
 
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python >= 3.12 always uses cffi's entry")
+def test_new_shapes_take_the_direct_call(c):
+    """A shape the memo has not seen goes to Python through the direct call
+    (pyk8sres_core.c hot_args), not cffi's slower entry point: a failure
+    there would only show as a slower slurmctld."""
+    job_id = sbatch("-c", "3", "--mem=1234")
+    assert "k8smemory:1234" in job(job_id)["TresPerNode"]
+    with open(os.path.join(c.work, "log", "slurmctld.log"), errors="replace") as f:
+        log = f.read()
+    assert "new job shapes call Python directly, on one shared thread state" in log
+    assert "cannot call Python directly" not in log
+
+
 def test_plugin_refuses_to_load_without_its_python_core(tmp_path):
     """A broken core: slurmctld stops at startup with one clear line (no
     silent zero answers from a half-started Python)."""

@@ -3,6 +3,7 @@
 The core memoizes Python's answer per job in C (plugins/pyk8sres_core.c):
 that is only correct if the memo key holds every field the policy reads.
 """
+import inspect
 import re
 from pathlib import Path
 
@@ -71,14 +72,61 @@ def test_memo_key_covers_every_field_the_policy_reads():
     key = set(re.findall(r"\b([a-z_]+)\b(?=[,;])", body))
     strings = set(re.findall(r"strings\[\d\] = j->(\w+);", CORE_C))
     site_numbers = set(embed.SITE_FIELDS) - {"part_mem"}  # embed.site_for
-    read_by_policy = set(embed._UNSET) | {"pn_min_memory", "shared"} | site_numbers
+    read_by_policy = set(embed._NUMBERS) | {"shared"} | site_numbers
     assert read_by_policy <= key
     assert set(embed._STRINGS) | {"part_mem"} == strings
 
 
+def _hot_args_order():
+    """The names C passes to job_submit_values, in order (pyk8sres_core.c hot_args)."""
+    body = re.search(r"static int hot_args\(.*?\n\}", CORE_C, re.S).group(0)
+    numbers = re.findall(r"k->(\w+)", re.search(r"numbers\[\] = \{(.*?)\};", body, re.S).group(1))
+    strings = dict((int(i), name) for i, name in re.findall(r"strings\[(\d)\] = j->(\w+);", CORE_C))
+    return numbers + [strings[i] for i in sorted(strings)]
+
+
+def test_hot_path_gets_the_memo_key_in_the_order_python_takes_it():
+    """C calls job_submit_values positionally: a name out of place would
+    hand the policy one field's value as another's."""
+    params = list(inspect.signature(embed.job_submit_values).parameters)
+    assert _hot_args_order() == params
+    assert len(params) == int(re.search(r"#define HOT_ARGS (\d+)", CORE_C).group(1))
+
+
+def test_decode_job_puts_each_value_in_its_field():
+    numbers = {name: 100 + i for i, name in enumerate(embed._NUMBERS)}
+    numbers["overcommit"] = 1
+    numbers["pn_min_memory"] = completion.MEM_PER_CPU | 777
+    texts = {name: f"text-{name}" for name in embed._STRINGS}
+    job = embed.decode_job(*numbers.values(), True, *texts.values())
+    expected = {name: value for name, value in numbers.items() if name != "pn_min_memory"}
+    expected.update(texts, overcommit=True, exclusive=True, mem_per_cpu=777, mem_per_node=None)
+    assert job._asdict() == expected
+    assert type(job) is completion.Job
+
+
+@pytest.mark.parametrize("fields", [
+    {}, {"cpus_per_task": 3, "pn_min_memory": 4000}, {"num_tasks": 5, "min_nodes": 2},
+    {"pn_min_memory": completion.MEM_PER_CPU | 500, "partition": "a,b"},
+    {"shared": 0, "tres_per_node": "gres:gpu:1"}, {"tres_per_node": "gres:k8scpu:x"},
+    {"ntasks_per_core": 1, "threads_per_core": 1, "overcommit": 1, "num_tasks": 3},
+    {"tres_per_job": "gres:k8scpu:2"}, {"pn_min_memory": 0},
+])
+def test_hot_path_answers_as_the_cffi_path(fields, monkeypatch):
+    """Same struct, both ways in: the arguments C builds from the memo key
+    (hot_args), and the struct read through cffi (job_modify, Python >= 3.12)."""
+    monkeypatch.setattr(embed, "_ffi", ffi)
+    c = c_job(**fields)
+    values = [getattr(c, name) for name in _hot_args_order()]
+    values = [ffi.string(v).decode() if isinstance(v, ffi.CData) and v != ffi.NULL else
+              None if isinstance(v, ffi.CData) else v for v in values]
+    assert embed.job_submit_values(*values) == embed.job_submit(c)
+
+
 def test_every_job_field_is_read_from_c():
     """A Job field the C struct does not fill would silently stay None."""
-    read = set(embed._UNSET) | set(embed._STRINGS) | {"mem_per_node", "mem_per_cpu", "exclusive"}
+    read = (set(embed._NUMBERS) - {"pn_min_memory"}) | set(embed._STRINGS) | \
+        {"mem_per_node", "mem_per_cpu", "exclusive"}
     assert read == set(completion.Job._fields)
 
 
