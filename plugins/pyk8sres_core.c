@@ -93,7 +93,8 @@ static void pyk8sres_log(int level, const char *msg)
  *     call of pyk8sres.slurmctld.embed.job_submit_values with the memo key's
  *     fields as plain arguments (so Python reads exactly what the memo
  *     keys on).  Reading them from the struct through cffi instead cost
- *     ~130 us of a ~240 us miss (bench/bench_job_submit.py, issue 9).
+ *     ~40 us of a ~230 us miss (an A/B run of bench/bench_job_submit.py,
+ *     issue 9).
  *     job_modify (rare, and it needs the job as it stands) and Python >=
  *     3.12 (which ties thread states to OS threads) use the plain cffi
  *     entry point.

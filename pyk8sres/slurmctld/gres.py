@@ -41,7 +41,7 @@ def parse(tres: str | None) -> list[Entry]:
     if not tres:
         return []
     entries = []
-    for text in (tres or "").replace(";", ",").split(","):
+    for text in tres.replace(";", ",").split(","):
         text = text.strip()
         if not text:
             continue
