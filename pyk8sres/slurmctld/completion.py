@@ -30,7 +30,7 @@ How many tasks land on a node is decided only when Slurm schedules the job
   * otherwise, when the per-node figure is t x (one task's figure) for every
     t: ask per task (TresPerTask), and Slurm multiplies by the tasks it puts
     on each node;
-  * otherwise (SMT rounding of odd cpus_per_task, --mincpus, -O): ask per
+  * otherwise (SMT rounding of odd cpus_per_task, --mincpus): ask per
     node the most any node can get, capped at the largest node's CPUs and
     memory (never more than Slurm could allocate there, so never a runnable
     job made unrunnable on an idle cluster).
@@ -42,8 +42,8 @@ How many tasks land on a node is decided only when Slurm schedules the job
     k8scpu/k8smemory; we ask one task's figures per node, which cannot change
     where Slurm puts the tasks.
   --mem=0: rejected unless --exclusive (no count we could ask for).
-  Several partitions (-p a,b): the largest figure over them (the job may run
-    in any).
+  Several partitions (-p a,b): the largest figure over those whose biggest
+    node can hold the job (it may run in any of them, and in no other).
 """
 from __future__ import annotations
 
@@ -364,6 +364,12 @@ def _merge(dicts: list) -> dict:
     return out
 
 
+def _fits(per_node: dict, nodes: Nodes) -> bool:
+    """Whether the biggest of the nodes can hold these per-node figures."""
+    return (not nodes.cpus or per_node.get(GRES_CPU, 0) <= nodes.cpus) and \
+        (not nodes.memory or per_node.get(GRES_MEMORY, 0) <= nodes.memory)
+
+
 def required(job: Job, site: Site) -> tuple[dict, dict]:
     """(per_node, per_task) counts of k8scpu/k8smemory the job must request."""
     if job.mem_per_node == 0 and not job.exclusive:
@@ -372,6 +378,13 @@ def required(job: Job, site: Site) -> tuple[dict, dict]:
                           "all the memory Kubernetes leaves")
     parts = _partitions(job, site)
     plans = [_plan(job, site, part, len(parts) > 1) for part in parts]
+    if len(parts) > 1:
+        # Slurm runs the job in a partition whose nodes can hold it: one
+        # that needs more per node than its biggest node has (seen: -p b,a
+        # --mem-per-cpu above b's MaxMemPerCPU doubles the CPUs) is not where
+        # it runs, so its figures must not make the job unrunnable in the others.
+        fitting = [plan for plan, part in zip(plans, parts) if _fits(plan.per_node, part.nodes)]
+        plans = fitting or plans
     memory_per_node = {bool(p.mem_per_node) for p in plans}
     if all(p.per_task is not None for p in plans) and len(memory_per_node) == 1:
         per_task = _merge([p.per_task for p in plans])

@@ -8,11 +8,18 @@ same nodes, side by side: one with our job_submit plugin, one without it
   * with the plugin, on every node of every job (array tasks included), the
     k8scpu/k8smemory held (`scontrol -d show job`: GRES=k8scpu(CNT:n)) is at
     least the CPUs (CPU_IDs) and memory (Mem) Slurm allocated there.
+Two outcomes are counted apart, each checked against plain Slurm rather than
+excused by shape: a shape plain Slurm refuses too once it carries any GRES
+(resubmitted there with --gres=k8scpu:1), and an array whose tasks each start
+on an idle cluster but not all at once (the running ones are cancelled and
+the others must then start; the per-node over-hold of the policy's third
+mode).
 Both on plain nodes and on SMT nodes (2 threads per core, CR_Core).
 
 CI runs PYK8SRES_DIFF_SHAPES shapes per topology (default 12, ~1 minute);
 the full run is `PYK8SRES_DIFF_SHAPES=200 python3 -m pytest
-integration/test_job_submit_differential.py` (README).  Each run writes
+integration/test_job_submit_differential.py` (README); PYK8SRES_DIFF_SEED
+draws other shapes (default 9).  Each run writes
 every outcome to diff-<topology>.json in the pytest tmp dir and prints a
 summary.  PYK8SRES_DIFF_BASELINE=<site-packages>/pyk8sres/_lib runs another
 build's plugin instead of this one (to measure a baseline, e.g. main).
@@ -33,7 +40,7 @@ from pyk8sres.testbed import cluster
 
 pytestmark = requires_slurm
 
-SEED = 9
+SEED = int(os.environ.get("PYK8SRES_DIFF_SEED", "9"))
 COUNT = int(os.environ.get("PYK8SRES_DIFF_SHAPES", "12"))
 NODES, CPUS, MEMORY = 3, 8, 16000
 PARTITIONS = ("PartitionName=a Nodes=ALL Default=YES DefMemPerCPU=100 MaxTime=INFINITE State=UP\n"
@@ -108,7 +115,9 @@ def allocations(text: str) -> list[dict]:
                 nodes[node] = {"cpus": _cpu_count(m.group(2)), "mem": int(m.group(3)),
                                "k8scpu": held.get("k8scpu", 0),
                                "k8smemory": held.get("k8smemory", 0)}
+        array = re.search(r"ArrayJobId=(\d+) ArrayTaskId=(\d+)", record)
         jobs.append({"id": re.search(r"JobId=(\d+)", record).group(1), "state": state,
+                     "name": "_".join(array.groups()) if array else None,
                      "num_cpus": re.search(r"NumCPUs=(\d+)", record).group(1), "nodes": nodes})
     return jobs
 
@@ -138,6 +147,23 @@ class Side:
     def started(self) -> bool:
         jobs = self.jobs()
         return bool(jobs) and all(j["state"] == "RUNNING" for j in jobs)
+
+    def start_one_after_another(self) -> list[dict] | None:
+        """An array some of whose tasks run while the others pend: cancel the
+        running ones; the records of the others if they then start (they
+        could not all run at once, but each runs on an idle cluster), else None."""
+        jobs = self.jobs()
+        running = {j["id"]: j["name"] for j in jobs if j["state"] == "RUNNING"}
+        if len(jobs) < 2 or not running or len(running) == len(jobs) or None in running.values():
+            return None
+        self.run("scancel", *sorted(running.values()))  # 22.05 refuses a task's own JobId
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            later = [j for j in self.jobs() if j["id"] not in running]
+            if later and all(j["state"] == "RUNNING" for j in later):
+                return later
+            time.sleep(0.2)
+        return None
 
     def clean(self):
         self.run("scancel", "--user=root")
@@ -181,6 +207,18 @@ def held_short(jobs: list[dict]) -> list[str]:
     return short
 
 
+def refused_with_any_gres(plain: Side, opts: list[str], ours: dict) -> bool:
+    """Ground truth for a shape refused with the plugin: plain Slurm refuses it
+    as well once it carries any GRES at all (22.05 cons_tres: with a GRES a
+    node takes only the tasks its CPUs hold at c each, and with -O about as
+    many as its cores), so no count we could ask for would let it run."""
+    if ours["accepted"]:
+        return False
+    plain.clean()
+    again = plain.submit([*opts, "--gres=k8scpu:1"])
+    return not again["accepted"] and again["error"] == ours["error"]
+
+
 def test_differential(pair):
     topology, ours, plain, out_dir = pair
     results, violations = [], []
@@ -197,7 +235,13 @@ def test_differential(pair):
                                                    "jobs": ours_jobs},
                   "plain": {**accepted[1], "started": started[1], "jobs": plain_jobs}}
         problems = held_short(ours_jobs) if started[0] else []
-        if started[0] != started[1]:
+        if started[1] and not started[0] and refused_with_any_gres(plain, opts, accepted[0]):
+            result["refused_with_any_gres"] = True
+        elif started[1] and not started[0] and \
+                (later := ours.start_one_after_another()) is not None:
+            result["one_after_another"] = True
+            problems += held_short([j for j in ours_jobs if j["state"] == "RUNNING"] + later)
+        elif started[0] != started[1]:
             problems.append(f"starts {'only with' if started[0] else 'only without'} the plugin"
                             f" ({accepted[0]['error'] or 'pending'})")
         result["problems"] = problems
@@ -211,6 +255,8 @@ def test_differential(pair):
     both = sum(r["ours"]["started"] and r["plain"]["started"] for r in results)
     print(f"\n{topology}: {len(results)} shapes, started in both {both}, neither "
           f"{sum(not r['ours']['started'] and not r['plain']['started'] for r in results)}, "
+          f"refused by Slurm with any GRES {sum('refused_with_any_gres' in r for r in results)}, "
+          f"array tasks one after another {sum('one_after_another' in r for r in results)}, "
           f"violations {len(violations)} ({path})")
     assert both > len(results) // 3, "too few shapes started to mean anything"
     assert not violations, "\n".join(violations)

@@ -26,6 +26,12 @@ SMT_ONE_TASK = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100),
                     all_nodes=SMT_NODES, select_type_param=CR_CORE | CR_ONE_TASK_PER_CORE)
 LIMITED = Site(cluster_mem=MemDefault(per_cpu=100), all_nodes=NODES, default_partition="lim",
                partitions={"lim": Partition(max_mem_per_cpu=1000, nodes=NODES)})
+PLAIN3 = Nodes(threads_per_core=1, cpus=8, memory=16000, count=3, least_cpus=8)
+THREE = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=PLAIN3,
+             partitions={"a": Partition(mem=MemDefault(per_cpu=100), nodes=PLAIN3),
+                         "b": Partition(mem=MemDefault(per_cpu=300), max_mem_per_cpu=1000,
+                                        nodes=PLAIN3)},
+             default_partition="a")
 TWO = Site(cluster_mem=MemDefault(per_cpu=100), all_nodes=NODES, default_partition="a",
            partitions={"a": Partition(nodes=NODES),
                        "b": Partition(mem=MemDefault(per_cpu=500), nodes=NODES),
@@ -312,6 +318,19 @@ RULES = [
     ("-p a,n -n 4: memory per task in one, per node in the other: per node, most", TWO,
      Job(partition="a,n", num_tasks=4), {CPU: 4, MEM: 3000}, {}),
     ("unknown partition: cluster default", TWO, Job(partition="nope"), {CPU: 1, MEM: 100}, {}),
+    # more tasks than fit at c CPUs each: plain Slurm packs them onto fewer
+    # CPUs, but with any GRES it refuses them (README, known limits): per task
+    ("-n 8 -c 3 --mem=1000 on three 8-CPU nodes: per task", THREE,
+     Job(num_tasks=8, cpus_per_task=3, mem_per_node=1000), {MEM: 1000}, {CPU: 3}),
+    # several partitions: only those whose nodes can hold the job count
+    ("-p b,a -n 2 -N 1 -c 4 --mem-per-cpu=1500: b would need 16 CPUs a node: a's figures",
+     THREE, Job(num_tasks=2, min_nodes=1, max_nodes=1, cpus_per_task=4, mem_per_cpu=1500,
+                partition="b,a"), {CPU: 8, MEM: 12000}, {}),
+    ("-p a,b -c 2 --mem-per-cpu=1500: both can hold it: the larger (b: 3 CPUs of 1000)", THREE,
+     Job(cpus_per_task=2, mem_per_cpu=1500, partition="a,b"), {CPU: 4, MEM: 3000}, {}),
+    ("-p b -n 2 -N 1 -c 4 --mem-per-cpu=1500: one partition: its figures, too big as they are",
+     THREE, Job(num_tasks=2, min_nodes=1, max_nodes=1, cpus_per_task=4, mem_per_cpu=1500,
+                partition="b"), {CPU: 16, MEM: 12000}, {}),
 ]
 
 
