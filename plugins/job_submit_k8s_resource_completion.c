@@ -106,6 +106,10 @@ static void fill_request(struct pyk8sres_job *req, const job_desc_msg_t *d,
 	req->cur_ntasks_per_core = NO_VAL16;
 	req->cur_threads_per_core = NO_VAL16;
 	req->cur_overcommit = NO_VAL16;
+	req->spread_job = (d->bitflags & SPREAD_JOB) ? 1 : 0;
+	req->cur_spread_job = NO_VAL16;
+	req->task_dist = d->task_dist;
+	req->cur_task_dist = NO_VAL;
 }
 
 /* The live memory settings of the partitions the job may run in, for the
@@ -182,6 +186,8 @@ static void fill_current(struct pyk8sres_job *req, void *job)
 	req->cur_mem_per_tres = job_ptr->mem_per_tres;
 	req->cur_partition = job_ptr->partition;
 	req->cur_overcommit = details->overcommit;
+	req->cur_spread_job = (job_ptr->bit_flags & SPREAD_JOB) ? 1 : 0;
+	req->cur_task_dist = details->task_dist;
 	if (details->mc_ptr) {
 		req->cur_ntasks_per_core = details->mc_ptr->ntasks_per_core;
 		req->cur_threads_per_core = details->mc_ptr->threads_per_core;

@@ -82,6 +82,10 @@ struct pyk8sres_job {
 	uint16_t cur_ntasks_per_core;
 	uint16_t cur_threads_per_core;
 	uint16_t cur_overcommit;
+	uint16_t spread_job;       /* 1 = --spread-job (bitflags SPREAD_JOB); 0 = not */
+	uint16_t cur_spread_job;
+	uint32_t task_dist;        /* --distribution (task_dist_states_t); NO_VAL = not given */
+	uint32_t cur_task_dist;
 };
 
 /* Returns PYK8SRES_PING_SENTINEL once Python is up and the core imported. */

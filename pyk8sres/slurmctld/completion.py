@@ -41,6 +41,9 @@ How many tasks land on a node is decided only when Slurm schedules the job
   --exclusive: Slurm allocates whole nodes and (seen on 22.05) all of their
     k8scpu/k8smemory; we ask one task's figures per node, which cannot change
     where Slurm puts the tasks.
+  --spread-job, --distribution=plane: never per task after 22.05 (with a
+    per-task GRES slurmctld 24.11 crashes on the first and never runs the
+    second): per node, the most any node can get.
   --mem=0: rejected unless --exclusive (no count we could ask for).
   Several partitions (-p a,b): the largest figure over those whose biggest
     node can hold the job (it may run in any of them, and in no other).
@@ -64,6 +67,7 @@ JOB_SHARED_NONE = 0
 # slurm.h SelectTypeParameters bits
 CR_CPU, CR_SOCKET, CR_CORE, CR_BOARD = 0x1, 0x2, 0x4, 0x8
 CR_ONE_TASK_PER_CORE = 0x100
+PER_TASK_BREAKS_SPREAD_AND_PLANE = 0x170000  # Slurm 23.00 on (SLURM_VERSION_NUMBER): see _plan
 
 
 class PolicyError(ValueError):
@@ -93,6 +97,8 @@ class Job(typing.NamedTuple):
     ntasks_per_core: int | None = None   # --ntasks-per-core (--hint=nomultithread: 1)
     threads_per_core: int | None = None  # --threads-per-core (--hint=nomultithread: 1)
     overcommit: bool = False             # -O
+    spread_job: bool = False             # --spread-job
+    plane_distribution: bool = False     # --distribution=plane=N
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,6 +325,16 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
         # whole nodes (which would keep e.g. a second array task out).
         usable = min(job.max_nodes or nodes.count, nodes.count)
         linear = usable * (nodes.least_cpus // one) >= job.num_tasks
+    if (job.spread_job or job.plane_distribution) and \
+            site.slurm_version >= PER_TASK_BREAKS_SPREAD_AND_PLANE:
+        # Seen on 24.11.5, with or without the plugin: --spread-job with a
+        # per-task GRES segfaults slurmctld (topology/common eval_nodes.c
+        # _eval_nodes_spread passes a NULL max_tasks on to eval_nodes_gres
+        # once the job has a per-job GRES count, which a per-task one
+        # implies), and --distribution=plane with one is never runnable.  A
+        # per-node GRES is fine with both; 22.05 has neither problem.
+        # Assumed for every release after 22.05.
+        linear = False
     if linear:
         per_task = {GRES_CPU: one}
         one_mem = memory(1, one)

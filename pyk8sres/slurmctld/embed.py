@@ -14,6 +14,7 @@ from . import completion, config
 from .completion import NO_VAL, NO_VAL16, INFINITE, INFINITE16
 
 PING_SENTINEL = 0x6b38
+SLURM_DIST_PLANE = 0x0004  # slurm.h task_dist_states_t, under SLURM_DIST_STATE_BASE
 OK, USER_ERROR, INTERNAL_ERROR = 0, 1, 2
 
 log = logging.getLogger("pyk8sres")
@@ -53,7 +54,7 @@ def _put(ffi, buf, size: int, text: str) -> None:
 # the job as it stands, in job_modify), in decode_job's order.
 _NUMBERS = ("cpus_per_task", "num_tasks", "ntasks_per_node", "min_cpus", "min_nodes",
             "max_nodes", "pn_min_cpus", "ntasks_per_core", "threads_per_core", "overcommit",
-            "pn_min_memory")
+            "pn_min_memory", "spread_job", "task_dist")
 _STRINGS = ("partition", "tres_per_node", "tres_per_task", "tres_per_job", "tres_per_socket",
             "cpus_per_tres", "mem_per_tres")
 # Read by site_for() rather than into the Job: cluster settings slurmctld passes with each job.
@@ -64,8 +65,8 @@ _new_tuple = tuple.__new__
 
 def decode_job(cpus_per_task, num_tasks, ntasks_per_node, min_cpus, min_nodes, max_nodes,
                pn_min_cpus, ntasks_per_core, threads_per_core, overcommit, pn_min_memory,
-               exclusive, partition, tres_per_node, tres_per_task, tres_per_job,
-               tres_per_socket, cpus_per_tres, mem_per_tres) -> completion.Job:
+               spread_job, task_dist, exclusive, partition, tres_per_node, tres_per_task,
+               tres_per_job, tres_per_socket, cpus_per_tres, mem_per_tres) -> completion.Job:
     """The Job from the struct's raw numbers: Slurm's NO_VAL family, INFINITE
     ("no limit") and 0 where the option cannot be 0 all mean "not given".
 
@@ -86,7 +87,9 @@ def decode_job(cpus_per_task, num_tasks, ntasks_per_node, min_cpus, min_nodes, m
         cpus_per_tres, mem_per_tres,
         None if ntasks_per_core in (NO_VAL16, INFINITE16, 0) else ntasks_per_core,
         None if threads_per_core in (NO_VAL16, 0) else threads_per_core,
-        overcommit not in (NO_VAL16, 0xFE, 0)))  # uint8 in Slurm: NO_VAL8 = not given
+        overcommit not in (NO_VAL16, 0xFE, 0),  # uint8 in Slurm: NO_VAL8 = not given
+        spread_job == 1,
+        task_dist & 0xFFFF == SLURM_DIST_PLANE))
 
 
 def _job(ffi, c, prefix: str, exclusive: bool) -> completion.Job:
@@ -223,8 +226,8 @@ def job_submit(c) -> tuple:
 def job_submit_values(slurm_version, def_mem_per_cpu, select_type_param, max_mem_per_cpu,
                       cpus_per_task, num_tasks, ntasks_per_node, min_cpus, min_nodes,
                       max_nodes, pn_min_cpus, ntasks_per_core, threads_per_core, overcommit,
-                      pn_min_memory, shared, partition, tres_per_node, tres_per_task,
-                      tres_per_job, tres_per_socket, cpus_per_tres, mem_per_tres,
+                      pn_min_memory, spread_job, task_dist, shared, partition, tres_per_node,
+                      tres_per_task, tres_per_job, tres_per_socket, cpus_per_tres, mem_per_tres,
                       part_mem) -> tuple:
     """The hot path from C (plugins/pyk8sres_core.c, hot_args): a submission
     the memo has not seen, as the memo key's fields; the same answer as
@@ -234,9 +237,10 @@ def job_submit_values(slurm_version, def_mem_per_cpu, select_type_param, max_mem
                         part_mem)
         job = decode_job(cpus_per_task, num_tasks, ntasks_per_node, min_cpus, min_nodes,
                          max_nodes, pn_min_cpus, ntasks_per_core, threads_per_core, overcommit,
-                         pn_min_memory, shared == completion.JOB_SHARED_NONE, partition,
-                         tres_per_node, tres_per_task, tres_per_job, tres_per_socket,
-                         cpus_per_tres, mem_per_tres)
+                         pn_min_memory, spread_job, task_dist,
+                         shared == completion.JOB_SHARED_NONE,
+                         partition, tres_per_node, tres_per_task, tres_per_job,
+                         tres_per_socket, cpus_per_tres, mem_per_tres)
         return _answer(completion.complete(job, site))
     except BaseException as exc:
         return _refusal(exc)

@@ -14,6 +14,7 @@ import time
 
 import pytest
 from local_slurm import SLURM, local_cluster, requires_slurm, port, tres
+from test_job_submit_differential import allocations, held_short
 
 from pyk8sres.testbed import cluster
 from pyk8sres import install
@@ -142,6 +143,22 @@ def test_running_job_holds_gres_per_node(c):
     used = [gres_used(n) for n in ("n1", "n2", "n3")]
     assert sum(u["k8scpu"] for u in used) == 10
     assert sum(u["k8smemory"] for u in used) == 1000
+
+
+def test_spread_job_runs_and_slurmctld_survives(c):
+    """--spread-job with a per-task GRES segfaults slurmctld 24.11 (plain
+    Slurm too, given --tres-per-task): after 22.05 the plugin asks per node
+    for it; the job runs, every node holds what it got, slurmctld lives on."""
+    job_id = sbatch("-n", "9", "-N", "3", "--spread-job", hold=False)
+    info = wait_state(job_id, "RUNNING")
+    if int(run("scontrol", "--version").stdout.split()[1].split(".")[0]) > 22:
+        assert ours(info.get("TresPerTask")) is None
+        assert ours(info["TresPerNode"]) == tres("gres:k8scpu:7,gres:k8smemory:700")
+    else:
+        assert ours(info["TresPerTask"]) == tres("gres:k8scpu:1,gres:k8smemory:100")
+    allocated = allocations(run("scontrol", "-d", "show", "job", job_id).stdout)
+    assert len(allocated[0]["nodes"]) == 3 and not held_short(allocated)
+    assert "UP" in run("scontrol", "ping").stdout
 
 
 @pytest.mark.parametrize("gres,message", [

@@ -8,12 +8,12 @@ same nodes, side by side: one with our job_submit plugin, one without it
   * with the plugin, on every node of every job (array tasks included), the
     k8scpu/k8smemory held (`scontrol -d show job`: GRES=k8scpu(CNT:n)) is at
     least the CPUs (CPU_IDs) and memory (Mem) Slurm allocated there.
-Two outcomes are counted apart, each checked against plain Slurm rather than
-excused by shape: a shape plain Slurm refuses too once it carries any GRES
-(resubmitted there with --gres=k8scpu:1), and an array whose tasks each start
-on an idle cluster but not all at once (the running ones are cancelled and
-the others must then start; the per-node over-hold of the policy's third
-mode).
+Three outcomes are counted apart, each checked against plain Slurm rather
+than excused by shape: a shape plain Slurm refuses too once it carries any
+GRES, or starts only once it does (resubmitted there with --gres=k8scpu:1),
+and an array whose tasks each start on an idle cluster but not all at once
+(the running ones are cancelled and the others must then start; the
+per-node over-hold of the policy's third mode).
 Both on plain nodes and on SMT nodes (2 threads per core, CR_Core).
 
 CI runs PYK8SRES_DIFF_SHAPES shapes per topology (default 12, ~1 minute);
@@ -154,7 +154,8 @@ class Side:
         could not all run at once, but each runs on an idle cluster), else None."""
         jobs = self.jobs()
         running = {j["id"]: j["name"] for j in jobs if j["state"] == "RUNNING"}
-        if len(jobs) < 2 or not running or len(running) == len(jobs) or None in running.values():
+        if len(jobs) < 2 or not running or len(running) == len(jobs) or \
+                None in running.values():
             return None
         self.run("scancel", *sorted(running.values()))  # 22.05 refuses a task's own JobId
         deadline = time.monotonic() + START_TIMEOUT
@@ -219,6 +220,21 @@ def refused_with_any_gres(plain: Side, opts: list[str], ours: dict) -> bool:
     return not again["accepted"] and again["error"] == ours["error"]
 
 
+def starts_with_any_gres(plain: Side, opts: list[str]) -> bool:
+    """Ground truth for a shape that starts only with the plugin: plain Slurm
+    starts it too once it carries any GRES (seen on 24.11: -n 2 -N 2
+    --ntasks-per-node=1 --mincpus=2 is refused without one, runs with one)."""
+    plain.clean()
+    if not plain.submit([*opts, "--gres=k8scpu:1"])["accepted"]:
+        return False
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if plain.started():
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def test_differential(pair):
     topology, ours, plain, out_dir = pair
     results, violations = [], []
@@ -241,6 +257,8 @@ def test_differential(pair):
                 (later := ours.start_one_after_another()) is not None:
             result["one_after_another"] = True
             problems += held_short([j for j in ours_jobs if j["state"] == "RUNNING"] + later)
+        elif started[0] and not started[1] and starts_with_any_gres(plain, opts):
+            result["starts_only_with_a_gres"] = True
         elif started[0] != started[1]:
             problems.append(f"starts {'only with' if started[0] else 'only without'} the plugin"
                             f" ({accepted[0]['error'] or 'pending'})")
@@ -257,6 +275,7 @@ def test_differential(pair):
           f"{sum(not r['ours']['started'] and not r['plain']['started'] for r in results)}, "
           f"refused by Slurm with any GRES {sum('refused_with_any_gres' in r for r in results)}, "
           f"array tasks one after another {sum('one_after_another' in r for r in results)}, "
+          f"starts only with a GRES {sum('starts_only_with_a_gres' in r for r in results)}, "
           f"violations {len(violations)} ({path})")
     assert both > len(results) // 3, "too few shapes started to mean anything"
     assert not violations, "\n".join(violations)

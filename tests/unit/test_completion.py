@@ -32,6 +32,9 @@ THREE = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes
                          "b": Partition(mem=MemDefault(per_cpu=300), max_mem_per_cpu=1000,
                                         nodes=PLAIN3)},
              default_partition="a")
+THREE_2411 = Site(slurm_version=V2411, cluster_mem=MemDefault(per_cpu=100), all_nodes=PLAIN3,
+                  partitions={"a": Partition(mem=MemDefault(per_cpu=100), nodes=PLAIN3)},
+                  default_partition="a")
 TWO = Site(cluster_mem=MemDefault(per_cpu=100), all_nodes=NODES, default_partition="a",
            partitions={"a": Partition(nodes=NODES),
                        "b": Partition(mem=MemDefault(per_cpu=500), nodes=NODES),
@@ -322,6 +325,19 @@ RULES = [
     # CPUs, but with any GRES it refuses them (README, known limits): per task
     ("-n 8 -c 3 --mem=1000 on three 8-CPU nodes: per task", THREE,
      Job(num_tasks=8, cpus_per_task=3, mem_per_node=1000), {MEM: 1000}, {CPU: 3}),
+    # --spread-job: a per-task GRES with it crashes slurmctld 24.11
+    ("22.05: -n 9 -N 3 --spread-job: per task", THREE,
+     Job(num_tasks=9, min_nodes=3, max_nodes=3, spread_job=True), {}, {CPU: 1, MEM: 100}),
+    ("24.11: -n 9 -N 3 --spread-job: per node, the most a node can get", THREE_2411,
+     Job(num_tasks=9, min_nodes=3, max_nodes=3, spread_job=True), {CPU: 7, MEM: 700}, {}),
+    ("24.11: -n 4 -N 1-2 --distribution=plane=2: per node (per task is never runnable)",
+     THREE_2411, Job(num_tasks=4, min_nodes=1, max_nodes=2, plane_distribution=True),
+     {CPU: 4, MEM: 400}, {}),
+    ("22.05: -n 4 -N 1-2 --distribution=plane=2: per task", THREE,
+     Job(num_tasks=4, min_nodes=1, max_nodes=2, plane_distribution=True), {},
+     {CPU: 1, MEM: 100}),
+    ("24.11: -n 9 -N 3 without --spread-job: per task", THREE_2411,
+     Job(num_tasks=9, min_nodes=3, max_nodes=3), {}, {CPU: 1, MEM: 100}),
     # several partitions: only those whose nodes can hold the job count
     ("-p b,a -n 2 -N 1 -c 4 --mem-per-cpu=1500: b would need 16 CPUs a node: a's figures",
      THREE, Job(num_tasks=2, min_nodes=1, max_nodes=1, cpus_per_task=4, mem_per_cpu=1500,

@@ -54,6 +54,9 @@ def c_job(**fields):
      completion.Job(ntasks_per_core=1, threads_per_core=1, overcommit=True)),
     ({"ntasks_per_core": 0xFFFF, "threads_per_core": NO_VAL16, "overcommit": 0xFE},
      completion.Job()),
+    ({"spread_job": 1}, completion.Job(spread_job=True)),
+    ({"task_dist": 0x4}, completion.Job(plane_distribution=True)),
+    ({"task_dist": 0x2, "num_tasks": 4}, completion.Job(num_tasks=4)),  # cyclic
 ])
 def test_job_from_c(fields, expected):
     assert embed.job_from_c(ffi, c_job(**fields)) == expected
@@ -96,11 +99,15 @@ def test_hot_path_gets_the_memo_key_in_the_order_python_takes_it():
 def test_decode_job_puts_each_value_in_its_field():
     numbers = {name: 100 + i for i, name in enumerate(embed._NUMBERS)}
     numbers["overcommit"] = 1
+    numbers["spread_job"] = 1
+    numbers["task_dist"] = 0x10004  # plane, with a flag bit above the base
     numbers["pn_min_memory"] = completion.MEM_PER_CPU | 777
     texts = {name: f"text-{name}" for name in embed._STRINGS}
     job = embed.decode_job(*numbers.values(), True, *texts.values())
-    expected = {name: value for name, value in numbers.items() if name != "pn_min_memory"}
-    expected.update(texts, overcommit=True, exclusive=True, mem_per_cpu=777, mem_per_node=None)
+    expected = {name: value for name, value in numbers.items()
+                if name not in ("pn_min_memory", "task_dist")}
+    expected.update(texts, overcommit=True, spread_job=True, plane_distribution=True,
+                    exclusive=True, mem_per_cpu=777, mem_per_node=None)
     assert job._asdict() == expected
     assert type(job) is completion.Job
 
@@ -111,6 +118,8 @@ def test_decode_job_puts_each_value_in_its_field():
     {"shared": 0, "tres_per_node": "gres:gpu:1"}, {"tres_per_node": "gres:k8scpu:x"},
     {"ntasks_per_core": 1, "threads_per_core": 1, "overcommit": 1, "num_tasks": 3},
     {"tres_per_job": "gres:k8scpu:2"}, {"pn_min_memory": 0},
+    {"num_tasks": 9, "min_nodes": 3, "max_nodes": 3, "spread_job": 1, "slurm_version": 0x180B05},
+    {"num_tasks": 4, "min_nodes": 1, "max_nodes": 2, "task_dist": 4, "slurm_version": 0x180B05},
 ])
 def test_hot_path_answers_as_the_cffi_path(fields, monkeypatch):
     """Same struct, both ways in: the arguments C builds from the memo key
@@ -125,8 +134,8 @@ def test_hot_path_answers_as_the_cffi_path(fields, monkeypatch):
 
 def test_every_job_field_is_read_from_c():
     """A Job field the C struct does not fill would silently stay None."""
-    read = (set(embed._NUMBERS) - {"pn_min_memory"}) | set(embed._STRINGS) | \
-        {"mem_per_node", "mem_per_cpu", "exclusive"}
+    read = (set(embed._NUMBERS) - {"pn_min_memory", "task_dist"}) | set(embed._STRINGS) | \
+        {"mem_per_node", "mem_per_cpu", "exclusive", "plane_distribution"}
     assert read == set(completion.Job._fields)
 
 
