@@ -158,13 +158,11 @@ class Side:
                 None in running.values():
             return None
         self.run("scancel", *sorted(running.values()))  # 22.05 refuses a task's own JobId
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
+
+        def later_all_running():
             later = [j for j in self.jobs() if j["id"] not in running]
-            if later and all(j["state"] == "RUNNING" for j in later):
-                return later
-            time.sleep(0.2)
-        return None
+            return later if later and all(j["state"] == "RUNNING" for j in later) else None
+        return poll(later_all_running)
 
     def clean(self):
         self.run("scancel", "--user=root")
@@ -208,6 +206,22 @@ def held_short(jobs: list[dict]) -> list[str]:
     return short
 
 
+def poll(check):
+    """check()'s first truthy answer within START_TIMEOUT, else None."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if answer := check():
+            return answer
+        time.sleep(0.2)
+    return None
+
+
+def submit_with_a_gres(plain: Side, opts: list[str]) -> dict:
+    """The shape again on the plain cluster, with the smallest GRES there is."""
+    plain.clean()
+    return plain.submit([*opts, "--gres=k8scpu:1"])
+
+
 def refused_with_any_gres(plain: Side, opts: list[str], ours: dict) -> bool:
     """Ground truth for a shape refused with the plugin: plain Slurm refuses it
     as well once it carries any GRES at all (22.05 cons_tres: with a GRES a
@@ -215,8 +229,7 @@ def refused_with_any_gres(plain: Side, opts: list[str], ours: dict) -> bool:
     many as its cores), so no count we could ask for would let it run."""
     if ours["accepted"]:
         return False
-    plain.clean()
-    again = plain.submit([*opts, "--gres=k8scpu:1"])
+    again = submit_with_a_gres(plain, opts)
     return not again["accepted"] and again["error"] == ours["error"]
 
 
@@ -224,15 +237,7 @@ def starts_with_any_gres(plain: Side, opts: list[str]) -> bool:
     """Ground truth for a shape that starts only with the plugin: plain Slurm
     starts it too once it carries any GRES (seen on 24.11: -n 2 -N 2
     --ntasks-per-node=1 --mincpus=2 is refused without one, runs with one)."""
-    plain.clean()
-    if not plain.submit([*opts, "--gres=k8scpu:1"])["accepted"]:
-        return False
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if plain.started():
-            return True
-        time.sleep(0.2)
-    return False
+    return submit_with_a_gres(plain, opts)["accepted"] and bool(poll(plain.started))
 
 
 def test_differential(pair):
