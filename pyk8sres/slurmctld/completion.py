@@ -44,7 +44,12 @@ How many tasks land on a node is decided only when Slurm schedules the job
   --spread-job, --distribution=plane: never per task after 22.05 (with a
     per-task GRES slurmctld 24.11 crashes on the first and never runs the
     second): per node, the most any node can get.
-  --mem=0: rejected unless --exclusive (no count we could ask for).
+  All of a node's memory (--mem=0, --mem-per-cpu=0 which Slurm maps to it,
+    or no memory asked and no DefMemPerCPU/DefMemPerNode anywhere, Slurm's
+    default) when memory is consumable (CR_*_Memory): the node's whole
+    k8smemory (RealMemory - ReserveMemory), which one count covers only when
+    the job's nodes all have the same RealMemory (else refused, with the
+    ways out).  With --exclusive Slurm allocates all of it anyway.
   Several partitions (-p a,b): the largest figure over those whose biggest
     node can hold the job (it may run in any of them, and in no other).
 """
@@ -66,6 +71,7 @@ MEM_PER_CPU = 0x8000000000000000
 JOB_SHARED_NONE = 0
 # slurm.h SelectTypeParameters bits
 CR_CPU, CR_SOCKET, CR_CORE, CR_BOARD = 0x1, 0x2, 0x4, 0x8
+CR_MEMORY = 0x10
 CR_ONE_TASK_PER_CORE = 0x100
 PER_TASK_BREAKS_SPREAD_AND_PLANE = 0x170000  # Slurm 23.00 on (SLURM_VERSION_NUMBER): see _plan
 
@@ -115,6 +121,7 @@ class Nodes:
     memory: int | None = None        # the most RealMemory (MB) on any of its nodes
     count: int | None = None         # how many nodes
     least_cpus: int | None = None    # the fewest CPUs on any of its nodes
+    least_memory: int | None = None  # the least RealMemory on any of its nodes (unset: 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +138,7 @@ class Site:
     under_request: str = "correct"                  # or "reject"
     cluster_mem: MemDefault = MemDefault()
     max_mem_per_cpu: int | None = None              # cluster MaxMemPerCPU
+    reserve_memory: int = 0                         # k8s_resources.conf ReserveMemory (MB)
     select_type_param: int = CR_CORE                 # SelectTypeParameters bits
     partitions: dict = dataclasses.field(default_factory=dict)  # name -> Partition
     default_partition: str | None = None
@@ -232,13 +240,16 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
         if job.ntasks_per_node:
             c = max(c, _ceil_div(min_cpus_node, job.ntasks_per_node))
 
+    param = site.select_type_param
+    if mem_node == 0 and param & CR_MEMORY and not job.exclusive:
+        mem_node = _whole_node_memory(nodes, site)
+
     # --ntasks-per-node with tasks: every node gets that many tasks' CPUs
     # (job_mgr.c _copy_job_desc_to_job_record: pn_min_cpus >= c x ntasks-per-node).
     if job.ntasks_per_node and not job.overcommit and (
             job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1:
         min_cpus_node = max(min_cpus_node, c * job.ntasks_per_node)
 
-    param = site.select_type_param
     whole_cores = bool(param & (CR_CORE | CR_SOCKET | CR_BOARD)) and nodes.threads_per_core > 1
     tpc = nodes.threads_per_core
     ntasks_per_core = job.ntasks_per_core or (1 if param & CR_ONE_TASK_PER_CORE else None)
@@ -275,7 +286,7 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
         if mem_cpu:
             counted = node_cpus // tpc * mem_threads if whole_cores else node_cpus
             return mem_cpu * counted
-        return None  # --mem=0 or no default anywhere: whole node, nothing to count
+        return None  # memory not consumable, or --exclusive: nothing to count
 
     def figures(node_cpus: int, node_mem: int | None) -> dict:
         out = {GRES_CPU: node_cpus}
@@ -380,6 +391,20 @@ def _merge(dicts: list) -> dict:
     return out
 
 
+def _whole_node_memory(nodes: Nodes, site: Site) -> int | None:
+    """k8smemory of a job Slurm gives all of a node's memory (cons_tres
+    job_test.c "Allocate all node memory"): all the node has, so no pod gets
+    any of it."""
+    most = nodes.memory or 1   # Slurm's default RealMemory
+    if nodes.least_memory is not None and nodes.least_memory != most:
+        raise PolicyError(
+            f"this job gets all of a node's memory (--mem=0, or no memory asked and no "
+            f"DefMemPerCPU/DefMemPerNode set), and its nodes have {nodes.least_memory} to "
+            f"{most} MB: no single k8smemory count covers that; ask for --mem=<MB> or "
+            f"--mem-per-cpu=<MB>, or add --exclusive (or set DefMemPerCPU in slurm.conf)")
+    return max(0, most - site.reserve_memory) or None
+
+
 def _fits(per_node: dict, nodes: Nodes) -> bool:
     """Whether the biggest of the nodes can hold these per-node figures."""
     return (not nodes.cpus or per_node.get(GRES_CPU, 0) <= nodes.cpus) and \
@@ -388,10 +413,6 @@ def _fits(per_node: dict, nodes: Nodes) -> bool:
 
 def required(job: Job, site: Site) -> tuple[dict, dict]:
     """(per_node, per_task) counts of k8scpu/k8smemory the job must request."""
-    if job.mem_per_node == 0 and not job.exclusive:
-        raise PolicyError("--mem=0 (all of a node's memory) cannot share the node with "
-                          "Kubernetes pods: ask for --mem=<MB>, or add --exclusive to take "
-                          "all the memory Kubernetes leaves")
     parts = _partitions(job, site)
     plans = [_plan(job, site, part, len(parts) > 1) for part in parts]
     if len(parts) > 1:

@@ -73,7 +73,9 @@ def decode_job(cpus_per_task, num_tasks, ntasks_per_node, min_cpus, min_nodes, m
     Straight-line code that builds the tuple in Job's field order: this runs
     on every submission the C memo has not seen, with the CPU caches cold,
     where a loop over a table or Job(**fields) cost several times more."""
-    per_node, per_cpu = completion.decode_memory(pn_min_memory)
+    # Slurm maps --mem-per-cpu=0 to --mem=0 (job_mgr.c _validate_job_desc)
+    per_node, per_cpu = (0, None) if pn_min_memory == completion.MEM_PER_CPU else \
+        completion.decode_memory(pn_min_memory)
     return _new_tuple(completion.Job, (
         None if cpus_per_task in (NO_VAL16, 0) else cpus_per_task,
         None if num_tasks in (NO_VAL, 0) else num_tasks,
@@ -175,6 +177,7 @@ def reconfigure(slurm_conf_path: str) -> None:
     _forget_answers()
     conf = slurmconf.load(slurm_conf_path)
     _site = dataclasses.replace(_site, under_request=_config.under_request,
+                                reserve_memory=_config.reserve_memory_mb,
                                 partitions=conf.partitions, default_partition=conf.default_partition,
                                 select_type_param=conf.select_type_param,
                                 max_mem_per_cpu=conf.max_mem_per_cpu, all_nodes=conf.all_nodes)

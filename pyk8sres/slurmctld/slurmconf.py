@@ -16,7 +16,7 @@ import os
 import re
 import shlex
 
-from .completion import (CR_BOARD, CR_CORE, CR_CPU, CR_ONE_TASK_PER_CORE, CR_SOCKET,
+from .completion import (CR_BOARD, CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE, CR_SOCKET,
                          MemDefault, Nodes, Partition)
 
 
@@ -101,13 +101,15 @@ def _most(nodes: list[tuple]) -> Nodes:
     memory = [n[2] for n in nodes if n[2]]
     return Nodes(threads_per_core=max(n[0] for n in nodes), cpus=max(n[1] for n in nodes),
                  memory=max(memory) if memory else None, count=len(nodes),
-                 least_cpus=min(n[1] for n in nodes))
+                 least_cpus=min(n[1] for n in nodes),
+                 least_memory=min(n[2] or 1 for n in nodes))
 
 
 def _select_type_param(text: str | None) -> int:
-    bits = {"cr_cpu": CR_CPU, "cr_cpu_memory": CR_CPU, "cr_socket": CR_SOCKET,
-            "cr_socket_memory": CR_SOCKET, "cr_core": CR_CORE, "cr_core_memory": CR_CORE,
-            "cr_board": CR_BOARD, "cr_board_memory": CR_BOARD,
+    bits = {"cr_cpu": CR_CPU, "cr_cpu_memory": CR_CPU | CR_MEMORY, "cr_socket": CR_SOCKET,
+            "cr_socket_memory": CR_SOCKET | CR_MEMORY, "cr_core": CR_CORE,
+            "cr_core_memory": CR_CORE | CR_MEMORY, "cr_memory": CR_MEMORY,
+            "cr_board": CR_BOARD, "cr_board_memory": CR_BOARD | CR_MEMORY,
             "cr_one_task_per_core": CR_ONE_TASK_PER_CORE}
     value = 0
     for word in (text or "").lower().split(","):

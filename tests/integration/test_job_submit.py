@@ -172,10 +172,40 @@ def test_bad_gres_is_a_clear_error(c, gres, message):
     assert run("squeue", "-h").stdout.strip() == ""
 
 
-def test_mem_zero_without_exclusive_is_refused(c):
-    proc = run("sbatch", "--output=/dev/null", "--mem=0", "--wrap", "true", check=False)
-    assert proc.returncode != 0
-    assert "--mem=0 (all of a node's memory) cannot share the node" in proc.stderr
+@pytest.mark.parametrize("opt", ["--mem=0", "--mem-per-cpu=0"])
+def test_all_of_a_nodes_memory_holds_all_its_k8smemory(c, opt):
+    """--mem=0, and --mem-per-cpu=0 which Slurm maps to it: Slurm allocates
+    all of the node's memory, so the job holds all of its k8smemory."""
+    job_id = sbatch("-c", "2", opt, hold=False)
+    info = wait_state(job_id, "RUNNING")
+    assert ours(info["TresPerNode"]) == tres(f"gres:k8scpu:2,gres:k8smemory:{MEMORY}")
+    allocated = allocations(run("scontrol", "-d", "show", "job", job_id).stdout)
+    assert [a["mem"] for a in allocated[0]["nodes"].values()] == [MEMORY]
+    assert not held_short(allocated)
+
+
+def test_no_memory_default_anywhere_holds_the_whole_node(c):
+    """Slurm's own default (no DefMemPerCPU/DefMemPerNode: DefMemPerNode=UNLIMITED)
+    gives a job without --mem all of the node's memory: it holds all of it."""
+    with open(c.conf) as f:
+        original = f.read()
+    try:
+        with open(c.conf, "w") as f:
+            f.write("".join(line for line in original.splitlines(True)
+                            if not line.startswith("DefMemPerCPU=")))
+        run("scontrol", "reconfigure")
+        assert "UNLIMITED" in run("scontrol", "show", "config").stdout.split("DefMemPerNode")[1][:30]
+        job_id = sbatch("-c", "2", hold=False)
+        info = wait_state(job_id, "RUNNING")
+        assert ours(info["TresPerNode"]) == tres(f"gres:k8scpu:2,gres:k8smemory:{MEMORY}")
+        allocated = allocations(run("scontrol", "-d", "show", "job", job_id).stdout)
+        assert [a["mem"] for a in allocated[0]["nodes"].values()] == [MEMORY]
+        assert not held_short(allocated)
+    finally:
+        run("scancel", "--user=root", check=False)
+        with open(c.conf, "w") as f:
+            f.write(original)
+        run("scontrol", "reconfigure")
 
 
 def test_exclusive_job_holds_everything_kubernetes_leaves(c):

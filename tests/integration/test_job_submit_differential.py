@@ -14,7 +14,7 @@ GRES, or starts only once it does (resubmitted there with --gres=k8scpu:1),
 and an array whose tasks each start on an idle cluster but not all at once
 (the running ones are cancelled and the others must then start; the
 per-node over-hold of the policy's third mode).
-Both on plain nodes and on SMT nodes (2 threads per core, CR_Core).
+Both on plain nodes and on SMT nodes (2 sockets x 2 cores x 2 threads, CR_Core).
 
 CI runs PYK8SRES_DIFF_SHAPES shapes per topology (default 12, ~1 minute);
 the full run is `PYK8SRES_DIFF_SHAPES=200 python3 -m pytest
@@ -46,8 +46,17 @@ NODES, CPUS, MEMORY = 3, 8, 16000
 PARTITIONS = ("PartitionName=a Nodes=ALL Default=YES DefMemPerCPU=100 MaxTime=INFINITE State=UP\n"
               "PartitionName=b Nodes=ALL DefMemPerCPU=300 MaxMemPerCPU=1000 MaxTime=INFINITE "
               "State=UP")
-TOPOLOGIES = {"plain": {}, "smt": {"threads_per_core": 2}}
+TOPOLOGIES = {"plain": {}, "smt": {"sockets": 2, "threads_per_core": 2}}
 START_TIMEOUT = 6.0
+
+
+# Options seen less often, one of them in some shapes (sockets: the SMT
+# topology has 2 per node).
+RARER_OPTIONS = [["--ntasks-per-socket=1"], ["--ntasks-per-socket=2"], ["-B", "1:2"],
+                 ["-B", "2:1"], ["--cores-per-socket=2"], ["-w", "n2"], ["-w", "n[1-2]"],
+                 ["-x", "n1"], ["--contiguous"], ["--exclusive=user"], ["--use-min-nodes"],
+                 ["--gres=k8scpu:1"], ["--gres=k8smemory:10"], ["--mem=16000"],
+                 ["--ntasks-per-node=8"], ["--oversubscribe"]]
 
 
 def shapes(count: int, seed: int = SEED) -> list[list[str]]:
@@ -69,7 +78,7 @@ def shapes(count: int, seed: int = SEED) -> list[list[str]]:
             opts.append(f"--ntasks-per-node={rng.choice([1, 2, 3, 4])}")
         if rng.random() < 0.4:
             opts.append(rng.choice(["--mem=1000", "--mem=3000", "--mem-per-cpu=200",
-                                    "--mem-per-cpu=1500"]))
+                                    "--mem-per-cpu=1500", "--mem=0", "--mem-per-cpu=0"]))
         for flag, chance in (("--exclusive", 0.1), ("-O", 0.1), ("--spread-job", 0.1)):
             if rng.random() < chance:
                 opts.append(flag)
@@ -87,6 +96,8 @@ def shapes(count: int, seed: int = SEED) -> list[list[str]]:
             opts.append("--array=0-1")
         if rng.random() < 0.3:
             opts.append("-p" + rng.choice(["b", "a,b", "b,a"]))
+        if rng.random() < 0.3:
+            opts += rng.choice(RARER_OPTIONS)
         out.append(opts)
     return out
 

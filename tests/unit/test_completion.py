@@ -5,7 +5,7 @@ import itertools
 import random
 
 from pyk8sres import GRES_CPU as CPU, GRES_MEMORY as MEM
-from pyk8sres.slurmctld.completion import (CR_CORE, CR_CPU, CR_ONE_TASK_PER_CORE, Job,
+from pyk8sres.slurmctld.completion import (CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE, Job,
                                            MemDefault, Nodes, Partition, PolicyError, Site,
                                            complete, complete_modify, decode_memory, required,
                                            MEM_PER_CPU, NO_VAL64)
@@ -111,9 +111,60 @@ MEMORY_DEFAULTS = [
      Site(cluster_mem=MemDefault(per_cpu=100),
           partitions={"big": Partition(mem=MemDefault(per_node=7000))}, default_partition="big"),
      Job(cpus_per_task=2), "gres:k8scpu:2,gres:k8smemory:7000"),
-    ("no default at all: whole node memory, CPUs only", Site(), Job(cpus_per_task=2),
-     "gres:k8scpu:2"),
+    ("no default at all, memory not consumable (CR_Core): CPUs only", Site(),
+     Job(cpus_per_task=2), "gres:k8scpu:2"),
 ]
+
+# All of a node's memory (cons_tres job_test.c "Allocate all node memory"):
+# --mem=0, --mem-per-cpu=0 (Slurm maps it to --mem=0) or no default anywhere,
+# with memory consumable (CR_Core_Memory).
+HOMOGENEOUS = Nodes(cpus=8, memory=16000, count=3, least_cpus=8, least_memory=16000)
+MIXED_MEMORY = Nodes(cpus=8, memory=16000, count=3, least_cpus=8, least_memory=8000)
+CORE_MEMORY = CR_CORE | CR_MEMORY
+WHOLE_NODE_MEMORY = [
+    ("--mem=0: the node's whole k8smemory",
+     Site(select_type_param=CORE_MEMORY, all_nodes=HOMOGENEOUS), Job(mem_per_node=0),
+     {CPU: 1, MEM: 16000}, {}),
+    ("--mem=0 with ReserveMemory: what the node offers",
+     Site(select_type_param=CORE_MEMORY, all_nodes=HOMOGENEOUS, reserve_memory=1000),
+     Job(mem_per_node=0), {CPU: 1, MEM: 15000}, {}),
+    ("no default anywhere (DefMemPerNode=UNLIMITED): the whole node's",
+     Site(select_type_param=CORE_MEMORY, all_nodes=HOMOGENEOUS,
+          cluster_mem=MemDefault(per_node=0)), Job(cpus_per_task=2),
+     {CPU: 2, MEM: 16000}, {}),
+    ("DefMemPerCPU=0 (0 per CPU): no memory allocated, CPUs only",
+     Site(select_type_param=CORE_MEMORY, all_nodes=HOMOGENEOUS,
+          cluster_mem=MemDefault(per_cpu=0)), Job(cpus_per_task=2), {CPU: 2}, {}),
+    ("-n 4 --mem=0: per task CPUs, all the memory per node",
+     Site(select_type_param=CORE_MEMORY, all_nodes=HOMOGENEOUS, cluster_mem=MemDefault(per_cpu=100)),
+     Job(num_tasks=4, mem_per_node=0), {MEM: 16000}, {CPU: 1}),
+    ("--mem=0 in the partition's nodes",
+     Site(select_type_param=CORE_MEMORY, all_nodes=MIXED_MEMORY, default_partition="p",
+          partitions={"p": Partition(nodes=HOMOGENEOUS)}), Job(mem_per_node=0),
+     {CPU: 1, MEM: 16000}, {}),
+    ("--mem=0, memory not consumable (CR_Core): CPUs only",
+     Site(select_type_param=CR_CORE, all_nodes=HOMOGENEOUS), Job(mem_per_node=0), {CPU: 1}, {}),
+    ("--mem=0 --exclusive: CPUs only (Slurm gives all)",
+     Site(select_type_param=CORE_MEMORY, all_nodes=MIXED_MEMORY),
+     Job(mem_per_node=0, exclusive=True), {CPU: 1}, {}),
+    ("RealMemory unset everywhere: Slurm's 1 MB",
+     Site(select_type_param=CORE_MEMORY, all_nodes=Nodes(cpus=8, least_memory=1)),
+     Job(mem_per_node=0), {CPU: 1, MEM: 1}, {}),
+]
+
+
+@pytest.mark.parametrize("name,site,job,node,task", WHOLE_NODE_MEMORY,
+                         ids=[c[0] for c in WHOLE_NODE_MEMORY])
+def test_whole_node_memory(name, site, job, node, task):
+    assert required(job, site) == (node, task)
+
+
+def test_whole_node_memory_on_nodes_that_differ_is_a_clear_error():
+    site = Site(select_type_param=CORE_MEMORY, all_nodes=MIXED_MEMORY,
+                cluster_mem=MemDefault(per_node=0))
+    for job in (Job(mem_per_node=0), Job()):
+        with pytest.raises(PolicyError, match="8000 to 16000 MB: no single k8smemory count"):
+            complete(job, site)
 
 
 @pytest.mark.parametrize("name,site,job,node", MEMORY_DEFAULTS, ids=[c[0] for c in MEMORY_DEFAULTS])
@@ -127,7 +178,6 @@ REJECTED = [
     ("huge count", Job(tres_per_node="gres:k8scpu:99999999999999999999"), "too large"),
     ("negative count", Job(tres_per_node="gres:k8smemory:-5"), "plain count"),
     ("per job", Job(tres_per_job="gres:k8scpu:4"), "only be requested per node"),
-    ("--mem=0 on a shared node", Job(mem_per_node=0), "cannot share the node"),
     ("absurd shape", Job(num_tasks=2**31, min_nodes=1, max_nodes=1, cpus_per_task=2**15),
      "larger than any node"),
 ]

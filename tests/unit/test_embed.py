@@ -47,6 +47,9 @@ def c_job(**fields):
     ({}, completion.Job()),
     ({"cpus_per_task": 3, "pn_min_memory": 4000}, completion.Job(cpus_per_task=3, mem_per_node=4000)),
     ({"pn_min_memory": completion.MEM_PER_CPU | 500}, completion.Job(mem_per_cpu=500)),
+    # --mem-per-cpu=0: Slurm maps it to --mem=0 (job_mgr.c _validate_job_desc)
+    ({"pn_min_memory": completion.MEM_PER_CPU}, completion.Job(mem_per_node=0)),
+    ({"pn_min_memory": 0}, completion.Job(mem_per_node=0)),
     ({"ntasks_per_node": 0xFFFF, "max_nodes": 0xFFFFFFFF}, completion.Job()),
     ({"shared": 0, "tres_per_node": "gres:gpu:1"}, completion.Job(exclusive=True,
                                                                   tres_per_node="gres:gpu:1")),

@@ -92,16 +92,17 @@ PartitionName=all Nodes=ALL DefMemPerCPU=50
 def test_slurm_conf_topology_and_defaults(tmp_path):
     (tmp_path / "slurm.conf").write_text(SLURM_CONF)
     conf = slurmconf.load(str(tmp_path / "slurm.conf"))
-    assert conf.select_type_param == completion.CR_CORE | completion.CR_ONE_TASK_PER_CORE
+    assert conf.select_type_param == \
+        completion.CR_CORE | completion.CR_MEMORY | completion.CR_ONE_TASK_PER_CORE
     assert conf.max_mem_per_cpu == 4000
     assert conf.default_partition == "smt"
     smt, wide, every = conf.partitions["smt"], conf.partitions["wide"], conf.partitions["all"]
     assert smt == completion.Partition(mem=MemDefault(per_cpu=300), max_mem_per_cpu=1000,
-                                       nodes=completion.Nodes(2, 8, 16000, 2, 8))
+                                       nodes=completion.Nodes(2, 8, 16000, 2, 8, 16000))
     # DefMemPerNode on the line beats the DEFAULT line's DefMemPerCPU (Slurm: mutually exclusive)
     assert wide.mem == MemDefault(per_node=2000)
-    assert wide.nodes == completion.Nodes(1, 16, 64000, 2, 16)  # CPUs from sockets x cores x threads
-    assert every.mem == MemDefault(per_cpu=50) and every.nodes == completion.Nodes(2, 16, 64000, 4, 8)
+    assert wide.nodes == completion.Nodes(1, 16, 64000, 2, 16, 64000)  # CPUs from sockets x cores x threads
+    assert every.mem == MemDefault(per_cpu=50) and every.nodes == completion.Nodes(2, 16, 64000, 4, 8, 16000)
 
 
 @pytest.mark.parametrize("text,names", [
