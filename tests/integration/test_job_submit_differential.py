@@ -8,9 +8,10 @@ same nodes, side by side: one with our job_submit plugin, one without it
   * with the plugin, on every node of every job (array tasks included), the
     k8scpu/k8smemory held (`scontrol -d show job`: GRES=k8scpu(CNT:n)) is at
     least the CPUs (CPU_IDs) and memory (Mem) Slurm allocated there.
-Three outcomes are counted apart, each checked against plain Slurm rather
-than excused by shape: a shape plain Slurm refuses too once it carries any
-GRES, or starts only once it does (resubmitted there with --gres=k8scpu:1),
+Four outcomes are counted apart, each checked against plain Slurm rather
+than excused by shape: a shape plain Slurm refuses or holds too once it
+carries any GRES, or starts only once it does (resubmitted there with
+--gres=k8scpu:1),
 and an array whose tasks each start on an idle cluster but not all at once
 (the running ones are cancelled and the others must then start; the
 per-node over-hold of the policy's third mode).
@@ -128,6 +129,7 @@ def allocations(text: str) -> list[dict]:
                                "k8smemory": held.get("k8smemory", 0)}
         array = re.search(r"ArrayJobId=(\d+) ArrayTaskId=(\d+)", record)
         jobs.append({"id": re.search(r"JobId=(\d+)", record).group(1), "state": state,
+                     "reason": re.search(r"Reason=(\S+)", record).group(1),
                      "name": "_".join(array.groups()) if array else None,
                      "num_cpus": re.search(r"NumCPUs=(\d+)", record).group(1), "nodes": nodes})
     return jobs
@@ -244,6 +246,19 @@ def refused_with_any_gres(plain: Side, opts: list[str], ours: dict) -> bool:
     return not again["accepted"] and again["error"] == ours["error"]
 
 
+def held_by_slurm_with_any_gres(ours: Side, plain: Side, opts: list[str]) -> bool:
+    """Ground truth for a shape accepted with the plugin that Slurm then holds
+    itself (22.05 dist_tasks.c: "sync loop not progressing, holding ...",
+    JobHeldAdmin; seen on SMT nodes with --mincpus): plain Slurm holds it too
+    once it carries any GRES."""
+    def all_held(side):
+        jobs = side.jobs()
+        return bool(jobs) and all(j["reason"] == "JobHeldAdmin" for j in jobs)
+    if not poll(lambda: all_held(ours)):
+        return False
+    return submit_with_a_gres(plain, opts)["accepted"] and bool(poll(lambda: all_held(plain)))
+
+
 def starts_with_any_gres(plain: Side, opts: list[str]) -> bool:
     """Ground truth for a shape that starts only with the plugin: plain Slurm
     starts it too once it carries any GRES (seen on 24.11: -n 2 -N 2
@@ -269,6 +284,8 @@ def test_differential(pair):
         problems = held_short(ours_jobs) if started[0] else []
         if started[1] and not started[0] and refused_with_any_gres(plain, opts, accepted[0]):
             result["refused_with_any_gres"] = True
+        elif started[1] and not started[0] and held_by_slurm_with_any_gres(ours, plain, opts):
+            result["held_with_any_gres"] = True
         elif started[1] and not started[0] and \
                 (later := ours.start_one_after_another()) is not None:
             result["one_after_another"] = True
@@ -290,6 +307,7 @@ def test_differential(pair):
     print(f"\n{topology}: {len(results)} shapes, started in both {both}, neither "
           f"{sum(not r['ours']['started'] and not r['plain']['started'] for r in results)}, "
           f"refused by Slurm with any GRES {sum('refused_with_any_gres' in r for r in results)}, "
+          f"held by Slurm with any GRES {sum('held_with_any_gres' in r for r in results)}, "
           f"array tasks one after another {sum('one_after_another' in r for r in results)}, "
           f"starts only with a GRES {sum('starts_only_with_a_gres' in r for r in results)}, "
           f"violations {len(violations)} ({path})")
