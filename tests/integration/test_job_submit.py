@@ -172,16 +172,22 @@ def test_bad_gres_is_a_clear_error(c, gres, message):
     assert run("squeue", "-h").stdout.strip() == ""
 
 
-@pytest.mark.parametrize("opt", ["--mem=0", "--mem-per-cpu=0"])
-def test_all_of_a_nodes_memory_holds_all_its_k8smemory(c, opt):
-    """--mem=0, and --mem-per-cpu=0 which Slurm maps to it: Slurm allocates
-    all of the node's memory, so the job holds all of its k8smemory."""
-    job_id = sbatch("-c", "2", opt, hold=False)
+def assert_holds_the_whole_node(job_id):
+    """A -c 2 job Slurm gave all of a node's memory (Mem in `scontrol -d show
+    job`) runs holding all of its k8smemory."""
     info = wait_state(job_id, "RUNNING")
     assert ours(info["TresPerNode"]) == tres(f"gres:k8scpu:2,gres:k8smemory:{MEMORY}")
     allocated = allocations(run("scontrol", "-d", "show", "job", job_id).stdout)
     assert [a["mem"] for a in allocated[0]["nodes"].values()] == [MEMORY]
     assert not held_short(allocated)
+
+
+@pytest.mark.parametrize("opt", ["--mem=0", "--mem-per-cpu=0"])
+def test_all_of_a_nodes_memory_holds_all_its_k8smemory(c, opt):
+    """--mem=0, and --mem-per-cpu=0 which Slurm maps to it: Slurm allocates
+    all of the node's memory, so the job holds all of its k8smemory."""
+    job_id = sbatch("-c", "2", opt, hold=False)
+    assert_holds_the_whole_node(job_id)
 
 
 def test_no_memory_default_anywhere_holds_the_whole_node(c):
@@ -196,11 +202,7 @@ def test_no_memory_default_anywhere_holds_the_whole_node(c):
         run("scontrol", "reconfigure")
         assert "UNLIMITED" in run("scontrol", "show", "config").stdout.split("DefMemPerNode")[1][:30]
         job_id = sbatch("-c", "2", hold=False)
-        info = wait_state(job_id, "RUNNING")
-        assert ours(info["TresPerNode"]) == tres(f"gres:k8scpu:2,gres:k8smemory:{MEMORY}")
-        allocated = allocations(run("scontrol", "-d", "show", "job", job_id).stdout)
-        assert [a["mem"] for a in allocated[0]["nodes"].values()] == [MEMORY]
-        assert not held_short(allocated)
+        assert_holds_the_whole_node(job_id)
     finally:
         run("scancel", "--user=root", check=False)
         with open(c.conf, "w") as f:

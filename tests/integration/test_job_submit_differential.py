@@ -161,6 +161,11 @@ class Side:
         jobs = self.jobs()
         return bool(jobs) and all(j["state"] == "RUNNING" for j in jobs)
 
+    def held(self) -> bool:
+        """Every record held by Slurm itself (JobHeldAdmin)."""
+        jobs = self.jobs()
+        return bool(jobs) and all(j["reason"] == "JobHeldAdmin" for j in jobs)
+
     def start_one_after_another(self) -> list[dict] | None:
         """An array some of whose tasks run while the others pend: cancel the
         running ones; the records of the others if they then start (they
@@ -251,12 +256,9 @@ def held_by_slurm_with_any_gres(ours: Side, plain: Side, opts: list[str]) -> boo
     itself (22.05 dist_tasks.c: "sync loop not progressing, holding ...",
     JobHeldAdmin; seen on SMT nodes with --mincpus): plain Slurm holds it too
     once it carries any GRES."""
-    def all_held(side):
-        jobs = side.jobs()
-        return bool(jobs) and all(j["reason"] == "JobHeldAdmin" for j in jobs)
-    if not poll(lambda: all_held(ours)):
+    if not poll(ours.held):
         return False
-    return submit_with_a_gres(plain, opts)["accepted"] and bool(poll(lambda: all_held(plain)))
+    return submit_with_a_gres(plain, opts)["accepted"] and bool(poll(plain.held))
 
 
 def starts_with_any_gres(plain: Side, opts: list[str]) -> bool:
