@@ -33,7 +33,11 @@ extern slurm_conf_t slurm_conf;
 
 static struct pyk8sres_core core;
 static int accept_on_error; /* OnInternalError=accept in k8s_resources.conf */
-static time_t conf_seen;    /* slurm_conf.last_update we configured Python for */
+/* The slurm.conf we configured Python for: its load time (whole seconds)
+ * and its hash, so that a reconfigure within the second of the previous
+ * load is not missed when slurm.conf changed. */
+static time_t conf_seen;
+static uint32_t conf_hash_seen;
 
 int init(void)
 {
@@ -47,6 +51,7 @@ int init(void)
 		return SLURM_ERROR;
 	}
 	conf_seen = slurm_conf.last_update;
+	conf_hash_seen = slurm_conf.hash_val;
 	slurm_verbose("%s: %s: loaded (Slurm %d.%d.%d)", plugin_type, __func__,
 		      SLURM_VERSION_MAJOR(SLURM_VERSION_NUMBER),
 		      SLURM_VERSION_MINOR(SLURM_VERSION_NUMBER),
@@ -112,10 +117,31 @@ static void fill_request(struct pyk8sres_job *req, const job_desc_msg_t *d,
 	req->cur_task_dist = NO_VAL;
 }
 
+#ifdef PYK8SRES_SLURM_SOURCE
+struct gpu_defaults {
+	uint64_t cpus, mem;  /* DefCpuPerGPU, DefMemPerGPU; NO_VAL64 = not set */
+};
+
+/* list_for_each callback: the first entry of each type counts, as in
+ * cons_tres common_get_def_cpu_per_gpu(). */
+static int gpu_default(void *item, void *arg)
+{
+	job_defaults_t *def = item;
+	struct gpu_defaults *out = arg;
+
+	if (def->type == JOB_DEF_CPU_PER_GPU && out->cpus == NO_VAL64)
+		out->cpus = def->value;
+	else if (def->type == JOB_DEF_MEM_PER_GPU && out->mem == NO_VAL64)
+		out->mem = def->value;
+	return 0;
+}
+#endif
+
 /* The live memory settings of the partitions the job may run in, for the
- * policy: "name=DefMemPerCPU:MaxMemPerCPU,..." (Slurm's encodings).  Read
- * here because `scontrol update PartitionName=...` changes them without any
- * reconfigure; slurmctld holds the partition read lock around job_submit. */
+ * policy: "name=DefMemPerCPU:MaxMemPerCPU:DefCpuPerGPU:DefMemPerGPU,..."
+ * (Slurm's encodings).  Read here because `scontrol update PartitionName=...`
+ * (JobDefaults= too) changes them without any reconfigure; slurmctld holds
+ * the partition read lock around job_submit. */
 static const char *partition_memory(const char *names, char *out, size_t len)
 {
 #ifdef PYK8SRES_SLURM_SOURCE
@@ -132,13 +158,17 @@ static const char *partition_memory(const char *names, char *out, size_t len)
 	for (name = strtok_r(list, ",", &save); name;
 	     name = strtok_r(NULL, ",", &save)) {
 		part_record_t *part = find_part_record(name);
+		struct gpu_defaults gpu = { NO_VAL64, NO_VAL64 };
 		int n;
 
 		if (!part)
 			continue;
-		n = snprintf(out + used, len - used, "%s%s=%" PRIu64 ":%" PRIu64,
+		if (part->job_defaults_list)
+			list_for_each(part->job_defaults_list, gpu_default, &gpu);
+		n = snprintf(out + used, len - used,
+			     "%s%s=%" PRIu64 ":%" PRIu64 ":%" PRIu64 ":%" PRIu64,
 			     used ? "," : "", part->name, part->def_mem_per_cpu,
-			     part->max_mem_per_cpu);
+			     part->max_mem_per_cpu, gpu.cpus, gpu.mem);
 		if (n < 0 || (size_t) n >= len - used) {
 			out[used] = '\0';
 			break;
@@ -219,8 +249,10 @@ static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
 
 	/* slurmctld re-inits job_submit plugins only when their list changes:
 	 * follow `scontrol reconfigure` (partition defaults, our conf) here. */
-	if (slurm_conf.last_update != conf_seen) {
+	if (slurm_conf.last_update != conf_seen ||
+	    slurm_conf.hash_val != conf_hash_seen) {
 		conf_seen = slurm_conf.last_update;
+		conf_hash_seen = slurm_conf.hash_val;
 		if (core.reconfigure(slurm_conf.slurm_conf, &accept_on_error,
 				     err, sizeof(err)))
 			slurm_error("%s: %s: reconfigure: %s (keeping the previous settings)",

@@ -75,9 +75,10 @@ struct pyk8sres_job {
 	uint16_t select_type_param; /* slurm.conf SelectTypeParameters (CR_* bits) */
 	uint64_t max_mem_per_cpu;  /* slurm.conf MaxMemPerCPU (MEM_PER_CPU bit) / MaxMemPerNode */
 	/* slurmctld's live memory settings of the job's partitions (the default
-	 * partition if none given), "name=DefMem:MaxMem,..." in Slurm's encoding
-	 * (`scontrol update PartitionName=` takes effect at once); NULL when
-	 * built without the Slurm source (slurm.conf is read instead). */
+	 * partition if none given), "name=DefMem:MaxMem:DefCpuPerGPU:DefMemPerGPU,..."
+	 * in Slurm's encoding, NO_VAL64 for an unset GPU default (`scontrol
+	 * update PartitionName=` takes effect at once); NULL when built without
+	 * the Slurm source (slurm.conf is read instead). */
 	const char *part_mem;
 	uint16_t cur_ntasks_per_core;
 	uint16_t cur_threads_per_core;

@@ -15,14 +15,14 @@ def _cluster_up(args) -> int:
                            base_port=args.base_port, kube_port=args.kube_port,
                            node_features=node_features, slurm=args.slurm, auth=args.auth,
                            sockets=args.sockets, cores_per_socket=args.cores_per_socket,
-                           threads_per_core=args.threads_per_core,
+                           threads_per_core=args.threads_per_core, gpus=args.gpus,
                            accounting=args.accounting, rest=args.rest)
     else:
         c = cluster.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
                        base_port=args.base_port, node_features=node_features,
                        slurm=args.slurm, auth=args.auth,
                        sockets=args.sockets, cores_per_socket=args.cores_per_socket,
-                       threads_per_core=args.threads_per_core,
+                       threads_per_core=args.threads_per_core, gpus=args.gpus,
                        accounting=args.accounting, rest=args.rest)
     print(f"# local Slurm cluster up in {c.work}: nodes {','.join(cluster.node_names(args.nodes))}"
           f", Slurm {c.release.name}")
@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--sockets", type=int, help="sockets per node (--cpus = sockets x cores x threads)")
     u.add_argument("--cores-per-socket", type=int)
     u.add_argument("--threads-per-core", type=int, help="e.g. 2: SMT nodes (Slurm allocates whole cores)")
+    u.add_argument("--gpus", type=int, default=0,
+                   help="GPUs per node (Gres=gpu:N, device files that are empty files): "
+                        "for GPU jobs and DefCpuPerGPU/DefMemPerGPU without GPUs")
     u.add_argument("--base-port", type=int, default=17000,
                    help="slurmctld port; slurmd n<i> uses base+i")
     u.add_argument("--node-features", choices=("auto", "yes", "no"), default="auto",

@@ -52,6 +52,10 @@ How many tasks land on a node is decided only when Slurm schedules the job
     ways out).  With --exclusive Slurm allocates all of it anyway.
   Several partitions (-p a,b): the largest figure over those whose biggest
     node can hold the job (it may run in any of them, and in no other).
+  GPU jobs (cons_tres _set_gpu_defaults): the partition's DefCpuPerGPU /
+    DefMemPerGPU, else the cluster's, stand in for --cpus-per-gpu (when no
+    -c was given) and --mem-per-gpu (when no --mem/--mem-per-cpu was given);
+    a node gets at most the GPUs its partition's biggest node has.
 """
 from __future__ import annotations
 
@@ -114,6 +118,13 @@ class MemDefault:
 
 
 @dataclasses.dataclass(frozen=True)
+class GpuDefault:
+    """DefCpuPerGPU / DefMemPerGPU (cluster-wide, or a partition's); None: not set."""
+    cpus: int | None = None
+    mem: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Nodes:
     """What the policy needs of the nodes a partition holds (slurm.conf)."""
     threads_per_core: int = 1        # the most on any of its nodes
@@ -122,6 +133,7 @@ class Nodes:
     count: int | None = None         # how many nodes
     least_cpus: int | None = None    # the fewest CPUs on any of its nodes
     least_memory: int | None = None  # the least RealMemory on any of its nodes (unset: 1)
+    gpus: int | None = None          # the most GPUs on any of its nodes (Gres=gpu:N)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +141,7 @@ class Partition:
     mem: MemDefault = MemDefault()   # DefMemPerCPU / DefMemPerNode (DEFAULT line included)
     max_mem_per_cpu: int | None = None
     nodes: Nodes = Nodes()
+    gpu: GpuDefault = GpuDefault()   # DefCpuPerGPU / DefMemPerGPU (JobDefaults)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +150,7 @@ class Site:
     slurm_version: int = 0x160508
     under_request: str = "correct"                  # or "reject"
     cluster_mem: MemDefault = MemDefault()
+    cluster_gpu: GpuDefault = GpuDefault()          # cluster DefCpuPerGPU / DefMemPerGPU
     max_mem_per_cpu: int | None = None              # cluster MaxMemPerCPU
     reserve_memory: int = 0                         # k8s_resources.conf ReserveMemory (MB)
     select_type_param: int = CR_CORE                 # SelectTypeParameters bits
@@ -198,17 +212,24 @@ def _max_tasks(job: Job) -> int:
     return max(most, 1)
 
 
-def _gpus_per_node(job: Job, tasks: int | None) -> int | None:
-    per_node = _gpus(job.tres_per_node)
-    if per_node:
-        return per_node
-    per_task = _gpus(job.tres_per_task)
-    if per_task and tasks:
-        return per_task * tasks
-    per_job = _gpus(job.tres_per_job)
-    if per_job:
-        return per_job  # at most all of them on one node
-    return _gpus(job.tres_per_socket)
+def _gpus_per_node(job: Job, tasks: int | None, most: int | None) -> int | None:
+    """The most GPUs the job can get on a node holding `tasks` tasks; no node
+    has more than `most` (the biggest Gres=gpu count of the partition, if known)."""
+    gpus = _gpus(job.tres_per_node)
+    if not gpus:
+        per_task = _gpus(job.tres_per_task)
+        # per job: at most all of them on one node
+        gpus = per_task * tasks if per_task and tasks else _gpus(job.tres_per_job)
+    if not gpus and _gpus(job.tres_per_socket):
+        gpus = most or _gpus(job.tres_per_socket)  # that many on each socket it uses
+    return min(gpus, most) if gpus and most else gpus
+
+
+def _asks_gpus(job: Job) -> bool:
+    for tres in (job.tres_per_node, job.tres_per_task, job.tres_per_job, job.tres_per_socket):
+        if tres and _gpus(tres):
+            return True
+    return False
 
 
 class _Plan(typing.NamedTuple):
@@ -226,6 +247,18 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     mem_node, mem_cpu = job.mem_per_node, job.mem_per_cpu
     mem_per_gpu = _gpus(job.mem_per_tres)
     cpus_per_gpu = _gpus(job.cpus_per_tres)
+    default_cpus_per_gpu = None
+    if _asks_gpus(job):
+        # cons_tres _set_gpu_defaults(): the partition's DefCpuPerGPU /
+        # DefMemPerGPU, else the cluster's; CPUs only for a job without -c,
+        # memory only for one without --mem/--mem-per-cpu (job_test.c: the
+        # GPUs' memory then replaces DefMemPerCPU/DefMemPerNode).
+        gpu = _gpu_default(part, site)
+        if job.cpus_per_task is None and gpu.cpus:
+            default_cpus_per_gpu = gpu.cpus
+            cpus_per_gpu = cpus_per_gpu or gpu.cpus
+        if mem_node is None and mem_cpu is None:
+            mem_per_gpu = mem_per_gpu or gpu.mem
     if mem_node is None and mem_cpu is None and not mem_per_gpu:
         default = part.mem if (part.mem.per_cpu or part.mem.per_node) else site.cluster_mem
         mem_node, mem_cpu = default.per_node, default.per_cpu
@@ -239,9 +272,17 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
         min_cpus_node = max(min_cpus_node, _ceil_div(mem_node, max_mpc))
         if job.ntasks_per_node:
             c = max(c, _ceil_div(min_cpus_node, job.ntasks_per_node))
+    if default_cpus_per_gpu and job.tres_per_task:  # gres_select_util_job_set_defs()
+        c = max(c, (_gpus(job.tres_per_task) or 0) * default_cpus_per_gpu)
 
     param = site.select_type_param
     if mem_node == 0 and param & CR_MEMORY and not job.exclusive:
+        mem_node = _whole_node_memory(nodes, site)
+    if mem_per_gpu and not mem_node and _gpus(job.tres_per_socket):
+        # Slurm 22.05 gives a --gpus-per-socket job memory per GPU x a count
+        # that is not its GPUs (seen: Mem=24000 on a 16000 MB node for -n 4
+        # -c 4, 9000 for -n 2, with DefMemPerGPU=3000 and 2 GPUs a node):
+        # all of the node's memory is the most anything can hold there.
         mem_node = _whole_node_memory(nodes, site)
 
     # --ntasks-per-node with tasks: every node gets that many tasks' CPUs
@@ -264,7 +305,7 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
         """CPUs Slurm allocates on a node with t tasks."""
         n = max(t * c, min_cpus_node)
         if cpus_per_gpu:
-            gpus = _gpus_per_node(job, t)
+            gpus = _gpus_per_node(job, t, nodes.gpus)
             if gpus:
                 n = max(n, cpus_per_gpu * gpus)
         if not whole_cores:
@@ -281,7 +322,7 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
         if mem_node:
             return mem_node
         if mem_per_gpu:
-            gpus = _gpus_per_node(job, t)
+            gpus = _gpus_per_node(job, t, nodes.gpus)
             return mem_per_gpu * gpus if gpus else None
         if mem_cpu:
             counted = node_cpus // tpc * mem_threads if whole_cores else node_cpus
@@ -364,6 +405,14 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     if mem and nodes.memory and not mem_node:
         mem = min(mem, max(nodes.memory, memory(1, one) or 0))
     return _Plan(per_task, figures(n, mem), mem_node)
+
+
+def _gpu_default(part: Partition, site: Site) -> GpuDefault:
+    """The partition's DefCpuPerGPU/DefMemPerGPU, each else the cluster's
+    (a partition's 0 is a setting too: it overrides the cluster's)."""
+    own, cluster = part.gpu, site.cluster_gpu
+    return GpuDefault(cpus=cluster.cpus if own.cpus is None else own.cpus,
+                      mem=cluster.mem if own.mem is None else own.mem)
 
 
 @functools.lru_cache(maxsize=64)

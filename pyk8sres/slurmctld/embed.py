@@ -121,17 +121,22 @@ def _max_per_cpu(value: int) -> int | None:
 
 
 def parse_part_mem(text: str) -> dict:
-    """"name=DefMem:MaxMem,..." (plugins/job_submit_k8s_resource_completion.c)
-    -> {name: (MemDefault, MaxMemPerCPU or None)}."""
+    """"name=DefMem:MaxMem:DefCpuPerGPU:DefMemPerGPU,..."
+    (plugins/job_submit_k8s_resource_completion.c; Slurm's encodings, NO_VAL64
+    for a JobDefaults entry the partition does not set)
+    -> {name: (MemDefault, MaxMemPerCPU or None, GpuDefault)}."""
     out = {}
     for item in text.split(","):
         name, _, values = item.partition("=")
-        def_mem, _, max_mem = values.partition(":")
-        if not name or not def_mem.isdigit() or not max_mem.isdigit():
+        fields = values.split(":")
+        if not name or len(fields) != 4 or not all(f.isdigit() for f in fields):
             continue
-        per_node, per_cpu = completion.decode_memory(int(def_mem))
+        def_mem, max_mem, gpu_cpus, gpu_mem = (int(f) for f in fields)
+        per_node, per_cpu = completion.decode_memory(def_mem)
         out[name] = (completion.MemDefault(per_cpu=per_cpu or None, per_node=per_node or None),
-                     _max_per_cpu(int(max_mem)))
+                     _max_per_cpu(max_mem),
+                     completion.GpuDefault(cpus=None if gpu_cpus == completion.NO_VAL64 else gpu_cpus,
+                                           mem=None if gpu_mem == completion.NO_VAL64 else gpu_mem))
     return out
 
 
@@ -160,9 +165,10 @@ def site_for(c_def_mem: int, slurm_version: int, select_type_param: int | None =
     site = _with_parts.get(part_mem)
     if site is None:
         partitions = dict(_site.partitions)
-        for name, (mem, max_mpc) in parse_part_mem(part_mem).items():
+        for name, (mem, max_mpc, gpu) in parse_part_mem(part_mem).items():
             known = partitions.get(name, completion.Partition(nodes=_site.all_nodes))
-            partitions[name] = dataclasses.replace(known, mem=mem, max_mem_per_cpu=max_mpc)
+            partitions[name] = dataclasses.replace(known, mem=mem, max_mem_per_cpu=max_mpc,
+                                                   gpu=gpu)
         site = dataclasses.replace(_site, partitions=partitions)
         if len(_with_parts) > 256:
             _with_parts.clear()
@@ -180,7 +186,8 @@ def reconfigure(slurm_conf_path: str) -> None:
                                 reserve_memory=_config.reserve_memory_mb,
                                 partitions=conf.partitions, default_partition=conf.default_partition,
                                 select_type_param=conf.select_type_param,
-                                max_mem_per_cpu=conf.max_mem_per_cpu, all_nodes=conf.all_nodes)
+                                max_mem_per_cpu=conf.max_mem_per_cpu, all_nodes=conf.all_nodes,
+                                cluster_gpu=conf.cluster_gpu)
     _with_parts.clear()
 
 

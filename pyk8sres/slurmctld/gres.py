@@ -53,13 +53,19 @@ def parse(tres: str | None) -> list[Entry]:
         else:
             entries.append(Entry(text, None, None))
             continue
-        fields = body.split(":")
+        # name[:type]:count, or TRES-style name[:type]=count (24.11's sbatch
+        # sends --gpus-per-task=1 as gres/gpu=1, and a:1 as gres/gpu:a=1)
+        body_name, tres_style, tres_count = body.partition("=")
+        fields = body_name.split(":")
         name = fields[0]
         if not name:
             continue  # "gres:" alone (e.g. `scontrol update job Gres=`): nothing asked
-        count = parse_count(fields[-1]) if len(fields) > 1 else 1
+        if tres_style:
+            count, typed = parse_count(tres_count), len(fields) > 1
+        else:
+            count, typed = (parse_count(fields[-1]) if len(fields) > 1 else 1), len(fields) > 2
         if name in OURS:
-            if len(fields) > 2 or count is None:
+            if typed or count is None:
                 raise GresError(f"invalid GRES {body!r}: {name} takes a plain count, "
                                 f"e.g. {name}:4")
             if count > MAX_COUNT:

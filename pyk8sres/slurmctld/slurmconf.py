@@ -1,10 +1,12 @@
 """Read what the policy needs from slurm.conf (pure parsing, plus one loader).
 
 Read at plugin init and `scontrol reconfigure`, never per job:
-  * per partition: DefMemPerCPU / DefMemPerNode / MaxMemPerCPU (a
-    `PartitionName=DEFAULT` line sets them for the partitions after it, as in
-    Slurm), and its nodes' most ThreadsPerCore, CPUs and RealMemory;
-  * which partition is the default; SelectTypeParameters; MaxMemPerCPU.
+  * per partition: DefMemPerCPU / DefMemPerNode / MaxMemPerCPU /
+    DefCpuPerGPU / DefMemPerGPU (a `PartitionName=DEFAULT` line sets them for
+    the partitions after it, as in Slurm), and its nodes' most
+    ThreadsPerCore, CPUs, RealMemory and GPUs;
+  * which partition is the default; SelectTypeParameters; MaxMemPerCPU;
+    the cluster's DefCpuPerGPU / DefMemPerGPU.
 The cluster-wide DefMemPerCPU, and partition memory settings changed at run
 time with `scontrol update PartitionName=...`, come from slurmctld itself
 (the plugin passes them with every job: plugins/job_submit_k8s_resource_completion.c).
@@ -16,8 +18,9 @@ import os
 import re
 import shlex
 
+from . import gres
 from .completion import (CR_BOARD, CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE, CR_SOCKET,
-                         MemDefault, Nodes, Partition)
+                         GpuDefault, MemDefault, Nodes, Partition)
 
 
 def _pairs(line: str) -> dict:
@@ -83,16 +86,26 @@ class SlurmConf:
     select_type_param: int
     max_mem_per_cpu: int | None
     all_nodes: Nodes
+    cluster_gpu: GpuDefault = GpuDefault()
 
 
-def _node(pairs: dict) -> tuple[int, int | None, int | None]:
-    """(ThreadsPerCore, CPUs, RealMemory) of one NodeName line's values."""
+def _gpus(gres_list: str | None) -> int:
+    """GPUs of a NodeName line's Gres= ("gpu:2", "gpu:a100:2,gpu:v100:1")."""
+    try:
+        return gres.count_of(gres.parse(",".join(
+            "gres:" + e for e in (gres_list or "").split(",") if e)), "gpu") or 0
+    except gres.GresError:
+        return 0
+
+
+def _node(pairs: dict) -> tuple[int, int | None, int | None, int]:
+    """(ThreadsPerCore, CPUs, RealMemory, GPUs) of one NodeName line's values."""
     threads = _int(pairs, "threadspercore") or 1
     cpus = _int(pairs, "cpus") or _int(pairs, "procs")
     if cpus is None:
         sockets = _int(pairs, "sockets") or _int(pairs, "socketsperboard") or 1
         cpus = sockets * (_int(pairs, "corespersocket") or 1) * threads * (_int(pairs, "boards") or 1)
-    return threads, cpus, _int(pairs, "realmemory")
+    return threads, cpus, _int(pairs, "realmemory"), _gpus(pairs.get("gres"))
 
 
 def _most(nodes: list[tuple]) -> Nodes:
@@ -102,7 +115,12 @@ def _most(nodes: list[tuple]) -> Nodes:
     return Nodes(threads_per_core=max(n[0] for n in nodes), cpus=max(n[1] for n in nodes),
                  memory=max(memory) if memory else None, count=len(nodes),
                  least_cpus=min(n[1] for n in nodes),
-                 least_memory=min(n[2] or 1 for n in nodes))
+                 least_memory=min(n[2] or 1 for n in nodes),
+                 gpus=max(n[3] for n in nodes) or None)
+
+
+def _gpu_default(pairs: dict) -> GpuDefault:
+    return GpuDefault(cpus=_int(pairs, "defcpupergpu"), mem=_int(pairs, "defmempergpu"))
 
 
 def _select_type_param(text: str | None) -> int:
@@ -127,6 +145,7 @@ def parse(lines: list[str]) -> SlurmConf:
     default = None
     select = None
     max_mpc = None
+    cluster_gpu: dict = {}
     for line in lines:
         try:
             pairs = _pairs(line)
@@ -134,8 +153,11 @@ def parse(lines: list[str]) -> SlurmConf:
             continue
         if "selecttypeparameters" in pairs:
             select = pairs["selecttypeparameters"]
-        if "maxmempercpu" in pairs and "partitionname" not in pairs:
-            max_mpc = _int(pairs, "maxmempercpu")
+        if "partitionname" not in pairs and "nodename" not in pairs:
+            if "maxmempercpu" in pairs:
+                max_mpc = _int(pairs, "maxmempercpu")
+            cluster_gpu.update({k: v for k, v in pairs.items()
+                                if k in ("defcpupergpu", "defmempergpu")})
         if "nodename" in pairs:
             name = pairs["nodename"]
             if name.lower() == "default":
@@ -163,9 +185,10 @@ def parse(lines: list[str]) -> SlurmConf:
             mem=MemDefault(per_cpu=None if per_node else _int(pairs, "defmempercpu"),
                            per_node=per_node),
             max_mem_per_cpu=_int(pairs, "maxmempercpu"),
-            nodes=_most(held) if held else _most(list(nodes.values())))
+            nodes=_most(held) if held else _most(list(nodes.values())),
+            gpu=_gpu_default(pairs))
     return SlurmConf(partitions, default, _select_type_param(select), max_mpc,
-                     _most(list(nodes.values())))
+                     _most(list(nodes.values())), _gpu_default(cluster_gpu))
 
 
 def partition_memory(lines: list[str]) -> tuple[dict, str | None]:

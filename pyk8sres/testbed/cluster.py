@@ -94,12 +94,14 @@ def slurm_conf_text(work: str, *, nodes: int, cpus: int, memory: int, base_port:
                     node_features: bool, def_mem_per_cpu: int, plugin_dir: str,
                     extra: str = "", auth: str = "munge", slurm_user: str = "root",
                     layout: str = "", job_submit: bool = True,
-                    partitions: str | None = None, accounting: str = "") -> str:
+                    partitions: str | None = None, accounting: str = "", gpus: int = 0) -> str:
     """accounting: the AccountingStorage*/JobComp* lines (accounting.py);
-    none by default."""
+    none by default.  gpus: GPUs per node (gres_conf_text gives their files)."""
     host = socket.gethostname()
     last = base_port + nodes
-    gres = "" if node_features else f" Gres=k8scpu:{cpus},k8smemory:{memory}"
+    node_gres = ([f"gpu:{gpus}"] if gpus else []) + \
+        ([] if node_features else [f"k8scpu:{cpus}", f"k8smemory:{memory}"])
+    gres = f" Gres={','.join(node_gres)}" if node_gres else ""
     # slurmd runs with SlurmdParameters=config_overrides: it reports this
     # layout (not the host's) so one machine can look like SMT hardware.
     node_line = (f"NodeName=n[1-{nodes}] NodeHostname={host} NodeAddr=127.0.0.1 "
@@ -139,7 +141,7 @@ MinJobAge=300
 MaxJobCount=50000
 DefMemPerCPU={def_mem_per_cpu}
 # --- pyk8sres: share nodes with Kubernetes (see slurm-conf/) ---
-GresTypes=k8scpu,k8smemory
+GresTypes={"gpu," if gpus else ""}k8scpu,k8smemory
 {submit}{features}{extra}
 {node_line}
 {partitions}
@@ -158,6 +160,15 @@ GRES_CONF = """# pyk8sres: count-only GRES mirroring what Kubernetes leaves free
 Name=k8scpu Flags=CountOnly
 Name=k8smemory Flags=CountOnly
 """
+
+
+def gres_conf_text(work: str, gpus: int = 0) -> str:
+    """gres.conf; with `gpus`, GPUs whose device files are empty files under
+    WORK/dev (slurmd only checks that they exist), so GPU jobs and the
+    DefCpuPerGPU/DefMemPerGPU defaults can be tested without GPUs."""
+    if not gpus:
+        return GRES_CONF
+    return GRES_CONF + f"Name=gpu File={work}/dev/gpu[0-{gpus - 1}]\n"
 
 
 def _pid_path(work: str, name: str) -> str:
@@ -384,7 +395,7 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
        sockets: int | None = None, cores_per_socket: int | None = None,
        threads_per_core: int | None = None, job_submit: bool = True,
        partitions: str | None = None, accounting: bool = False,
-       rest: bool = False) -> Cluster:
+       rest: bool = False, gpus: int = 0) -> Cluster:
     """Write the configuration, start every daemon, wait until nodes are idle.
 
     slurmd=False starts only munged and slurmctld: nodes then exist in
@@ -402,9 +413,12 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     (plain Slurm, for comparisons); `partitions` replaces the one default
     partition line.
     accounting: also a private MariaDB and slurmdbd (accounting.py), with
-    the k8s GRES as accounted TRES; rest: slurmrestd with JWT (rest.py).
+    the k8s GRES as accounted TRES; rest: slurmrestd with JWT (rest.py);
+    gpus: that many (fake) GPUs per node (gres_conf_text).
     Their ports follow the slurmd ones (service_ports)."""
     layout = topology(cpus, sockets, cores_per_socket, threads_per_core)
+    if gpus < 0:
+        raise ClusterError(f"--gpus {gpus}: a node has 0 or more GPUs")
     if os.geteuid() != 0:
         raise ClusterError("the local cluster runs its daemons as root: run as root")
     release = release_of(slurm)
@@ -475,6 +489,7 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
                                          plugin_dir=release.plugin_dir, extra=extra_conf,
                                          auth=auth, slurm_user=slurm_user, layout=layout,
                                          job_submit=job_submit, partitions=partitions,
+                                         gpus=gpus,
                                          accounting=accounting_mod.slurm_conf_lines(
                                              work, services["slurmdbd"], auth) if acct else ""))
     if auth == "slurm":
@@ -483,7 +498,11 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
             fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(secrets.token_bytes(1024))
-    _write(os.path.join(work, "etc", "gres.conf"), GRES_CONF)
+    _write(os.path.join(work, "etc", "gres.conf"), gres_conf_text(work, gpus))
+    if gpus:
+        _mkdir(os.path.join(work, "dev"), 0o755)
+        for i in range(gpus):
+            _write(os.path.join(work, "dev", f"gpu{i}"), "")
     _write(os.path.join(work, "etc", "k8s_resources.conf"),
            "# pyk8sres (slurm-conf/k8s_resources.conf); the ledger lives in state/\n" + k8s_conf)
     if slurm_user != "root":

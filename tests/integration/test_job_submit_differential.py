@@ -15,7 +15,9 @@ carries any GRES, or starts only once it does (resubmitted there with
 and an array whose tasks each start on an idle cluster but not all at once
 (the running ones are cancelled and the others must then start; the
 per-node over-hold of the policy's third mode).
-Both on plain nodes and on SMT nodes (2 sockets x 2 cores x 2 threads, CR_Core).
+Both on plain nodes and on SMT nodes (2 sockets x 2 cores x 2 threads, CR_Core),
+and on GPU nodes (2 sockets, 2 GPUs each; DefCpuPerGPU/DefMemPerGPU set for the
+cluster and, differently, for partition b), where shapes also draw GPU options.
 
 CI runs PYK8SRES_DIFF_SHAPES shapes per topology (default 12, ~1 minute);
 the full run is `PYK8SRES_DIFF_SHAPES=200 python3 -m pytest
@@ -24,7 +26,7 @@ draws other shapes (default 9).  Each run writes
 every outcome to diff-<topology>.json in the pytest tmp dir and prints a
 summary.  PYK8SRES_DIFF_BASELINE=<site-packages>/pyk8sres/_lib runs another
 build's plugin instead of this one (to measure a baseline, e.g. main).
-Ports: port(17400) .. +9.
+Ports: port(17400) .. +27.
 """
 import json
 import os
@@ -44,10 +46,14 @@ pytestmark = requires_slurm
 SEED = int(os.environ.get("PYK8SRES_DIFF_SEED", "9"))
 COUNT = int(os.environ.get("PYK8SRES_DIFF_SHAPES", "12"))
 NODES, CPUS, MEMORY = 3, 8, 16000
+# b's GPU defaults matter only on the GPU topology (only there do shapes ask GPUs)
 PARTITIONS = ("PartitionName=a Nodes=ALL Default=YES DefMemPerCPU=100 MaxTime=INFINITE State=UP\n"
-              "PartitionName=b Nodes=ALL DefMemPerCPU=300 MaxMemPerCPU=1000 MaxTime=INFINITE "
-              "State=UP")
-TOPOLOGIES = {"plain": {}, "smt": {"sockets": 2, "threads_per_core": 2}}
+              "PartitionName=b Nodes=ALL DefMemPerCPU=300 MaxMemPerCPU=1000 DefCpuPerGPU=2 "
+              "DefMemPerGPU=1500 MaxTime=INFINITE State=UP")
+TOPOLOGIES = {"plain": {}, "smt": {"sockets": 2, "threads_per_core": 2},
+              "gpu": {"sockets": 2, "gpus": 2,
+                      "extra_conf": "DefCpuPerGPU=3\nDefMemPerGPU=3000\n"}}
+PORTS = {"plain": 0, "smt": 10, "gpu": 20}
 START_TIMEOUT = 6.0
 
 
@@ -60,8 +66,22 @@ RARER_OPTIONS = [["--ntasks-per-socket=1"], ["--ntasks-per-socket=2"], ["-B", "1
                  ["--ntasks-per-node=8"], ["--oversubscribe"]]
 
 
-def shapes(count: int, seed: int = SEED) -> list[list[str]]:
-    """Random sbatch option lists; some invalid on purpose (both must refuse them)."""
+# GPU requests (the GPU topology: 2 per node), and what a job may add to them.
+GPU_REQUESTS = [["--gpus-per-node=1"], ["--gpus-per-node=2"], ["--gpus=1"], ["--gpus=3"],
+                ["--gpus-per-task=1"], ["--gres=gpu:1"], ["--gpus-per-socket=1",
+                                                          "--sockets-per-node=1"]]
+GPU_OPTIONS = [["--cpus-per-gpu=1"], ["--cpus-per-gpu=2"], ["--mem-per-gpu=1000"]]
+# Slurm 24.11.5 itself segfaults on --spread-job with a per-job GPU count
+# (`sbatch -n3 --spread-job --gpus=1` kills a slurmctld without any
+# job_submit plugin: topology/default eval_nodes, as in README row 23), so
+# such shapes ask their GPUs per node.
+PER_NODE_GPU_REQUESTS = [["--gpus-per-node=1"], ["--gpus-per-node=2"], ["--gres=gpu:1"]]
+
+
+def shapes(count: int, seed: int = SEED, gpus: bool = False) -> list[list[str]]:
+    """Random sbatch option lists; some invalid on purpose (both must refuse them).
+    gpus: most shapes also ask GPUs (drawn after everything else, so the
+    other options are the same shapes as without)."""
     rng = random.Random(seed)
     out = []
     for _ in range(count):
@@ -100,6 +120,13 @@ def shapes(count: int, seed: int = SEED) -> list[list[str]]:
         if rng.random() < 0.3:
             opts += rng.choice(RARER_OPTIONS)
         out.append(opts)
+    if gpus:
+        for opts in out:
+            if rng.random() < 0.8:
+                opts += rng.choice(PER_NODE_GPU_REQUESTS if "--spread-job" in opts
+                                   else GPU_REQUESTS)
+                if rng.random() < 0.4:
+                    opts += rng.choice(GPU_OPTIONS)
     return out
 
 
@@ -193,7 +220,7 @@ class Side:
 @pytest.fixture(scope="module", params=sorted(TOPOLOGIES))
 def pair(request, tmp_path_factory):
     topology = request.param
-    base = port(17400) + (0 if topology == "plain" else 10)
+    base = port(17400) + PORTS[topology]
     works = []
     sides = []
     try:
@@ -214,11 +241,13 @@ def pair(request, tmp_path_factory):
 
 
 def held_short(jobs: list[dict]) -> list[str]:
-    """Every node where the GRES held is below what Slurm allocated."""
+    """Every node where the GRES held is below what Slurm allocated (memory:
+    at most the node's own, which is all its k8smemory; Slurm 22.05 gives a
+    --gpus-per-socket job more, e.g. Mem=24000 on these 16000 MB nodes)."""
     short = []
     for job in jobs:
         for node, a in job["nodes"].items():
-            if a["k8scpu"] < a["cpus"] or a["k8smemory"] < a["mem"]:
+            if a["k8scpu"] < a["cpus"] or a["k8smemory"] < min(a["mem"], MEMORY):
                 short.append(f"job {job['id']} {node}: {a['cpus']} CPUs/{a['mem']} MB allocated, "
                              f"holds k8scpu {a['k8scpu']} k8smemory {a['k8smemory']}")
     return short
@@ -271,7 +300,7 @@ def starts_with_any_gres(plain: Side, opts: list[str]) -> bool:
 def test_differential(pair):
     topology, ours, plain, out_dir = pair
     results, violations = [], []
-    for opts in shapes(COUNT):
+    for opts in shapes(COUNT, gpus=topology == "gpu"):
         accepted = (ours.submit(opts), plain.submit(opts))
         deadline = time.monotonic() + START_TIMEOUT
         started = [False, False]

@@ -6,7 +6,7 @@ import random
 
 from pyk8sres import GRES_CPU as CPU, GRES_MEMORY as MEM
 from pyk8sres.slurmctld.completion import (CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE, Job,
-                                           MemDefault, Nodes, Partition, PolicyError, Site,
+                                           GpuDefault, MemDefault, Nodes, Partition, PolicyError, Site,
                                            complete, complete_modify, decode_memory, required,
                                            MEM_PER_CPU, NO_VAL64)
 
@@ -35,6 +35,13 @@ THREE = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes
 THREE_2411 = Site(slurm_version=V2411, cluster_mem=MemDefault(per_cpu=100), all_nodes=PLAIN3,
                   partitions={"a": Partition(mem=MemDefault(per_cpu=100), nodes=PLAIN3)},
                   default_partition="a")
+# 2 GPUs a node; DefCpuPerGPU=3 DefMemPerGPU=3000 for the cluster, b's own, z's own 0s
+GPU_NODES = Nodes(threads_per_core=1, cpus=8, memory=16000, count=2, least_cpus=8, gpus=2)
+GPUS = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=GPU_NODES,
+            cluster_gpu=GpuDefault(cpus=3, mem=3000), default_partition="a",
+            partitions={"a": Partition(nodes=GPU_NODES),
+                        "b": Partition(nodes=GPU_NODES, gpu=GpuDefault(cpus=2, mem=1500)),
+                        "z": Partition(nodes=GPU_NODES, gpu=GpuDefault(cpus=0, mem=0))})
 TWO = Site(cluster_mem=MemDefault(per_cpu=100), all_nodes=NODES, default_partition="a",
            partitions={"a": Partition(nodes=NODES),
                        "b": Partition(mem=MemDefault(per_cpu=500), nodes=NODES),
@@ -388,6 +395,37 @@ RULES = [
      {CPU: 1, MEM: 100}),
     ("24.11: -n 9 -N 3 without --spread-job: per task", THREE_2411,
      Job(num_tasks=9, min_nodes=3, max_nodes=3), {}, {CPU: 1, MEM: 100}),
+    # DefCpuPerGPU / DefMemPerGPU (cons_tres _set_gpu_defaults; each figure as seen on 22.05)
+    ("GPU defaults: --gpus-per-node=1: 3 CPUs, 3000 MB (not DefMemPerCPU)", GPUS,
+     Job(tres_per_node="gres:gpu:1"), {CPU: 3, MEM: 3000}, {}),
+    ("GPU defaults: --gpus-per-node=2 -c 1: -c given, no CPU default; memory still", GPUS,
+     Job(tres_per_node="gres:gpu:2", cpus_per_task=1), {CPU: 1, MEM: 6000}, {}),
+    ("GPU defaults: --gpus=1 (per job)", GPUS, Job(tres_per_job="gres:gpu:1"),
+     {CPU: 3, MEM: 3000}, {}),
+    ("GPU defaults: --gpus=4: no node gets more than its 2", GPUS,
+     Job(tres_per_job="gres:gpu:4"), {CPU: 6, MEM: 6000}, {}),
+    ("GPU defaults: --gpus-per-socket=1: CPUs for as many GPUs as a node has, all its memory"
+     " (Slurm's memory figure there can exceed the node)", GPUS,
+     Job(tres_per_socket="gres:gpu:1"), {CPU: 6, MEM: 16000}, {}),
+    ("GPU defaults: -n 4 -c 4 --gpus-per-socket=1: per node (CPUs per GPU), the node's memory",
+     GPUS, Job(num_tasks=4, cpus_per_task=4, tres_per_socket="gres:gpu:1"),
+     {CPU: 8, MEM: 16000}, {}),
+    ("GPU defaults: -n 2 --gpus-per-task=1: -c raised to 3, per node", GPUS,
+     Job(num_tasks=2, tres_per_task="gres:gpu:1"), {CPU: 6, MEM: 6000}, {}),
+    ("GPU defaults: -n 3 --gpus-per-node=1 --mem=500: --mem wins", GPUS,
+     Job(num_tasks=3, tres_per_node="gres:gpu:1", mem_per_node=500), {CPU: 3, MEM: 500}, {}),
+    ("GPU defaults: --mem-per-cpu=200: per CPU wins", GPUS,
+     Job(tres_per_node="gres:gpu:1", mem_per_cpu=200), {CPU: 3, MEM: 600}, {}),
+    ("GPU defaults: --cpus-per-gpu=4: the job's own", GPUS,
+     Job(tres_per_node="gres:gpu:1", cpus_per_tres="gres:gpu:4"), {CPU: 4, MEM: 3000}, {}),
+    ("GPU defaults: -p b: the partition's own", GPUS,
+     Job(partition="b", tres_per_node="gres:gpu:2"), {CPU: 4, MEM: 3000}, {}),
+    ("GPU defaults: -p z: a partition's 0s override the cluster's", GPUS,
+     Job(partition="z", tres_per_node="gres:gpu:1"), {CPU: 1, MEM: 100}, {}),
+    ("GPU defaults: a job without GPUs: none apply", GPUS, Job(cpus_per_task=2),
+     {CPU: 2, MEM: 200}, {}),
+    ("GPU defaults: 24.11's -n 2 --gpus-per-task=1 (gres/gpu=1)", GPUS,
+     Job(num_tasks=2, tres_per_task="gres/gpu=1"), {CPU: 6, MEM: 6000}, {}),
     # several partitions: only those whose nodes can hold the job count
     ("-p b,a -n 2 -N 1 -c 4 --mem-per-cpu=1500: b would need 16 CPUs a node: a's figures",
      THREE, Job(num_tasks=2, min_nodes=1, max_nodes=1, cpus_per_task=4, mem_per_cpu=1500,

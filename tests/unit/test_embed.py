@@ -142,13 +142,21 @@ def test_every_job_field_is_read_from_c():
     assert read == set(completion.Job._fields)
 
 
+UNSET = completion.NO_VAL64
+NO_GPU = completion.GpuDefault()
+
+
 @pytest.mark.parametrize("text,expected", [
     ("", {}),
-    (f"a={completion.MEM_PER_CPU | 300}:{completion.MEM_PER_CPU | 1000}",
-     {"a": (completion.MemDefault(per_cpu=300), 1000)}),
-    ("b=2000:0,c=0:4000", {"b": (completion.MemDefault(per_node=2000), None),
-                           "c": (completion.MemDefault(), None)}),  # MaxMemPerNode: no CPU raise
-    ("garbage,d=x:1", {}),
+    (f"a={completion.MEM_PER_CPU | 300}:{completion.MEM_PER_CPU | 1000}:{UNSET}:{UNSET}",
+     {"a": (completion.MemDefault(per_cpu=300), 1000, NO_GPU)}),
+    (f"b=2000:0:{UNSET}:{UNSET},c=0:4000:{UNSET}:{UNSET}",
+     {"b": (completion.MemDefault(per_node=2000), None, NO_GPU),
+      "c": (completion.MemDefault(), None, NO_GPU)}),  # MaxMemPerNode: no CPU raise
+    (f"g=0:0:4:{UNSET}", {"g": (completion.MemDefault(), None, completion.GpuDefault(cpus=4))}),
+    ("h=0:0:0:2500",  # a partition's own 0 is a setting (it overrides the cluster's)
+     {"h": (completion.MemDefault(), None, completion.GpuDefault(cpus=0, mem=2500))}),
+    ("garbage,d=x:1:2:3,e=1:2", {}),
 ])
 def test_live_partition_memory(text, expected):
     assert embed.parse_part_mem(text) == expected
@@ -161,10 +169,24 @@ def test_live_partition_memory_overrides_slurm_conf():
         mem=completion.MemDefault(per_cpu=100))}, default_partition="a")
     embed._site_key = None
     site = embed.site_for(completion.MEM_PER_CPU | 50, 0x160508, completion.CR_CORE, 0,
-                          f"a={completion.MEM_PER_CPU | 300}:0")
+                          f"a={completion.MEM_PER_CPU | 300}:0:{UNSET}:{UNSET}")
     assert site.partitions["a"].mem == completion.MemDefault(per_cpu=300)
     assert site.cluster_mem == completion.MemDefault(per_cpu=50)
     assert completion.complete(completion.Job(partition="a"), site).per_node == \
         {"k8scpu": 1, "k8smemory": 300}
     assert embed.site_for(completion.MEM_PER_CPU | 50, 0x160508, completion.CR_CORE, 0,
                           None).partitions["a"].mem == completion.MemDefault(per_cpu=100)
+
+
+def test_live_partition_gpu_defaults_override_slurm_conf():
+    """`scontrol update PartitionName=a JobDefaults=DefCpuPerGPU=3` reaches the
+    policy the same way; the cluster's own (slurm.conf) stays underneath."""
+    embed._site = completion.Site(
+        partitions={"a": completion.Partition(gpu=completion.GpuDefault(cpus=1))},
+        default_partition="a", cluster_gpu=completion.GpuDefault(mem=2000))
+    embed._site_key = None
+    site = embed.site_for(completion.MEM_PER_CPU | 100, 0x160508, completion.CR_CORE, 0,
+                          f"a={completion.MEM_PER_CPU | 100}:0:3:{UNSET}")
+    assert site.partitions["a"].gpu == completion.GpuDefault(cpus=3)
+    assert completion.complete(completion.Job(partition="a", tres_per_node="gres:gpu:2"),
+                               site).per_node == {"k8scpu": 6, "k8smemory": 4000}

@@ -11,6 +11,8 @@ from pyk8sres.slurmctld.completion import MemDefault
 @pytest.mark.parametrize("text,name,count", [
     ("gres:k8scpu:3", "k8scpu", 3), ("gres/k8scpu:3", "k8scpu", 3),
     ("gres:gpu", "gpu", 1), ("gres:gpu:tesla:2", "gpu", 2), ("gres:k8smemory:2g", "k8smemory", 2 << 30),
+    # 24.11's sbatch sends --gpus-per-task TRES-style
+    ("gres/gpu=1", "gpu", 1), ("gres/gpu:a100=2", "gpu", 2), ("gres/k8scpu=3", "k8scpu", 3),
 ])
 def test_parse_entries(text, name, count):
     assert gres.count_of(gres.parse(text), name) == count
@@ -112,3 +114,27 @@ def test_slurm_conf_topology_and_defaults(tmp_path):
 ])
 def test_hostlist(text, names):
     assert slurmconf.expand_hostlist(text) == names
+
+
+GPU_SLURM_CONF = """
+DefCpuPerGPU=3
+DefMemPerGPU=3000
+GresTypes=gpu,k8scpu,k8smemory
+NodeName=g[1-2] CPUs=16 RealMemory=64000 Gres=gpu:a100:2,gpu:v100:2,k8scpu:16
+NodeName=c1 CPUs=8 RealMemory=16000
+PartitionName=DEFAULT DefCpuPerGPU=2
+PartitionName=gpu Nodes=g[1-2] Default=YES DefMemPerGPU=8000
+PartitionName=cpu Nodes=c1 DefCpuPerGPU=0
+"""
+
+
+def test_slurm_conf_gpu_defaults_and_counts(tmp_path):
+    """DefCpuPerGPU/DefMemPerGPU of the cluster and of each partition (a DEFAULT
+    line's too), and the most GPUs on a partition's nodes (typed ones added up)."""
+    (tmp_path / "slurm.conf").write_text(GPU_SLURM_CONF)
+    conf = slurmconf.load(str(tmp_path / "slurm.conf"))
+    assert conf.cluster_gpu == completion.GpuDefault(cpus=3, mem=3000)
+    gpu, cpu = conf.partitions["gpu"], conf.partitions["cpu"]
+    assert gpu.gpu == completion.GpuDefault(cpus=2, mem=8000)
+    assert cpu.gpu == completion.GpuDefault(cpus=0)
+    assert (gpu.nodes.gpus, cpu.nodes.gpus, conf.all_nodes.gpus) == (4, None, 4)
