@@ -105,3 +105,16 @@ def test_reconfigure_within_the_same_second_is_seen(c):
         with open(c.conf, "w") as f:
             f.write(original)
         run("scontrol", "reconfigure")
+
+
+def test_updates_recompute_the_gpu_defaults(c):
+    """`scontrol update job` of the GPUs, the partition and the memory: each
+    recomputed as at submission, and the job then holds what it gets."""
+    job_id = sbatch("--gpus-per-node=1")
+    for update, per_node in ((["Gres=gpu:2"], "gres:gpu:2,gres:k8scpu:6,gres:k8smemory:6000"),
+                             (["Partition=b"], "gres:gpu:2,gres:k8scpu:4,gres:k8smemory:3000"),
+                             (["MinMemoryNode=500"], "gres:gpu:2,gres:k8scpu:4,gres:k8smemory:500")):
+        run("scontrol", "update", f"JobId={job_id}", *update)
+        assert ours(wait_state(job_id, "PENDING")["TresPerNode"]) == tres(per_node), update
+    run("scontrol", "release", job_id)
+    assert started_holding_enough(job_id) == tres("gres:gpu:2,gres:k8scpu:4,gres:k8smemory:500")
