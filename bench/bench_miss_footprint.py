@@ -33,7 +33,7 @@ def args(i: int) -> tuple:
     nv, nv16 = C.NO_VAL, C.NO_VAL16
     return (0x160508, C.MEM_PER_CPU | 100, C.CR_CORE, 0, 1 + i % 4, nv, nv16, nv, nv, nv,
             nv16, nv16, nv16, 0xFE, 1000 + i, 0, nv, nv16,
-            None, None, None, None, None, None, None, "debug=0:0")
+            None, None, None, None, None, None, None, f"debug=0:0:{C.NO_VAL64}:{C.NO_VAL64}")
 
 
 def child(mode: str, calls: int) -> None:

@@ -248,7 +248,8 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     mem_per_gpu = _gpus(job.mem_per_tres)
     cpus_per_gpu = _gpus(job.cpus_per_tres)
     default_cpus_per_gpu = None
-    if _asks_gpus(job):
+    if (job.tres_per_node or job.tres_per_task or job.tres_per_job or job.tres_per_socket) \
+            and _asks_gpus(job):  # (most jobs have no TRES at all: no call)
         # cons_tres _set_gpu_defaults(): the partition's DefCpuPerGPU /
         # DefMemPerGPU, else the cluster's; CPUs only for a job without -c,
         # memory only for one without --mem/--mem-per-cpu (job_test.c: the
