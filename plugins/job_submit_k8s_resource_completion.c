@@ -115,6 +115,8 @@ static void fill_request(struct pyk8sres_job *req, const job_desc_msg_t *d,
 	req->cur_spread_job = NO_VAL16;
 	req->task_dist = d->task_dist;
 	req->cur_task_dist = NO_VAL;
+	req->ntasks_per_tres = d->ntasks_per_tres;
+	req->cur_ntasks_per_tres = NO_VAL16;
 }
 
 #ifdef PYK8SRES_SLURM_SOURCE
@@ -218,6 +220,7 @@ static void fill_current(struct pyk8sres_job *req, void *job)
 	req->cur_overcommit = details->overcommit;
 	req->cur_spread_job = (job_ptr->bit_flags & SPREAD_JOB) ? 1 : 0;
 	req->cur_task_dist = details->task_dist;
+	req->cur_ntasks_per_tres = details->ntasks_per_tres;
 	if (details->mc_ptr) {
 		req->cur_ntasks_per_core = details->mc_ptr->ntasks_per_core;
 		req->cur_threads_per_core = details->mc_ptr->threads_per_core;

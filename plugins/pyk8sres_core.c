@@ -109,7 +109,7 @@ struct memo_key {  /* every field the policy reads for a submission */
 	uint32_t slurm_version, num_tasks, min_cpus, min_nodes, max_nodes, task_dist;
 	uint16_t cpus_per_task, ntasks_per_node, pn_min_cpus, shared;
 	uint16_t ntasks_per_core, threads_per_core, overcommit, select_type_param;
-	uint16_t spread_job;
+	uint16_t spread_job, ntasks_per_tres;
 };
 
 struct memo_entry {
@@ -154,6 +154,7 @@ static void memo_fill(const struct pyk8sres_job *j, struct memo_key *k,
 	k->select_type_param = j->select_type_param;
 	k->spread_job = j->spread_job;
 	k->task_dist = j->task_dist;
+	k->ntasks_per_tres = j->ntasks_per_tres;
 	strings[0] = j->partition;
 	strings[1] = j->tres_per_node;
 	strings[2] = j->tres_per_task;
@@ -269,7 +270,7 @@ static void copy_out(char *dst, size_t len, PyObject *text)
 	dst[n] = '\0';
 }
 
-#define HOT_ARGS 26
+#define HOT_ARGS 27
 
 /* The memo key as Python values, in the order of the parameters of
  * pyk8sres.slurmctld.embed.job_submit_values (tests/unit/test_embed.py checks
@@ -282,7 +283,8 @@ static int hot_args(const struct memo_key *k, const char **strings,
 		k->max_mem_per_cpu, k->cpus_per_task, k->num_tasks,
 		k->ntasks_per_node, k->min_cpus, k->min_nodes, k->max_nodes,
 		k->pn_min_cpus, k->ntasks_per_core, k->threads_per_core,
-		k->overcommit, k->pn_min_memory, k->spread_job, k->task_dist, k->shared,
+		k->overcommit, k->pn_min_memory, k->spread_job, k->task_dist,
+		k->ntasks_per_tres, k->shared,
 	};
 	const size_t n = sizeof(numbers) / sizeof(numbers[0]);
 

@@ -87,6 +87,8 @@ struct pyk8sres_job {
 	uint16_t cur_spread_job;
 	uint32_t task_dist;        /* --distribution (task_dist_states_t); NO_VAL = not given */
 	uint32_t cur_task_dist;
+	uint16_t ntasks_per_tres;  /* --ntasks-per-gpu; NO_VAL16 = not given */
+	uint16_t cur_ntasks_per_tres;
 };
 
 /* Returns PYK8SRES_PING_SENTINEL once Python is up and the core imported. */

@@ -109,6 +109,7 @@ class Job(typing.NamedTuple):
     overcommit: bool = False             # -O
     spread_job: bool = False             # --spread-job
     plane_distribution: bool = False     # --distribution=plane=N
+    ntasks_per_tres: int | None = None   # --ntasks-per-gpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,11 +219,24 @@ def _gpus_per_node(job: Job, tasks: int | None, most: int | None) -> int | None:
     gpus = _gpus(job.tres_per_node)
     if not gpus:
         per_task = _gpus(job.tres_per_task)
-        # per job: at most all of them on one node
-        gpus = per_task * tasks if per_task and tasks else _gpus(job.tres_per_job)
+        if per_task and tasks:
+            gpus = per_task * tasks
+        else:
+            # Per job: all of them may land on one node; on several nodes
+            # Slurm 22.05 may count up to all of a node's GPUs on each (seen:
+            # --gpus=1 -n 5 --ntasks-per-node=2 had 2 GPUs' memory on each of
+            # its 3 nodes, plugin or not).
+            gpus = _gpus(job.tres_per_job)
+            if gpus and most and not _one_node(job):
+                gpus = most
     if not gpus and _gpus(job.tres_per_socket):
         gpus = most or _gpus(job.tres_per_socket)  # that many on each socket it uses
     return min(gpus, most) if gpus and most else gpus
+
+
+def _one_node(job: Job) -> bool:
+    """Whether the job surely runs on one node."""
+    return job.max_nodes == 1 or ((job.min_nodes or 1) == 1 and (job.num_tasks or 1) == 1)
 
 
 def _asks_gpus(job: Job) -> bool:
@@ -510,6 +524,14 @@ def _apply(current: str | None, want: dict, site: Site, field: str) -> str | Non
 
 def complete(job: Job, site: Site) -> Result:
     """Add or correct the job's k8scpu/k8smemory; PolicyError for bad input."""
+    if job.ntasks_per_tres:
+        # gres.c/gres_select_filter.c (22.05 and 24.11): --ntasks-per-gpu sets
+        # ntasks_per_gres on every GRES of the job, and a GRES's CPUs are then
+        # ntasks_per_gres x -c each: k8smemory:100 alone would need 200 CPUs.
+        raise PolicyError("--ntasks-per-gpu cannot run with the k8scpu/k8smemory every job here "
+                          "holds: Slurm applies it to each of a job's GRES (every MB of "
+                          "k8smemory would need --ntasks-per-gpu CPUs); ask -n <tasks> with "
+                          "--gpus or --gpus-per-node instead")
     for tres in (job.tres_per_job, job.tres_per_socket):
         if tres and any(e.name in gres.OURS for e in gres.parse(tres)):
             raise PolicyError("k8scpu/k8smemory can only be requested per node "
@@ -553,7 +575,8 @@ def complete(job: Job, site: Site) -> Result:
 SHAPE_FIELDS = ("cpus_per_task", "num_tasks", "ntasks_per_node", "min_cpus", "min_nodes",
                 "max_nodes", "pn_min_cpus", "mem_per_node", "mem_per_cpu", "tres_per_node",
                 "tres_per_task", "tres_per_job", "tres_per_socket", "cpus_per_tres",
-                "mem_per_tres", "partition", "ntasks_per_core", "threads_per_core")
+                "mem_per_tres", "partition", "ntasks_per_core", "threads_per_core",
+                "ntasks_per_tres")
 
 
 def complete_modify(change: Job, current: Job | None, site: Site) -> Result:

@@ -54,7 +54,7 @@ def _put(ffi, buf, size: int, text: str) -> None:
 # the job as it stands, in job_modify), in decode_job's order.
 _NUMBERS = ("cpus_per_task", "num_tasks", "ntasks_per_node", "min_cpus", "min_nodes",
             "max_nodes", "pn_min_cpus", "ntasks_per_core", "threads_per_core", "overcommit",
-            "pn_min_memory", "spread_job", "task_dist")
+            "pn_min_memory", "spread_job", "task_dist", "ntasks_per_tres")
 _STRINGS = ("partition", "tres_per_node", "tres_per_task", "tres_per_job", "tres_per_socket",
             "cpus_per_tres", "mem_per_tres")
 # Read by site_for() rather than into the Job: cluster settings slurmctld passes with each job.
@@ -65,8 +65,9 @@ _new_tuple = tuple.__new__
 
 def decode_job(cpus_per_task, num_tasks, ntasks_per_node, min_cpus, min_nodes, max_nodes,
                pn_min_cpus, ntasks_per_core, threads_per_core, overcommit, pn_min_memory,
-               spread_job, task_dist, exclusive, partition, tres_per_node, tres_per_task,
-               tres_per_job, tres_per_socket, cpus_per_tres, mem_per_tres) -> completion.Job:
+               spread_job, task_dist, ntasks_per_tres, exclusive, partition, tres_per_node,
+               tres_per_task, tres_per_job, tres_per_socket, cpus_per_tres,
+               mem_per_tres) -> completion.Job:
     """The Job from the struct's raw numbers: Slurm's NO_VAL family, INFINITE
     ("no limit") and 0 where the option cannot be 0 all mean "not given".
 
@@ -91,7 +92,8 @@ def decode_job(cpus_per_task, num_tasks, ntasks_per_node, min_cpus, min_nodes, m
         None if threads_per_core in (NO_VAL16, 0) else threads_per_core,
         overcommit not in (NO_VAL16, 0xFE, 0),  # uint8 in Slurm: NO_VAL8 = not given
         spread_job == 1,
-        task_dist & 0xFFFF == SLURM_DIST_PLANE))
+        task_dist & 0xFFFF == SLURM_DIST_PLANE,
+        None if ntasks_per_tres in (NO_VAL16, INFINITE16, 0) else ntasks_per_tres))
 
 
 def _job(ffi, c, prefix: str, exclusive: bool) -> completion.Job:
@@ -236,9 +238,9 @@ def job_submit(c) -> tuple:
 def job_submit_values(slurm_version, def_mem_per_cpu, select_type_param, max_mem_per_cpu,
                       cpus_per_task, num_tasks, ntasks_per_node, min_cpus, min_nodes,
                       max_nodes, pn_min_cpus, ntasks_per_core, threads_per_core, overcommit,
-                      pn_min_memory, spread_job, task_dist, shared, partition, tres_per_node,
-                      tres_per_task, tres_per_job, tres_per_socket, cpus_per_tres, mem_per_tres,
-                      part_mem) -> tuple:
+                      pn_min_memory, spread_job, task_dist, ntasks_per_tres, shared, partition,
+                      tres_per_node, tres_per_task, tres_per_job, tres_per_socket, cpus_per_tres,
+                      mem_per_tres, part_mem) -> tuple:
     """The hot path from C (plugins/pyk8sres_core.c, hot_args): a submission
     the memo has not seen, as the memo key's fields; the same answer as
     job_submit()."""
@@ -247,7 +249,7 @@ def job_submit_values(slurm_version, def_mem_per_cpu, select_type_param, max_mem
                         part_mem)
         job = decode_job(cpus_per_task, num_tasks, ntasks_per_node, min_cpus, min_nodes,
                          max_nodes, pn_min_cpus, ntasks_per_core, threads_per_core, overcommit,
-                         pn_min_memory, spread_job, task_dist,
+                         pn_min_memory, spread_job, task_dist, ntasks_per_tres,
                          shared == completion.JOB_SHARED_NONE,
                          partition, tres_per_node, tres_per_task, tres_per_job,
                          tres_per_socket, cpus_per_tres, mem_per_tres)

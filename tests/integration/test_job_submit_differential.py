@@ -8,10 +8,11 @@ same nodes, side by side: one with our job_submit plugin, one without it
   * with the plugin, on every node of every job (array tasks included), the
     k8scpu/k8smemory held (`scontrol -d show job`: GRES=k8scpu(CNT:n)) is at
     least the CPUs (CPU_IDs) and memory (Mem) Slurm allocated there.
-Four outcomes are counted apart, each checked against plain Slurm rather
+Five outcomes are counted apart, each checked against plain Slurm rather
 than excused by shape: a shape plain Slurm refuses or holds too once it
 carries any GRES, or starts only once it does (resubmitted there with
---gres=k8scpu:1),
+--gres=k8scpu:1), a --ntasks-per-gpu shape the plugin refuses that plain
+Slurm refuses too with --gres=k8smemory:100,
 and an array whose tasks each start on an idle cluster but not all at once
 (the running ones are cancelled and the others must then start; the
 per-node over-hold of the policy's third mode).
@@ -70,7 +71,8 @@ RARER_OPTIONS = [["--ntasks-per-socket=1"], ["--ntasks-per-socket=2"], ["-B", "1
 GPU_REQUESTS = [["--gpus-per-node=1"], ["--gpus-per-node=2"], ["--gpus=1"], ["--gpus=3"],
                 ["--gpus-per-task=1"], ["--gres=gpu:1"], ["--gpus-per-socket=1",
                                                           "--sockets-per-node=1"]]
-GPU_OPTIONS = [["--cpus-per-gpu=1"], ["--cpus-per-gpu=2"], ["--mem-per-gpu=1000"]]
+GPU_OPTIONS = [["--cpus-per-gpu=1"], ["--cpus-per-gpu=2"], ["--mem-per-gpu=1000"],
+               ["--ntasks-per-gpu=2"]]
 # Slurm 24.11.5 itself segfaults on --spread-job with a per-job GPU count
 # (`sbatch -n3 --spread-job --gpus=1` kills a slurmctld without any
 # job_submit plugin: topology/default eval_nodes, as in README row 23), so
@@ -280,6 +282,16 @@ def refused_with_any_gres(plain: Side, opts: list[str], ours: dict) -> bool:
     return not again["accepted"] and again["error"] == ours["error"]
 
 
+def refused_with_a_memory_count(plain: Side, opts: list[str], ours: dict) -> bool:
+    """Ground truth for --ntasks-per-gpu, which the plugin refuses: plain Slurm
+    refuses it as well once it carries the smallest k8smemory a job here holds
+    (Slurm applies --ntasks-per-gpu to every GRES: each MB needs its CPUs)."""
+    if ours["accepted"] or not any(o.startswith("--ntasks-per-gpu") for o in opts):
+        return False
+    plain.clean()
+    return not plain.submit([*opts, "--gres=k8smemory:100"])["accepted"]
+
+
 def held_by_slurm_with_any_gres(ours: Side, plain: Side, opts: list[str]) -> bool:
     """Ground truth for a shape accepted with the plugin that Slurm then holds
     itself (22.05 dist_tasks.c: "sync loop not progressing, holding ...",
@@ -315,6 +327,9 @@ def test_differential(pair):
         problems = held_short(ours_jobs) if started[0] else []
         if started[1] and not started[0] and refused_with_any_gres(plain, opts, accepted[0]):
             result["refused_with_any_gres"] = True
+        elif started[1] and not started[0] and \
+                refused_with_a_memory_count(plain, opts, accepted[0]):
+            result["refused_with_a_memory_count"] = True
         elif started[1] and not started[0] and held_by_slurm_with_any_gres(ours, plain, opts):
             result["held_with_any_gres"] = True
         elif started[1] and not started[0] and \
@@ -338,6 +353,7 @@ def test_differential(pair):
     print(f"\n{topology}: {len(results)} shapes, started in both {both}, neither "
           f"{sum(not r['ours']['started'] and not r['plain']['started'] for r in results)}, "
           f"refused by Slurm with any GRES {sum('refused_with_any_gres' in r for r in results)}, "
+          f"with a k8smemory count {sum('refused_with_a_memory_count' in r for r in results)}, "
           f"held by Slurm with any GRES {sum('held_with_any_gres' in r for r in results)}, "
           f"array tasks one after another {sum('one_after_another' in r for r in results)}, "
           f"starts only with a GRES {sum('starts_only_with_a_gres' in r for r in results)}, "

@@ -70,6 +70,14 @@ def test_gpu_defaults_are_held(c, opts, per_node):
     assert started_holding_enough(sbatch(*opts, hold=False)) == tres(per_node)
 
 
+def test_ntasks_per_gpu_is_refused_with_the_way_out(c):
+    """Slurm applies --ntasks-per-gpu to every GRES of a job, so it cannot run
+    with k8smemory (the differential test checks that against plain Slurm)."""
+    proc = run("sbatch", "--ntasks-per-gpu=2", "--gpus=2", "--wrap", "true", check=False)
+    assert proc.returncode != 0
+    assert "--ntasks-per-gpu cannot run" in proc.stderr and "--gpus-per-node" in proc.stderr
+
+
 def test_partition_job_defaults_changed_at_run_time(c):
     """`scontrol update PartitionName=b JobDefaults=...` reaches the next job."""
     try:

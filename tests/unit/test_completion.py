@@ -187,6 +187,8 @@ REJECTED = [
     ("per job", Job(tres_per_job="gres:k8scpu:4"), "only be requested per node"),
     ("absurd shape", Job(num_tasks=2**31, min_nodes=1, max_nodes=1, cpus_per_task=2**15),
      "larger than any node"),
+    ("--ntasks-per-gpu: Slurm applies it to our GRES too",
+     Job(ntasks_per_tres=2, tres_per_job="gres:gpu:2", num_tasks=4), "--ntasks-per-gpu cannot run"),
 ]
 
 
@@ -404,6 +406,12 @@ RULES = [
      {CPU: 3, MEM: 3000}, {}),
     ("GPU defaults: --gpus=4: no node gets more than its 2", GPUS,
      Job(tres_per_job="gres:gpu:4"), {CPU: 6, MEM: 6000}, {}),
+    ("--gpus=1 --mem-per-gpu=1000 on several nodes: each may count all its GPUs (22.05)", GPUS,
+     Job(tres_per_job="gres:gpu:1", mem_per_tres="gres:gpu:1000", num_tasks=5, cpus_per_task=2,
+         ntasks_per_node=2), {CPU: 4, MEM: 2000}, {}),
+    ("--gpus=1 -n 2 -N 1: one node, one GPU", GPUS,
+     Job(tres_per_job="gres:gpu:1", num_tasks=2, min_nodes=1, max_nodes=1),
+     {CPU: 3, MEM: 3000}, {}),
     ("GPU defaults: --gpus-per-socket=1: CPUs for as many GPUs as a node has, all its memory"
      " (Slurm's memory figure there can exceed the node)", GPUS,
      Job(tres_per_socket="gres:gpu:1"), {CPU: 6, MEM: 16000}, {}),

@@ -33,7 +33,7 @@ def c_job(**fields):
                             pn_min_cpus=NO_VAL16, pn_min_memory=NO_VAL64, shared=NO_VAL16,
                             het_job_offset=NO_VAL, slurm_version=0x160508,
                             ntasks_per_core=NO_VAL16, threads_per_core=NO_VAL16,
-                            overcommit=0xFE).items():
+                            overcommit=0xFE, ntasks_per_tres=NO_VAL16).items():
         setattr(job, name, value)
     for name, value in fields.items():
         if isinstance(value, str):
@@ -60,6 +60,8 @@ def c_job(**fields):
     ({"spread_job": 1}, completion.Job(spread_job=True)),
     ({"task_dist": 0x4}, completion.Job(plane_distribution=True)),
     ({"task_dist": 0x2, "num_tasks": 4}, completion.Job(num_tasks=4)),  # cyclic
+    ({"ntasks_per_tres": 2}, completion.Job(ntasks_per_tres=2)),
+    ({"ntasks_per_tres": NO_VAL16}, completion.Job()),
 ])
 def test_job_from_c(fields, expected):
     assert embed.job_from_c(ffi, c_job(**fields)) == expected
@@ -123,6 +125,7 @@ def test_decode_job_puts_each_value_in_its_field():
     {"tres_per_job": "gres:k8scpu:2"}, {"pn_min_memory": 0},
     {"num_tasks": 9, "min_nodes": 3, "max_nodes": 3, "spread_job": 1, "slurm_version": 0x180B05},
     {"num_tasks": 4, "min_nodes": 1, "max_nodes": 2, "task_dist": 4, "slurm_version": 0x180B05},
+    {"num_tasks": 4, "ntasks_per_tres": 2, "tres_per_job": "gres:gpu:2"},
 ])
 def test_hot_path_answers_as_the_cffi_path(fields, monkeypatch):
     """Same struct, both ways in: the arguments C builds from the memo key
