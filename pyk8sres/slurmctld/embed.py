@@ -135,10 +135,11 @@ def parse_part_mem(text: str) -> dict:
             continue
         def_mem, max_mem, gpu_cpus, gpu_mem = (int(f) for f in fields)
         per_node, per_cpu = completion.decode_memory(def_mem)
+        unset = completion.NO_VAL64
         out[name] = (completion.MemDefault(per_cpu=per_cpu or None, per_node=per_node or None),
                      _max_per_cpu(max_mem),
-                     completion.GpuDefault(cpus=None if gpu_cpus == completion.NO_VAL64 else gpu_cpus,
-                                           mem=None if gpu_mem == completion.NO_VAL64 else gpu_mem))
+                     completion.GpuDefault(cpus=None if gpu_cpus == unset else gpu_cpus,
+                                           mem=None if gpu_mem == unset else gpu_mem))
     return out
 
 

@@ -73,6 +73,8 @@ GPU_REQUESTS = [["--gpus-per-node=1"], ["--gpus-per-node=2"], ["--gpus=1"], ["--
                                                           "--sockets-per-node=1"]]
 GPU_OPTIONS = [["--cpus-per-gpu=1"], ["--cpus-per-gpu=2"], ["--mem-per-gpu=1000"],
                ["--ntasks-per-gpu=2"]]
+# Options sbatch refuses together (so a shape would test nothing)
+EXCLUSIVE_WITH = {"--cpus-per-gpu": ("-c",), "--mem-per-gpu": ("--mem=", "--mem-per-cpu=")}
 # Slurm 24.11.5 itself segfaults on --spread-job with a per-job GPU count
 # (`sbatch -n3 --spread-job --gpus=1` kills a slurmctld without any
 # job_submit plugin: topology/default eval_nodes, as in README row 23), so
@@ -127,8 +129,10 @@ def shapes(count: int, seed: int = SEED, gpus: bool = False) -> list[list[str]]:
             if rng.random() < 0.8:
                 opts += rng.choice(PER_NODE_GPU_REQUESTS if "--spread-job" in opts
                                    else GPU_REQUESTS)
-                if rng.random() < 0.4:
-                    opts += rng.choice(GPU_OPTIONS)
+                extra = rng.choice(GPU_OPTIONS) if rng.random() < 0.4 else []
+                clashes = EXCLUSIVE_WITH.get(extra[0].split("=")[0], ()) if extra else ()
+                if not any(o.startswith(clashes) for o in opts):
+                    opts += extra
     return out
 
 
@@ -265,10 +269,20 @@ def poll(check):
     return None
 
 
-def submit_with_a_gres(plain: Side, opts: list[str]) -> dict:
+def with_gres(opts: list[str], entry: str) -> list[str]:
+    """opts plus a GRES entry; merged into the shape's own --gres (a second
+    --gres would replace it: sbatch keeps the last one)."""
+    own = [i for i, o in enumerate(opts) if o.startswith("--gres=")]
+    if not own:
+        return [*opts, f"--gres={entry}"]
+    last = own[-1]
+    return [*opts[:last], f"{opts[last]},{entry}", *opts[last + 1:]]
+
+
+def submit_with_a_gres(plain: Side, opts: list[str], entry: str = "k8scpu:1") -> dict:
     """The shape again on the plain cluster, with the smallest GRES there is."""
     plain.clean()
-    return plain.submit([*opts, "--gres=k8scpu:1"])
+    return plain.submit(with_gres(opts, entry))
 
 
 def refused_with_any_gres(plain: Side, opts: list[str], ours: dict) -> bool:
@@ -288,8 +302,7 @@ def refused_with_a_memory_count(plain: Side, opts: list[str], ours: dict) -> boo
     (Slurm applies --ntasks-per-gpu to every GRES: each MB needs its CPUs)."""
     if ours["accepted"] or not any(o.startswith("--ntasks-per-gpu") for o in opts):
         return False
-    plain.clean()
-    return not plain.submit([*opts, "--gres=k8smemory:100"])["accepted"]
+    return not submit_with_a_gres(plain, opts, "k8smemory:100")["accepted"]
 
 
 def held_by_slurm_with_any_gres(ours: Side, plain: Side, opts: list[str]) -> bool:

@@ -81,7 +81,8 @@ def test_ntasks_per_gpu_is_refused_with_the_way_out(c):
 def test_partition_job_defaults_changed_at_run_time(c):
     """`scontrol update PartitionName=b JobDefaults=...` reaches the next job."""
     try:
-        run("scontrol", "update", "PartitionName=b", "JobDefaults=DefCpuPerGPU=4,DefMemPerGPU=2000")
+        run("scontrol", "update", "PartitionName=b",
+            "JobDefaults=DefCpuPerGPU=4,DefMemPerGPU=2000")
         assert started_holding_enough(sbatch("-p", "b", "--gpus-per-node=2", hold=False)) == \
             tres("gres:gpu:2,gres:k8scpu:8,gres:k8smemory:4000")
     finally:
@@ -119,10 +120,10 @@ def test_updates_recompute_the_gpu_defaults(c):
     """`scontrol update job` of the GPUs, the partition and the memory: each
     recomputed as at submission, and the job then holds what it gets."""
     job_id = sbatch("--gpus-per-node=1")
-    for update, per_node in ((["Gres=gpu:2"], "gres:gpu:2,gres:k8scpu:6,gres:k8smemory:6000"),
-                             (["Partition=b"], "gres:gpu:2,gres:k8scpu:4,gres:k8smemory:3000"),
-                             (["MinMemoryNode=500"], "gres:gpu:2,gres:k8scpu:4,gres:k8smemory:500")):
-        run("scontrol", "update", f"JobId={job_id}", *update)
+    for update, per_node in (("Gres=gpu:2", "gres:gpu:2,gres:k8scpu:6,gres:k8smemory:6000"),
+                             ("Partition=b", "gres:gpu:2,gres:k8scpu:4,gres:k8smemory:3000"),
+                             ("MinMemoryNode=500", "gres:gpu:2,gres:k8scpu:4,gres:k8smemory:500")):
+        run("scontrol", "update", f"JobId={job_id}", update)
         assert ours(wait_state(job_id, "PENDING")["TresPerNode"]) == tres(per_node), update
     run("scontrol", "release", job_id)
     assert started_holding_enough(job_id) == tres("gres:gpu:2,gres:k8scpu:4,gres:k8smemory:500")
