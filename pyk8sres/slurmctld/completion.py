@@ -532,6 +532,13 @@ def complete(job: Job, site: Site) -> Result:
                           "holds: Slurm applies it to each of a job's GRES (every MB of "
                           "k8smemory would need --ntasks-per-gpu CPUs); ask -n <tasks> with "
                           "--gpus or --gpus-per-node instead")
+    if job.spread_job and site.slurm_version >= PER_TASK_BREAKS_SPREAD_AND_PLANE and any(
+            e.name for e in gres.parse(job.tres_per_job) + gres.parse(job.tres_per_task)):
+        # Seen on 24.11.5 without any job_submit plugin: `sbatch -n3 --spread-job
+        # --gpus=1` segfaults slurmctld (topology/default eval_nodes, as in _plan).
+        raise PolicyError("--spread-job with a per-job or per-task GRES (--gpus, --gpus-per-task, "
+                          "--tres-per-task) crashes slurmctld on this Slurm release; ask it per "
+                          "node (--gpus-per-node) or leave out --spread-job")
     for tres in (job.tres_per_job, job.tres_per_socket):
         if tres and any(e.name in gres.OURS for e in gres.parse(tres)):
             raise PolicyError("k8scpu/k8smemory can only be requested per node "

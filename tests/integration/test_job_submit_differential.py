@@ -77,8 +77,9 @@ GPU_OPTIONS = [["--cpus-per-gpu=1"], ["--cpus-per-gpu=2"], ["--mem-per-gpu=1000"
 EXCLUSIVE_WITH = {"--cpus-per-gpu": ("-c",), "--mem-per-gpu": ("--mem=", "--mem-per-cpu=")}
 # Slurm 24.11.5 itself segfaults on --spread-job with a per-job GPU count
 # (`sbatch -n3 --spread-job --gpus=1` kills a slurmctld without any
-# job_submit plugin: topology/default eval_nodes, as in README row 23), so
-# such shapes ask their GPUs per node.
+# job_submit plugin: topology/default eval_nodes, as in README row 23; the
+# plugin refuses it, the plain side would die), so such shapes ask their
+# GPUs per node.
 PER_NODE_GPU_REQUESTS = [["--gpus-per-node=1"], ["--gpus-per-node=2"], ["--gres=gpu:1"]]
 
 

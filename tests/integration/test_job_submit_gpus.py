@@ -78,6 +78,20 @@ def test_ntasks_per_gpu_is_refused_with_the_way_out(c):
     assert "--ntasks-per-gpu cannot run" in proc.stderr and "--gpus-per-node" in proc.stderr
 
 
+def test_spread_job_with_per_job_gpus_never_reaches_slurmctld_after_2205(c):
+    """`sbatch -n3 --spread-job --gpus=1` segfaults slurmctld 24.11.5 even
+    without a job_submit plugin: after 22.05 the plugin refuses it, and
+    slurmctld lives on; 22.05 runs it."""
+    proc = run("sbatch", "--parsable", "--output=/dev/null", "-n3", "--spread-job", "--gpus=1",
+               "--wrap", "sleep 60", check=False)
+    if int(run("scontrol", "--version").stdout.split()[1].split(".")[0]) > 22:
+        assert proc.returncode != 0 and "--spread-job with a per-job" in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
+        started_holding_enough(proc.stdout.strip().split(";")[0])
+    assert "UP" in run("scontrol", "ping").stdout
+
+
 def test_partition_job_defaults_changed_at_run_time(c):
     """`scontrol update PartitionName=b JobDefaults=...` reaches the next job."""
     try:

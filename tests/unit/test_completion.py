@@ -198,6 +198,18 @@ def test_rejected(name, job, message):
         complete(job, SITE)
 
 
+@pytest.mark.parametrize("job", [Job(spread_job=True, num_tasks=3, tres_per_job="gres/gpu:1"),
+                                 Job(spread_job=True, num_tasks=3, tres_per_task="gres/gpu=1")])
+def test_spread_job_with_a_per_job_gres_is_refused_after_2205(job):
+    """It segfaults slurmctld 24.11 (plugin or not); 22.05 runs it."""
+    with pytest.raises(PolicyError, match="--spread-job with a per-job or per-task GRES"):
+        complete(job, THREE_2411)
+    assert complete(job._replace(tres_per_job=None, tres_per_task=None, tres_per_node="gres/gpu:1"),
+                    THREE_2411)
+    assert complete(job, THREE)
+    assert complete(Job(spread_job=True, num_tasks=3, tres_per_task="cpu:2"), THREE_2411)
+
+
 def test_under_request_reject_mode():
     site = Site(cluster_mem=MemDefault(per_cpu=100), under_request="reject")
     with pytest.raises(PolicyError, match="less than the job uses"):
