@@ -229,8 +229,9 @@ def _gpus_per_node(job: Job, tasks: int | None, most: int | None) -> int | None:
             gpus = _gpus(job.tres_per_job)
             if gpus and most and not _one_node(job):
                 gpus = most
-    if not gpus and _gpus(job.tres_per_socket):
-        gpus = most or _gpus(job.tres_per_socket)  # that many on each socket it uses
+    if not gpus:
+        per_socket = _gpus(job.tres_per_socket)  # that many on each socket it uses
+        gpus = (most or per_socket) if per_socket else None
     return min(gpus, most) if gpus and most else gpus
 
 
