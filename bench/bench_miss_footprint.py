@@ -32,7 +32,7 @@ def args(i: int) -> tuple:
     from pyk8sres.slurmctld import completion as C
     nv, nv16 = C.NO_VAL, C.NO_VAL16
     return (0x160508, C.MEM_PER_CPU | 100, C.CR_CORE, 0, 1 + i % 4, nv, nv16, nv, nv, nv,
-            nv16, nv16, nv16, 0xFE, 1000 + i, 0, nv, nv16,
+            nv16, nv16, nv16, 0xFE, 1000 + i, 0, nv, nv16, nv16,
             None, None, None, None, None, None, None, f"debug=0:0:{C.NO_VAL64}:{C.NO_VAL64}")
 
 
@@ -77,6 +77,13 @@ def main() -> int:
         return 0
     if not shutil.which("valgrind"):
         print("needs valgrind (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    import inspect
+    from pyk8sres.slurmctld import embed
+    wanted = len(inspect.signature(embed.job_submit_values).parameters)
+    if len(args(0)) != wanted:  # else the child dies of a TypeError under valgrind
+        print(f"args() gives {len(args(0))} values, job_submit_values takes {wanted}: "
+              "update args() to pyk8sres_core.c hot_args", file=sys.stderr)
         return 2
     work = tempfile.mkdtemp(prefix="pyk8sres-footprint-")
     env = dict(os.environ, PYTHONHASHSEED="0")  # same dict layouts in both runs
