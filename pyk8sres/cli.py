@@ -6,9 +6,22 @@ import os
 import sys
 
 
+def _node_sizes(text: str) -> list[tuple[int, int]]:
+    """--node-sizes 8:16000,4:8000 -> [(8, 16000), (4, 8000)]."""
+    try:
+        sizes = [tuple(int(v) for v in item.split(":")) for item in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(len(s) != 2 or min(s) < 1 for s in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected CPUS:MB[,CPUS:MB...], e.g. 8:16000,4:8000")
+    return sizes
+
+
 def _cluster_up(args) -> int:
     from .testbed import cluster
     node_features = {"auto": None, "yes": True, "no": False}[args.node_features]
+    if args.node_sizes:
+        args.nodes = len(args.node_sizes)
     if args.kubernetes:
         from .testbed import hybrid
         c, kas = hybrid.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
@@ -16,14 +29,15 @@ def _cluster_up(args) -> int:
                            node_features=node_features, slurm=args.slurm, auth=args.auth,
                            sockets=args.sockets, cores_per_socket=args.cores_per_socket,
                            threads_per_core=args.threads_per_core, gpus=args.gpus,
-                           accounting=args.accounting, rest=args.rest)
+                           node_sizes=args.node_sizes, accounting=args.accounting,
+                           rest=args.rest)
     else:
         c = cluster.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
                        base_port=args.base_port, node_features=node_features,
                        slurm=args.slurm, auth=args.auth,
                        sockets=args.sockets, cores_per_socket=args.cores_per_socket,
                        threads_per_core=args.threads_per_core, gpus=args.gpus,
-                       accounting=args.accounting, rest=args.rest)
+                       node_sizes=args.node_sizes, accounting=args.accounting, rest=args.rest)
     print(f"# local Slurm cluster up in {c.work}: nodes {','.join(cluster.node_names(args.nodes))}"
           f", Slurm {c.release.name}")
     print(f"export SLURM_CONF={c.conf}")
@@ -121,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--gpus", type=int, default=0,
                    help="GPUs per node (Gres=gpu:N, device files that are empty files): "
                         "for GPU jobs and DefCpuPerGPU/DefMemPerGPU without GPUs")
+    u.add_argument("--node-sizes", type=_node_sizes, metavar="CPUS:MB,...",
+                   help="each node's CPUs and RealMemory, for nodes of different sizes "
+                        "(e.g. 8:16000,4:8000,16:32000); replaces --nodes, --cpus and --memory")
     u.add_argument("--base-port", type=int, default=17000,
                    help="slurmctld port; slurmd n<i> uses base+i")
     u.add_argument("--node-features", choices=("auto", "yes", "no"), default="auto",

@@ -15,6 +15,9 @@ CPUs on a node holding t tasks (cons_tres dist_tasks.c _block_sync_core_bitmap):
       CPUs  = cores x ThreadsPerCore
       vpus  = usable threads per core (cons_common.c common_cpus_per_core):
               min(ThreadsPerCore, --ntasks-per-core x c, --threads-per-core)
+      CR_Socket: whole sockets, up to one for each core (the default
+              distribution takes a core from each socket in turn), at most
+              the node's
     CR_CPU: cpus.
 Memory on a node (cons_common job_test.c): --mem, or per-CPU memory x the
     node's CPUs (counting only --threads-per-core threads of each core).
@@ -33,7 +36,8 @@ How many tasks land on a node is decided only when Slurm schedules the job
   * otherwise (SMT rounding of odd cpus_per_task, --mincpus): ask per
     node the most any node can get, capped at the largest node's CPUs and
     memory (never more than Slurm could allocate there, so never a runnable
-    job made unrunnable on an idle cluster).
+    job made unrunnable on an idle cluster of nodes of one size; a node
+    smaller than the count cannot take the job).
   -O/--overcommit: Slurm allocates one task's CPUs per node (dist_tasks.c
     one_task_per_node), unless the job asks anything per task: per node.
   --ntasks-per-node with -n: every node gets c x ntasks-per-node CPUs
@@ -135,6 +139,7 @@ class Nodes:
     least_cpus: int | None = None    # the fewest CPUs on any of its nodes
     least_memory: int | None = None  # the least RealMemory on any of its nodes (unset: 1)
     gpus: int | None = None          # the most GPUs on any of its nodes (Gres=gpu:N)
+    cores_per_socket: tuple = (1,)   # each distinct CoresPerSocket of its nodes (CR_Socket)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,8 +312,12 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
             job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1:
         min_cpus_node = max(min_cpus_node, c * job.ntasks_per_node)
 
-    whole_cores = bool(param & (CR_CORE | CR_SOCKET | CR_BOARD)) and nodes.threads_per_core > 1
     tpc = nodes.threads_per_core
+    # CR_Socket: whole sockets of each of these sizes (in cores); (1,): none
+    socket_cores = nodes.cores_per_socket if param & CR_SOCKET else (1,)
+    whole_cores = bool(param & (CR_CORE | CR_SOCKET | CR_BOARD)) and \
+        (tpc > 1 or socket_cores != (1,))
+    most_cores = nodes.cpus // tpc if nodes.cpus else None  # the biggest node's
     ntasks_per_core = job.ntasks_per_core or (1 if param & CR_ONE_TASK_PER_CORE else None)
     vpus = tpc
     if ntasks_per_core:
@@ -329,10 +338,12 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
         cores = _ceil_div(n, vpus)
         if ntasks_per_core == 1 and c > vpus:  # each task on cores of its own
             cores = max(cores, n // c * _ceil_div(c, vpus))
-        return cores * tpc
+        return _whole_sockets(cores, socket_cores, most_cores) * tpc
 
     def cpus_rounded(n: int) -> int:
-        return _ceil_div(n, tpc) * tpc if whole_cores else n
+        if not whole_cores:
+            return n
+        return _whole_sockets(_ceil_div(n, tpc), socket_cores, most_cores) * tpc
 
     def memory(t: int, node_cpus: int) -> int | None:
         if mem_node:
@@ -385,6 +396,7 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     rounding_only = linear
     if linear and whole_cores:
         linear = c % vpus == 0 or (ntasks_per_core == 1 and c > vpus)
+        linear = linear and socket_cores == (1,)  # sockets: one per core, not per task
     if not linear and rounding_only and nodes.count and nodes.least_cpus:
         # Only the whole-core rounding is not linear: one task's rounded
         # figure per task covers every t (t x ceil(c/u) cores >= ceil(t x c/u))
@@ -411,9 +423,14 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     if per_task is not None and not always_per_node:
         return _Plan(per_task, {}, mem_node)
     # Per node: the most any node can get, capped at what the biggest node has
-    # (Slurm cannot allocate more there, so this never makes a job unrunnable).
+    # (Slurm cannot allocate more there, so on nodes of one size this never
+    # makes a job unrunnable; on smaller nodes it cannot run: README, Known limits).
     most = _max_tasks(job)
-    extra = (job.min_cpus or 0) - ((job.min_nodes or 1) - 1) * one  # NumCPUs beyond the others
+    extra = 0
+    if job.min_cpus and job.min_cpus > job.num_tasks * c:
+        # NumCPUs above the tasks' CPUs: the extra may all land on one node
+        # (otherwise the tasks' CPUs cover NumCPUs: cpus(most) is the most).
+        extra = job.min_cpus - ((job.min_nodes or 1) - 1) * one
     n = max(cpus(most), cpus_rounded(extra))
     if nodes.cpus:
         n = min(n, max(nodes.cpus, one))
@@ -421,6 +438,21 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     if mem and nodes.memory and not mem_node:
         mem = min(mem, max(nodes.memory, memory(1, one) or 0))
     return _Plan(per_task, figures(n, mem), mem_node)
+
+
+def _whole_sockets(cores: int, socket_cores: tuple, most_cores: int | None) -> int:
+    """Cores Slurm allocates under CR_Socket for `cores` cores on a node:
+    whole sockets, up to one for each core.  The default (cyclic) task
+    distribution takes a core from each socket in turn (dist_tasks.c
+    _cyclic_sync_core_bitmap packs a task into one socket only for -c > 1,
+    and not even then once the job has -n and a GRES: seen -n 2 -N 1 get
+    CPU_IDs 0-7 on 2 x 4 cores, and -n 1 -c 4 with any GRES both sockets of
+    2 x 2 x 2).  At most the biggest node's sockets; the most over the
+    sockets' sizes."""
+    if socket_cores == (1,):
+        return cores
+    return max(cores, max(min(cores, most_cores // size if most_cores else cores) * size
+                          for size in socket_cores))
 
 
 def _gpu_default(part: Partition, site: Site) -> GpuDefault:

@@ -98,14 +98,21 @@ def _gpus(gres_list: str | None) -> int:
         return 0
 
 
-def _node(pairs: dict) -> tuple[int, int | None, int | None, int]:
-    """(ThreadsPerCore, CPUs, RealMemory, GPUs) of one NodeName line's values."""
+def _node(pairs: dict) -> tuple[int, int | None, int | None, int, int]:
+    """(ThreadsPerCore, CPUs, RealMemory, GPUs, CoresPerSocket) of one
+    NodeName line's values (Slurm's defaults: a line with CPUs alone has
+    sockets of one core)."""
     threads = _int(pairs, "threadspercore") or 1
+    sockets = (_int(pairs, "sockets") or _int(pairs, "socketsperboard") or 1) * \
+        (_int(pairs, "boards") or 1)
+    cores = _int(pairs, "corespersocket")
     cpus = _int(pairs, "cpus") or _int(pairs, "procs")
     if cpus is None:
-        sockets = _int(pairs, "sockets") or _int(pairs, "socketsperboard") or 1
-        cpus = sockets * (_int(pairs, "corespersocket") or 1) * threads * (_int(pairs, "boards") or 1)
-    return threads, cpus, _int(pairs, "realmemory"), _gpus(pairs.get("gres"))
+        cpus = sockets * (cores or 1) * threads
+    if cores is None:
+        has_sockets = "sockets" in pairs or "socketsperboard" in pairs
+        cores = max(1, cpus // (sockets * threads)) if has_sockets else 1
+    return threads, cpus, _int(pairs, "realmemory"), _gpus(pairs.get("gres")), cores
 
 
 def _most(nodes: list[tuple]) -> Nodes:
@@ -116,7 +123,8 @@ def _most(nodes: list[tuple]) -> Nodes:
                  memory=max(memory) if memory else None, count=len(nodes),
                  least_cpus=min(n[1] for n in nodes),
                  least_memory=min(n[2] or 1 for n in nodes),
-                 gpus=max(n[3] for n in nodes) or None)
+                 gpus=max(n[3] for n in nodes) or None,
+                 cores_per_socket=tuple(sorted({n[4] for n in nodes})))
 
 
 def _gpu_default(pairs: dict) -> GpuDefault:

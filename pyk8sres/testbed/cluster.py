@@ -94,19 +94,28 @@ def slurm_conf_text(work: str, *, nodes: int, cpus: int, memory: int, base_port:
                     node_features: bool, def_mem_per_cpu: int, plugin_dir: str,
                     extra: str = "", auth: str = "munge", slurm_user: str = "root",
                     layout: str = "", job_submit: bool = True,
-                    partitions: str | None = None, accounting: str = "", gpus: int = 0) -> str:
+                    partitions: str | None = None, accounting: str = "", gpus: int = 0,
+                    sizes: list[tuple[int, int, str]] | None = None,
+                    select_type_parameters: str = "CR_Core_Memory") -> str:
     """accounting: the AccountingStorage*/JobComp* lines (accounting.py);
-    none by default.  gpus: GPUs per node (gres_conf_text gives their files)."""
+    none by default.  gpus: GPUs per node (gres_conf_text gives their files).
+    sizes: (CPUs, RealMemory, layout) of each node, for nodes of different
+    sizes (else every node has cpus, memory and layout).  slurmd runs with
+    SlurmdParameters=config_overrides: it reports these figures (not the
+    host's), so one machine can look like SMT hardware or a mixed partition."""
     host = socket.gethostname()
-    last = base_port + nodes
-    node_gres = ([f"gpu:{gpus}"] if gpus else []) + \
-        ([] if node_features else [f"k8scpu:{cpus}", f"k8smemory:{memory}"])
-    gres = f" Gres={','.join(node_gres)}" if node_gres else ""
-    # slurmd runs with SlurmdParameters=config_overrides: it reports this
-    # layout (not the host's) so one machine can look like SMT hardware.
-    node_line = (f"NodeName=n[1-{nodes}] NodeHostname={host} NodeAddr=127.0.0.1 "
-                 f"Port=[{base_port + 1}-{last}] CPUs={cpus}{layout} RealMemory={memory}{gres} "
-                 f"State=UNKNOWN")
+    if sizes:  # one line per node
+        node_lines = "\n".join(
+            f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={node_port} "
+            f"CPUs={node_cpus}{node_layout} RealMemory={node_memory}"
+            f"{_node_gres(gpus, node_features, node_cpus, node_memory)} State=UNKNOWN"
+            for name, node_port, (node_cpus, node_memory, node_layout) in zip(
+                node_names(nodes), range(base_port + 1, base_port + nodes + 1), sizes))
+    else:
+        node_lines = (f"NodeName=n[1-{nodes}] NodeHostname={host} NodeAddr=127.0.0.1 "
+                      f"Port=[{base_port + 1}-{base_port + nodes}] CPUs={cpus}{layout} "
+                      f"RealMemory={memory}{_node_gres(gpus, node_features, cpus, memory)} "
+                      f"State=UNKNOWN")
     features = "NodeFeaturesPlugins=node_features/k8s_resources\n" if node_features else ""
     submit = "JobSubmitPlugins=k8s_resource_completion\n" if job_submit else ""
     if partitions is None:
@@ -131,7 +140,7 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 {accounting or NO_ACCOUNTING}MpiDefault=none
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
+SelectTypeParameters={select_type_parameters}
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2
 ReturnToService=2
@@ -143,9 +152,17 @@ DefMemPerCPU={def_mem_per_cpu}
 # --- pyk8sres: share nodes with Kubernetes (see slurm-conf/) ---
 GresTypes={"gpu," if gpus else ""}k8scpu,k8smemory
 {submit}{features}{extra}
-{node_line}
+{node_lines}
 {partitions}
 """
+
+
+def _node_gres(gpus: int, node_features: bool, cpus: int, memory: int) -> str:
+    """A node's Gres=: its GPUs, and its k8s capacity when no node_features
+    plugin sets that."""
+    node_gres = ([f"gpu:{gpus}"] if gpus else []) + \
+        ([] if node_features else [f"k8scpu:{cpus}", f"k8smemory:{memory}"])
+    return f" Gres={','.join(node_gres)}" if node_gres else ""
 
 
 def auth_lines(work: str, auth: str) -> str:
@@ -395,7 +412,9 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
        sockets: int | None = None, cores_per_socket: int | None = None,
        threads_per_core: int | None = None, job_submit: bool = True,
        partitions: str | None = None, accounting: bool = False,
-       rest: bool = False, gpus: int = 0) -> Cluster:
+       rest: bool = False, gpus: int = 0,
+       node_sizes: list[tuple[int, int]] | None = None,
+       select_type_parameters: str = "CR_Core_Memory") -> Cluster:
     """Write the configuration, start every daemon, wait until nodes are idle.
 
     slurmd=False starts only munged and slurmctld: nodes then exist in
@@ -415,8 +434,17 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     accounting: also a private MariaDB and slurmdbd (accounting.py), with
     the k8s GRES as accounted TRES; rest: slurmrestd with JWT (rest.py);
     gpus: that many (fake) GPUs per node (gres_conf_text).
+    node_sizes: (CPUs, RealMemory) of each node, for a partition of nodes
+    of different sizes (cpus and memory are then unused; the layout's
+    sockets and threads per core hold on every node).
+    select_type_parameters: slurm.conf's SelectTypeParameters (e.g.
+    CR_Socket_Memory: whole sockets).
     Their ports follow the slurmd ones (service_ports)."""
     layout = topology(cpus, sockets, cores_per_socket, threads_per_core)
+    if node_sizes is not None and len(node_sizes) != nodes:
+        raise ClusterError(f"{len(node_sizes)} node sizes for {nodes} nodes")
+    sizes = [(n, m, topology(n, sockets, cores_per_socket, threads_per_core))
+             for n, m in node_sizes] if node_sizes else None
     if gpus < 0:
         raise ClusterError(f"--gpus {gpus}: a node has 0 or more GPUs")
     if os.geteuid() != 0:
@@ -489,7 +517,8 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
                                          plugin_dir=release.plugin_dir, extra=extra_conf,
                                          auth=auth, slurm_user=slurm_user, layout=layout,
                                          job_submit=job_submit, partitions=partitions,
-                                         gpus=gpus,
+                                         gpus=gpus, sizes=sizes,
+                                         select_type_parameters=select_type_parameters,
                                          accounting=accounting_mod.slurm_conf_lines(
                                              work, services["slurmdbd"], auth) if acct else ""))
     if auth == "slurm":

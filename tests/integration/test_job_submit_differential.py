@@ -8,17 +8,22 @@ same nodes, side by side: one with our job_submit plugin, one without it
   * with the plugin, on every node of every job (array tasks included), the
     k8scpu/k8smemory held (`scontrol -d show job`: GRES=k8scpu(CNT:n)) is at
     least the CPUs (CPU_IDs) and memory (Mem) Slurm allocated there.
-Five outcomes are counted apart, each checked against plain Slurm rather
+Six outcomes are counted apart, each checked against plain Slurm rather
 than excused by shape: a shape plain Slurm refuses or holds too once it
 carries any GRES, or starts only once it does (resubmitted there with
 --gres=k8scpu:1), a --ntasks-per-gpu shape the plugin refuses that plain
 Slurm refuses too with --gres=k8smemory:100,
-and an array whose tasks each start on an idle cluster but not all at once
+an array whose tasks each start on an idle cluster but not all at once
 (the running ones are cancelled and the others must then start; the
-per-node over-hold of the policy's third mode).
+per-node over-hold of the policy's third mode), and, on nodes of different
+sizes, a shape that starts only without the plugin where plain Slurm's own
+layout gives one node more CPUs or memory than another node of the job has
+(no count per node covers it; README, Known limits).
 Both on plain nodes and on SMT nodes (2 sockets x 2 cores x 2 threads, CR_Core),
-and on GPU nodes (2 sockets, 2 GPUs each; DefCpuPerGPU/DefMemPerGPU set for the
-cluster and, differently, for partition b), where shapes also draw GPU options.
+on GPU nodes (2 sockets, 2 GPUs each; DefCpuPerGPU/DefMemPerGPU set for the
+cluster and, differently, for partition b), where shapes also draw GPU options,
+on nodes of three sizes (8, 4 and 12 CPUs) in the same partitions, and on
+the SMT nodes under CR_Socket_Memory (whole sockets).
 
 CI runs PYK8SRES_DIFF_SHAPES shapes per topology (default 12, ~1 minute);
 the full run is `PYK8SRES_DIFF_SHAPES=200 python3 -m pytest
@@ -27,7 +32,7 @@ draws other shapes (default 9).  Each run writes
 every outcome to diff-<topology>.json in the pytest tmp dir and prints a
 summary.  PYK8SRES_DIFF_BASELINE=<site-packages>/pyk8sres/_lib runs another
 build's plugin instead of this one (to measure a baseline, e.g. main).
-Ports: port(17400) .. +27.
+Ports: port(17400) .. +47.
 """
 import json
 import os
@@ -51,10 +56,15 @@ NODES, CPUS, MEMORY = 3, 8, 16000
 PARTITIONS = ("PartitionName=a Nodes=ALL Default=YES DefMemPerCPU=100 MaxTime=INFINITE State=UP\n"
               "PartitionName=b Nodes=ALL DefMemPerCPU=300 MaxMemPerCPU=1000 DefCpuPerGPU=2 "
               "DefMemPerGPU=1500 MaxTime=INFINITE State=UP")
+# mixed: nodes of three sizes in every partition, as real partitions often are
+MIXED_SIZES = [(8, 16000), (4, 8000), (12, 24000)]
 TOPOLOGIES = {"plain": {}, "smt": {"sockets": 2, "threads_per_core": 2},
               "gpu": {"sockets": 2, "gpus": 2,
-                      "extra_conf": "DefCpuPerGPU=3\nDefMemPerGPU=3000\n"}}
-PORTS = {"plain": 0, "smt": 10, "gpu": 20}
+                      "extra_conf": "DefCpuPerGPU=3\nDefMemPerGPU=3000\n"},
+              "mixed": {"node_sizes": MIXED_SIZES},
+              "socket": {"sockets": 2, "threads_per_core": 2,
+                         "select_type_parameters": "CR_Socket_Memory"}}
+PORTS = {"plain": 0, "smt": 10, "gpu": 20, "mixed": 30, "socket": 40}
 START_TIMEOUT = 6.0
 
 
@@ -247,14 +257,40 @@ def pair(request, tmp_path_factory):
             cluster.down(work)
 
 
-def held_short(jobs: list[dict]) -> list[str]:
+def node_sizes(topology: str) -> dict:
+    """Each node's (CPUs, RealMemory): all of its k8scpu and k8smemory."""
+    sizes = TOPOLOGIES[topology].get("node_sizes") or [(CPUS, MEMORY)] * NODES
+    return {f"n{i}": size for i, size in enumerate(sizes, 1)}
+
+
+def no_count_per_node_covers(plain_jobs: list[dict], sizes: dict) -> bool:
+    """Ground truth for a shape that starts only without the plugin, on nodes
+    of different sizes: plain Slurm's own layout gives one node of the job
+    more CPUs (or memory) than another node of the same job has in all, so
+    no count per node can both cover the one and fit the other; or it gives
+    the job all of a node's memory where nodes differ in memory (README,
+    row 17: the plugin refuses that with the ways out)."""
+    memories = {memory for _, memory in sizes.values()}
+    for job in plain_jobs:
+        used = job["nodes"]
+        if len(memories) > 1 and used and \
+                all(a["mem"] == sizes[node][1] for node, a in used.items()):
+            return True
+        for i, what in enumerate(("cpus", "mem")):
+            if len(used) > 1 and max(a[what] for a in used.values()) > \
+                    min(sizes[node][i] for node in used):
+                return True
+    return False
+
+
+def held_short(jobs: list[dict], sizes: dict) -> list[str]:
     """Every node where the GRES held is below what Slurm allocated (memory:
     at most the node's own, which is all its k8smemory; Slurm 22.05 gives a
     --gpus-per-socket job more, e.g. Mem=24000 on these 16000 MB nodes)."""
     short = []
     for job in jobs:
         for node, a in job["nodes"].items():
-            if a["k8scpu"] < a["cpus"] or a["k8smemory"] < min(a["mem"], MEMORY):
+            if a["k8scpu"] < a["cpus"] or a["k8smemory"] < min(a["mem"], sizes[node][1]):
                 short.append(f"job {job['id']} {node}: {a['cpus']} CPUs/{a['mem']} MB allocated, "
                              f"holds k8scpu {a['k8scpu']} k8smemory {a['k8smemory']}")
     return short
@@ -326,6 +362,7 @@ def starts_with_any_gres(plain: Side, opts: list[str]) -> bool:
 def test_differential(pair):
     topology, ours, plain, out_dir = pair
     results, violations = [], []
+    sizes = node_sizes(topology)
     for opts in shapes(COUNT, gpus=topology == "gpu"):
         accepted = (ours.submit(opts), plain.submit(opts))
         deadline = time.monotonic() + START_TIMEOUT
@@ -338,7 +375,7 @@ def test_differential(pair):
         result = {"opts": " ".join(opts), "ours": {**accepted[0], "started": started[0],
                                                    "jobs": ours_jobs},
                   "plain": {**accepted[1], "started": started[1], "jobs": plain_jobs}}
-        problems = held_short(ours_jobs) if started[0] else []
+        problems = held_short(ours_jobs, sizes) if started[0] else []
         if started[1] and not started[0] and refused_with_any_gres(plain, opts, accepted[0]):
             result["refused_with_any_gres"] = True
         elif started[1] and not started[0] and \
@@ -349,7 +386,10 @@ def test_differential(pair):
         elif started[1] and not started[0] and \
                 (later := ours.start_one_after_another()) is not None:
             result["one_after_another"] = True
-            problems += held_short([j for j in ours_jobs if j["state"] == "RUNNING"] + later)
+            problems += held_short([j for j in ours_jobs if j["state"] == "RUNNING"] + later,
+                                   sizes)
+        elif started[1] and not started[0] and no_count_per_node_covers(plain_jobs, sizes):
+            result["no_count_per_node"] = True
         elif started[0] and not started[1] and starts_with_any_gres(plain, opts):
             result["starts_only_with_a_gres"] = True
         elif started[0] != started[1]:
@@ -371,6 +411,8 @@ def test_differential(pair):
           f"held by Slurm with any GRES {sum('held_with_any_gres' in r for r in results)}, "
           f"array tasks one after another {sum('one_after_another' in r for r in results)}, "
           f"starts only with a GRES {sum('starts_only_with_a_gres' in r for r in results)}, "
+          f"no count per node covers plain Slurm's layout "
+          f"{sum('no_count_per_node' in r for r in results)}, "
           f"violations {len(violations)} ({path})")
     assert both > len(results) // 3, "too few shapes started to mean anything"
     assert not violations, "\n".join(violations)

@@ -118,3 +118,35 @@ def test_slurm_conf_smt_layout_and_no_job_submit(tmp_path):
                                    job_submit=False)
     assert "CPUs=8 Sockets=1 CoresPerSocket=4 ThreadsPerCore=2" in text
     assert "SlurmdParameters=config_overrides" in text and "JobSubmitPlugins" not in text
+
+
+def test_slurm_conf_nodes_of_different_sizes(tmp_path):
+    sizes = [(8, 16000, ""), (4, 8000, ""), (12, 24000, cluster.topology(12, sockets=2))]
+    text = cluster.slurm_conf_text(str(tmp_path), nodes=3, cpus=0, memory=0, base_port=17000,
+                                   node_features=False, def_mem_per_cpu=100, plugin_dir="/x",
+                                   sizes=sizes)
+    lines = [line for line in text.splitlines() if line.startswith("NodeName=")]
+    assert [line.split()[0] for line in lines] == ["NodeName=n1", "NodeName=n2", "NodeName=n3"]
+    assert "Port=17002 CPUs=4 RealMemory=8000 Gres=k8scpu:4,k8smemory:8000" in lines[1]
+    assert "CPUs=12 Sockets=2 CoresPerSocket=6 ThreadsPerCore=1 RealMemory=24000" in lines[2]
+
+
+@pytest.mark.parametrize("text,sizes", [
+    ("8:16000,4:8000", [(8, 16000), (4, 8000)]),
+    ("12:24000", [(12, 24000)]),
+    ("8", None), ("8:16000,", None), ("0:100", None), ("a:b", None),
+])
+def test_node_sizes_option(text, sizes):
+    import argparse
+    from pyk8sres import cli
+    if sizes is None:
+        with pytest.raises(argparse.ArgumentTypeError, match="expected CPUS:MB"):
+            cli._node_sizes(text)
+    else:
+        assert cli._node_sizes(text) == sizes
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cluster up refuses non-root first")
+def test_node_sizes_must_match_nodes(tmp_path):
+    with pytest.raises(cluster.ClusterError, match="2 node sizes for 3 nodes"):
+        cluster.up(str(tmp_path), nodes=3, node_sizes=[(8, 16000), (4, 8000)])

@@ -5,7 +5,8 @@ import itertools
 import random
 
 from pyk8sres import GRES_CPU as CPU, GRES_MEMORY as MEM
-from pyk8sres.slurmctld.completion import (CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE, Job,
+from pyk8sres.slurmctld.completion import (CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE,
+                                           CR_SOCKET, Job,
                                            GpuDefault, MemDefault, Nodes, Partition, PolicyError, Site,
                                            complete, complete_modify, decode_memory, required,
                                            MEM_PER_CPU, NO_VAL64)
@@ -24,6 +25,15 @@ SMT_CR_CPU = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_
                   select_type_param=CR_CPU)
 SMT_ONE_TASK = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100),
                     all_nodes=SMT_NODES, select_type_param=CR_CORE | CR_ONE_TASK_PER_CORE)
+# CR_Socket: 2 nodes of 2 sockets x 4 cores; and of 2 sockets x 2 cores x 2 threads
+SOCKET_NODES = Nodes(threads_per_core=1, cpus=8, memory=16000, count=2, least_cpus=8,
+                     cores_per_socket=(4,))
+SOCKETS = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=SOCKET_NODES,
+               select_type_param=CR_SOCKET | CR_MEMORY)
+SOCKETS_SMT = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100),
+                   all_nodes=Nodes(threads_per_core=2, cpus=8, memory=16000, count=2,
+                                   least_cpus=8, cores_per_socket=(2,)),
+                   select_type_param=CR_SOCKET | CR_MEMORY)
 LIMITED = Site(cluster_mem=MemDefault(per_cpu=100), all_nodes=NODES, default_partition="lim",
                partitions={"lim": Partition(max_mem_per_cpu=1000, nodes=NODES)})
 PLAIN3 = Nodes(threads_per_core=1, cpus=8, memory=16000, count=3, least_cpus=8)
@@ -327,6 +337,9 @@ RULES = [
      Job(min_nodes=3, max_nodes=3, min_cpus=6, cpus_per_task=2), {CPU: 2, MEM: 200}, {}),
     ("NumCPUs=12 -n 4 spread: per node, capped", SITE, Job(num_tasks=4, min_cpus=12),
      {CPU: 8, MEM: 800}, {}),
+    ("sbatch's own NumCPUs (n x c) adds nothing spread: -n 5 -c 2 --ntasks-per-node=2 gets "
+     "c x 2 a node (was k8scpu:10 on a 12-CPU node: only that node could hold it)", SITE,
+     Job(num_tasks=5, min_cpus=10, cpus_per_task=2, ntasks_per_node=2), {CPU: 4, MEM: 400}, {}),
     ("-n 4 --mincpus=3: not t x one task: per node, most a node can get", SITE,
      Job(num_tasks=4, pn_min_cpus=3), {CPU: 4, MEM: 400}, {}),
     ("-n 20 --mincpus=2: capped at the biggest node", SITE, Job(num_tasks=20, pn_min_cpus=2),
@@ -377,6 +390,30 @@ RULES = [
      {CPU: 2, MEM: 200}),
     ("SMT nodes under CR_CPU: threads, no rounding", SMT_CR_CPU, Job(num_tasks=3), {},
      {CPU: 1, MEM: 100}),
+    # CR_Socket (seen on 22.05, 2 x 4 cores: CPU_IDs and Mem of plain Slurm's jobs)
+    ("CR_Socket: bare job gets a whole socket (0-3, Mem=400)", SOCKETS, Job(),
+     {CPU: 4, MEM: 400}, {}),
+    ("CR_Socket: -c 5 gets both sockets", SOCKETS, Job(cpus_per_task=5), {CPU: 8, MEM: 800}, {}),
+    ("CR_Socket: -c 2 --mem-per-cpu=200: a socket per core (one seen without -n: over)",
+     SOCKETS, Job(cpus_per_task=2, mem_per_cpu=200), {CPU: 8, MEM: 1600}, {}),
+    ("CR_Socket: -n 2 -N 1: a socket per core (cyclic), 0-7", SOCKETS,
+     Job(num_tasks=2, min_nodes=1, max_nodes=1), {CPU: 8, MEM: 800}, {}),
+    ("CR_Socket: -n 3 -N 1: both sockets, not 3 of them", SOCKETS,
+     Job(num_tasks=3, min_nodes=1, max_nodes=1), {CPU: 8, MEM: 800}, {}),
+    ("CR_Socket: -n 2 -N 2: a socket on each node", SOCKETS,
+     Job(num_tasks=2, min_nodes=2, max_nodes=2), {CPU: 4, MEM: 400}, {}),
+    ("CR_Socket: -n 4 -N 2: a socket per task fits: per task", SOCKETS,
+     Job(num_tasks=4, min_nodes=2, max_nodes=2), {}, {CPU: 4, MEM: 400}),
+    ("CR_Socket: -n 9: a socket per task does not fit: per node, all (8 + 4 seen)", SOCKETS,
+     Job(num_tasks=9), {CPU: 8, MEM: 800}, {}),
+    ("CR_Socket: -n 4 -c 4: a task spans both sockets; per task would not fit: per node",
+     SOCKETS, Job(num_tasks=4, cpus_per_task=4), {CPU: 8, MEM: 800}, {}),
+    ("CR_Socket on SMT: -n 1 -c 4 (2 cores): both sockets, as seen with any GRES",
+     SOCKETS_SMT, Job(num_tasks=1, cpus_per_task=4), {CPU: 8, MEM: 800}, {}),
+    ("CR_Socket on SMT: bare job gets a socket of 2 cores x 2 threads", SOCKETS_SMT, Job(),
+     {CPU: 4, MEM: 400}, {}),
+    ("CR_Socket on SMT: --threads-per-core=1 -c 3: 3 cores, 2 sockets", SOCKETS_SMT,
+     Job(cpus_per_task=3, threads_per_core=1), {CPU: 8, MEM: 400}, {}),
     # memory settings
     ("MaxMemPerCPU=1000 --mem-per-cpu=4000: 4 CPUs of 1000", LIMITED, Job(mem_per_cpu=4000),
      {CPU: 4, MEM: 4000}, {}),

@@ -100,11 +100,25 @@ def test_slurm_conf_topology_and_defaults(tmp_path):
     assert conf.default_partition == "smt"
     smt, wide, every = conf.partitions["smt"], conf.partitions["wide"], conf.partitions["all"]
     assert smt == completion.Partition(mem=MemDefault(per_cpu=300), max_mem_per_cpu=1000,
-                                       nodes=completion.Nodes(2, 8, 16000, 2, 8, 16000))
+                                       nodes=completion.Nodes(2, 8, 16000, 2, 8, 16000,
+                                                              cores_per_socket=(4,)))
     # DefMemPerNode on the line beats the DEFAULT line's DefMemPerCPU (Slurm: mutually exclusive)
     assert wide.mem == MemDefault(per_node=2000)
-    assert wide.nodes == completion.Nodes(1, 16, 64000, 2, 16, 64000)  # CPUs from sockets x cores x threads
-    assert every.mem == MemDefault(per_cpu=50) and every.nodes == completion.Nodes(2, 16, 64000, 4, 8, 16000)
+    assert wide.nodes == completion.Nodes(1, 16, 64000, 2, 16, 64000,  # CPUs from sockets x cores x threads
+                                          cores_per_socket=(8,))
+    assert every.mem == MemDefault(per_cpu=50) and \
+        every.nodes == completion.Nodes(2, 16, 64000, 4, 8, 16000, cores_per_socket=(4, 8))
+
+
+@pytest.mark.parametrize("line,cores", [
+    ("NodeName=a CPUs=8", 1),                               # Slurm: sockets of one core
+    ("NodeName=a CPUs=16 Sockets=2 ThreadsPerCore=2", 4),    # cores from CPUs
+    ("NodeName=a Sockets=2 CoresPerSocket=6", 6),
+    ("NodeName=a Boards=2 SocketsPerBoard=2 CoresPerSocket=3 ThreadsPerCore=2", 3),
+])
+def test_slurm_conf_cores_per_socket(line, cores):
+    conf = slurmconf.parse([line, "PartitionName=p Nodes=ALL"])
+    assert conf.partitions["p"].nodes.cores_per_socket == (cores,)
 
 
 @pytest.mark.parametrize("text,names", [
