@@ -9,7 +9,7 @@ follows Slurm 22.05's own code (README, "What a job requests", has the table):
 
 CPUs on a node holding t tasks (cons_tres dist_tasks.c _block_sync_core_bitmap):
     cpus  = max(t x cpus_per_task, --mincpus, --cpus-per-gpu x GPUs)
-    CR_Core/CR_Socket: whole cores,
+    CR_Core/CR_Socket (and CR_CPU, below): whole cores,
       cores = ceil(cpus / vpus), or (cpus // c) x ceil(c / vpus) with
               --ntasks-per-core=1 and c > vpus
       CPUs  = cores x ThreadsPerCore
@@ -18,7 +18,10 @@ CPUs on a node holding t tasks (cons_tres dist_tasks.c _block_sync_core_bitmap):
       CR_Socket: whole sockets, up to one for each core (the default
               distribution takes a core from each socket in turn), at most
               the node's
-    CR_CPU: cpus.
+    CR_CPU: the same whole cores when slurm.conf gives the nodes
+      ThreadsPerCore > 1 (slurm.conf(5): that "will prevent more than one
+      job from being allocated on each core"; seen: -n 1 -c 1 gets
+      CPU_IDs 0-1); with CPUs= alone every CPU is a core.
 Memory on a node (cons_common job_test.c): --mem, or per-CPU memory x the
     node's CPUs (counting only --threads-per-core threads of each core).
 Per-CPU memory above MaxMemPerCPU raises cpus_per_task by the ratio and
@@ -315,7 +318,7 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     tpc = nodes.threads_per_core
     # CR_Socket: whole sockets of each of these sizes (in cores); (1,): none
     socket_cores = nodes.cores_per_socket if param & CR_SOCKET else (1,)
-    whole_cores = bool(param & (CR_CORE | CR_SOCKET | CR_BOARD)) and \
+    whole_cores = bool(param & (CR_CPU | CR_CORE | CR_SOCKET | CR_BOARD)) and \
         (tpc > 1 or socket_cores != (1,))
     most_cores = nodes.cpus // tpc if nodes.cpus else None  # the biggest node's
     ntasks_per_core = job.ntasks_per_core or (1 if param & CR_ONE_TASK_PER_CORE else None)
@@ -397,7 +400,10 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     if linear and whole_cores:
         linear = c % vpus == 0 or (ntasks_per_core == 1 and c > vpus)
         linear = linear and socket_cores == (1,)  # sockets: one per core, not per task
-    if not linear and rounding_only and nodes.count and nodes.least_cpus:
+    # (Not under CR_Socket: there a per-task GRES makes 22.05 refuse fixed
+    # node counts, seen: -n 5 -N 3 on 3 nodes of 2 x 2 x 2, BadConstraints.)
+    if not linear and rounding_only and nodes.count and nodes.least_cpus and \
+            socket_cores == (1,):
         # Only the whole-core rounding is not linear: one task's rounded
         # figure per task covers every t (t x ceil(c/u) cores >= ceil(t x c/u))
         # but lets fewer tasks onto a node; use it when the job still fits

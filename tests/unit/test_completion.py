@@ -388,8 +388,10 @@ RULES = [
      Job(overcommit=True, num_tasks=16, min_nodes=1, max_nodes=1), {CPU: 2, MEM: 200}, {}),
     ("SMT: CR_ONE_TASK_PER_CORE: a core per task", SMT_ONE_TASK, Job(num_tasks=3), {},
      {CPU: 2, MEM: 200}),
-    ("SMT nodes under CR_CPU: threads, no rounding", SMT_CR_CPU, Job(num_tasks=3), {},
-     {CPU: 1, MEM: 100}),
+    ("SMT nodes under CR_CPU: whole cores too (one job a core), per task rounded",
+     SMT_CR_CPU, Job(num_tasks=3), {}, {CPU: 2, MEM: 200}),
+    ("SMT nodes under CR_CPU: -n 5 -N 1 --mincpus=3: 3 cores (6 CPUs seen)", SMT_CR_CPU,
+     Job(num_tasks=5, min_nodes=1, max_nodes=1, pn_min_cpus=3), {CPU: 6, MEM: 600}, {}),
     # CR_Socket (seen on 22.05, 2 x 4 cores: CPU_IDs and Mem of plain Slurm's jobs)
     ("CR_Socket: bare job gets a whole socket (0-3, Mem=400)", SOCKETS, Job(),
      {CPU: 4, MEM: 400}, {}),
@@ -402,8 +404,8 @@ RULES = [
      Job(num_tasks=3, min_nodes=1, max_nodes=1), {CPU: 8, MEM: 800}, {}),
     ("CR_Socket: -n 2 -N 2: a socket on each node", SOCKETS,
      Job(num_tasks=2, min_nodes=2, max_nodes=2), {CPU: 4, MEM: 400}, {}),
-    ("CR_Socket: -n 4 -N 2: a socket per task fits: per task", SOCKETS,
-     Job(num_tasks=4, min_nodes=2, max_nodes=2), {}, {CPU: 4, MEM: 400}),
+    ("CR_Socket: -n 4 -N 2: never per task (22.05 refuses -n 5 -N 3 so): per node, all",
+     SOCKETS, Job(num_tasks=4, min_nodes=2, max_nodes=2), {CPU: 8, MEM: 800}, {}),
     ("CR_Socket: -n 9: a socket per task does not fit: per node, all (8 + 4 seen)", SOCKETS,
      Job(num_tasks=9), {CPU: 8, MEM: 800}, {}),
     ("CR_Socket: -n 4 -c 4: a task spans both sockets; per task would not fit: per node",
@@ -561,7 +563,7 @@ def random_jobs(count: int, seed: int = 9):
                   overcommit=rng.random() < 0.1)
 
 
-@pytest.mark.parametrize("site,whole", [(SITE, True), (SMT, True), (SMT_CR_CPU, False)],
+@pytest.mark.parametrize("site,whole", [(SITE, True), (SMT, True), (SMT_CR_CPU, True)],
                          ids=["plain", "smt", "smt-cr-cpu"])
 def test_held_covers_allocated_for_random_shapes(site, whole):
     tpc = site.all_nodes.threads_per_core
