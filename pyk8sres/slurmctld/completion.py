@@ -142,6 +142,7 @@ class Nodes:
     least_cpus: int | None = None    # the fewest CPUs on any of its nodes
     least_memory: int | None = None  # the least RealMemory on any of its nodes (unset: 1)
     gpus: int | None = None          # the most GPUs on any of its nodes (Gres=gpu:N)
+    cpu_counts: tuple = ()           # ((CPUs, how many nodes have that many), ...); (): unknown
     cores_per_socket: tuple = (1,)   # each distinct CoresPerSocket of its nodes (CR_Socket)
 
 
@@ -259,6 +260,7 @@ class _Plan(typing.NamedTuple):
     per_task: dict | None    # exact per-task figures, or None when no such figures exist
     per_node: dict           # per-node figures (always available)
     mem_per_node: int | None  # memory asked per node in either mode (--mem, DefMemPerNode)
+    most: bool = False       # per_node is the most a node may get, not the same on each
 
 
 def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -> _Plan:
@@ -443,7 +445,7 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     mem = memory(most, n)
     if mem and nodes.memory and not mem_node:
         mem = min(mem, max(nodes.memory, memory(1, one) or 0))
-    return _Plan(per_task, figures(n, mem), mem_node)
+    return _Plan(per_task, figures(n, mem), mem_node, most=True)
 
 
 def _whole_sockets(cores: int, socket_cores: tuple, most_cores: int | None) -> int:
@@ -514,6 +516,13 @@ def _fits(per_node: dict, nodes: Nodes) -> bool:
         (not nodes.memory or per_node.get(GRES_MEMORY, 0) <= nodes.memory)
 
 
+def _room(per_node: dict, nodes: Nodes) -> int | None:
+    """How many of the nodes have as many CPUs as per_node's k8scpu (None: unknown)."""
+    need = per_node.get(GRES_CPU, 0)
+    return sum(count for cpus, count in nodes.cpu_counts if cpus >= need) \
+        if nodes.cpu_counts else None
+
+
 def required(job: Job, site: Site) -> tuple[dict, dict]:
     """(per_node, per_task) counts of k8scpu/k8smemory the job must request."""
     parts = _partitions(job, site)
@@ -523,8 +532,10 @@ def required(job: Job, site: Site) -> tuple[dict, dict]:
         # that needs more per node than its biggest node has (seen: -p b,a
         # --mem-per-cpu above b's MaxMemPerCPU doubles the CPUs) is not where
         # it runs, so its figures must not make the job unrunnable in the others.
-        fitting = [plan for plan, part in zip(plans, parts) if _fits(plan.per_node, part.nodes)]
-        plans = fitting or plans
+        fitting = [(plan, part) for plan, part in zip(plans, parts)
+                   if _fits(plan.per_node, part.nodes)]
+        if fitting:
+            plans, parts = [plan for plan, _ in fitting], [part for _, part in fitting]
     memory_per_node = {bool(p.mem_per_node) for p in plans}
     if all(p.per_task is not None for p in plans) and len(memory_per_node) == 1:
         per_task = _merge([p.per_task for p in plans])
@@ -532,6 +543,18 @@ def required(job: Job, site: Site) -> tuple[dict, dict]:
         per_node = {GRES_MEMORY: max(mem)} if mem and GRES_MEMORY not in per_task else {}
     else:
         per_task, per_node = {}, _merge([p.per_node for p in plans])
+        rooms = [_room(p.per_node, part.nodes) for p, part in zip(plans, parts)]
+        nodes = job.min_nodes or 1
+        if all(p.most for p in plans) and all(r is not None and r < nodes for r in rooms):
+            # Nodes of different sizes, and Slurm decides how many CPUs each
+            # gets: the count that covers the most on one node does not fit
+            # enough of them (Slurm would refuse it less clearly).
+            raise PolicyError(
+                f"this job may get up to {per_node[GRES_CPU]} CPUs on one of its nodes (Slurm "
+                f"decides when it schedules it), so it must hold k8scpu:{per_node[GRES_CPU]} on "
+                f"each; it needs {nodes} nodes and only {max(rooms)} of its partition's nodes "
+                f"have that many CPUs: ask --ntasks-per-node=<k> (each node then gets k x -c "
+                f"CPUs), fewer nodes (-N), or a partition whose nodes are all of one size")
     limits = {GRES_CPU: NO_VAL, GRES_MEMORY: gres.MAX_COUNT}  # Slurm's own field widths
     for counts in (per_node, per_task):
         for name, value in counts.items():

@@ -13,6 +13,7 @@ time with `scontrol update PartitionName=...`, come from slurmctld itself
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import re
@@ -124,7 +125,9 @@ def _most(nodes: list[tuple]) -> Nodes:
                  least_cpus=min(n[1] for n in nodes),
                  least_memory=min(n[2] or 1 for n in nodes),
                  gpus=max(n[3] for n in nodes) or None,
-                 cores_per_socket=tuple(sorted({n[4] for n in nodes})))
+                 cores_per_socket=tuple(sorted({n[4] for n in nodes})),
+                 cpu_counts=tuple(sorted(collections.Counter(n[1] for n in nodes).items(),
+                                         reverse=True)))
 
 
 def _gpu_default(pairs: dict) -> GpuDefault:

@@ -34,6 +34,10 @@ SOCKETS_SMT = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100),
                    all_nodes=Nodes(threads_per_core=2, cpus=8, memory=16000, count=2,
                                    least_cpus=8, cores_per_socket=(2,)),
                    select_type_param=CR_SOCKET | CR_MEMORY)
+# a partition of nodes of 8, 4 and 12 CPUs
+MIXED_NODES = Nodes(threads_per_core=1, cpus=12, memory=24000, count=3, least_cpus=4,
+                    least_memory=8000, cpu_counts=((12, 1), (8, 1), (4, 1)))
+MIXED = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=MIXED_NODES)
 LIMITED = Site(cluster_mem=MemDefault(per_cpu=100), all_nodes=NODES, default_partition="lim",
                partitions={"lim": Partition(max_mem_per_cpu=1000, nodes=NODES)})
 PLAIN3 = Nodes(threads_per_core=1, cpus=8, memory=16000, count=3, least_cpus=8)
@@ -206,6 +210,34 @@ REJECTED = [
 def test_rejected(name, job, message):
     with pytest.raises(ValueError, match=message):
         complete(job, SITE)
+
+
+# Nodes of 8, 4 and 12 CPUs; shapes of the differential test's mixed topology
+# (plain Slurm refuses too once they hold the count: "Requested node
+# configuration is not available", or pending with BadConstraints).
+MIXED_SHAPES = [
+    # (name, job, refused with the clear message?, k8scpu per node)
+    ("-n 8 -N 3 --mincpus=3: 6 a node fits 2 of 3", Job(num_tasks=8, min_nodes=3, max_nodes=3,
+                                                        pn_min_cpus=3), True, 6),
+    ("-n 5 -N 2-3 -c 3 --threads-per-core=1: 12 fits 1 of 2",
+     Job(num_tasks=5, min_nodes=2, max_nodes=3, cpus_per_task=3, threads_per_core=1), True, 12),
+    ("-n 12 -N 1-3 -c 2 --mincpus=3: 12 fits 1, it needs 1: Slurm's to refuse",
+     Job(num_tasks=12, min_nodes=1, max_nodes=3, cpus_per_task=2, pn_min_cpus=3), False, 12),
+    ("-n 8 -N 2 --mincpus=3: 7 fits 2 of 2", Job(num_tasks=8, min_nodes=2, max_nodes=2,
+                                                  pn_min_cpus=3), False, 7),
+    ("-N 3 -c 6: the same on each node, exact: Slurm's to refuse",
+     Job(min_nodes=3, max_nodes=3, cpus_per_task=6), False, 6),
+    ("-n 9 -N 3: per task", Job(num_tasks=9, min_nodes=3, max_nodes=3), False, None),
+]
+
+
+@pytest.mark.parametrize("name,job,refused,cpus", MIXED_SHAPES, ids=[m[0] for m in MIXED_SHAPES])
+def test_mixed_node_sizes(name, job, refused, cpus):
+    if refused:
+        with pytest.raises(PolicyError, match=f"it must hold k8scpu:{cpus} on each; it needs"):
+            required(job, MIXED)
+    else:
+        assert required(job, MIXED)[0].get(CPU) == cpus
 
 
 @pytest.mark.parametrize("job", [Job(spread_job=True, num_tasks=3, tres_per_job="gres/gpu:1"),

@@ -101,13 +101,15 @@ def test_slurm_conf_topology_and_defaults(tmp_path):
     smt, wide, every = conf.partitions["smt"], conf.partitions["wide"], conf.partitions["all"]
     assert smt == completion.Partition(mem=MemDefault(per_cpu=300), max_mem_per_cpu=1000,
                                        nodes=completion.Nodes(2, 8, 16000, 2, 8, 16000,
-                                                              cores_per_socket=(4,)))
+                                                              cores_per_socket=(4,),
+                                                              cpu_counts=((8, 2),)))
     # DefMemPerNode on the line beats the DEFAULT line's DefMemPerCPU (Slurm: mutually exclusive)
     assert wide.mem == MemDefault(per_node=2000)
     assert wide.nodes == completion.Nodes(1, 16, 64000, 2, 16, 64000,  # CPUs from sockets x cores x threads
-                                          cores_per_socket=(8,))
+                                          cores_per_socket=(8,), cpu_counts=((16, 2),))
     assert every.mem == MemDefault(per_cpu=50) and \
-        every.nodes == completion.Nodes(2, 16, 64000, 4, 8, 16000, cores_per_socket=(4, 8))
+        every.nodes == completion.Nodes(2, 16, 64000, 4, 8, 16000, cores_per_socket=(4, 8),
+                                        cpu_counts=((16, 2), (8, 2)))
 
 
 @pytest.mark.parametrize("line,cores", [
