@@ -289,17 +289,20 @@ def no_count_per_node_covers(plain_jobs: list[dict], sizes: dict) -> bool:
     return False
 
 
-def held_short(jobs: list[dict], sizes: dict, skip: frozenset = frozenset()) -> list[str]:
+def held_short(jobs: list[dict], sizes: dict | None = None,
+               skip: frozenset = frozenset()) -> list[str]:
     """Every node where the GRES held is below what Slurm allocated (memory:
     at most the node's own, which is all its k8smemory; Slurm 22.05 gives a
     --gpus-per-socket job more, e.g. Mem=24000 on these 16000 MB nodes),
-    but the (job, node) pairs in `skip`."""
+    but the (job, node) pairs in `skip`.  sizes: node_sizes() (default:
+    nodes of MEMORY, as the other modules' clusters have)."""
     short = []
     for job in jobs:
         for node, a in job["nodes"].items():
             if (job["id"], node) in skip:
                 continue
-            if a["k8scpu"] < a["cpus"] or a["k8smemory"] < min(a["mem"], sizes[node][1]):
+            real_memory = sizes[node][1] if sizes else MEMORY
+            if a["k8scpu"] < a["cpus"] or a["k8smemory"] < min(a["mem"], real_memory):
                 short.append(f"job {job['id']} {node}: {a['cpus']} CPUs/{a['mem']} MB allocated, "
                              f"holds k8scpu {a['k8scpu']} k8smemory {a['k8smemory']}")
     return short
