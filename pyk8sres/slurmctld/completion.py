@@ -320,8 +320,9 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     tpc = nodes.threads_per_core
     # CR_Socket: whole sockets of each of these sizes (in cores); (1,): none
     socket_cores = nodes.cores_per_socket if param & CR_SOCKET else (1,)
+    by_sockets = socket_cores != (1,)
     whole_cores = bool(param & (CR_CPU | CR_CORE | CR_SOCKET | CR_BOARD)) and \
-        (tpc > 1 or socket_cores != (1,))
+        (tpc > 1 or by_sockets)
     most_cores = nodes.cpus // tpc if nodes.cpus else None  # the biggest node's
     ntasks_per_core = job.ntasks_per_core or (1 if param & CR_ONE_TASK_PER_CORE else None)
     vpus = tpc
@@ -395,17 +396,13 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     # may put more tasks on a node than its CPUs / c (seen: -n 5 -N 2 -c 3
     # --hint=compute_bound on 8-CPU nodes runs 3 tasks on 8 CPUs); a per-task
     # GRES would forbid that layout, so ask per node.
+    cpus_above_tasks = bool(job.min_cpus and job.min_cpus > job.num_tasks * c)  # NumCPUs
     linear = (min_cpus_node <= c and not cpus_per_gpu and not mem_per_gpu
-              and not job.threads_per_core
-              and not (job.min_cpus and job.min_cpus > job.num_tasks * c))
+              and not job.threads_per_core and not cpus_above_tasks)
     rounding_only = linear
     if linear and whole_cores:
         linear = c % vpus == 0 or (ntasks_per_core == 1 and c > vpus)
-        linear = linear and socket_cores == (1,)  # sockets: one per core, not per task
-    # (Not under CR_Socket: there a per-task GRES makes 22.05 refuse fixed
-    # node counts, seen: -n 5 -N 3 on 3 nodes of 2 x 2 x 2, BadConstraints.)
-    if not linear and rounding_only and nodes.count and nodes.least_cpus and \
-            socket_cores == (1,):
+    if not linear and rounding_only and nodes.count and nodes.least_cpus:
         # Only the whole-core rounding is not linear: one task's rounded
         # figure per task covers every t (t x ceil(c/u) cores >= ceil(t x c/u))
         # but lets fewer tasks onto a node; use it when the job still fits
@@ -423,6 +420,11 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
         # per-node GRES is fine with both; 22.05 has neither problem.
         # Assumed for every release after 22.05.
         linear = False
+    if by_sockets:
+        # Whole sockets, one per core, are never t x one task's; and the
+        # rounded per-task figure above makes 22.05 refuse fixed node counts
+        # (seen: -n 5 -N 3 on 3 nodes of 2 x 2 x 2, BadConstraints).
+        linear = False
     if linear:
         per_task = {GRES_CPU: one}
         one_mem = memory(1, one)
@@ -435,9 +437,9 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     # makes a job unrunnable; on smaller nodes it cannot run: README, Known limits).
     most = _max_tasks(job)
     extra = 0
-    if job.min_cpus and job.min_cpus > job.num_tasks * c:
-        # NumCPUs above the tasks' CPUs: the extra may all land on one node
-        # (otherwise the tasks' CPUs cover NumCPUs: cpus(most) is the most).
+    if cpus_above_tasks:
+        # The extra may all land on one node (otherwise the tasks' CPUs
+        # cover NumCPUs: cpus(most) is the most).
         extra = job.min_cpus - ((job.min_nodes or 1) - 1) * one
     n = max(cpus(most), cpus_rounded(extra))
     if nodes.cpus:
@@ -543,9 +545,10 @@ def required(job: Job, site: Site) -> tuple[dict, dict]:
         per_node = {GRES_MEMORY: max(mem)} if mem and GRES_MEMORY not in per_task else {}
     else:
         per_task, per_node = {}, _merge([p.per_node for p in plans])
-        rooms = [_room(p.per_node, part.nodes) for p, part in zip(plans, parts)]
         nodes = job.min_nodes or 1
-        if all(p.most for p in plans) and all(r is not None and r < nodes for r in rooms):
+        rooms = [_room(p.per_node, part.nodes) for p, part in zip(plans, parts)] \
+            if all(p.most for p in plans) else [None]
+        if all(r is not None and r < nodes for r in rooms):
             # Nodes of different sizes, and Slurm decides how many CPUs each
             # gets: the count that covers the most on one node does not fit
             # enough of them (Slurm would refuse it less clearly).

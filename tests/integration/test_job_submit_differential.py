@@ -26,7 +26,7 @@ on GPU nodes (2 sockets, 2 GPUs each; DefCpuPerGPU/DefMemPerGPU set for the
 cluster and, differently, for partition b), where shapes also draw GPU options,
 on nodes of three sizes (8, 4 and 12 CPUs) in the same partitions, and on
 the SMT nodes under CR_Socket_Memory (whole sockets) and CR_CPU_Memory
-(threads one by one).
+(whole cores too, ThreadsPerCore being set).
 
 CI runs PYK8SRES_DIFF_SHAPES shapes per topology (default 12, ~1 minute);
 the full run is `PYK8SRES_DIFF_SHAPES=200 python3 -m pytest
