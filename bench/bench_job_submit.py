@@ -5,7 +5,9 @@ the plugin under test (JobSubmitPlugins=bench_timer,<plugin>,bench_timer).
 In one run, on one local cluster, over the same submissions:
   none  - bench_timer,bench_timer (the baseline: nothing between the stamps)
   ours  - our plugin (embedded Python, C-side memo of Python's answers)
-  lua   - Slurm's job_submit/lua running the same completion (bench/job_submit.lua)
+  lua   - Slurm's job_submit/lua running the same completion (bench/job_submit.lua,
+          every rule of our policy; tests/unit/test_lua_baseline.py checks the
+          answers are ours, and this run compares the GRES the jobs got)
 Three workloads: "mixed" cycles through a few common job shapes (what a real
 queue sees: most submissions repeat a shape), "unique" gives every
 submission a shape never seen before (every call goes into Python / Lua),
@@ -32,6 +34,8 @@ import tempfile
 import time
 
 from pyk8sres.testbed import cluster
+
+import lua_site
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIXED = [["-c", "1"], ["-c", "2"], ["-c", "4", "--mem=2000"], ["-n", "4"],
@@ -81,9 +85,23 @@ def use_plugins(c: cluster.Cluster, plugins: str, timer_file: str) -> None:
     c.restart_slurmctld()
 
 
-def submit(c: cluster.Cluster, opts: list[str]) -> None:
-    subprocess.run(["sbatch", "-H", "--output=/dev/null", *opts, "--wrap", "true"],
-                   env=c.env, check=True, capture_output=True, cwd="/tmp")
+def submit(c: cluster.Cluster, opts: list[str]) -> str:
+    """The job's id."""
+    out = subprocess.run(["sbatch", "-H", "--parsable", "--output=/dev/null", *opts,
+                          "--wrap", "true"], env=c.env, check=True, capture_output=True,
+                         text=True, cwd="/tmp")
+    return out.stdout.strip().split(";")[0]
+
+
+def job_gres(c: cluster.Cluster) -> dict:
+    """Every job's TresPerNode and TresPerTask as slurmctld holds them."""
+    out = subprocess.run(["scontrol", "show", "job", "-o"], env=c.env, check=True,
+                         capture_output=True, text=True).stdout
+    gres = {}
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        gres[fields.get("JobId")] = (fields.get("TresPerNode", ""), fields.get("TresPerTask", ""))
+    return gres
 
 
 def fill_queue(c: cluster.Cluster, count: int) -> None:
@@ -113,7 +131,8 @@ def run(jobs: int, queue: int, port: int, workloads: tuple = ("mixed", "unique",
                    node_features=False)
     try:
         build_timer(os.path.join(work, "plugins"))
-        shutil.copy(os.path.join(HERE, "job_submit.lua"), os.path.join(work, "etc"))
+        with open(os.path.join(work, "etc", "job_submit.lua"), "w") as f:
+            f.write(lua_site.script(lua_site.site(c.conf, lua_site.slurm_version(c.env))))
         if queue:
             print(f"filling the queue with {queue} held jobs ...", flush=True)
             fill_queue(c, queue)
@@ -121,18 +140,23 @@ def run(jobs: int, queue: int, port: int, workloads: tuple = ("mixed", "unique",
                    "ours": "bench_timer,k8s_resource_completion,bench_timer",
                    "lua": "bench_timer,lua,bench_timer"}
         results = {}
+        ids = {}  # (config, workload) -> the job ids, in submission order
         stream = stream_shapes(jobs)
         for workload in workloads:
             for name, plugins in configs.items():
                 timer_file = os.path.join(work, f"t-{name}-{workload}.txt")
                 use_plugins(c, plugins, timer_file)
+                ids[(name, workload)] = []
                 for i in range(jobs):
                     opts = MIXED[i % len(MIXED)] if workload == "mixed" else \
                         stream[i] if workload == "stream" else \
                         ["-c", str(1 + i % 4), f"--mem={1000 + i}"]
-                    submit(c, opts)
+                    ids[(name, workload)].append(submit(c, opts))
                 time.sleep(0.2)
                 results[(name, workload)] = summary(timings_us(timer_file))
+        held = job_gres(c)
+        same = {w: sum(held.get(a) == held.get(b) for a, b in
+                       zip(ids[("ours", w)], ids[("lua", w)])) for w in workloads}
     finally:
         cluster.down(work)
         shutil.rmtree(work, ignore_errors=True)
@@ -145,6 +169,8 @@ def run(jobs: int, queue: int, port: int, workloads: tuple = ("mixed", "unique",
               f"{s['mean']:>9.1f} {s['max']:>9.1f}")
     ok = True
     for workload in workloads:
+        print(f"[{workload}] lua's jobs hold the GRES ours hold: {same[workload]} of {jobs}")
+        ok = ok and same[workload] == jobs
         base = results[("none", workload)]
         ours, lua = results[("ours", workload)], results[("lua", workload)]
         add_med, add_p99 = ours["median"] - base["median"], ours["p99"] - base["p99"]

@@ -16,12 +16,14 @@ log() { echo "install-deps: $*" >&2; }
 [ "$(id -u)" = 0 ] || { log "run as root (Slurm daemons and apt need it)"; exit 1; }
 
 PY=${PYTHON:-python3}
+# lua5.1: the interpreter of Debian's job_submit/lua, for the test that the
+# benchmark's Lua baseline answers as our policy (tests/unit/test_lua_baseline.py).
 # mariadb-server + slurmdbd: `cluster up --accounting` runs a private MariaDB
 # (its own datadir and socket, --no-defaults); Debian's system instance is never used.
 APT_PKGS="slurmctld slurmd slurm-client munge libslurm-dev slurm-wlm-basic-plugins slurmrestd slurm-wlm-jwt-plugin
           mariadb-server slurmdbd
           gcc libc6-dev pkg-config dpkg-dev debian-archive-keyring util-linux curl
-          python3-venv python3-dev prometheus"
+          python3-venv python3-dev prometheus lua5.1"
 missing=$(for p in $APT_PKGS; do dpkg-query -W -f '${Status}\n' "$p" 2>/dev/null |
           grep -q "install ok installed" || echo "$p"; done)
 if [ -n "$missing" ]; then
