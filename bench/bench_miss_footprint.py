@@ -2,7 +2,7 @@
 
 This VM exposes no hardware counters to perf, so cachegrind simulates them.
 The program makes the Python half of a memo miss: the call the C core makes
-(pyk8sres.slurmctld.embed.job_submit_values, with bench_job_submit.py's
+(pyk8sres.slurmctld.submit.job_submit_values, with bench_job_submit.py's
 "unique" shapes). Before each call it writes 4 MB, as slurmctld's own work
 does between two submissions. The baseline is the same loop calling an empty
 Python function, in the same run. The difference is printed per call.
@@ -38,17 +38,17 @@ def args(i: int) -> tuple:
 
 def child(mode: str, calls: int) -> None:
     """Runs under valgrind: warm up, then `calls` cold calls."""
-    from pyk8sres.slurmctld import completion as C, embed
+    from pyk8sres.slurmctld import completion as C, submit
     nodes = C.Nodes(cpus=8, memory=16000, count=2, least_cpus=8)
-    embed._site = C.Site(partitions={"debug": C.Partition(mem=C.MemDefault(per_cpu=100),
-                                                          nodes=nodes)},
-                         default_partition="debug", all_nodes=nodes)
+    submit.use_site(C.Site(partitions={"debug": C.Partition(mem=C.MemDefault(per_cpu=100),
+                                                            nodes=nodes)},
+                           default_partition="debug", all_nodes=nodes))
 
     def empty(*_):
         return None
-    call = embed.job_submit_values if mode == "miss" else empty
+    call = submit.job_submit_values if mode == "miss" else empty
     for i in range(300):
-        embed.job_submit_values(*args(i))
+        submit.job_submit_values(*args(i))
     todo = [args(20_000 + i) for i in range(calls)]
     junk = ctypes.create_string_buffer(4 << 20)
     for values in todo:
@@ -78,9 +78,8 @@ def main() -> int:
     if not shutil.which("valgrind"):
         print("needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2
-    import inspect
-    from pyk8sres.slurmctld import embed
-    wanted = len(inspect.signature(embed.job_submit_values).parameters)
+    from pyk8sres.slurmctld import submit
+    wanted = len(submit.HOT_ARGS)
     if len(args(0)) != wanted:  # else the child dies of a TypeError under valgrind
         print(f"args() gives {len(args(0))} values, job_submit_values takes {wanted}: "
               "update args() to pyk8sres_core.c hot_args", file=sys.stderr)

@@ -24,7 +24,7 @@ def job(i: int) -> C.Job:
     """Every call a new shape, like bench_job_submit.py's "unique" workload."""
     fields = dict.fromkeys(C.Job._fields)
     fields.update(cpus_per_task=1 + i % 4, mem_per_node=3000 + i, exclusive=False,
-                  overcommit=False)
+                  overcommit=False, spread_job=False, plane_distribution=False)
     return C.Job(**fields)
 
 

@@ -90,7 +90,7 @@ static void pyk8sres_log(int level, const char *msg)
  *     empties the memo whenever it reloads the configuration.
  *  2. Misses: one Python thread state, made once and lent to the calling
  *     thread under hot_lock (calls are serialized anyway), and a direct
- *     call of pyk8sres.slurmctld.embed.job_submit_values with the memo key's
+ *     call of pyk8sres.slurmctld.submit.job_submit_values with the memo key's
  *     fields as plain arguments (so Python reads exactly what the memo
  *     keys on).  Reading them from the struct through cffi instead cost
  *     ~40 us of a ~230 us miss (an A/B run of bench/bench_job_submit.py,
@@ -236,7 +236,7 @@ static int hot_init(void)
 	if (tried++)
 		return -1;  /* it failed before: the cffi entry point serves */
 	gil = PyGILState_Ensure();
-	mod = PyImport_ImportModule("pyk8sres.slurmctld.embed");
+	mod = PyImport_ImportModule("pyk8sres.slurmctld.submit");
 	hot_fn = mod ? PyObject_GetAttrString(mod, "job_submit_values") : NULL;
 	Py_XDECREF(mod);
 	if (!hot_fn)
@@ -273,7 +273,7 @@ static void copy_out(char *dst, size_t len, PyObject *text)
 #define HOT_ARGS 27
 
 /* The memo key as Python values, in the order of the parameters of
- * pyk8sres.slurmctld.embed.job_submit_values (tests/unit/test_embed.py checks
+ * pyk8sres.slurmctld.submit.job_submit_values (tests/unit/test_embed.py checks
  * it): raw numbers (Python decodes Slurm's NO_VAL family), str or None. */
 static int hot_args(const struct memo_key *k, const char **strings,
 		    PyObject **args)

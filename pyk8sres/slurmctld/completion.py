@@ -85,6 +85,7 @@ CR_CPU, CR_SOCKET, CR_CORE, CR_BOARD = 0x1, 0x2, 0x4, 0x8
 CR_MEMORY = 0x10
 CR_ONE_TASK_PER_CORE = 0x100
 PER_TASK_BREAKS_SPREAD_AND_PLANE = 0x170000  # Slurm 23.00 on (SLURM_VERSION_NUMBER): see _plan
+SLURM_DIST_PLANE = 0x0004  # slurm.h task_dist_states_t, under SLURM_DIST_STATE_BASE
 
 
 class PolicyError(ValueError):
@@ -169,12 +170,50 @@ class Site:
     all_nodes: Nodes = Nodes()                       # every node (unknown partition)
 
 
-class Result(typing.NamedTuple):
+@dataclasses.dataclass
+class Result:
     tres_per_node: str | None    # new value, None = leave unchanged
     tres_per_task: str | None
     per_node: dict               # what we require per node, for logs/tests
     per_task: dict
     clear_tres_per_job: bool = False  # job_modify: reset the job's per-job GRES (see below)
+
+
+def decode_job(cpus_per_task: int, num_tasks: int, ntasks_per_node: int, min_cpus: int,
+               min_nodes: int, max_nodes: int, pn_min_cpus: int, ntasks_per_core: int,
+               threads_per_core: int, overcommit: int, pn_min_memory: int, spread_job: int,
+               task_dist: int, ntasks_per_tres: int, exclusive: bool, partition: str | None,
+               tres_per_node: str | None, tres_per_task: str | None, tres_per_job: str | None,
+               tres_per_socket: str | None, cpus_per_tres: str | None,
+               mem_per_tres: str | None) -> Job:
+    """The Job from job_desc's raw values (submit.py, embed.py): Slurm's
+    NO_VAL family, INFINITE ("no limit") and 0 where the option cannot be 0
+    all mean "not given".
+
+    Straight-line code that builds the tuple in Job's field order: this runs
+    on every submission the plugin's C memo has not seen, with the CPU caches
+    cold, where a loop over a table or Job(...) (a NamedTuple's __new__ is
+    interpreted Python, even compiled) cost several times more."""
+    # Slurm maps --mem-per-cpu=0 to --mem=0 (job_mgr.c _validate_job_desc)
+    per_node, per_cpu = (0, None) if pn_min_memory == MEM_PER_CPU else \
+        decode_memory(pn_min_memory)
+    return tuple.__new__(Job, (
+        None if cpus_per_task in (NO_VAL16, 0) else cpus_per_task,
+        None if num_tasks in (NO_VAL, 0) else num_tasks,
+        None if ntasks_per_node in (NO_VAL16, INFINITE16, 0) else ntasks_per_node,
+        None if min_cpus in (NO_VAL, 0) else min_cpus,
+        None if min_nodes in (NO_VAL, 0) else min_nodes,
+        None if max_nodes in (NO_VAL, INFINITE, 0) else max_nodes,
+        None if pn_min_cpus in (NO_VAL16, NO_VAL, 0) else pn_min_cpus,
+        per_node, per_cpu, exclusive,
+        partition, tres_per_node, tres_per_task, tres_per_job, tres_per_socket,
+        cpus_per_tres, mem_per_tres,
+        None if ntasks_per_core in (NO_VAL16, INFINITE16, 0) else ntasks_per_core,
+        None if threads_per_core in (NO_VAL16, 0) else threads_per_core,
+        overcommit not in (NO_VAL16, 0xFE, 0),  # uint8 in Slurm: NO_VAL8 = not given
+        spread_job == 1,
+        task_dist & 0xFFFF == SLURM_DIST_PLANE,
+        None if ntasks_per_tres in (NO_VAL16, INFINITE16, 0) else ntasks_per_tres))
 
 
 def decode_memory(value: int | None) -> tuple[int | None, int | None]:
@@ -256,7 +295,8 @@ def _asks_gpus(job: Job) -> bool:
     return False
 
 
-class _Plan(typing.NamedTuple):
+@dataclasses.dataclass
+class _Plan:
     per_task: dict | None    # exact per-task figures, or None when no such figures exist
     per_node: dict           # per-node figures (always available)
     mem_per_node: int | None  # memory asked per node in either mode (--mem, DefMemPerNode)
@@ -390,13 +430,14 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     # task's: no --mincpus above one task, no per-GPU figures, and under
     # whole cores either c a multiple of the usable threads per core or
     # --ntasks-per-core=1 with c > vpus (then each task has its own cores).
+    tasks = job.num_tasks or 0  # given: a job without -n has fixed tasks per node
     one = cpus(1)
     per_task = None
     # --threads-per-core (also --hint=compute_bound/nomultithread): Slurm then
     # may put more tasks on a node than its CPUs / c (seen: -n 5 -N 2 -c 3
     # --hint=compute_bound on 8-CPU nodes runs 3 tasks on 8 CPUs); a per-task
     # GRES would forbid that layout, so ask per node.
-    cpus_above_tasks = bool(job.min_cpus and job.min_cpus > job.num_tasks * c)  # NumCPUs
+    cpus_above_tasks = bool(job.min_cpus and job.min_cpus > tasks * c)  # NumCPUs
     linear = (min_cpus_node <= c and not cpus_per_gpu and not mem_per_gpu
               and not job.threads_per_core and not cpus_above_tasks)
     rounding_only = linear
@@ -409,7 +450,7 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
         # the nodes it may use, so Slurm places it without over-holding
         # whole nodes (which would keep e.g. a second array task out).
         usable = min(job.max_nodes or nodes.count, nodes.count)
-        linear = usable * (nodes.least_cpus // one) >= job.num_tasks
+        linear = usable * (nodes.least_cpus // one) >= tasks
     if (job.spread_job or job.plane_distribution) and \
             site.slurm_version >= PER_TASK_BREAKS_SPREAD_AND_PLANE:
         # Seen on 24.11.5, with or without the plugin: --spread-job with a
@@ -440,7 +481,7 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
     if cpus_above_tasks:
         # The extra may all land on one node (otherwise the tasks' CPUs
         # cover NumCPUs: cpus(most) is the most).
-        extra = job.min_cpus - ((job.min_nodes or 1) - 1) * one
+        extra = (job.min_cpus or 0) - ((job.min_nodes or 1) - 1) * one
     n = max(cpus(most), cpus_rounded(extra))
     if nodes.cpus:
         n = min(n, max(nodes.cpus, one))
@@ -555,7 +596,7 @@ def required(job: Job, site: Site) -> tuple[dict, dict]:
             raise PolicyError(
                 f"this job may get up to {per_node[GRES_CPU]} CPUs on one of its nodes (Slurm "
                 f"decides when it schedules it), so it must hold k8scpu:{per_node[GRES_CPU]} on "
-                f"each; it needs {nodes} nodes and only {max(rooms)} of its partition's nodes "
+                f"each; it needs {nodes} nodes and only {max(r or 0 for r in rooms)} of its partition's nodes "
                 f"have that many CPUs: ask --ntasks-per-node=<k> (each node then gets k x -c "
                 f"CPUs), fewer nodes (-N), or a partition whose nodes are all of one size")
     limits = {GRES_CPU: NO_VAL, GRES_MEMORY: gres.MAX_COUNT}  # Slurm's own field widths

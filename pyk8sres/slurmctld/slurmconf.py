@@ -144,7 +144,7 @@ def _select_type_param(text: str | None) -> int:
     for word in (text or "").lower().split(","):
         value |= bits.get(word.strip(), 0)
     # Unset: assume whole cores (rounding up can only ask more, never less);
-    # slurmctld's own value replaces this at run time anyway (embed.site_for).
+    # slurmctld's own value replaces this at run time anyway (submit.site_for).
     return value or CR_CORE
 
 

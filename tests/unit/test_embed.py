@@ -3,7 +3,7 @@
 The core memoizes Python's answer per job in C (plugins/pyk8sres_core.c):
 that is only correct if the memo key holds every field the policy reads.
 """
-import inspect
+import ast
 import re
 from pathlib import Path
 
@@ -13,6 +13,7 @@ import pytest
 from pyk8sres.slurmctld import _core_build
 from pyk8sres.slurmctld import completion
 from pyk8sres.slurmctld import embed
+from pyk8sres.slurmctld import submit
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = (REPO / "plugins" / "pyk8sres_core.h").read_text()
@@ -79,7 +80,7 @@ def test_memo_key_covers_every_field_the_policy_reads():
     body = re.search(r"struct memo_key \{(.*?)\};", CORE_C, re.S).group(1)
     key = set(re.findall(r"\b([a-z_]+)\b(?=[,;])", body))
     strings = set(re.findall(r"strings\[\d\] = j->(\w+);", CORE_C))
-    site_numbers = set(embed.SITE_FIELDS) - {"part_mem"}  # embed.site_for
+    site_numbers = set(embed.SITE_FIELDS) - {"part_mem"}  # submit.site_for
     read_by_policy = set(embed._NUMBERS) | {"shared"} | site_numbers
     assert read_by_policy <= key
     assert set(embed._STRINGS) | {"part_mem"} == strings
@@ -93,11 +94,19 @@ def _hot_args_order():
     return numbers + [strings[i] for i in sorted(strings)]
 
 
+def _source_params(function: str) -> list:
+    """A function's parameters as submit.py's source declares them (the
+    compiled function has no signature to inspect)."""
+    tree = ast.parse((REPO / "pyk8sres" / "slurmctld" / "submit.py").read_text())
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function)
+    return [a.arg for a in node.args.args]
+
+
 def test_hot_path_gets_the_memo_key_in_the_order_python_takes_it():
     """C calls job_submit_values positionally: a name out of place would
     hand the policy one field's value as another's."""
-    params = list(inspect.signature(embed.job_submit_values).parameters)
-    assert _hot_args_order() == params
+    params = _source_params("job_submit_values")
+    assert _hot_args_order() == params == list(submit.HOT_ARGS)
     assert len(params) == int(re.search(r"#define HOT_ARGS (\d+)", CORE_C).group(1))
 
 
@@ -108,7 +117,7 @@ def test_decode_job_puts_each_value_in_its_field():
     numbers["task_dist"] = 0x10004  # plane, with a flag bit above the base
     numbers["pn_min_memory"] = completion.MEM_PER_CPU | 777
     texts = {name: f"text-{name}" for name in embed._STRINGS}
-    job = embed.decode_job(*numbers.values(), True, *texts.values())
+    job = completion.decode_job(*numbers.values(), True, *texts.values())
     expected = {name: value for name, value in numbers.items()
                 if name not in ("pn_min_memory", "task_dist")}
     expected.update(texts, overcommit=True, spread_job=True, plane_distribution=True,
@@ -135,7 +144,7 @@ def test_hot_path_answers_as_the_cffi_path(fields, monkeypatch):
     values = [getattr(c, name) for name in _hot_args_order()]
     values = [ffi.string(v).decode() if isinstance(v, ffi.CData) and v != ffi.NULL else
               None if isinstance(v, ffi.CData) else v for v in values]
-    assert embed.job_submit_values(*values) == embed.job_submit(c)
+    assert submit.job_submit_values(*values) == embed.job_submit(c)
 
 
 def test_every_job_field_is_read_from_c():
@@ -162,33 +171,31 @@ NO_GPU = completion.GpuDefault()
     ("garbage,d=x:1:2:3,e=1:2", {}),
 ])
 def test_live_partition_memory(text, expected):
-    assert embed.parse_part_mem(text) == expected
+    assert submit.parse_part_mem(text) == expected
 
 
 def test_live_partition_memory_overrides_slurm_conf():
     """`scontrol update PartitionName=a DefMemPerCPU=300` reaches the policy
     through the string the C shim builds for each job."""
-    embed._site = completion.Site(partitions={"a": completion.Partition(
-        mem=completion.MemDefault(per_cpu=100))}, default_partition="a")
-    embed._site_key = None
-    site = embed.site_for(completion.MEM_PER_CPU | 50, 0x160508, completion.CR_CORE, 0,
+    submit.use_site(completion.Site(partitions={"a": completion.Partition(
+        mem=completion.MemDefault(per_cpu=100))}, default_partition="a"))
+    site = submit.site_for(completion.MEM_PER_CPU | 50, 0x160508, completion.CR_CORE, 0,
                           f"a={completion.MEM_PER_CPU | 300}:0:{UNSET}:{UNSET}")
     assert site.partitions["a"].mem == completion.MemDefault(per_cpu=300)
     assert site.cluster_mem == completion.MemDefault(per_cpu=50)
     assert completion.complete(completion.Job(partition="a"), site).per_node == \
         {"k8scpu": 1, "k8smemory": 300}
-    assert embed.site_for(completion.MEM_PER_CPU | 50, 0x160508, completion.CR_CORE, 0,
+    assert submit.site_for(completion.MEM_PER_CPU | 50, 0x160508, completion.CR_CORE, 0,
                           None).partitions["a"].mem == completion.MemDefault(per_cpu=100)
 
 
 def test_live_partition_gpu_defaults_override_slurm_conf():
     """`scontrol update PartitionName=a JobDefaults=DefCpuPerGPU=3` reaches the
     policy the same way; the cluster's own (slurm.conf) stays underneath."""
-    embed._site = completion.Site(
+    submit.use_site(completion.Site(
         partitions={"a": completion.Partition(gpu=completion.GpuDefault(cpus=1))},
-        default_partition="a", cluster_gpu=completion.GpuDefault(mem=2000))
-    embed._site_key = None
-    site = embed.site_for(completion.MEM_PER_CPU | 100, 0x160508, completion.CR_CORE, 0,
+        default_partition="a", cluster_gpu=completion.GpuDefault(mem=2000)))
+    site = submit.site_for(completion.MEM_PER_CPU | 100, 0x160508, completion.CR_CORE, 0,
                           f"a={completion.MEM_PER_CPU | 100}:0:3:{UNSET}")
     assert site.partitions["a"].gpu == completion.GpuDefault(cpus=3)
     assert completion.complete(completion.Job(partition="a", tres_per_node="gres:gpu:2"),

@@ -5,10 +5,11 @@ Random jobs (fixed seeds) as slurmctld hands them to job_submit/lua (its
 getters: min_mem_per_node/min_mem_per_cpu, bitflags, nil for NULL strings)
 go through the script's slurm_job_submit in a real Lua 5.1 interpreter (the
 one Debian's job_submit/lua links), and the same raw values through
-embed.decode_job + completion.complete.  Each answer must match: the same
+completion.decode_job + completion.complete.  Each answer must match: the same
 refusal or the same tres_per_node and tres_per_task.  -O and --distribution
 are never drawn: job_submit/lua cannot see them.
 """
+import dataclasses
 import os
 import random
 import shutil
@@ -17,7 +18,7 @@ import sys
 
 import pytest
 
-from pyk8sres.slurmctld import completion, embed
+from pyk8sres.slurmctld import completion
 from pyk8sres.slurmctld.completion import MEM_PER_CPU, NO_VAL, NO_VAL16, NO_VAL64, INFINITE, \
     INFINITE16
 
@@ -95,7 +96,7 @@ def random_job(rng: random.Random, partitions: list[str]) -> dict:
 
 def python_answer(raw: dict, site: completion.Site) -> tuple:
     """("error",) or ("ok", final tres_per_node, final tres_per_task)."""
-    job = embed.decode_job(
+    job = completion.decode_job(
         raw["cpus_per_task"], raw["num_tasks"], raw["ntasks_per_node"], raw["min_cpus"],
         raw["min_nodes"], raw["max_nodes"], raw["pn_min_cpus"], raw["ntasks_per_core"],
         raw["threads_per_core"], 0, raw["pn_min_memory"], int(bool(raw["bitflags"] & SPREAD_JOB)),
@@ -165,7 +166,7 @@ def test_lua_baseline_answers_as_the_policy(name, tmp_path):
     conf = tmp_path / "slurm.conf"
     conf.write_text(text)
     site = lua_site.site(str(conf), version)
-    site = completion.Site(**{**site.__dict__, "under_request": under_request})
+    site = dataclasses.replace(site, under_request=under_request)
     rng = random.Random(f"lua-{name}")
     jobs = [random_job(rng, sorted(site.partitions)) for _ in range(1500)]
     want = [python_answer(raw, site) for raw in jobs]
