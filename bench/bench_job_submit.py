@@ -161,8 +161,11 @@ def run(jobs: int, queue: int, port: int, workloads: tuple = ("mixed", "unique",
         cluster.down(work)
         shutil.rmtree(work, ignore_errors=True)
 
+    from pyk8sres.slurmctld import submit as hot_path
+    compiled = not hot_path.__file__.endswith(".py")
     print(f"\njob_submit cost inside slurmctld, microseconds per submission "
-          f"({jobs} submissions each, queue of {queue} held jobs)")
+          f"({jobs} submissions each, queue of {queue} held jobs; our job_submit path "
+          f"{'compiled by mypyc' if compiled else 'interpreted'})")
     print(f"{'workload':8} {'plugin':6} {'n':>6} {'median':>9} {'p99':>9} {'mean':>9} {'max':>9}")
     for (name, workload), s in results.items():
         print(f"{workload:8} {name:6} {s['n']:>6} {s['median']:>9.1f} {s['p99']:>9.1f} "

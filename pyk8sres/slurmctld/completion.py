@@ -67,7 +67,6 @@ How many tasks land on a node is decided only when Slurm schedules the job
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
 
 from .. import GRES_CPU, GRES_MEMORY
@@ -170,13 +169,22 @@ class Site:
     all_nodes: Nodes = Nodes()                       # every node (unknown partition)
 
 
-@dataclasses.dataclass
 class Result:
-    tres_per_node: str | None    # new value, None = leave unchanged
-    tres_per_task: str | None
-    per_node: dict               # what we require per node, for logs/tests
-    per_task: dict
-    clear_tres_per_job: bool = False  # job_modify: reset the job's per-job GRES (see below)
+    """What complete() decides.  (A plain class, as _Plan: compiled by mypyc
+    it is built natively, where a dataclass's generated __init__ would run
+    interpreted on every new job shape.)"""
+
+    def __init__(self, tres_per_node: str | None, tres_per_task: str | None, per_node: dict,
+                 per_task: dict, clear_tres_per_job: bool = False) -> None:
+        self.tres_per_node = tres_per_node  # new value, None = leave unchanged
+        self.tres_per_task = tres_per_task
+        self.per_node = per_node            # what we require per node, for logs/tests
+        self.per_task = per_task
+        self.clear_tres_per_job = clear_tres_per_job  # job_modify: reset the per-job GRES
+
+    def __repr__(self) -> str:
+        return (f"Result({self.tres_per_node!r}, {self.tres_per_task!r}, {self.per_node!r}, "
+                f"{self.per_task!r}, {self.clear_tres_per_job!r})")
 
 
 def decode_job(cpus_per_task: int, num_tasks: int, ntasks_per_node: int, min_cpus: int,
@@ -295,12 +303,13 @@ def _asks_gpus(job: Job) -> bool:
     return False
 
 
-@dataclasses.dataclass
 class _Plan:
-    per_task: dict | None    # exact per-task figures, or None when no such figures exist
-    per_node: dict           # per-node figures (always available)
-    mem_per_node: int | None  # memory asked per node in either mode (--mem, DefMemPerNode)
-    most: bool = False       # per_node is the most a node may get, not the same on each
+    def __init__(self, per_task: dict | None, per_node: dict, mem_per_node: int | None,
+                 most: bool = False) -> None:
+        self.per_task = per_task          # exact per-task figures, or None when none exist
+        self.per_node = per_node          # per-node figures (always available)
+        self.mem_per_node = mem_per_node  # memory asked per node in either mode (--mem, ...)
+        self.most = most                  # per_node is the most a node may get, not the same
 
 
 def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -> _Plan:
@@ -319,12 +328,12 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
         # DefMemPerGPU, else the cluster's; CPUs only for a job without -c,
         # memory only for one without --mem/--mem-per-cpu (job_test.c: the
         # GPUs' memory then replaces DefMemPerCPU/DefMemPerNode).
-        gpu = _gpu_default(part, site)
-        if job.cpus_per_task is None and gpu.cpus:
-            default_cpus_per_gpu = gpu.cpus
-            cpus_per_gpu = cpus_per_gpu or gpu.cpus
+        gpu_cpus, gpu_mem = _gpu_default(part, site)
+        if job.cpus_per_task is None and gpu_cpus:
+            default_cpus_per_gpu = gpu_cpus
+            cpus_per_gpu = cpus_per_gpu or gpu_cpus
         if mem_node is None and mem_cpu is None:
-            mem_per_gpu = mem_per_gpu or gpu.mem
+            mem_per_gpu = mem_per_gpu or gpu_mem
     if mem_node is None and mem_cpu is None and not mem_per_gpu:
         default = part.mem if (part.mem.per_cpu or part.mem.per_node) else site.cluster_mem
         mem_node, mem_cpu = default.per_node, default.per_cpu
@@ -506,18 +515,25 @@ def _whole_sockets(cores: int, socket_cores: tuple, most_cores: int | None) -> i
                           for size in socket_cores))
 
 
-def _gpu_default(part: Partition, site: Site) -> GpuDefault:
-    """The partition's DefCpuPerGPU/DefMemPerGPU, each else the cluster's
+def _gpu_default(part: Partition, site: Site) -> tuple[int | None, int | None]:
+    """(DefCpuPerGPU, DefMemPerGPU): the partition's, each else the cluster's
     (a partition's 0 is a setting too: it overrides the cluster's)."""
     own, cluster = part.gpu, site.cluster_gpu
-    return GpuDefault(cpus=cluster.cpus if own.cpus is None else own.cpus,
-                      mem=cluster.mem if own.mem is None else own.mem)
+    return (cluster.cpus if own.cpus is None else own.cpus,
+            cluster.mem if own.mem is None else own.mem)
 
 
-@functools.lru_cache(maxsize=64)
+_unknown: tuple = (None, None)  # (Nodes, Partition): the last unknown partition built
+
+
 def _unknown_partition(nodes: Nodes) -> Partition:
-    """A partition slurm.conf does not list: every node, cluster defaults."""
-    return Partition(nodes=nodes)
+    """A partition slurm.conf does not list: every node, cluster defaults.
+    (Cached by identity: the site's Nodes object stays the same between
+    reconfigures, and hashing a dataclass runs interpreted code.)"""
+    global _unknown
+    if _unknown[0] is not nodes:
+        _unknown = (nodes, Partition(nodes=nodes))
+    return _unknown[1]
 
 
 def _partitions(job: Job, site: Site) -> list[Partition]:

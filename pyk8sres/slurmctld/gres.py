@@ -5,7 +5,6 @@ We edit only our own two names and leave every other entry as it was.
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 
 from .. import GRES_CPU, GRES_MEMORY
@@ -22,11 +21,17 @@ class GresError(ValueError):
     pass
 
 
-@dataclasses.dataclass(frozen=True)
 class Entry:
-    text: str            # the entry as written, to keep foreign entries intact
-    name: str | None     # GRES name, None for a non-GRES TRES (e.g. "cpu:2")
-    count: int | None    # None when the entry has no parsable count
+    """One entry of a TRES string.  (A plain class: compiled by mypyc it is
+    built natively; a dataclass's generated __init__ would run interpreted.)"""
+
+    def __init__(self, text: str, name: str | None, count: int | None) -> None:
+        self.text = text    # the entry as written, to keep foreign entries intact
+        self.name = name    # GRES name, None for a non-GRES TRES (e.g. "cpu:2")
+        self.count = count  # None when the entry has no parsable count
+
+    def __repr__(self) -> str:
+        return f"Entry({self.text!r}, {self.name!r}, {self.count!r})"
 
 
 def parse_count(text: str) -> int | None:
