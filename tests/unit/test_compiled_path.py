@@ -9,14 +9,14 @@ import pytest
 
 from pyk8sres.slurmctld import completion, submit
 
-from test_lua_baseline import CONFS, lua_site, random_job  # (lua_site lives in bench/)
+from test_lua_baseline import CONFS, conf_site, random_job
 
 SPREAD_JOB = 1 << 8
 
 
-def hot_args(raw: dict, site: completion.Site, version: int) -> tuple:
+def hot_args(raw: dict, site: completion.Site) -> tuple:
     """A random job as pyk8sres_core.c hot_args passes it (submit.HOT_ARGS)."""
-    values = dict(raw, slurm_version=version, def_mem_per_cpu=completion.MEM_PER_CPU | 100,
+    values = dict(raw, slurm_version=site.slurm_version, def_mem_per_cpu=completion.MEM_PER_CPU | 100,
                   select_type_param=site.select_type_param, max_mem_per_cpu=0, overcommit=0xFE,
                   spread_job=int(bool(raw["bitflags"] & SPREAD_JOB)), task_dist=0,
                   part_mem=None)
@@ -27,13 +27,9 @@ def hot_args(raw: dict, site: completion.Site, version: int) -> tuple:
                     reason="the job_submit path is interpreted here (source tree, or no mypyc)")
 @pytest.mark.parametrize("name", sorted(CONFS))
 def test_a_miss_runs_no_interpreted_python(name, tmp_path):
-    version, _, text = CONFS[name]
-    conf = tmp_path / "slurm.conf"
-    conf.write_text(text)
-    site = lua_site.site(str(conf), version)
+    site = conf_site(name, tmp_path)
     rng = random.Random(f"compiled-{name}")
-    jobs = [hot_args(random_job(rng, sorted(site.partitions)), site, version)
-            for _ in range(400)]
+    jobs = [hot_args(random_job(rng, sorted(site.partitions)), site) for _ in range(400)]
     submit.use_site(site)
     for values in jobs:  # what is built once per site (its live settings, an unknown partition)
         submit.job_submit_values(*values)

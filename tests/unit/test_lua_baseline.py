@@ -69,6 +69,14 @@ TRES_SOCKET = [None] * 8 + ["gres:gpu:1"]
 PER_GPU = [None] * 5 + ["gres:gpu:2", "gres:gpu:3000"]
 
 
+def conf_site(name: str, tmp_path) -> completion.Site:
+    """The Site our plugin reads from CONFS[name] (through bench/lua_site.py)."""
+    version, under_request, text = CONFS[name]
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(text)
+    return dataclasses.replace(lua_site.site(str(conf), version), under_request=under_request)
+
+
 def random_job(rng: random.Random, partitions: list[str]) -> dict:
     """Raw job_desc values, as slurmctld fills them (NO_VAL: not given)."""
     pick = rng.choice
@@ -162,11 +170,7 @@ end
 @pytest.mark.skipif(LUA is None, reason="no lua5.1 (tools/install-deps.sh installs it)")
 @pytest.mark.parametrize("name", sorted(CONFS))
 def test_lua_baseline_answers_as_the_policy(name, tmp_path):
-    version, under_request, text = CONFS[name]
-    conf = tmp_path / "slurm.conf"
-    conf.write_text(text)
-    site = lua_site.site(str(conf), version)
-    site = dataclasses.replace(site, under_request=under_request)
+    site = conf_site(name, tmp_path)
     rng = random.Random(f"lua-{name}")
     jobs = [random_job(rng, sorted(site.partitions)) for _ in range(1500)]
     want = [python_answer(raw, site) for raw in jobs]
