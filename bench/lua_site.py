@@ -1,7 +1,7 @@
 """The SITE table of bench/job_submit.lua, written from the facts our plugin
-reads: slurm.conf through pyk8sres.slurmctld.slurmconf (as embed.reconfigure
-does), k8s_resources.conf, and the cluster's DefMemPerCPU/DefMemPerNode and
-Slurm release, which slurmctld hands our plugin live and which Lua cannot see.
+reads: slurm.conf and k8s_resources.conf (embed.conf_facts, as reconfigure
+reads them), and the cluster's DefMemPerCPU/DefMemPerNode and Slurm release,
+which slurmctld hands our plugin live and which Lua cannot see.
 
 Used by bench_job_submit.py (the Lua baseline it times) and by
 tests/unit/test_lua_baseline.py (the same answers as completion.complete).
@@ -13,11 +13,12 @@ import os
 import re
 import subprocess
 
-from pyk8sres.slurmctld import completion, config, slurmconf
+from pyk8sres.slurmctld import completion, config, embed
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "job_submit.lua")
 PLACEHOLDER = "local SITE = nil -- @SITE@"
-# Nodes fields Python tests for truth (0 and None alike); Lua's 0 is true.
+# Fields (of Nodes, Partition, Site) Python tests for truth, 0 and None
+# alike; in Lua 0 is true.
 _TRUTHY_ONLY = ("cpus", "memory", "count", "least_cpus", "gpus", "max_mem_per_cpu")
 
 
@@ -80,11 +81,5 @@ def site(slurm_conf: str, version: int) -> completion.Site:
     """What our plugin's Site holds for this slurm.conf (embed.reconfigure, site_for)."""
     with open(slurm_conf) as f:
         lines = f.read().splitlines()
-    conf = slurmconf.parse(lines)
-    settings = config.load(slurm_conf)
-    return completion.Site(
-        slurm_version=version, under_request=settings.under_request,
-        cluster_mem=cluster_memory(lines), reserve_memory=settings.reserve_memory_mb,
-        partitions=conf.partitions, default_partition=conf.default_partition,
-        select_type_param=conf.select_type_param, max_mem_per_cpu=conf.max_mem_per_cpu,
-        all_nodes=conf.all_nodes, cluster_gpu=conf.cluster_gpu)
+    return completion.Site(slurm_version=version, cluster_mem=cluster_memory(lines),
+                           **embed.conf_facts(slurm_conf, config.load(slurm_conf)))

@@ -9,8 +9,9 @@ ahead of a .py of the same name.
 
 Why: a submission of a shape the plugin's C memo has not seen runs the
 policy with the CPU caches cold (slurmctld's own work evicts them between
-submissions); the compiled policy costs about a fifth less then (README,
-Performance).  Same source, same table tests.
+submissions); compiled, with no interpreted code left on that path, it
+costs less than job_submit/lua doing the same work, where interpreted it
+cost more (README, Performance).  Same source, same table tests.
 """
 import os
 import shutil

@@ -612,9 +612,10 @@ def required(job: Job, site: Site) -> tuple[dict, dict]:
             raise PolicyError(
                 f"this job may get up to {per_node[GRES_CPU]} CPUs on one of its nodes (Slurm "
                 f"decides when it schedules it), so it must hold k8scpu:{per_node[GRES_CPU]} on "
-                f"each; it needs {nodes} nodes and only {max(r or 0 for r in rooms)} of its partition's nodes "
-                f"have that many CPUs: ask --ntasks-per-node=<k> (each node then gets k x -c "
-                f"CPUs), fewer nodes (-N), or a partition whose nodes are all of one size")
+                f"each; it needs {nodes} nodes and only {max(r or 0 for r in rooms)} of its "
+                f"partition's nodes have that many CPUs: ask --ntasks-per-node=<k> (each node "
+                f"then gets k x -c CPUs), fewer nodes (-N), or a partition whose nodes are all "
+                f"of one size")
     limits = {GRES_CPU: NO_VAL, GRES_MEMORY: gres.MAX_COUNT}  # Slurm's own field widths
     for counts in (per_node, per_task):
         for name, value in counts.items():

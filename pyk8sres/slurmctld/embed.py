@@ -76,17 +76,23 @@ def current_from_c(ffi, c) -> completion.Job | None:
     return _job(ffi, c, "cur_", c.cur_whole_node == 1) if c.has_current else None
 
 
+def conf_facts(slurm_conf_path: str, settings: config.Config) -> dict:
+    """The Site's fields that slurm.conf and k8s_resources.conf (`settings`)
+    give; slurmctld passes the rest with each job (submit.site_for)."""
+    from . import slurmconf
+    conf = slurmconf.load(slurm_conf_path)
+    return dict(under_request=settings.under_request, reserve_memory=settings.reserve_memory_mb,
+                partitions=conf.partitions, default_partition=conf.default_partition,
+                select_type_param=conf.select_type_param, max_mem_per_cpu=conf.max_mem_per_cpu,
+                all_nodes=conf.all_nodes, cluster_gpu=conf.cluster_gpu)
+
+
 def reconfigure(slurm_conf_path: str) -> None:
     global _config
-    from . import slurmconf
     _config = config.load(slurm_conf_path)
-    conf = slurmconf.load(slurm_conf_path)
-    submit.use_site(dataclasses.replace(
-        submit.current_site(), under_request=_config.under_request,
-        reserve_memory=_config.reserve_memory_mb, partitions=conf.partitions,
-        default_partition=conf.default_partition, select_type_param=conf.select_type_param,
-        max_mem_per_cpu=conf.max_mem_per_cpu, all_nodes=conf.all_nodes,
-        cluster_gpu=conf.cluster_gpu), _config.on_internal_error == "accept")
+    submit.use_site(dataclasses.replace(submit.current_site(),
+                                        **conf_facts(slurm_conf_path, _config)),
+                    _config.on_internal_error == "accept")
 
 
 _ffi = None

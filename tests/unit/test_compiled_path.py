@@ -16,15 +16,15 @@ SPREAD_JOB = 1 << 8
 
 def hot_args(raw: dict, site: completion.Site) -> tuple:
     """A random job as pyk8sres_core.c hot_args passes it (submit.HOT_ARGS)."""
-    values = dict(raw, slurm_version=site.slurm_version, def_mem_per_cpu=completion.MEM_PER_CPU | 100,
-                  select_type_param=site.select_type_param, max_mem_per_cpu=0, overcommit=0xFE,
+    values = dict(raw, slurm_version=site.slurm_version,
+                  def_mem_per_cpu=completion.MEM_PER_CPU | 100, select_type_param=site.select_type_param, max_mem_per_cpu=0, overcommit=0xFE,
                   spread_job=int(bool(raw["bitflags"] & SPREAD_JOB)), task_dist=0,
                   part_mem=None)
     return tuple(values[name] for name in submit.HOT_ARGS)
 
 
 @pytest.mark.skipif(submit.__file__.endswith(".py"),
-                    reason="the job_submit path is interpreted here (source tree, or no mypyc)")
+                    reason="the job_submit path runs interpreted here (source tree, no mypyc)")
 @pytest.mark.parametrize("name", sorted(CONFS))
 def test_a_miss_runs_no_interpreted_python(name, tmp_path):
     site = conf_site(name, tmp_path)
