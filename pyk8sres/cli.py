@@ -57,13 +57,23 @@ def _cluster_up(args) -> int:
               "then headers X-SLURM-USER-NAME and X-SLURM-USER-TOKEN")
         print(f"export SLURMRESTD_URL={c.rest_url}")
     if args.kubernetes:
-        print(f"# Kubernetes API server {kas.url}, pyk8sres sync and webhook running "
-              f"(logs: {c.work}/log/sync.out, webhook.out)")
-        print(f"export KUBECONFIG={kas.kubeconfig}")
-        print(f"export PATH={os.path.dirname(kas.paths.kubectl)}:$PATH  # kubectl")
-        print(f"# metrics and health: http://127.0.0.1:{args.kube_port + 4}/metrics (sync), "
-              f"http://127.0.0.1:{args.kube_port + 5}/metrics (webhook); /healthz, /readyz")
+        _print_kubernetes(c, kas)
     return 0
+
+
+def _print_kubernetes(c, kube) -> None:
+    print(f"# Kubernetes {kube.url}: kube-apiserver, kube-controller-manager, kube-scheduler, "
+          f"kwok (logs under {kube.work}/log); pyk8sres sync and webhook running "
+          f"(logs: {c.work}/log/sync.out, webhook.out)")
+    print("# identities (kubeconfigs): admin (below), developer (namespace default only): "
+          f"{kube.identity('developer')}")
+    print(f"#   kubelets: {kube.node_identity('<node>')}; coordinator: "
+          f"{kube.identity('sa-pyk8sres-system-pyk8sres-sync')}, "
+          f"{kube.identity('sa-pyk8sres-system-pyk8sres-webhook')}")
+    print(f"export KUBECONFIG={kube.kubeconfig}")
+    print(f"export PATH={os.path.dirname(kube.bin.kubectl)}:$PATH  # kubectl")
+    print(f"# metrics and health: http://127.0.0.1:{kube.ports.sync_metrics}/metrics (sync), "
+          f"http://127.0.0.1:{kube.ports.webhook_metrics}/metrics (webhook); /healthz, /readyz")
 
 
 def _cluster_down(args) -> int:
@@ -147,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                         "or 26.05 (tools/slurm-build.sh + tools/release-plugins.sh)")
     u.add_argument("--auth", choices=("auto", "munge", "slurm"), default="auto",
                    help="auto: munge if munged is installed, else auth/slurm (23.11+)")
-    u.add_argument("--kubernetes", action="store_true", help="also start a Kubernetes API server")
+    u.add_argument("--kubernetes", action="store_true", help="also start the Kubernetes control plane and the coordinator")
     u.add_argument("--accounting", action="store_true",
                    help="also a private MariaDB and slurmdbd (ports after the slurmd ones), "
                         "AccountingStorageTRES=gres/k8scpu,gres/k8smemory")

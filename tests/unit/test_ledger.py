@@ -90,8 +90,13 @@ def e(cpu_m, mem_mb=0, since=0.0, bound=False):
     ({}, Request("reserve", "n1", "b", 0, 12001 * MIB), NODE, None, False),
     # Idempotent: the same key and amount again changes nothing, and is ok.
     ({"a": e(2000)}, Request("reserve", "n1", "a", 2000, 0), NODE, None, True),
-    # A resize down always fits, even on a node over its capacity.
-    ({"a": e(9000)}, Request("reserve", "n1", "a", 1000, 0), NODE, {"a": e(1000)}, True),
+    # A reserve never shrinks a reservation (a forged review naming a bound
+    # pod's UID with no requests): ok, nothing changes; only `set` shrinks.
+    ({"a": e(9000)}, Request("reserve", "n1", "a", 1000, 0), NODE, None, True),
+    ({"a": e(6000, 100)}, Request("reserve", "n1", "a", 0, 0), NODE, None, True),
+    # It grows what is asked for more and keeps the rest: max of each.
+    ({"a": e(2000, 100)}, Request("reserve", "n1", "a", 1000, 200 * MIB), NODE,
+     {"a": e(2000, 200)}, True),
     # Unknown node: refused, nothing changes.
     ({}, Request("reserve", "n9", "a", 1, 1), None, None, False),
     # Release of what is not held is fine (the API server retries).

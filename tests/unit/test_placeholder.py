@@ -1,9 +1,8 @@
-"""Table-driven tests of placeholder sizing/planning and the test scheduler's fit."""
+"""Table-driven tests of placeholder sizing and planning."""
 
 import pytest
 
 from pyk8sres.policy import placeholder as P
-from pyk8sres.testbed.scheduler import pick_node
 
 MI = 1024 * 1024
 
@@ -48,22 +47,3 @@ def test_plan():
     assert delete == ["slurm-share-old"]        # k3: Slurm shows nothing -> left alone
     existing["slurm-share-k2"] = P.pod("k2", "ns", 3000, 0, (8000, 16000 * MI))
     assert P.plan(shared, nodes, shown, existing)[1] == {}
-
-
-def pod(node, cpu, mem="0", phase="Running", name="p"):
-    return {"metadata": {"name": name}, "spec": {"nodeName": node, "containers": [
-        {"name": "c", "resources": {"requests": {"cpu": cpu, "memory": mem}}}]},
-        "status": {"phase": phase}}
-
-
-@pytest.mark.parametrize("case,want,nodes,bound,expect", [
-    ("emptiest wins", pod(None, "1"), [node("a"), node("b")], [pod("a", "2")], "b"),
-    ("placeholder counts", pod(None, "3"), [node("a")], [pod("a", "6", name="slurm-share-a")],
-     None),
-    ("exact fit", pod(None, "2"), [node("a")], [pod("a", "6")], "a"),
-    ("terminal pods free", pod(None, "3"), [node("a")], [pod("a", "6", phase="Succeeded")], "a"),
-    ("memory too", pod(None, "1", "10Gi"), [node("a", mem="8Gi"), node("b", mem="16Gi")], [], "b"),
-    ("cordoned skipped", pod(None, "1"), [node("a", unschedulable=True)], [], None),
-])
-def test_pick_node(case, want, nodes, bound, expect):
-    assert pick_node(want, nodes, bound) == expect, case
