@@ -256,14 +256,20 @@ class Informer(threading.Thread):
     handler.replace(kind, items)  after every (re)list: the full truth
       (or, if the handler has slim(kind, obj): replace_slim(kind, [slim(obj)...]))
     handler.event(kind, type, obj) for ADDED/MODIFIED/DELETED
-    handler.health(kind, ok)      False on any error, True once the watch is open again
+    handler.health(kind, ok)      False on any error and on 410 (until the
+                                  relist is in), True once the watch is open again
+    handler.contact(kind)         (optional) the server spoke: an event, a
+                                  bookmark or a watch (re)opened
 
-    Level-triggered: a watch the server ends normally resumes from the last
-    resourceVersion (bookmarks keep it fresh); after 410 or any error we
-    relist, and the kind counts as unhealthy until the relist is in.
+    Level-triggered: a watch the server ends normally (every watch_timeout
+    seconds) resumes from the last resourceVersion; after 410 or any error
+    we relist.  A connection that goes silent without closing is caught by
+    the read timeout (watch_timeout + request timeout); until then the
+    handler can tell from contact() that the server has been quiet longer
+    than a live watch ever is (stale_after).
     """
 
-    def __init__(self, kube: Kube, kind: str, handler, watch_timeout: int = 60,
+    def __init__(self, kube: Kube, kind: str, handler, watch_timeout: int = 15,
                  backoff_max: float = 30.0, stop: threading.Event | None = None):
         super().__init__(name=f"informer-{kind}", daemon=True)
         self.kube, self.kind, self.handler = kube, kind, handler
@@ -272,6 +278,16 @@ class Informer(threading.Thread):
         self.stop_event = stop or threading.Event()
         self.rv: str | None = None
         self.relists = 0
+
+    def _contact(self) -> None:
+        contact = getattr(self.handler, "contact", None)
+        if contact is not None:
+            contact(self.kind)
+
+    def stale_after(self) -> float:
+        """Seconds without contact after which a watch is silent for no good
+        reason: each is reopened at most every watch_timeout seconds."""
+        return self.watch_timeout + self.kube.timeout
 
     def run(self) -> None:
         backoff = 0.5
@@ -293,9 +309,11 @@ class Informer(threading.Thread):
                 # reconnect in lockstep.
                 t = max(1, int(self.watch_timeout * random.uniform(0.8, 1.0)))
                 events = self.kube.watch(self.kind, self.rv, t)
+                self._contact()
                 self.handler.health(self.kind, True)  # open, from a known rv: in sync
                 backoff = 0.5
                 for typ, obj in events:
+                    self._contact()
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if typ != "BOOKMARK":
                         self.handler.event(self.kind, typ, obj)
@@ -307,6 +325,8 @@ class Informer(threading.Thread):
             except Gone as e:
                 log.info("%s: resourceVersion %s expired (%s); relisting", self.kind, self.rv, e)
                 metrics.WATCH_RESTARTS.labels(self.kind, "gone").inc()
+                # Events between rv and now are lost: not in sync until relisted.
+                self.handler.health(self.kind, False)
                 self.rv = None
             except Exception as e:  # network, 5xx, timeouts: never fatal
                 metrics.WATCH_RESTARTS.labels(self.kind, "error").inc()

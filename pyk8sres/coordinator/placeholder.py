@@ -56,6 +56,8 @@ class Placeholders:
         if relisted:
             self._relist()
         done = {"created": [], "resized": [], "deleted": []}
+        if self.scope.unshared() is None:   # nodes not listed: never plan from nothing
+            return done
         # Planning 1000 nodes every period holds the GIL the admission threads
         # need: skip it while no job moved and no node changed (our pods
         # change only through our own writes and a relist).

@@ -39,6 +39,7 @@ from typing import Mapping
 
 from . import metrics
 from ..policy import events as E
+from ..policy import ledger as L
 from ..policy import usage as U
 
 log = logging.getLogger("pyk8sres.coordinator.sync")
@@ -71,7 +72,8 @@ class SyncConfig:
                                      # shows up bound (the webhook reserves before binding)
     debounce_seconds: float = 0.005  # let a burst of pod events land in one cycle
     request_timeout: float = 10.0   # client-side timeout of every API call
-    watch_timeout: int = 60         # server-side watch duration
+    watch_timeout: int = 15         # server-side watch duration: a watch silent for this
+                                    # plus request_timeout is stale (nothing released)
     backoff_max: float = 30.0
     generic_nodes: bool = True      # write GenericNode objects
     # GenericNode writes per second, sustained and at once (kube-controller-
@@ -126,6 +128,11 @@ def load_config(path: str | None, base: SyncConfig | None = None) -> SyncConfig:
         exemptions_of(out)
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from e
+    if out.reservation_grace <= out.watch_timeout + out.request_timeout:
+        raise ConfigError(f"{path}: reservation_grace ({out.reservation_grace} s) must exceed "
+                          f"watch_timeout + request_timeout ({out.watch_timeout} + "
+                          f"{out.request_timeout} s): a silent watch must be caught before an "
+                          "admitted pod's reservation may expire")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in out.node_map.items()):
         raise ConfigError(f"{path}: node_map maps Kubernetes node names to Slurm node names (strings)")
     if not (out.generic_node_qps > 0 and out.generic_node_burst >= 1):
@@ -173,6 +180,8 @@ class Cache:
         self.sums: dict[str, list] = {}
         self.listed: set[str] = set()
         self.ok = {k: False for k in self.KINDS}
+        self.contacted = {k: -1e9 for k in self.KINDS}   # monotonic time the server last spoke
+        self.stale_after: float | None = None             # None: never stale (no informers)
         self.changed = threading.Event()
         # Kubernetes nodes whose pods changed since take_dirty(); None: anything
         # may have changed (a list, a node, the watches' health, Slurm's view).
@@ -268,17 +277,28 @@ class Cache:
                 self.dirty = None
         if was != ok:
             log.log(logging.INFO if ok else logging.WARNING, "%s watch %s", kind,
-                    "in sync again" if ok else "lost: counts will only go down until it is back")
+                    "in sync again" if ok else "lost: the pods' shares only grow until it is back")
             self.changed.set()
+
+    def contact(self, kind: str) -> None:
+        with self.lock:
+            self.contacted[kind] = time.monotonic()
+
+    def _untrusted(self) -> list[str]:   # lock held
+        """The kinds whose cache may have missed changes: not listed, the
+        watch broken, or silent longer than a live watch ever is."""
+        now = time.monotonic()
+        return [k for k in self.KINDS if k not in self.listed or not self.ok[k]
+                or (self.stale_after is not None and now - self.contacted[k] > self.stale_after)]
 
     def not_ready(self) -> str | None:
         """A readiness check: None once both kinds are listed and watched."""
         with self.lock:
-            missing = [k for k in self.KINDS if k not in self.listed or not self.ok[k]]
-        return f"{', '.join(missing)} not listed/watched" if missing else None
+            missing = self._untrusted()
+        return f"{', '.join(missing)} not listed/watched (or silent)" if missing else None
 
     def _healthy(self) -> bool:   # lock held
-        return all(k in self.listed and self.ok[k] for k in self.KINDS)
+        return not self._untrusted()
 
     @staticmethod
     def _node_usage(s: list) -> U.NodeUsage:
@@ -417,9 +437,10 @@ class Reconciler:
 
     def wanted_shares(self, d: U.Desired, healthy: bool,
                       only: set[str] | None = None) -> dict[str, dict]:
-        """Slurm node -> the entries (pod UID -> millicores, bytes) it should
-        carry: the pods bound there.  While a node's data is not trusted (no
-        list yet, a broken watch, an unparsable pod there) it only gains
+        """Slurm node -> (the entries (pod UID -> millicores, bytes) it should
+        carry: the pods bound there, how long the ledger keeps reservations
+        not seen bound).  While a node's data is not trusted (no list yet, a
+        broken or silent watch, an unparsable pod there) it only gains
         entries: fail closed, never hand capacity back on missing data.
         only: just these Slurm nodes."""
         wanted: dict[str, dict] = {name: {} for name in self.last_set
@@ -430,10 +451,17 @@ class Reconciler:
         if only is not None:
             for name in only:
                 wanted.setdefault(name, {})
+        out = {}
         for name, entries in wanted.items():
-            if not healthy or (d.usage.get(name) or U.NodeUsage()).errors:
-                wanted[name] = {**self.last_set.get(name, {}), **entries}
-        return wanted
+            if healthy and not (d.usage.get(name) or U.NodeUsage()).errors:
+                out[name] = (entries, self.cfg.reservation_grace)
+            elif name in self.last_set:
+                # What this process set there plus what it sees, and every
+                # reservation kept: the share cannot go down.
+                out[name] = ({**self.last_set[name], **entries}, L.MAX_KEEP_SECONDS)
+            # else: never set by this process (it just started, or the ledger
+            # failed): the ledger keeps what it holds until the data is trusted.
+        return out
 
     def set_shares(self, d: U.Desired, healthy: bool, only: set[str] | None = None) -> None:
         """Apply the differences to the ledger (all of it now and then, so
@@ -443,11 +471,11 @@ class Reconciler:
             return
         now = time.monotonic()
         repair = only is None and now - self.last_repair >= self.cfg.repair_seconds
-        for name, entries in sorted(self.wanted_shares(d, healthy, only).items()):
+        for name, (entries, keep) in sorted(self.wanted_shares(d, healthy, only).items()):
             if not repair and self.last_set.get(name) == entries:
                 continue
             try:
-                reply = self.ledger.set(name, entries, self.cfg.reservation_grace)
+                reply = self.ledger.set(name, entries, keep)
             except Exception as e:  # slurmctld down: retried next cycle, nothing handed back
                 log.warning("cannot set the Kubernetes share of %s: %s", name, e)
                 metrics.RECONCILE_ERRORS.labels("ledger_set").inc()
@@ -676,6 +704,7 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
         3 * cfg.metrics_seconds + 2 * cfg.request_timeout))
     informers = [Informer(kube, k, cache, cfg.watch_timeout, cfg.backoff_max, stop)
                  for k in ("nodes", "pods")]
+    cache.stale_after = informers[0].stale_after()
     for i in informers:
         i.start()
     if cfg.events:

@@ -251,7 +251,13 @@ class Scope:
         self.nodes_listed = False
         self.nodes_watched = False
         self.version = 0          # bumped whenever a node we keep changes
+        self.changed = threading.Event()   # set with each bump: publish the scope now
         self.slurm_names: frozenset | None = None   # None: not known yet
+
+    def _bump(self) -> None:
+        """Under self.lock: what the scope says changed."""
+        self.version += 1
+        self.changed.set()
 
     # -- Informer handler interface
     def slim(self, kind: str, obj: dict):
@@ -263,21 +269,23 @@ class Scope:
             self.nodes = {k: v for k, v in items if k is not None}
             self.nodes_listed = True
             self.nodes_watched = watched
-            self.version += 1
+            self._bump()
 
     def event(self, kind: str, typ: str, obj: dict) -> None:
         name, slim = self.slim(kind, obj)
         with self.lock:
             if typ == "DELETED":
                 if self.nodes.pop(name, None) is not None:
-                    self.version += 1
+                    self._bump()
             elif self.nodes.get(name) != slim:   # heartbeats change nothing we keep
                 self.nodes[name] = slim
-                self.version += 1
+                self._bump()
 
     def health(self, kind: str, ok: bool) -> None:
         with self.lock:
-            self.nodes_watched = ok
+            if self.nodes_watched != ok:
+                self.nodes_watched = ok
+                self._bump()
 
     def update(self, k8s_nodes: list[dict] | None = None, slurm_names=None) -> None:
         if k8s_nodes is not None:
@@ -285,7 +293,9 @@ class Scope:
                               watched=False)
         if slurm_names is not None:
             with self.lock:
-                self.slurm_names = frozenset(slurm_names)
+                if self.slurm_names != frozenset(slurm_names):
+                    self.slurm_names = frozenset(slurm_names)
+                    self._bump()
 
     def snapshot(self) -> tuple[dict[str, dict], int]:
         """(the slim nodes, their version)."""
@@ -305,17 +315,31 @@ class Scope:
         return U.slurm_node_for(node, self.cfg.node_key, names, self.cfg.map_by_name,
                                 self.cfg.node_map)
 
-    def shared(self) -> dict[str, str]:
+    def _mapped(self) -> dict[str, str | None] | None:
+        """Every Kubernetes node -> its Slurm node (None: not shared), or
+        None while either side is not known."""
         with self.lock:
+            if not self.nodes_listed or self.slurm_names is None:
+                return None
             nodes, names = dict(self.nodes), self.slurm_names
-        if names is None:
-            return {}
-        out = {}
-        for k, n in nodes.items():
-            s = U.slurm_node_for(n, self.cfg.node_key, names, self.cfg.map_by_name, self.cfg.node_map)
-            if s:
-                out[k] = s
-        return out
+        return {k: U.slurm_node_for(n, self.cfg.node_key, names, self.cfg.map_by_name,
+                                    self.cfg.node_map) for k, n in nodes.items()}
+
+    def shared(self) -> dict[str, str]:
+        """Kubernetes node -> Slurm node, for the nodes known to be shared."""
+        return {k: s for k, s in (self._mapped() or {}).items() if s}
+
+    def unshared(self) -> list[str] | None:
+        """The Kubernetes nodes known NOT to be shared (the only ones the
+        webhook is not called for); [] (every node checked) while the nodes
+        watch is broken, since a node may have been relabelled meanwhile;
+        None (keep what is published) before anything is known."""
+        mapped = self._mapped()
+        if mapped is None:
+            return None
+        if not self.nodes_watched:
+            return []
+        return sorted(k for k, s in mapped.items() if not s)
 
 
 # ----------------------------------------------------------------- admission
@@ -521,10 +545,17 @@ def webhook_template() -> dict:
 
 
 def slurm_names(shown: dict) -> list[str]:
-    """Slurm nodes with k8scpu/k8smemory, from the ledger's show() (every node)."""
+    """Slurm nodes with k8scpu/k8smemory, from the ledger's show() (every node).
+    Raises unless the answer says which nodes Slurm has: a refusal, or every
+    node unknown (slurmctld has not read its node table yet) is never taken
+    for "no shared nodes"."""
     if not shown.get("ok"):
         raise RuntimeError(f"ledger show: {shown.get('error')}")
-    return [n for n, v in (shown.get("nodes") or {}).items() if not v.get("unknown")]
+    nodes = shown.get("nodes") or {}
+    names = [n for n, v in nodes.items() if not v.get("unknown")]
+    if nodes and not names:
+        raise RuntimeError("ledger show: no node known yet (slurmctld is still starting)")
+    return names
 
 
 class Webhook:
@@ -587,10 +618,8 @@ class Webhook:
                     for w in base.get("webhooks") or []:
                         if w.get("name") == self.wcfg.webhook_name:
                             w["clientConfig"] = {}
-                known = self.scope.slurm_names is not None and self.scope.nodes_listed
-                shared = sorted(self.scope.shared()) if known else None  # else: keep it
-                new = A.updated_webhook_config(base, self.wcfg.webhook_name, shared, bundle,
-                                               client_config)
+                new = A.updated_webhook_config(base, self.wcfg.webhook_name,
+                                               self.scope.unshared(), bundle, client_config)
                 if new is None and current is not None:
                     return
                 K.put_webhook_config(self.kube, new or base)
@@ -602,10 +631,22 @@ class Webhook:
                     return
 
     def _refresher(self) -> None:
-        while not self.stop_event.wait(self.wcfg.refresh_seconds):
+        """A full refresh every refresh_seconds; in between, the scope is
+        published as soon as a node joins, leaves or is relabelled, or
+        Slurm's node list changes (the placeholders read it every period)."""
+        due = time.monotonic() + self.wcfg.refresh_seconds
+        while True:
+            self.scope.changed.wait(max(0.0, due - time.monotonic()))
+            if self.stop_event.is_set():
+                return
+            self.scope.changed.clear()
             self._beat()
             try:
-                self.refresh()
+                if time.monotonic() >= due:
+                    due = time.monotonic() + self.wcfg.refresh_seconds
+                    self.refresh()
+                else:
+                    self.publish()
             except Exception:
                 log.exception("webhook refresh failed")
 
@@ -644,6 +685,7 @@ class Webhook:
         more (a refresh still running could otherwise re-publish the
         configuration just after its owner deleted it)."""
         self.stop_event.set()
+        self.scope.changed.set()
         self.server.close()
         for t in self.threads:
             if t is not threading.current_thread():

@@ -180,37 +180,42 @@ def review_response(request: Mapping, decision: Allow | Deny) -> dict:
 
 # ----------------------------------------------------------------- scoping
 
-def shared_nodes_condition(shared: list[str]) -> str:
-    """CEL matchCondition: the request targets one of these nodes.
+def unshared_nodes_condition(unshared: list[str]) -> str:
+    """CEL matchCondition: the request targets a node NOT known to be unshared.
 
-    Binding objects carry the node in target.name; pods in spec.nodeName.  The
-    coordinator keeps the set current, so a down coordinator blocks only the
-    shared nodes (failurePolicy Fail), never the others.  The set is a map
-    literal: membership costs O(1) in CEL's cost model, where `in` on a list
-    of 1000 names would be estimated per unbounded string compare.
+    Fail closed: every node is checked unless the coordinator has seen it
+    and knows Slurm does not share it, so a node that joins, or a node the
+    coordinator has not heard of (it is down, restarting, the ledger has
+    not answered), is checked; a down coordinator blocks those and the
+    shared nodes (failurePolicy Fail), never the nodes known unshared.
+    Binding objects carry the node in target.name; pods in spec.nodeName.
+    The set is a map literal: membership costs O(1) in CEL's cost model,
+    where `in` on a list of 1000 names would be estimated per unbounded
+    string compare.
     """
     names = "{" + ", ".join("'" + n.replace("\\", "\\\\").replace("'", "\\'") + "': true"
-                            for n in sorted(set(shared))) + "}"
+                            for n in sorted(set(unshared))) + "}"
     # request.subResource is absent (not "") on plain pod requests: guard with has().
     return (f"(request.resource.resource == 'bindings' ||"
             f" (has(request.subResource) && request.subResource == 'binding'))"
-            f" ? object.target.name in {names}"
-            f" : (has(object.spec.nodeName) && object.spec.nodeName in {names})")
+            f" ? !(object.target.name in {names})"
+            f" : (has(object.spec.nodeName) && !(object.spec.nodeName in {names}))")
 
 
 SHARED_CONDITION = "shared-node"
 
 
-def updated_webhook_config(current: Mapping, webhook_name: str, shared: list[str] | None,
+def updated_webhook_config(current: Mapping, webhook_name: str, unshared: list[str] | None,
                            ca_bundle: str | None, client_config: Mapping | None) -> dict | None:
     """The ValidatingWebhookConfiguration with what the coordinator owns set,
     or None when nothing changes.
 
-    Owned: the "shared-node" matchCondition, caBundle (ca_bundle None: left
-    alone, cert-manager's cainjector owns it) and clientConfig's url/service
-    when the object has neither.  Everything else (scope, failurePolicy) is
-    the admin's and kept.  shared None (Slurm's nodes not known yet): the
-    condition is left as it is.
+    Owned: the "shared-node" matchCondition (every node but `unshared`),
+    caBundle (ca_bundle None: left alone, cert-manager's cainjector owns it)
+    and clientConfig's url/service when the object has neither.  Everything
+    else (scope, failurePolicy) is the admin's and kept.  unshared None
+    (which nodes Slurm shares is not known now): the condition is left as
+    it is.
     """
     import copy
     doc = copy.deepcopy(dict(current))
@@ -226,8 +231,8 @@ def updated_webhook_config(current: Mapping, webhook_name: str, shared: list[str
         cc["url"] = client_config["url"]
     if ca_bundle is not None:
         cc["caBundle"] = ca_bundle
-    if shared is not None:
+    if unshared is not None:
         conds = [c for c in w.get("matchConditions") or [] if c.get("name") != SHARED_CONDITION]
-        conds.append({"name": SHARED_CONDITION, "expression": shared_nodes_condition(shared)})
+        conds.append({"name": SHARED_CONDITION, "expression": unshared_nodes_condition(unshared)})
         w["matchConditions"] = conds
     return None if doc == current else doc

@@ -152,9 +152,10 @@ def test_review_response():
                                                                            "allowed": True}
 
 
-def test_shared_nodes_condition_quotes():
-    c = A.shared_nodes_condition(["n2", "n1", "it's"])
-    assert "{'it\\'s': true, 'n1': true, 'n2': true}" in c and "object.target.name" in c
+def test_unshared_nodes_condition_quotes_and_fails_closed():
+    c = A.unshared_nodes_condition(["n2", "n1", "it's"])
+    assert "!(object.target.name in {'it\\'s': true, 'n1': true, 'n2': true})" in c
+    assert "!(object.spec.nodeName in {" in c
 
 
 VWC = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
@@ -171,7 +172,7 @@ def test_updated_webhook_config_owns_only_its_fields():
     w = new["webhooks"][1]
     assert w["clientConfig"] == {"service": {"name": "s", "namespace": "x"}, "caBundle": "Q0E="}
     assert [c["name"] for c in w["matchConditions"]] == ["admin", "shared-node"]
-    assert "'n1'" in w["matchConditions"][1]["expression"]
+    assert "!(object.target.name in {'n1': true})" in w["matchConditions"][1]["expression"]
     assert new["webhooks"][0] == {"name": "other"} and w["failurePolicy"] == "Fail"
     assert A.updated_webhook_config(new, "admission.pyk8sres.io", ["n1"], "Q0E=", None) is None
     # cert-manager: caBundle is left alone
@@ -179,7 +180,7 @@ def test_updated_webhook_config_owns_only_its_fields():
     assert "caBundle" not in cm["webhooks"][1]["clientConfig"]
     with pytest.raises(ValueError):
         A.updated_webhook_config(VWC, "nope", [], None, None)
-    # Slurm's nodes not known yet: the published condition stays
+    # Which nodes are shared is not known now: the published condition stays
     keep = A.updated_webhook_config(new, "admission.pyk8sres.io", None, "TkVX", None)
     assert keep["webhooks"][1]["matchConditions"] == w["matchConditions"]
 

@@ -525,3 +525,82 @@ def test_informer_rewatch_relist_and_health():
     assert set(c.pods) == {"ns/z", "ns/y"}
     assert c.snapshot()[0]["n1"].cpu == 4 * 10**9
     assert inf.relists == 3
+
+
+def test_informer_marks_the_cache_unhealthy_on_410_until_relisted():
+    import threading
+    from pyk8sres.coordinator.kube import Gone, Informer
+
+    class Recorder(sync.Cache):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def health(self, kind, ok):
+            self.calls.append(("health", ok))
+            super().health(kind, ok)
+
+        def replace_slim(self, kind, items):
+            self.calls.append(("replace", len(items)))
+            super().replace_slim(kind, items)
+
+    server = ScriptedServer(lists=[([pod("a", "n1")], "10"), ([], "30")],
+                            watches=[[Gone("too old")], []])
+    c = Recorder()
+    stop = threading.Event()
+    inf = Informer(server, "pods", c, watch_timeout=1, backoff_max=0.01, stop=stop)
+    inf.start()
+    deadline = __import__("time").monotonic() + 5
+    while server.watches and __import__("time").monotonic() < deadline:
+        __import__("time").sleep(0.01)
+    stop.set()
+    inf.join(2)
+    # open (True), 410 (False), relist, open again (True): never "in sync"
+    # between the 410 and the relist.
+    assert c.calls[:4] == [("replace", 1), ("health", True), ("health", False), ("replace", 0)]
+
+
+def test_a_silent_watch_is_not_trusted_and_releases_nothing(world):
+    slurm, cache, rec, _ = world
+    now = __import__("time").monotonic()
+    cache.stale_after = 25.0
+    cache.health("pods", True)
+    cache.health("nodes", True)
+    for kind in cache.KINDS:
+        cache.contacted[kind] = now
+    cache.event("pods", "ADDED", pod("a", "n1", "2", "0"))
+    rec.cycle()
+    assert slurm.counts("n1") == (2, 8000)
+    cache.contacted["pods"] = now - 26.0      # no event, bookmark or reopen for 26 s
+    assert cache.not_ready() and "pods" in cache.not_ready()
+    cache.event("pods", "DELETED", pod("a", "n1"))
+    rec.cycle()
+    assert slurm.counts("n1") == (2, 8000)    # held: the data may be stale
+    cache.contact("pods")                     # the watch speaks again
+    rec.cycle()
+    assert slurm.counts("n1") == (4, 8000)
+
+
+def test_a_new_daemon_lowers_nothing_before_its_pods_are_listed(world):
+    slurm, cache, rec, cfg = world
+    cache.event("pods", "ADDED", pod("a", "n1", "3", "0"))
+    rec.cycle()
+    assert slurm.counts("n1") == (1, 8000)
+    # A new process: nodes listed, pods not yet (or their watch broke).
+    cache2 = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
+    cache2.replace("nodes", [knode("n1")])
+    rec2 = sync.Reconciler(cfg, cache2, slurm, ledger=slurm.ledger)
+    rec2.cycle()
+    assert slurm.counts("n1") == (1, 8000)
+    assert rec2.wanted_shares(rec2.last, False) == {}
+    cache2.replace("pods", [pod("a", "n1", "3", "0")])
+    rec2.cycle()
+    assert slurm.counts("n1") == (1, 8000)
+    assert rec2.wanted_shares(rec2.last, True)["n1"][1] == cfg.reservation_grace
+
+
+def test_config_reservation_grace_must_outlast_a_silent_watch(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text("reservation_grace = 20.0\nwatch_timeout = 15\n")
+    with pytest.raises(sync.ConfigError, match="reservation_grace"):
+        sync.load_config(str(p))
