@@ -143,6 +143,7 @@ class ControlPlane:
             self.apply(data.path("kube", "bootstrap.yaml"))
             for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
                 self.start_component(name, timeout)
+            self._wait("kube-controller-manager", self._settled, timeout)
         except BaseException:
             self.stop()
             raise
@@ -228,6 +229,16 @@ class ControlPlane:
                     f"--config={data.path('kube', 'kwok.yaml')}",
                     f"--server-address={HOST}:{p.kwok}"]
         raise KeyError(name)
+
+    def _settled(self) -> bool:
+        """What a user expects of a fresh cluster is there: the aggregated
+        `edit` role (kube-controller-manager fills it) and namespace
+        default's ServiceAccount."""
+        can = self.kubectl("auth", "can-i", "create", "pods", "-n", DEVELOPER_NAMESPACE,
+                           identity="developer", check=False).stdout.strip()
+        sa = self.kubectl("get", "serviceaccount", "default", "-n", DEVELOPER_NAMESPACE,
+                          "-o", "name", check=False).returncode
+        return can == "yes" and sa == 0
 
     def _health_url(self, name: str) -> str | None:
         port = {"kube-apiserver": self.ports.apiserver, "kube-controller-manager":
