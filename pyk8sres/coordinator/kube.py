@@ -426,14 +426,10 @@ def get_webhook_config(kube: Kube, name: str) -> dict | None:
 
 
 def put_webhook_config(kube: Kube, body: dict) -> dict:
-    """Create, or replace (body carries the resourceVersion it was read at:
-    a concurrent change is a 409, and the caller retries)."""
-    name = body["metadata"]["name"]
-    if body["metadata"].get("resourceVersion"):
-        return _json(kube.admission.replace_validating_webhook_configuration(
-            name, body, _preload_content=False, _request_timeout=kube.timeout))
-    return _json(kube.admission.create_validating_webhook_configuration(
-        body, _preload_content=False, _request_timeout=kube.timeout))
+    """Replace it (body carries the resourceVersion it was read at: a
+    concurrent change is a 409, and the caller retries)."""
+    return _json(kube.admission.replace_validating_webhook_configuration(
+        body["metadata"]["name"], body, _preload_content=False, _request_timeout=kube.timeout))
 
 
 # ------------------------------------------------------------ events (coordinator/events.py)

@@ -307,9 +307,9 @@ class Scope:
             node = self.nodes.get(k8s_node) or {"metadata": {"name": k8s_node}}
             names = self.slurm_names
         if names is None:
-            # Slurm's nodes unknown (ledger never answered): the API server
-            # only calls us for nodes last published as shared, so treat the
-            # node as shared and let the ledger decide (it will deny).
+            # Slurm's nodes unknown (the ledger has not answered show yet):
+            # treat the node as shared and let the ledger decide (fail closed:
+            # it refuses unless it answers, and knows the node).
             names = frozenset([k8s_node, *(self.cfg.node_map.values()),
                                (node["metadata"].get("labels") or {}).get(self.cfg.node_key, "")])
         return U.slurm_node_for(node, self.cfg.node_key, names, self.cfg.map_by_name,
@@ -590,7 +590,7 @@ class Webhook:
         self.server = WebhookServer(self.addr, Admission(kube, ledger, self.scope, events),
                                     cert, key, wcfg.client_ca_file, wcfg.client_names)
         self.stop_event = threading.Event()
-        self.published: dict | None = None
+        self.missing: str | None = None   # why the configuration cannot be kept current
         self.threads: list[threading.Thread] = []
 
     def refresh(self) -> None:
@@ -606,28 +606,33 @@ class Webhook:
         self.publish()
 
     def publish(self) -> None:
-        """Write caBundle / shared-node condition / clientConfig if they differ."""
+        """Write caBundle / shared-node condition / clientConfig if they differ.
+        The configuration itself is the admin's (deploy/webhook.yaml): this
+        process may read and update that one object, never create one."""
         bundle = (base64.b64encode(self.certs.bundle()).decode()
                   if self.certs is not None else None)
         client_config = ({"url": self.wcfg.url} if self.wcfg.url else None)
         for _ in range(3):   # 409: someone else wrote it; read again
             try:
                 current = K.get_webhook_config(self.kube, self.wcfg.configuration)
-                base = current or dict(webhook_template(), metadata={"name": self.wcfg.configuration})
-                if current is None and client_config:
-                    for w in base.get("webhooks") or []:
-                        if w.get("name") == self.wcfg.webhook_name:
-                            w["clientConfig"] = {}
-                new = A.updated_webhook_config(base, self.wcfg.webhook_name,
-                                               self.scope.unshared(), bundle, client_config)
-                if new is None and current is not None:
+                if current is None:
+                    self.missing = (f"ValidatingWebhookConfiguration {self.wcfg.configuration} "
+                                    "does not exist (apply deploy/webhook.yaml)")
+                    log.warning("%s", self.missing)
                     return
-                K.put_webhook_config(self.kube, new or base)
+                self.missing = None
+                new = A.updated_webhook_config(current, self.wcfg.webhook_name,
+                                               self.scope.unshared(), bundle, client_config)
+                if new is None:
+                    return
+                K.put_webhook_config(self.kube, new)
                 log.info("webhook configuration %s updated", self.wcfg.configuration)
                 return
             except K.ApiException as e:
                 if e.status != 409:
-                    log.warning("updating webhook configuration: %s", e.reason)
+                    self.missing = (f"cannot update ValidatingWebhookConfiguration "
+                                    f"{self.wcfg.configuration}: {e.status} {e.reason}")
+                    log.warning("%s", self.missing)
                     return
 
     def _refresher(self) -> None:
@@ -654,6 +659,8 @@ class Webhook:
         metrics.HEALTH.beat("webhook-refresh", max(60.0, 10 * self.wcfg.refresh_seconds))
 
     def _nodes_known(self) -> str | None:
+        if self.missing:
+            return self.missing
         if not self.scope.nodes_listed:
             return "Kubernetes nodes not listed yet"
         if self.scope.slurm_names is None:

@@ -10,6 +10,7 @@ WORKDIR (run/*.pid, kube/run/*.pid) and stopped by PID in `down`.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -70,8 +71,19 @@ def start_sync(c: cluster.Cluster, kube: kubernetes.ControlPlane) -> None:
         "--metrics-address", f"127.0.0.1:{kube.ports.sync_metrics}"])
 
 
+def apply_webhook_configuration(kube: kubernetes.ControlPlane, url: str) -> None:
+    """As the admin: deploy/webhook.yaml's ValidatingWebhookConfiguration,
+    calling `url` (a coordinator outside the cluster) instead of a Service."""
+    from ..coordinator.webhook import webhook_template
+    doc = webhook_template()
+    for hook in doc["webhooks"]:
+        hook["clientConfig"] = {"url": url}
+    kube.kubectl("apply", "-f", "-", input=json.dumps(doc))
+
+
 def start_webhook(c: cluster.Cluster, kube: kubernetes.ControlPlane) -> None:
     port = kube.ports.webhook
+    apply_webhook_configuration(kube, f"https://127.0.0.1:{port}/validate")
     _coordinator(c, "webhook", [
         "--kubeconfig", kube.service_account_kubeconfig(WEBHOOK_ACCOUNT, NAMESPACE),
         "--metrics-address", f"127.0.0.1:{kube.ports.webhook_metrics}",

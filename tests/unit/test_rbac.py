@@ -256,6 +256,16 @@ def test_rbac_grants_exactly_what_the_code_calls():
         assert rule in calls[sa][0], (sa, rule)
 
 
+def test_the_webhook_may_touch_only_its_own_configuration():
+    """resourceNames: updating any other ValidatingWebhookConfiguration (e.g.
+    to switch off another product's webhook) is not granted, nor creating one."""
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()) if d]
+    rules = [r for d in docs if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]
+             if "validatingwebhookconfigurations" in r["resources"]]
+    assert rules and all(r.get("resourceNames") == ["pyk8sres-admission"] for r in rules)
+    assert all("create" not in r["verbs"] for r in rules)
+
+
 @pytest.mark.parametrize("path,http,watch,expected", [
     ("/api/v1/pods", "GET", False, (("", "pods", "list"), False)),
     ("/api/v1/pods", "GET", True, (("", "pods", "watch"), False)),
