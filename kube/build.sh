@@ -5,6 +5,8 @@
 #                  kube-scheduler, kubectl) with its staging modules, and the
 #                  etcd server release that Kubernetes release pins as client
 #   kwok/          sigs.k8s.io/kwok (simulated kubelets and nodes)
+#   helm/          helm.sh/helm/v4
+#   helm-unittest/ github.com/helm-unittest/helm-unittest (the chart's snapshot tests)
 #
 #   kube/build.sh          # prints NAME=PATH for each binary
 #
@@ -32,10 +34,9 @@ flock 9
 export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build"
 export GOFLAGS="-mod=readonly -modcacherw -trimpath" GOTOOLCHAIN=local CGO_ENABLED=0
 
-stamp=$( (cd "$HERE" && cat build.sh controlplane/go.mod controlplane/go.sum kwok/go.mod kwok/go.sum
-	go version) | sha256sum | cut -c1-16)
+stamp=$( (cd "$HERE" && cat build.sh */go.mod */go.sum && go version) | sha256sum | cut -c1-16)
 out="$CACHE/$stamp/bin"
-names="kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok"
+names="kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm helm-unittest"
 print_paths() {
 	local n
 	for n in $names; do echo "$n=$out/$n"; done
@@ -68,6 +69,11 @@ kwok=$(awk '$1 == "sigs.k8s.io/kwok" { print $2 }' "$HERE/kwok/go.mod")
 log "building kwok $kwok (kwok/go.mod)"
 (cd "$HERE/kwok" && nice go build -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok" \
 	-o "$tmp/" sigs.k8s.io/kwok/cmd/kwok) || die "go build of kwok failed (see above)"
+log "building helm (helm/go.mod) and helm-unittest (helm-unittest/go.mod)"
+(cd "$HERE/helm" && nice go build -ldflags "-s -w" -o "$tmp/" helm.sh/helm/v4/cmd/helm) ||
+	die "go build of helm failed (see above)"
+(cd "$HERE/helm-unittest" && nice go build -ldflags "-s -w" -o "$tmp/" \
+	github.com/helm-unittest/helm-unittest/cmd/helm-unittest) || die "go build of helm-unittest failed (see above)"
 for n in $names; do
 	[[ -x "$tmp/$n" ]] || die "the build made no $n"
 done
