@@ -26,7 +26,9 @@ CACHE="${PYK8SRES_KUBE_CACHE:-/var/cache/pyk8sres/kube}"
 log() { echo "kube/build.sh: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-command -v go >/dev/null || die "the Go toolchain is missing (https://go.dev/doc/install; Debian: golang-go >= 1.25)"
+# The Go toolchain: on PATH, else where the official tarball installs it.
+command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin
+command -v go >/dev/null || die "the Go toolchain (>= 1.26) is missing: https://go.dev/doc/install"
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"
 flock 9
