@@ -153,26 +153,70 @@ def _max(a: dict, b: Mapping) -> None:
         a[k] = max(a.get(k, 0), v)
 
 
+def _quantities(values: Mapping | None) -> dict[str, Fraction]:
+    """cpu/memory of a ResourceList (allocatedResources, status requests)."""
+    return {k: request_quantity(v) for k, v in (values or {}).items() if k in ("cpu", "memory")}
+
+
+def resize_infeasible(pod: Mapping) -> bool:
+    """The kubelet said it will never apply the pending resize (condition
+    PodResizePending, reason Infeasible; the first such condition decides)."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodResizePending":
+            return c.get("reason") == "Infeasible"
+    return False
+
+
+def _effective(spec: dict[str, Fraction], status: Mapping | None,
+               infeasible: bool) -> dict[str, Fraction]:
+    """One container's requests as kube-scheduler counts them (1.35,
+    component-helpers determineEffectiveRequests): once its kubelet has
+    reported it (status resources set), the larger of spec, what it runs
+    with (status resources) and what it was allocated; while a resize is
+    Infeasible the spec is left out (it will never run)."""
+    if not status or status.get("resources") is None:
+        return spec
+    parts = [_quantities(status["resources"].get("requests")),
+             _quantities(status.get("allocatedResources"))]
+    if not infeasible:
+        parts.insert(0, spec)
+    out: dict[str, Fraction] = {}
+    for p in parts:
+        _max(out, p)
+    return out
+
+
 def pod_requests(pod: Mapping) -> dict[str, Fraction]:
-    """Effective cpu/memory requests of a pod, as the kube-scheduler counts them.
+    """Effective cpu/memory requests of a pod, as kube-scheduler 1.35 counts
+    them (component-helpers/resource PodRequests with UseStatusResources).
 
     max(sum of app containers + sidecars, each init container's need) plus pod
     overhead.  A sidecar (init container with restartPolicy Always) keeps running,
     so it adds to every init container started after it and to the app sum
-    (Kubernetes' AggregateContainerRequests).  Pod-level requests
-    (spec.resources), when set, replace the container sum for that resource.
-    Raises QuantityError on malformed data.
+    (Kubernetes' AggregateContainerRequests).  An app container or sidecar the
+    kubelet has reported counts max(spec, status resources, allocatedResources):
+    a downsized pod holds its old size until the kubelet applied the resize, a
+    grown one its new size at once, except that an Infeasible resize's spec is
+    left out.  Pod-level requests (spec.resources), when set, replace the
+    container sum for that resource (their in-place resize is alpha in 1.35
+    and off: the spec counts).  Raises QuantityError on malformed data.
     """
     spec = pod.get("spec") or {}
+    st = pod.get("status") or {}
+    statuses = {c.get("name"): c for c in (st.get("containerStatuses") or [])
+                + (st.get("initContainerStatuses") or []) if isinstance(c, Mapping)}
+    infeasible = resize_infeasible(pod)
     total: dict[str, Fraction] = {}
     for c in spec.get("containers") or []:
-        _add(total, _requests_of(c.get("resources")))
+        _add(total, _effective(_requests_of(c.get("resources")), statuses.get(c.get("name")),
+                               infeasible))
 
     sidecars: dict[str, Fraction] = {}
     init_need: dict[str, Fraction] = {}
     for c in spec.get("initContainers") or []:
         req = _requests_of(c.get("resources"))
         if c.get("restartPolicy") == "Always":
+            req = _effective(req, statuses.get(c.get("name")), infeasible)
             _add(total, req)
             _add(sidecars, req)
             need = dict(sidecars)

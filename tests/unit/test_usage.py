@@ -79,8 +79,8 @@ def test_format_memory(nbytes, text):
 
 # ---------------------------------------------------------------- pod requests
 
-def ctr(cpu=None, mem=None, restart=None, limits=None):
-    c = {"name": "c", "resources": {}}
+def ctr(cpu=None, mem=None, restart=None, limits=None, name="c"):
+    c = {"name": name, "resources": {}}
     req = {}
     if cpu is not None:
         req["cpu"] = cpu
@@ -146,6 +146,101 @@ def test_pod_requests(case, p, cpu, mem):
     r = u.pod_requests(p)
     assert r["cpu"] == u.parse_quantity(cpu), case
     assert r["memory"] == u.parse_quantity(mem), case
+
+
+def reported(p, *statuses, pending=None, init=()):
+    """p as its kubelet reported it: containerStatuses (name, status requests,
+    allocatedResources; requests None: no status resources), optionally a
+    PodResizePending condition with that reason."""
+    def cs(name, requests, allocated):
+        out = {"name": name}
+        if requests is not None:
+            out["resources"] = {"requests": requests}
+        if allocated is not None:
+            out["allocatedResources"] = allocated
+        return out
+    p["status"]["containerStatuses"] = [cs(*s) for s in statuses]
+    if init:
+        p["status"]["initContainerStatuses"] = [cs(*s) for s in init]
+    if pending:
+        p["status"]["conditions"] = [
+            {"type": "PodResizeInProgress", "status": "False"},
+            {"type": "PodResizePending", "status": "True", "reason": pending}]
+    return p
+
+
+CPU2 = {"cpu": "2", "memory": "2Gi"}
+CPU1 = {"cpu": "1", "memory": "1Gi"}
+
+
+# What kube-scheduler 1.35 counts once a kubelet reports the pod
+# (component-helpers/resource/helpers.go, determineEffectiveRequests):
+# max(spec, status resources, allocatedResources); spec left out while a
+# resize is Infeasible.
+@pytest.mark.parametrize("case,p,cpu,mem", [
+    ("running as specified", reported(pod([ctr("1", "1Gi")]), ("c", CPU1, CPU1)), "1", "1Gi"),
+    ("downsize not applied yet: old size",
+     reported(pod([ctr("1", "1Gi")]), ("c", CPU2, CPU2)), "2", "2Gi"),
+    ("downsize Deferred: old size",
+     reported(pod([ctr("1", "1Gi")]), ("c", CPU2, CPU2), pending="Deferred"), "2", "2Gi"),
+    ("downsize Infeasible: old size (what runs)",
+     reported(pod([ctr("1", "1Gi")]), ("c", CPU2, CPU2), pending="Infeasible"), "2", "2Gi"),
+    ("downsize applied", reported(pod([ctr("1", "1Gi")]), ("c", CPU1, CPU1)), "1", "1Gi"),
+    ("growth not applied yet: new size at once",
+     reported(pod([ctr("2", "2Gi")]), ("c", CPU1, CPU1)), "2", "2Gi"),
+    ("growth Deferred: new size",
+     reported(pod([ctr("2", "2Gi")]), ("c", CPU1, CPU1), pending="Deferred"), "2", "2Gi"),
+    ("growth Infeasible: spec dropped",
+     reported(pod([ctr("2", "2Gi")]), ("c", CPU1, CPU1), pending="Infeasible"), "1", "1Gi"),
+    ("allocated ahead of what runs", reported(pod([ctr("1", "1Gi")]), ("c", CPU1, CPU2)),
+     "2", "2Gi"),
+    ("Infeasible: allocated still counts",
+     reported(pod([ctr("3")]), ("c", {"cpu": "1"}, {"cpu": "2"}), pending="Infeasible"),
+     "2", "0"),
+    ("per resource", reported(pod([ctr("1", "1Gi")]), ("c", {"cpu": "2", "memory": "512Mi"},
+                                                         None)), "2", "1Gi"),
+    ("status without memory keeps the spec's",
+     reported(pod([ctr("1", "1Gi")]), ("c", {"cpu": "1"}, {"cpu": "1"})), "1", "1Gi"),
+    ("Infeasible, status without memory: none",
+     reported(pod([ctr("1", "1Gi")]), ("c", {"cpu": "1"}, {"cpu": "1"}), pending="Infeasible"),
+     "1", "0"),
+    ("allocatedResources alone (no status resources) is not read",
+     reported(pod([ctr("1", "1Gi")]), ("c", None, CPU2)), "1", "1Gi"),
+    ("Infeasible without status resources: spec",
+     reported(pod([ctr("2")]), ("c", None, None), pending="Infeasible"), "2", "0"),
+    ("statuses matched by container name",
+     reported(pod([ctr("1", name="a"), ctr("1", name="b")]), ("b", {"cpu": "3"}, None),
+              ("other", {"cpu": "9"}, None)), "4", "0"),
+    ("an init container's status is not read",
+     reported(pod([ctr("1")], init=[ctr("2", name="i")]), ("c", {"cpu": "1"}, None),
+              init=[("i", {"cpu": "5"}, None)]), "2", "0"),
+    ("a sidecar's status is",
+     reported(pod([ctr("1")], init=[ctr("500m", None, "Always", name="s")]),
+              ("c", {"cpu": "1"}, None), init=[("s", {"cpu": "2"}, None)]), "3", "0"),
+    ("pod-level requests still replace the sum",
+     reported(pod([ctr("1")], pod_resources={"requests": {"cpu": "3"}}),
+              ("c", {"cpu": "2"}, None)), "3", "0"),
+    ("overhead on top", reported(pod([ctr("1")], overhead={"cpu": "100m"}),
+                                 ("c", {"cpu": "2"}, None)), "2100m", "0"),
+])
+def test_pod_requests_as_kube_scheduler_counts_a_reported_pod(case, p, cpu, mem):
+    r = u.pod_requests(p)
+    assert (r["cpu"], r["memory"]) == (u.parse_quantity(cpu), u.parse_quantity(mem)), case
+
+
+def test_only_the_first_resize_pending_condition_decides():
+    p = reported(pod([ctr("2")]), ("c", {"cpu": "1"}, None))
+    p["status"]["conditions"] = [{"type": "PodResizePending", "reason": "Deferred"},
+                                 {"type": "PodResizePending", "reason": "Infeasible"}]
+    assert u.pod_requests(p)["cpu"] == 2
+
+
+def test_a_terminating_pod_holds_its_share():
+    """Deleted with a grace period, it runs until the kubelet kills it:
+    kube-scheduler keeps counting it, so do we."""
+    p = pod([ctr("1")])
+    p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert u.pod_usage(p, EX).cpu == N(1)
 
 
 # What the admin configured: namespace "slurm" is Slurm's; in "hpc" only the
