@@ -21,7 +21,7 @@ from typing import Iterator
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from . import metrics
+from . import metrics, permissions
 
 log = logging.getLogger("pyk8sres.coordinator.kube")
 
@@ -68,6 +68,7 @@ class Kube:
                 api = client.ApiClient(cfg)
             except config.ConfigException:
                 api = config.new_client_from_config(context=context)
+        permissions.watch_client(api)   # what RBAC refuses goes to the log and /readyz
         self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -335,8 +336,8 @@ class Informer(threading.Thread):
                 # moment it opens, before the server can say 410 -- and a cycle
                 # in that gap would trust a cache that missed events.
                 self.rv = None
-                log.warning("%s: %s: %s; relisting in %.1fs", self.kind, type(e).__name__,
-                            e, backoff)
+                log.warning("%s: %s; relisting in %.1fs", self.kind,
+                            permissions.error_text(e), backoff)
                 if self.stop_event.wait(backoff):
                     return
                 backoff = min(self.backoff_max, backoff * 2)

@@ -38,6 +38,7 @@ import tomllib
 from typing import Mapping
 
 from . import metrics
+from .permissions import error_text
 from ..policy import events as E
 from ..policy import ledger as L
 from ..policy import usage as U
@@ -551,7 +552,7 @@ class Reconciler:
         try:
             self.sync_generic_nodes(d, slurm_nodes)
         except Exception as e:  # API down, conflicts: retried on the next cycle
-            log.warning("GenericNode update failed: %s", e)
+            log.warning("GenericNode update failed: %s", error_text(e))
             metrics.RECONCILE_ERRORS.labels("generic_nodes").inc()
 
     def gn_refill_seconds(self) -> float:

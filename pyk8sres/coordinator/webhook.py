@@ -46,6 +46,7 @@ from urllib.parse import urlparse
 from . import kube as K
 from . import metrics
 from . import sync
+from .permissions import error_text
 from .scope import Scope, slurm_names
 from ..policy import admission as A
 from ..policy import events as E
@@ -254,7 +255,8 @@ class Admission:
             try:
                 pod = K.get_pod(self.kube, t.namespace, t.pod_name)
             except Exception as e:
-                return A.Deny(f"pyk8sres: cannot read pod {t.namespace}/{t.pod_name} ({e}); "
+                return A.Deny(f"pyk8sres: cannot read pod {t.namespace}/{t.pod_name} "
+                              f"({error_text(e)}); "
                               "failing closed", "pod_unreadable"), t, None
         d = A.plan(t, pod, snode, self.scope.exempt)
         if not isinstance(d, A.Reserve):
