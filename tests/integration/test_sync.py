@@ -1,14 +1,24 @@
-"""End to end: `pyk8sres sync` between a real local Slurm cluster and a real
-Kubernetes API server (no mocks).  We check the state of the world --
-Slurm's counts, job states, GenericNode objects -- never which calls were made.
+"""End to end: `pyk8sres sync` between a real local Slurm cluster and the real
+Kubernetes control plane (kube-apiserver with RBAC, kube-scheduler,
+kube-controller-manager, kwok as the kubelets; no mocks).  We check the state
+of the world -- Slurm's counts, job states, the pods the API server has,
+GenericNode objects -- never which calls were made.
 
-Needs root, the built plugins (`pyk8sres cluster up` works; skips if not)
-and the API server harness (tests/integration/conftest_kube.py; its first
-run builds the server).  Ports 27300-27302 (Slurm), 27400-27402 (API, etcd).
+The daemon runs as the ServiceAccount pyk8sres-sync of deploy/rbac.yaml
+(a token, never admin).  Nodes register as their kubelets do
+(ControlPlane.register_nodes: system:node:<name>, NodeRestriction); pods are
+placed by kube-scheduler unless the node a pod lands on is what a test is
+about (then spec.nodeName).  kwok runs them, applies resizes and keeps a
+deleted pod Terminating for its grace period.
+
+Needs root and the built plugins (`pyk8sres cluster up` works; skips if not)
+and the control plane (kube/build.sh, cached).  Ports: port(27300..27302)
+Slurm; the control plane a free block in 31000-31990 (conftest_kube.pick_ports).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -16,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 
 import pytest
@@ -25,15 +37,18 @@ from kubernetes import client, config  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
 from pyk8sres.testbed import cluster as slurm_cluster  # noqa: E402
-from pyk8sres.testbed.kubeapi_server import KubeAPIServer  # noqa: E402
+from pyk8sres.testbed import hybrid  # noqa: E402
+from pyk8sres.testbed import kubernetes as controlplane  # noqa: E402
 from local_slurm import SLURM, port  # noqa: E402
 
-from conftest_kube import CRD_MANIFEST  # noqa: E402
+from conftest_kube import CRD_MANIFEST, RBAC_MANIFEST, pick_ports  # noqa: E402
 
 GROUP, VERSION, PLURAL = "pyk8sres.io", "v1alpha1", "genericnodes"
 BASE_PORT = port(27300)     # slurmctld, then one per slurmd
-KUBE_PORT = port(27400)
+KUBE_PORTS = (31000, 31990)
 NODE_CPUS, NODE_MEM = 8, 16000
+NOWHERE = {"pyk8sres-test/nowhere": "true"}   # a nodeSelector no node matches
+KUBELET_RESIZE = "pyk8sres.io/kubelet-resize"   # kube/kwok.yaml: leave a resize pending
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Slurm daemons)")
 
@@ -41,33 +56,46 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Slurm dae
 # ----------------------------------------------------------------- fixtures
 
 class Api:
-    """A real API server of our own (we stop and restart it, so not the
-    session-wide one), plus clients for it."""
+    """The control plane of this module alone (its API server is stopped
+    and restarted, its etcd compacted), plus clients: admin's, and the sync
+    daemon's ServiceAccount kubeconfig."""
 
-    def __init__(self, paths, work):
-        self.paths, self.work = paths, work
-        self.start()
-        self.server.apply(CRD_MANIFEST)
-        self.core = client.CoreV1Api(config.new_client_from_config(self.kubeconfig))
-        self.custom = client.CustomObjectsApi(config.new_client_from_config(self.kubeconfig))
+    def __init__(self, binaries, work):
+        self.kube = controlplane.ControlPlane(work, pick_ports(*KUBE_PORTS), binaries).start()
+        try:
+            self.kube.apply(CRD_MANIFEST)
+            self.kube.apply(RBAC_MANIFEST)
+            self.kubeconfig = self.kube.kubeconfig          # the admin's, for the test itself
+            self.sync_kubeconfig = self.kube.service_account_kubeconfig(
+                hybrid.SYNC_ACCOUNT, hybrid.NAMESPACE)
+            admin = config.new_client_from_config(self.kubeconfig)
+            self.core = client.CoreV1Api(admin)
+            self.custom = client.CustomObjectsApi(admin)
+        except BaseException:
+            self.kube.stop()
+            raise
 
-    def start(self):
-        # Same workdir and ports: etcd keeps its data, like a real restart.
-        self.server = KubeAPIServer(self.paths).start(self.work, KUBE_PORT)
-        self.kubeconfig = self.server.kubeconfig
+    def as_node(self, node) -> client.CoreV1Api:
+        """The node's kubelet (system:node:<node>)."""
+        return client.CoreV1Api(config.new_client_from_config(self.kube.node_identity(node)))
+
+    def stop_apiserver(self):
+        self.kube.stop_component("kube-apiserver")
+
+    def start_apiserver(self):
+        # Same etcd: the same contents, like a real restart.
+        self.kube.start_apiserver()
 
     def stop(self):
-        self.server.stop()
+        self.kube.stop()
 
     def compact(self) -> None:
         """Compact etcd's history up to now (etcd's own v3 HTTP gateway):
         old resourceVersions are gone for good."""
-        import base64
-        import urllib.error
-        import urllib.request
+        url = f"http://127.0.0.1:{self.kube.ports.etcd}"
 
         def post(path, body):
-            req = urllib.request.Request(self.server.etcd_url + path, json.dumps(body).encode(),
+            req = urllib.request.Request(url + path, json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=10) as r:
                 return json.load(r)
@@ -99,14 +127,15 @@ def slurm(root):
 
 
 @pytest.fixture(scope="module")
-def api(kube_paths, root):
-    a = Api(kube_paths, f"{root}/kube")
+def api(kube_binaries, root):
+    a = Api(kube_binaries, f"{root}/kube")
     yield a
     a.stop()
 
 
 class Daemon:
-    """`pyk8sres sync` as its own process (started and stopped by PID)."""
+    """`pyk8sres sync` as its own process (started and stopped by PID), with
+    the pyk8sres-sync ServiceAccount's token."""
 
     def __init__(self, slurm, api, settings: str = ""):
         self.slurm, self.api, self.settings = slurm, api, settings
@@ -119,7 +148,8 @@ class Daemon:
         conf = f"{self.slurm.work}/sync.toml"
         with open(conf, "w") as f:
             f.write('slurm_workers = ["slurm-workers"]\n' + self.settings)
-        cmd = [sys.executable, "-m", "pyk8sres.coordinator.sync", "--kubeconfig", self.api.kubeconfig,
+        cmd = [sys.executable, "-m", "pyk8sres.coordinator.sync",
+               "--kubeconfig", self.api.sync_kubeconfig,
                "--config", conf, "--resync", "0.5", "--log-level", "DEBUG",
                "--metrics-address", "127.0.0.1:0"]
         env = dict(self.slurm.env)
@@ -142,18 +172,22 @@ class Daemon:
             return f.read()
 
 
+def clean(slurm, api):
+    """No pods, no jobs, no nodes: what the next test starts from."""
+    subprocess.run(["scancel", "-u", "root"], env=slurm.env, capture_output=True)
+    for p in api.core.list_pod_for_all_namespaces().items:
+        _delete_pod(api, p.metadata.name, p.metadata.namespace)
+    for n in api.core.list_node().items:
+        api.core.delete_node(n.metadata.name, _preload_content=False).release_conn()
+
+
 @pytest.fixture
 def daemon(slurm, api, request):
     d = Daemon(slurm, api, getattr(request, "param", ""))
     d.start()
     yield d
     d.stop()
-    # Leave the next test a clean world: no pods, no jobs, no extra nodes.
-    subprocess.run(["scancel", "-u", "root"], env=slurm.env, capture_output=True)
-    for p in api.core.list_pod_for_all_namespaces().items:
-        _delete_pod(api, p.metadata.name, p.metadata.namespace)
-    for n in api.core.list_node().items:
-        api.core.delete_node(n.metadata.name, _preload_content=False).release_conn()
+    clean(slurm, api)
 
 
 # ----------------------------------------------------------------- helpers
@@ -173,25 +207,54 @@ def wait_for(pred, timeout=15.0, what="condition"):
 
 
 def k8s_node(api, name, slurm_node=None, annotations=None):
+    """Node `name` (8 CPUs, 16000 MB) as its kubelet registers it, Ready
+    (kwok); slurm_node: the admin maps it by the admin-only label;
+    annotations: written by the node's own kubelet (it may)."""
     from pyk8sres.policy.usage import NODE_LABEL
-    meta = {"name": name, "annotations": annotations or {}}
+    api.kube.register_nodes({name: (NODE_CPUS, NODE_MEM)})
     if slurm_node:
-        meta["labels"] = {NODE_LABEL: slurm_node}   # admin-only label
-    api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": meta,
-                          "status": {"capacity": {"cpu": str(NODE_CPUS),
-                                                  "memory": f"{NODE_MEM}Mi"}}},
-                          _preload_content=False).release_conn()
+        api.kube.kubectl("label", "node", name, f"{NODE_LABEL}={slurm_node}")
+    if annotations:
+        api.as_node(name).patch_node(name, {"metadata": {"annotations": annotations}})
 
 
-def bound_pod(api, node, cpu, mem, name=None, labels=None, ns="default", annotations=None):
+def new_pod(api, cpu, mem, node=None, name=None, labels=None, ns="default", annotations=None,
+            node_selector=None, grace=None):
+    """A pod; node: bound there at creation (spec.nodeName), else kube-scheduler
+    places it (or not: node_selector)."""
     name = name or f"p-{uuid.uuid4().hex[:8]}"
+    spec = {"containers": [{"name": "c", "image": "busybox",
+                            "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}
+    if node:
+        spec["nodeName"] = node
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
     api.core.create_namespaced_pod(ns, {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
-        "spec": {"nodeName": node, "containers": [{
-            "name": "c", "image": "busybox",
-            "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}},
-        _preload_content=False).release_conn()
+        "spec": spec}, _preload_content=False).release_conn()
+    return name
+
+
+def bound_pod(api, node, cpu, mem, **kw):
+    """A pod created on `node` (spec.nodeName): for tests about which node."""
+    return new_pod(api, cpu, mem, node=node, **kw)
+
+
+def running(api, name, ns="default", timeout=30.0):
+    """Wait until kube-scheduler bound the pod and its kubelet (kwok) runs it; its node."""
+    def run():
+        p = api.core.read_namespaced_pod(name, ns)
+        return p.status.phase == "Running" and p.spec.node_name
+    return wait_for(run, timeout, f"pod {ns}/{name} running")
+
+
+def scheduled_pod(api, cpu, mem, **kw):
+    """A pod kube-scheduler places; returns once it runs."""
+    name = new_pod(api, cpu, mem, **kw)
+    running(api, name, kw.get("ns", "default"))
     return name
 
 
@@ -203,14 +266,23 @@ def ensure_namespace(api, name):
             raise
 
 
-def _delete_pod(api, name, ns="default"):
+def _delete_pod(api, name, ns="default", grace=0):
     try:
         # Raw response: client v37 fails to deserialize delete's Status body.
-        api.core.delete_namespaced_pod(name, ns, grace_period_seconds=0,
+        api.core.delete_namespaced_pod(name, ns, grace_period_seconds=grace,
                                        _preload_content=False).release_conn()
     except ApiException as e:
         if e.status != 404:
             raise
+
+
+def exists(api, name, ns="default"):
+    try:
+        return api.core.read_namespaced_pod(name, ns)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
 
 
 def used(slurm, node="n1"):
@@ -226,6 +298,14 @@ def used(slurm, node="n1"):
 def wait_used(slurm, want, node="n1", timeout=10.0):
     return wait_for(lambda: used(slurm, node) == want, timeout,
                     f"{node} GresUsed {want} (now {used(slurm, node)})")
+
+
+def held(slurm, want, node="n1", seconds=2.0):
+    """Slurm's counts stay `want` for `seconds` (sampled)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert used(slurm, node) == want
+        time.sleep(0.1)
 
 
 def generic_node(api, name):
@@ -252,9 +332,10 @@ def job_state(slurm, job):
 # ----------------------------------------------------------------- tests
 
 def test_reference_walkthrough(slurm, api, daemon):
-    """The user-facing walkthrough of the reference product, end to end."""
+    """The user-facing walkthrough of the reference product, end to end;
+    kube-scheduler places the pods (n1 is the only node)."""
     k8s_node(api, "n1")
-    pods = [bound_pod(api, "n1", "1735m", "2393Mi")]
+    pods = [scheduled_pod(api, "1735m", "2393Mi")]
     gn = wait_for(lambda: allocated(api, "n1").get("Kubernetes", {}).get("cpu") == "1735m"
                   and generic_node(api, "n1"), what="GenericNode n1")
     assert gn["spec"]["alias"] == "n1" and gn["spec"]["type"] == "Slurm"
@@ -263,13 +344,12 @@ def test_reference_walkthrough(slurm, api, daemon):
     wait_used(slurm, (2, 2393))          # the pods' share, rounded up once
 
     # kubectl shows both sides, like the reference's `kubectl get genericnode`.
-    out = subprocess.run(["kubectl", "--kubeconfig", api.kubeconfig, "get", "genericnode"],
-                         capture_output=True, text=True, check=True).stdout
+    out = api.kube.kubectl("get", "genericnode").stdout
     assert "ALIAS" in out and "n1" in out and "1735m" in out
 
     job1 = sbatch(slurm, "-c", "3", "--mem=4000")
     wait_for(lambda: job_state(slurm, job1)[0] == "RUNNING", 20, "job 1 running")
-    pods.append(bound_pod(api, "n1", "1", "1024Mi"))         # "scale up by one replica"
+    pods.append(scheduled_pod(api, "1", "1024Mi"))            # "scale up by one replica"
     wait_for(lambda: allocated(api, "n1") == {
         "Slurm": {"cpu": "3", "memory": "4000Mi"},
         "Kubernetes": {"cpu": "2735m", "memory": "3417Mi"}}, what="both sides in GenericNode")
@@ -288,13 +368,77 @@ def test_reference_walkthrough(slurm, api, daemon):
     wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "0", "memory": "0"})
 
 
+def test_a_terminating_pod_holds_its_share_until_it_is_gone(slurm, api, daemon):
+    """Deleted with a grace period, a pod runs on until its kubelet (kwok)
+    ends it: its share stays in Slurm all that time, and goes with it."""
+    k8s_node(api, "n1")
+    p = scheduled_pod(api, "3", "1000Mi", grace=4)
+    wait_used(slurm, (3, 1000))
+    t0 = time.monotonic()
+    _delete_pod(api, p, grace=4)
+    while time.monotonic() - t0 < 3:
+        pod = exists(api, p)            # ground truth: the API server still has it
+        assert pod is not None and pod.metadata.deletion_timestamp is not None
+        assert used(slurm) == (3, 1000)
+        time.sleep(0.2)
+    wait_for(lambda: exists(api, p) is None, 15, "the pod gone after its grace period")
+    wait_used(slurm, (0, 0))
+    assert time.monotonic() - t0 >= 3.5
+
+
+def test_a_resize_counts_as_kube_scheduler_counts_it(slurm, api, daemon):
+    """In-place resize with a real kubelet's timing (kwok): a downsize frees
+    nothing until the kubelet applied it (Deferred: not at all), a growth
+    counts at once, and one the kubelet calls Infeasible does not (1.35's
+    kube-scheduler drops the spec then)."""
+    from pyk8sres.policy import usage as U
+    k8s_node(api, "n1")
+    p = scheduled_pod(api, "2", "100Mi", annotations={KUBELET_RESIZE: "Deferred"})
+    wait_used(slurm, (2, 100))
+
+    def resize(cpu):
+        api.core.patch_namespaced_pod_resize(p, "default", {"spec": {"containers": [
+            {"name": "c", "resources": {"requests": {"cpu": cpu}}}]}})
+
+    def pending():
+        conds = api.core.read_namespaced_pod(p, "default").status.conditions or []
+        return next((c.reason for c in conds if c.type == "PodResizePending"), None)
+
+    def kubelet(annotation):
+        api.core.patch_namespaced_pod(p, "default", {"metadata": {"annotations": {
+            KUBELET_RESIZE: annotation}}})
+
+    def counted():     # what kube-scheduler counts for the pod, from the API server's copy
+        pod = api.core.api_client.sanitize_for_serialization(
+            api.core.read_namespaced_pod(p, "default"))
+        return U.pod_requests(pod)["cpu"]
+
+    resize("1")
+    wait_for(lambda: pending() == "Deferred", 10, "the downsize Deferred")
+    assert counted() == 2
+    held(slurm, (2, 100))
+    kubelet(None)                                   # the kubelet applies it
+    wait_for(lambda: pending() is None and counted() == 1, 10, "the downsize applied")
+    wait_used(slurm, (1, 100))
+
+    kubelet("Infeasible")
+    resize("3")
+    wait_for(lambda: pending() == "Infeasible", 10, "the growth Infeasible")
+    wait_used(slurm, (1, 100))                      # never runs: not counted
+    held(slurm, (1, 100))
+    kubelet(None)
+    wait_for(lambda: pending() is None and counted() == 3, 10, "the growth applied")
+    wait_used(slurm, (3, 100))
+
+
 @pytest.mark.parametrize("daemon", ["generic_node_qps = 1.0\ngeneric_node_burst = 1\n"],
                          indirect=True)
 def test_generic_nodes_within_a_write_budget_still_end_true(slurm, api, daemon):
     """GenericNode updates keep a write budget (here 1/s): a burst of pods on
     both nodes is in Slurm's ledger at once, and both GenericNodes end equal
     to what the API server has bound there (checked against the pods, not
-    against the daemon)."""
+    against the daemon).  Placed by nodeName: the figures per node are the point."""
+    from pyk8sres.coordinator import kube as K
     from pyk8sres.policy import usage as U
     for n in ("n1", "n2"):
         k8s_node(api, n)
@@ -306,12 +450,12 @@ def test_generic_nodes_within_a_write_budget_still_end_true(slurm, api, daemon):
     wait_used(slurm, (4, 1600), "n1", timeout=5)
     wait_used(slurm, (5, 2000), "n2", timeout=5)
     in_ledger = time.monotonic() - t0
+    admin = K.Kube(api.kubeconfig)
 
     def truth(node):
-        pods = [p for p in api.core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={node}").items]
-        cpu = sum(U.parse_quantity(p.spec.containers[0].resources.requests["cpu"]) for p in pods)
-        mem = sum(U.parse_quantity(p.spec.containers[0].resources.requests["memory"]) for p in pods)
+        pods = K.list_pods(admin, field_selector=f"spec.nodeName={node}")
+        cpu = sum(U.pod_requests(p)["cpu"] for p in pods)
+        mem = sum(U.pod_requests(p)["memory"] for p in pods)
         return {"cpu": U.format_cpu(cpu), "memory": U.format_memory(mem)}
     wait_for(lambda: all(allocated(api, n)["Kubernetes"] == truth(n) for n in ("n1", "n2")),
              20, "GenericNodes equal to the pods bound")
@@ -329,32 +473,33 @@ def test_generic_nodes_within_a_write_budget_still_end_true(slurm, api, daemon):
 def test_terminal_unbound_and_worker_pods_do_not_count(slurm, api, daemon):
     k8s_node(api, "n1")
     ensure_namespace(api, "slurm-workers")
-    bound_pod(api, "n1", "1", "1000Mi", ns="slurm-workers")    # the admin named it
-    api.core.create_namespaced_pod("default", {
-        "metadata": {"name": "unbound"},
-        "spec": {"containers": [{"name": "c", "image": "x",
-                                 "resources": {"requests": {"cpu": "4"}}}]}},
-        _preload_content=False).release_conn()
-    done = bound_pod(api, "n1", "2", "0")
-    api.core.patch_namespaced_pod_status(
+    scheduled_pod(api, "1", "1000Mi", ns="slurm-workers")    # the admin named it
+    new_pod(api, "4", "0", name="unbound", node_selector=NOWHERE)   # no node fits: pends
+    done = scheduled_pod(api, "2", "0")
+    # Its kubelet reports it Succeeded (the Node authorizer lets n1's kubelet
+    # write the status of pods on n1).
+    api.as_node("n1").patch_namespaced_pod_status(
         done, "default", {"status": {"phase": "Succeeded"}},
         _content_type="application/merge-patch+json", _preload_content=False).release_conn()
-    counted = bound_pod(api, "n1", "500m", "100Mi")
+    counted = scheduled_pod(api, "500m", "100Mi")
     wait_used(slurm, (1, 100))
     wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "500m", "memory": "100Mi"})
+    unbound = api.core.read_namespaced_pod("unbound", "default")
+    assert unbound.spec.node_name is None and unbound.status.phase == "Pending"
+    assert api.core.read_namespaced_pod(done, "default").status.phase == "Succeeded"
     _delete_pod(api, counted)
     wait_used(slurm, (0, 0))
 
 
 def test_no_self_service_exemption(slurm, api, daemon):
     """Issue 8 item 9, as a user would try it: labels, annotations and names a
-    pod creator writes exempt nothing; an annotation on a Node (its kubelet
-    can write one) redirects nothing."""
+    pod creator writes exempt nothing; an annotation on a Node (written by
+    its own kubelet, which may) redirects nothing."""
     k8s_node(api, "n1", annotations={"pyk8sres.io/slurm-node": "n2"})
-    bound_pod(api, "n1", "1", "100Mi", labels={"pyk8sres.io/slurm-worker": "true"})
-    bound_pod(api, "n1", "1", "100Mi", annotations={"pyk8sres.io/slurm-worker": "true"})
-    bound_pod(api, "n1", "1", "100Mi", name="slurm-share-n1")       # a placeholder's name
-    bound_pod(api, "n1", "1", "100Mi", ns="kube-system")
+    scheduled_pod(api, "1", "100Mi", labels={"pyk8sres.io/slurm-worker": "true"})
+    scheduled_pod(api, "1", "100Mi", annotations={"pyk8sres.io/slurm-worker": "true"})
+    scheduled_pod(api, "1", "100Mi", name="slurm-share-n1")       # a placeholder's name
+    scheduled_pod(api, "1", "100Mi", ns="kube-system")
     wait_used(slurm, (4, 400), node="n1")
     wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "4", "memory": "400Mi"})
     assert generic_node(api, "n1")["spec"]["alias"] == "n1"    # not redirected to n2
@@ -381,7 +526,7 @@ def test_mapping_and_unmapped_nodes(slurm, api, daemon):
 
 def test_slurmctld_restart_reapplies(slurm, api, daemon):
     k8s_node(api, "n1")
-    bound_pod(api, "n1", "3", "3000Mi")
+    scheduled_pod(api, "3", "3000Mi")
     wait_used(slurm, (3, 3000))
     slurm.restart_slurmctld()
     # The ledger is replayed inside slurmctld at startup: the share is back
@@ -393,11 +538,11 @@ def test_slurmctld_restart_reapplies(slurm, api, daemon):
 
 def test_daemon_restart_keeps_and_recovers(slurm, api, daemon):
     k8s_node(api, "n1")
-    p = bound_pod(api, "n1", "2", "1000Mi")
+    p = scheduled_pod(api, "2", "1000Mi")
     wait_used(slurm, (2, 1000))
     daemon.stop()
     _delete_pod(api, p)
-    q = bound_pod(api, "n1", "1", "0")
+    q = scheduled_pod(api, "1", "0")
     time.sleep(1.5)
     assert used(slurm) == (2, 1000)   # nobody raced ahead
     daemon.start()
@@ -408,9 +553,9 @@ def test_daemon_restart_keeps_and_recovers(slurm, api, daemon):
 
 def test_apiserver_down_never_hands_back_capacity(slurm, api, daemon):
     k8s_node(api, "n1")
-    p = bound_pod(api, "n1", "2", "1000Mi")
+    p = scheduled_pod(api, "2", "1000Mi")
     wait_used(slurm, (2, 1000))
-    api.stop()
+    api.stop_apiserver()
     try:
         time.sleep(2)
         slurm.restart_slurmctld()           # counts reset while Kubernetes is away
@@ -418,7 +563,7 @@ def test_apiserver_down_never_hands_back_capacity(slurm, api, daemon):
         time.sleep(2)
         assert used(slurm) == (2, 1000)
     finally:
-        api.start()                         # same data dir: same etcd contents
+        api.start_apiserver()               # same etcd: same contents
     assert daemon.proc.poll() is None, "daemon must survive the API server going away"
     _delete_pod(api, p)
     wait_used(slurm, (0, 0), timeout=40)   # backs off, then recovers
@@ -431,16 +576,15 @@ def test_410_relist(slurm, api, daemon):
     etcd compacts.  Its old resourceVersion is gone for good (410); it must
     relist and end up with the right counts."""
     k8s_node(api, "n1")
-    p = bound_pod(api, "n1", "1", "0")
+    p = scheduled_pod(api, "1", "0")
     wait_used(slurm, (1, 0))
     os.kill(daemon.proc.pid, signal.SIGSTOP)
     try:
-        api.stop()
-        api.start()
+        api.kube.restart("kube-apiserver")
         _delete_pod(api, p)
-        for i in range(50):
+        for i in range(50):    # on a node that does not exist: they never run
             _delete_pod(api, bound_pod(api, "kx", "1", "0", name=f"churn-{i}"))
-        q = bound_pod(api, "n1", "3", "0")
+        q = scheduled_pod(api, "3", "0")
         api.compact()
     finally:
         os.kill(daemon.proc.pid, signal.SIGCONT)
@@ -456,7 +600,7 @@ def test_malformed_quantity(slurm, api, daemon):
     """A real API server rejects malformed quantities; if one ever gets
     through, the node is held at its last counts (never raised)."""
     k8s_node(api, "n1")
-    good = bound_pod(api, "n1", "1", "0")
+    good = scheduled_pod(api, "1", "0")
     wait_used(slurm, (1, 0))
     try:
         bound_pod(api, "n1", "lots", "12 GB", name="bad")
@@ -469,6 +613,7 @@ def test_malformed_quantity(slurm, api, daemon):
         assert used(slurm) == (1, 0)     # held
         assert "malformed quantity" in daemon.log_text()
         _delete_pod(api, "bad")
+    assert exists(api, "bad") is None
     wait_used(slurm, (0, 0))
 
 
@@ -477,7 +622,7 @@ def test_share_is_in_the_ledger_and_survives_the_daemon(slurm, api, daemon):
     no state of its own, so stopping it changes nothing in Slurm."""
     from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
     k8s_node(api, "n1")
-    name = bound_pod(api, "n1", "2", "1000Mi")
+    name = scheduled_pod(api, "2", "1000Mi")
     uid = api.core.read_namespaced_pod(name, "default").metadata.uid
     wait_used(slurm, (2, 1000))
     shown = Ledger(ledger_socket_path(slurm.conf)).show("n1")["nodes"]["n1"]
@@ -490,24 +635,25 @@ def test_share_is_in_the_ledger_and_survives_the_daemon(slurm, api, daemon):
 
 def test_once(slurm, api, tmp_path):
     k8s_node(api, "n1")
-    p = bound_pod(api, "n1", "1", "500Mi")
+    p = scheduled_pod(api, "1", "500Mi")
     try:
         env = dict(slurm.env)
         r = subprocess.run([sys.executable, "-m", "pyk8sres.coordinator.sync", "--once",
-                            "--kubeconfig", api.kubeconfig],
+                            "--kubeconfig", api.sync_kubeconfig],
                            env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         assert used(slurm) == (1, 500)
         assert allocated(api, "n1")["Kubernetes"] == {"cpu": "1", "memory": "500Mi"}
     finally:
         _delete_pod(api, p)
-        api.core.delete_node("n1", _preload_content=False).release_conn()
+        clean(slurm, api)
 
 
 def test_pods_beyond_what_jobs_leave_are_clamped_and_reported(slurm, api, daemon):
-    """A pod bound without admission onto a node Slurm jobs fill: Slurm's
-    accounting stays within the total (allocated <= total), no new job
-    starts there, and GenericNode and the log say so loudly."""
+    """A pod bound without admission onto a node Slurm jobs fill (spec.nodeName:
+    no scheduler asked): Slurm's accounting stays within the total
+    (allocated <= total), no new job starts there, and GenericNode and the
+    log say so loudly."""
     k8s_node(api, "n1")
     job = sbatch(slurm, "-c", "6", "--mem=1000")
     wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "job running")
