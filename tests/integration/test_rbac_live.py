@@ -1,26 +1,36 @@
-"""The Kubernetes requests the coordinator really makes, against deploy/rbac.yaml.
+"""The coordinator's Kubernetes permissions, live, on the real control plane
+(kube-apiserver enforcing RBAC; the daemons as their ServiceAccounts of
+deploy/rbac.yaml, with tokens).
 
-tests/unit/test_rbac.py derives each daemon's (group, resource, verb) set
-from the code; here the two daemons run for real (`pyk8sres sync` and
-`pyk8sres webhook` against a real local Slurm and a real API server), each
-through a recording HTTP proxy of its own, through a scenario that takes
-every path that calls Kubernetes: start (CRD check, lists, watches,
-webhook configuration created then updated), a stray GenericNode and a
-stray placeholder pod removed, a pod bound (admission reads it), a job
-started and ended (placeholder created and resized), pods coming and going.
+1. The requests the coordinator really makes.  tests/unit/test_rbac.py
+   derives each daemon's (group, resource, verb) set from the code; here the
+   two daemons run for real (`pyk8sres sync` and `pyk8sres webhook` against
+   a real local Slurm), each through a recording proxy of its own, through a
+   scenario that takes every path that calls Kubernetes: start (CRD check,
+   lists, watches, the webhook configuration updated), a stray GenericNode
+   and a stray placeholder pod removed, a pod bound (admission reads it), a
+   job started and ended (placeholders follow it), pods coming and going.
+   The requests seen, classified by the API server's rules, must be exactly
+   the set derived from the code, all granted by rbac.yaml (the API server
+   answered none of them 403) except the CRD check, which the API server
+   must refuse.
+2. A grant taken away (issue 25): the coordinator fails closed -- no pod is
+   admitted on a shared node while the webhook may not read pods, no share
+   is lowered while sync may not list them -- and its log and /readyz name
+   the verb and resource missing; given back, it recovers by itself.
 
-The requests seen, classified by the API server's rules, must be exactly
-the set derived from the code, and all granted by rbac.yaml (except the
-CRD check, which is meant to be refused).  Ports: port(27900) Slurm,
-port(27950) API server (+1, +2 etcd), port(27960) webhook; the proxies take
-free ephemeral ports.
+Ports: port(27900) Slurm; the control plane a free block in 31000-31990
+(its webhook port is where the webhook listens); the proxies take free
+ephemeral ports.
 """
 from __future__ import annotations
 
+import copy
 import http.client
 import http.server
 import json
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -30,32 +40,35 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes.client.exceptions import ApiException
 
+from conftest_kube import RBAC_MANIFEST, http_get, pick_ports
 from local_slurm import SLURM, port
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator import slurm as S
 from pyk8sres.policy import placeholder as P
-from pyk8sres.testbed import cluster, hybrid
-from pyk8sres.testbed.kubeapi_server import KubeAPIServer
+from pyk8sres.testbed import cluster, hybrid, kubernetes, pki
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 import test_rbac as R  # noqa: E402  (the static derivation and rbac.yaml's grants)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Slurm daemons)")
-NAMESPACE = "pyk8sres-system"
-WEBHOOK_PORT = port(27960)
+NAMESPACE = hybrid.NAMESPACE
+KUBE_PORTS = (31000, 31990)
 
 
 class Recorder(http.server.ThreadingHTTPServer):
-    """A plain HTTP proxy to the API server that records (method, path, query)."""
+    """A plain HTTP proxy to the API server (HTTPS, its CA trusted) that
+    records (method, path, query, status); the daemon's token passes through."""
     daemon_threads = True
 
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, ca_file: str):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.upstream = urllib.parse.urlsplit(upstream)
-        self.seen: list[tuple[str, str, dict]] = []
+        self.ctx = ssl.create_default_context(cafile=ca_file)
+        self.seen: list[tuple[str, str, dict, int]] = []
         self.lock = threading.Lock()
 
     @property
@@ -72,14 +85,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _forward(self):
         srv = self.server
         url = urllib.parse.urlsplit(self.path)
-        with srv.lock:
-            srv.seen.append((self.command, url.path, urllib.parse.parse_qs(url.query)))
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        up = http.client.HTTPConnection(srv.upstream.hostname, srv.upstream.port, timeout=300)
+        up = http.client.HTTPSConnection(srv.upstream.hostname, srv.upstream.port, timeout=300,
+                                         context=srv.ctx)
         headers = {k: v for k, v in self.headers.items()
-                   if k.lower() not in ("connection", "keep-alive", "proxy-connection")}
+                   if k.lower() not in ("connection", "keep-alive", "proxy-connection", "host")}
         up.request(self.command, self.path, body=body or None, headers=headers)
         resp = up.getresponse()
+        with srv.lock:
+            srv.seen.append((self.command, url.path, urllib.parse.parse_qs(url.query),
+                             resp.status))
         self.send_response(resp.status, resp.reason)
         for k, v in resp.getheaders():
             if k.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -98,26 +113,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
 
 
-def kubeconfig(path: str, server: str) -> str:
-    with open(path, "w") as f:
-        json.dump({"apiVersion": "v1", "kind": "Config", "current-context": "c",
-                   "clusters": [{"name": "c", "cluster": {"server": server}}],
-                   "users": [{"name": "u", "user": {}}],
-                   "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}, f)
-    return path
-
-
 def classify(seen) -> set:
-    """{(group, resource, verb, namespace)} as the API server's authorizer sees them."""
+    """{(group, resource, verb, namespace, status)} as the API server's authorizer sees them."""
     out = set()
-    for method, path, query in seen:
+    for method, path, query, status in seen:
         if path.startswith(("/version", "/openapi")) or path in ("/api", "/apis"):
             continue    # discovery: allowed to every authenticated user
-        watch = query.get("watch", [""])[0] in ("true", "1")
+        watch = query.get("watch", [""])[0] in ("true", "True", "1")
         rule, namespaced = R._rule(method, path, watch)
         parts = path.strip("/").split("/")
         ns = parts[parts.index("namespaces") + 1] if namespaced else None
-        out.add((*rule, ns))
+        out.add((*rule, ns, status))
     return out
 
 
@@ -129,53 +135,70 @@ def wait(what, predicate, timeout=30):
 
 
 @pytest.fixture(scope="module")
-def world(kube_paths):
+def world(kube_binaries):
+    """Slurm (n1, n2: 4 CPUs, 4000 MB) and the control plane with the same
+    nodes registered by their kubelets, the CRD, rbac.yaml and the webhook
+    configuration applied by the admin; no coordinator yet."""
     root = tempfile.mkdtemp(prefix="pyk8sres-rbac-live-")
     c = cluster.up(f"{root}/slurm", nodes=2, cpus=4, memory=4000, base_port=port(27900),
                    synced=True, slurm=SLURM)
-    kas = None
-    proxies = []
     try:
-        kas = KubeAPIServer(kube_paths).start(f"{root}/kube", port(27950))
-        kas.apply(R.REPO / "deploy" / "crd-genericnode.yaml")
-        kas.apply(R.REPO / "deploy" / "rbac.yaml")
-        with open(f"{root}/nodes.json", "w") as f:
-            json.dump(hybrid.node_manifest(["n1", "n2"], 4, 4000), f)
-        kas.apply(f"{root}/nodes.json")
-        direct = K.Kube(kas.kubeconfig)
-        # Strays the daemons must clean up: a GenericNode of no Slurm node,
-        # a placeholder pod of no shared node ...
-        direct.create_generic_node("ghost", {"alias": "ghost"}, {})
-        # ... and one with a stale spec the sync daemon must correct.
-        direct.create_generic_node("n1", {"alias": "stale"}, {})
-        direct.core.create_namespaced_pod(NAMESPACE, P.pod("ghost", NAMESPACE, 100, 1 << 20,
-                                                           (1000, 1 << 30)),
-                                          _preload_content=False).release_conn()
-        proxies = {name: Recorder(kas.url) for name in ("sync", "webhook")}
-        for p in proxies.values():
-            threading.Thread(target=p.serve_forever, daemon=True).start()
-        env = dict(c.env, PYTHONUNBUFFERED="1")
-        with open(f"{root}/sync.toml", "w") as f:   # node Events bumped within the scenario
-            f.write("event_update_seconds = 1.0\nmetrics_seconds = 1.0\n")
-        cluster.start_process(c.work, "sync", [
-            sys.executable, "-m", "pyk8sres.cli", "sync", "--kubeconfig",
-            kubeconfig(f"{root}/sync.kubeconfig", proxies["sync"].url),
-            "--config", f"{root}/sync.toml", "--metrics-address", "127.0.0.1:0"], env=env)
-        cluster.start_process(c.work, "webhook", [
-            sys.executable, "-m", "pyk8sres.cli", "webhook", "--kubeconfig",
-            kubeconfig(f"{root}/webhook.kubeconfig", proxies["webhook"].url),
-            "--listen", f"127.0.0.1:{WEBHOOK_PORT}",
-            "--url", f"https://127.0.0.1:{WEBHOOK_PORT}/validate",
-            "--cert-dir", f"{root}/webhook-tls", "--metrics-address", "127.0.0.1:0"], env=env)
-        hybrid.wait_generic_nodes(kas, ["n1", "n2"], c)
-        hybrid.wait_webhook(kas, c)
-        yield c, kas, direct, proxies
+        kube = hybrid.start_kubernetes(c.work, pick_ports(*KUBE_PORTS),
+                                       {"n1": (4, 4000), "n2": (4, 4000)})
+        hybrid.apply_webhook_configuration(
+            kube, f"https://127.0.0.1:{kube.ports.webhook}/validate")
+        yield c, kube, K.Kube(kube.kubeconfig)
     finally:
-        for p in proxies.values() if isinstance(proxies, dict) else ():
+        hybrid.down(c.work)
+
+
+def _coordinator_args(c, kube, name, kubeconfig):
+    """`pyk8sres sync` / `pyk8sres webhook` as hybrid.start_* run them, with
+    another kubeconfig."""
+    if name == "sync":
+        return [sys.executable, "-m", "pyk8sres.cli", "sync", "--kubeconfig", kubeconfig,
+                "--config", f"{c.work}/rbac-live.toml", "--metrics-address", "127.0.0.1:0"]
+    port_ = kube.ports.webhook
+    return [sys.executable, "-m", "pyk8sres.cli", "webhook", "--kubeconfig", kubeconfig,
+            "--listen", f"127.0.0.1:{port_}", "--url", f"https://127.0.0.1:{port_}/validate",
+            "--cert-dir", f"{c.work}/webhook-tls", "--metrics-address", "127.0.0.1:0",
+            "--client-ca", kube.webhook_client_ca, "--client-name", kubernetes.WEBHOOK_CLIENT]
+
+
+@pytest.fixture
+def recorded(world):
+    """Strays for the daemons to clean up, then both daemons, each through
+    its recording proxy with its ServiceAccount's token."""
+    c, kube, direct = world
+    # A GenericNode of no Slurm node, a placeholder pod of no shared node ...
+    direct.create_generic_node("ghost", {"alias": "ghost"}, {})
+    # ... and one with a stale spec the sync daemon must correct.
+    direct.create_generic_node("n1", {"alias": "stale"}, {})
+    direct.core.create_namespaced_pod(NAMESPACE, P.pod("ghost", NAMESPACE, 100, 1 << 20,
+                                                       (1000, 1 << 30)),
+                                      _preload_content=False).release_conn()
+    proxies = {name: Recorder(kube.url, kube.ca_file) for name in ("sync", "webhook")}
+    for p in proxies.values():
+        threading.Thread(target=p.serve_forever, daemon=True).start()
+    env = dict(c.env, PYTHONUNBUFFERED="1")
+    with open(f"{c.work}/rbac-live.toml", "w") as f:   # node Events bumped within the scenario
+        f.write("event_update_seconds = 1.0\nmetrics_seconds = 1.0\n")
+    try:
+        for name, account in (("sync", hybrid.SYNC_ACCOUNT), ("webhook", hybrid.WEBHOOK_ACCOUNT)):
+            token = json.loads(Path(kube.service_account_kubeconfig(account, NAMESPACE))
+                               .read_text())["users"][0]["user"]["token"]
+            via = pki.kubeconfig(f"{c.work}/{name}-via-proxy.kubeconfig", proxies[name].url,
+                                 None, f"system:serviceaccount:{NAMESPACE}:{account}",
+                                 token=token)
+            cluster.start_process(c.work, name, _coordinator_args(c, kube, name, via), env=env)
+        hybrid.wait_generic_nodes(kube, ["n1", "n2"], c)
+        hybrid.wait_webhook(kube, c)
+        yield proxies
+    finally:
+        for name in ("sync", "webhook"):
+            cluster.stop_process(c.work, name)
+        for p in proxies.values():
             p.shutdown()
-        cluster.down(c.work)
-        if kas is not None:
-            kas.stop()
 
 
 def _pod(name, node=None, cpu="500m"):
@@ -186,8 +209,9 @@ def _pod(name, node=None, cpu="500m"):
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-def test_requests_made_are_exactly_the_derived_calls_and_granted(world):
-    c, kas, direct, proxies = world
+def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded):
+    c, kas, direct = world
+    proxies = recorded
     gns = lambda: set(direct.list_generic_nodes())          # noqa: E731
     wait("stray GenericNode deleted", lambda: "ghost" not in gns())
     wait("stale spec corrected", lambda: direct.list_generic_nodes()["n1"]["spec"]["alias"] == "n1")
@@ -196,11 +220,12 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world):
     wait("stray placeholder deleted", lambda: P.name_for("ghost") not in placeholders())
     wait("placeholders created", lambda: {P.name_for("n1"), P.name_for("n2")} <= placeholders())
 
-    # A pod bound through pods/binding (the webhook reads the pod) and one
-    # created on a node; the sync daemon counts both.
+    # A pod kube-scheduler binds through pods/binding (the webhook reads the
+    # pod) and one created on a node; the sync daemon counts both.
     direct.core.create_namespaced_pod("default", _pod("bound"),
                                       _preload_content=False).release_conn()
-    K.bind_pod(direct, "default", "bound", "n1")
+    wait("kube-scheduler bound the pod",
+         lambda: (K.get_pod(direct, "default", "bound")["spec"].get("nodeName")))
     direct.core.create_namespaced_pod("default", _pod("direct", node="n2"),
                                       _preload_content=False).release_conn()
     # A pod that does not fit is refused, twice (the refusal path): the
@@ -261,16 +286,21 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world):
 
     calls, grants = R.code_calls(), R.granted()
     for daemon, account in (("sync", "pyk8sres-sync"), ("webhook", "pyk8sres-webhook")):
-        seen = classify(proxies[daemon].seen)
+        answered = classify(proxies[daemon].seen)
         denied = {r for a, r in R.DENIED_ON_PURPOSE if a == account}
+        # RBAC is enforced: the API server refused the CRD check (meant to be
+        # refused: "the admin applied it"), and nothing else.
+        refused = {(g, r, v) for g, r, v, ns, status in answered if status == 403}
+        assert refused == {r for r in denied if r[2] == "get"}, (account, refused)
+        assert not [a for a in answered if a[4] == 401], account
+        seen = {a[:4] for a in answered}
         cluster_wide, local = grants[account]
         for group, resource, verb, ns in seen:
             rule = (group, resource, verb)
             assert rule in cluster_wide or rule in denied or \
                 (ns == NAMESPACE and rule in local), f"{account}: {rule} in {ns} not granted"
         code_cluster, code_local = calls[account]
-        # The CRD check is meant to be refused (403: "the admin applied it");
-        # here the server allows everything and the CRD is there, so its
+        # The CRD check is refused (403: "the admin applied it"), so its
         # create never comes: leave those calls out on both sides.
         code_cluster = code_cluster - denied
         seen = {s for s in seen if s[:3] not in denied}
@@ -282,3 +312,163 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world):
         # this scenario took every call it derived.
         assert seen_cluster == code_cluster, (account, seen_cluster ^ code_cluster)
         assert seen_local == code_local, (account, seen_local ^ code_local)
+
+
+# ----------------------------------------------------------------- a grant taken away
+
+def without_verb(kube, role: str, resource: str, verb: str) -> None:
+    """As the admin: ClusterRole `role` of deploy/rbac.yaml less `verb` on
+    `resource` (as an admin's mistake or a stale manifest would leave it)."""
+    docs = [d for d in yaml.safe_load_all(RBAC_MANIFEST.read_text()) if d]
+    doc = copy.deepcopy(next(d for d in docs if d["kind"] == "ClusterRole"
+                             and d["metadata"]["name"] == role))
+    rules = []
+    for rule in doc["rules"]:
+        if resource in rule["resources"]:
+            assert verb in rule["verbs"], (role, rule)
+            others = [r for r in rule["resources"] if r != resource]
+            if others:    # the rule's other resources keep every verb
+                rules.append({**rule, "resources": others})
+            rule = {**rule, "resources": [resource],
+                    "verbs": [v for v in rule["verbs"] if v != verb]}
+        if rule["verbs"]:                                  # a rule needs a verb
+            rules.append(rule)
+    doc["rules"] = rules
+    kube.kubectl("apply", "-f", "-", input=json.dumps(doc))
+    kind, _, sub = resource.partition("/")
+    assert kube.kubectl("auth", "can-i", verb, kind, *(["--subresource", sub] if sub else []),
+                        "-A", "--as", f"system:serviceaccount:{NAMESPACE}:{role}",
+                        check=False).stdout.strip() == "no"
+
+
+def readyz(port_) -> tuple[int, str]:
+    """(status, body) of a daemon's /readyz; (0, why) while it does not listen yet."""
+    try:
+        return http_get(f"http://127.0.0.1:{port_}/readyz")
+    except OSError as e:
+        return 0, str(e)
+
+
+def log_of(c, name) -> str:
+    with open(f"{c.work}/log/{name}.out", errors="replace") as f:
+        return f.read()
+
+
+def share(ledger, node) -> dict:
+    """The pods' entries the ledger holds on `node` (inside slurmctld)."""
+    return ledger.show(node)["nodes"][node]["entries"]
+
+
+def k8s_used(c, node) -> tuple[int, int]:
+    """Slurm's own word (scontrol show node): k8scpu/k8smemory allocated."""
+    n = S.get_node(node)
+    return n.gres_used.get("k8scpu", 0), n.gres_used.get("k8smemory", 0)
+
+
+@pytest.fixture
+def coordinator(world):
+    """Both daemons as `cluster up --kubernetes` runs them (their
+    ServiceAccounts' tokens), ready; rbac.yaml as shipped again afterwards."""
+    c, kube, direct = world
+    os.environ["SLURM_CONF"] = c.conf
+    for p in K.list_pods(direct, "default"):      # what an earlier test left
+        K.delete_pod(direct, "default", p["metadata"]["name"])
+    hybrid.start_sync(c, kube)
+    hybrid.wait_generic_nodes(kube, ["n1", "n2"], c)
+    hybrid.start_webhook(c, kube)
+    hybrid.wait_webhook(kube, c)
+    for p in (kube.ports.sync_metrics, kube.ports.webhook_metrics):
+        wait(f"readyz on {p}", lambda: readyz(p) == (200, "ok\n"), 60)
+    wait("no pod's share on n1, n2", lambda: all(k8s_used(c, n) == (0, 0) for n in ("n1", "n2")))
+    try:
+        yield c, kube, direct
+    finally:
+        kube.apply(RBAC_MANIFEST)
+        for name in ("sync", "webhook"):
+            cluster.stop_process(c.work, name)
+        for p in K.list_pods(direct, "default"):
+            K.delete_pod(direct, "default", p["metadata"]["name"])
+
+
+def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
+    c, kube, direct = coordinator
+    ledger = S.Ledger(S.ledger_socket_path(c.conf))
+    hook, sync = kube.ports.webhook_metrics, kube.ports.sync_metrics
+    before = {"n1": (0, 0), "n2": (0, 0)}      # the coordinator fixture waited for it
+
+    # 1. The webhook may no longer read pods: the pod kube-scheduler tries to
+    # bind to a shared node is refused every time (fail closed), and the
+    # webhook says which grant it lacks.
+    without_verb(kube, hybrid.WEBHOOK_ACCOUNT, "pods", "get")
+    direct.core.create_namespaced_pod("default", _pod("w", cpu="1"),
+                                      _preload_content=False).release_conn()
+    code, body = None, ""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (code == 503 and "get pods" in body):
+        code, body = readyz(hook)
+        time.sleep(0.2)
+    assert code == 503 and "permissions: forbidden by RBAC: get pods" in body, body
+    for _ in range(25):        # 5 s of kube-scheduler's retries (backoff 1-10 s)
+        pod = K.get_pod(direct, "default", "w")
+        assert not pod["spec"].get("nodeName"), "admitted without its pod read"
+        assert all(pod["metadata"]["uid"] not in share(ledger, n) for n in ("n1", "n2"))
+        assert {n: k8s_used(c, n) for n in ("n1", "n2")} == before
+        time.sleep(0.2)
+    text = log_of(c, "webhook")
+    assert "Kubernetes RBAC refuses get pods in namespace default" in text
+    assert 'cannot get resource \\"pods\\"' not in text       # one line, not the raw body
+    assert 'cannot get resource "pods"' in text
+    # Given back: kube-scheduler's next retry binds it; the webhook is ready again.
+    kube.apply(RBAC_MANIFEST)
+    wait("the pod bound once the grant is back",
+         lambda: K.get_pod(direct, "default", "w")["spec"].get("nodeName"), 30)
+    node = K.get_pod(direct, "default", "w")["spec"]["nodeName"]
+    uid = K.get_pod(direct, "default", "w")["metadata"]["uid"]
+    assert uid in share(ledger, node)
+    wait("webhook ready again", lambda: readyz(hook) == (200, "ok\n"))
+    assert "Kubernetes RBAC now allows get pods in namespace default" in log_of(c, "webhook")
+    wait("sync holds the pod", lambda: k8s_used(c, node) == (before[node][0] + 1,
+                                                             before[node][1] + 100))
+
+    # 2. sync restarted with a role that may not list pods: it cannot know
+    # which pods are gone, so it lowers no share -- not even for a pod
+    # deleted meanwhile -- and says why it is not ready.
+    cluster.stop_process(c.work, "sync")
+    without_verb(kube, hybrid.SYNC_ACCOUNT, "pods", "list")
+    K.delete_pod(direct, "default", "w")
+    assert K.get_pod(direct, "default", "w") is None           # gone from the API server
+    hybrid.start_sync(c, kube)
+    wait("sync says it may not list pods", lambda: (lambda r: r[0] == 503 and
+                                                     "list pods" in r[1])(readyz(sync)))
+    code, body = readyz(sync)
+    assert "permissions: forbidden by RBAC: list pods" in body, body
+    assert "watches: pods" in body, body
+    for _ in range(25):
+        assert uid in share(ledger, node)                      # still held
+        assert k8s_used(c, node) == (before[node][0] + 1, before[node][1] + 100)
+        time.sleep(0.2)
+    assert "Kubernetes RBAC refuses list pods" in log_of(c, "sync")
+    kube.apply(RBAC_MANIFEST)
+    wait("share lowered once sync may list pods again",
+         lambda: uid not in share(ledger, node) and k8s_used(c, node) == before[node], 60)
+    wait("sync ready again", lambda: readyz(sync) == (200, "ok\n"), 30)
+
+    # 3. sync may no longer patch GenericNodes' status: what the ledger holds
+    # still follows the pods (nothing else needs that grant), the GenericNode
+    # does not, and sync says so.
+    without_verb(kube, hybrid.SYNC_ACCOUNT, "genericnodes/status", "patch")
+    K.create_pod(direct, "default", _pod("g", node="n2", cpu="1"))
+    wait("n2's share follows the pod", lambda: k8s_used(c, "n2") == (before["n2"][0] + 1,
+                                                                     before["n2"][1] + 100))
+    wait("sync says it may not patch GenericNode status", lambda: (lambda r: r[0] == 503 and
+         "patch genericnodes/status (API group pyk8sres.io)" in r[1])(readyz(sync)))
+
+    def kubernetes_side():
+        gn = direct.list_generic_nodes()["n2"]
+        return next(a["allocated"] for a in gn["status"]["allocatedResources"]
+                    if a["type"] == "Kubernetes")
+    assert kubernetes_side() == {"cpu": "0", "memory": "0"}
+    kube.apply(RBAC_MANIFEST)
+    wait("GenericNode n2 current again",
+         lambda: kubernetes_side() == {"cpu": "1", "memory": "100Mi"}, 30)
+    wait("sync ready again", lambda: readyz(sync) == (200, "ok\n"), 30)
