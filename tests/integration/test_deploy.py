@@ -1,19 +1,24 @@
 """deploy/: the kustomize base, its sidecar component and the systemd units.
 
-The base is rendered by kubectl's own kustomize (the kubectl built with the
-test API server) and applied to a real API server of this module's own (it
+The base is rendered by kubectl's own kustomize and applied for real to the
+real control plane (kube-apiserver with its stock admission chain,
+kube-controller-manager; a control plane of this module's own: the base
 installs a fail-closed admission webhook, which would refuse other modules'
-pods): every kind that server serves is applied and read back; the kinds it
-does not serve (apps/v1 Deployment, v1 Service) are checked against the
-official client's models of them and by their content.  The webhook configuration is then live: a pod aimed at a node in
-a checked namespace is refused while no coordinator answers (fail closed),
-and the coordinator's own namespace is not checked.
+pods).  Every object is read back; kube-controller-manager makes the
+Deployments' pods, each running as its own ServiceAccount.  The webhook
+configuration is then live: a pod aimed at a node in a checked namespace is
+refused while no coordinator answers (fail closed), and the coordinator's own
+namespace is not checked.  The sidecar component cannot really run here (a
+slurmctld image, volume claims): it goes through the API server's
+server-side dry run, with strict field validation like everything else.
 
 The systemd units pass `systemd-analyze verify` (with ExecStart pointing at
 this machine's pyk8sres), and their command lines parse with the daemons'
 own argument parsers.  RBAC content itself: tests/unit/test_rbac.py.
+Ports: the control plane a free block in 31000-31990.
 """
 import configparser
+import copy
 import json
 import os
 import re
@@ -28,16 +33,14 @@ import pytest
 
 import yaml
 
-from local_slurm import port
+from conftest_kube import pick_ports
 from pyk8sres.coordinator import sync, webhook
-from pyk8sres.testbed.kubeapi_server import KubeAPIServer
+from pyk8sres.testbed import kubernetes
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-KUBE_PORT = port(27500)           # +1, +2: etcd
+KUBE_PORTS = (31000, 31990)
 NAMESPACE = "pyk8sres-system"
-# What the test API server (kube/apiserver) does not serve.
-NOT_SERVED = {("apps/v1", "Deployment"), ("v1", "Service")}
 
 
 def render(kubectl: str, path: Path) -> list[dict]:
@@ -52,28 +55,49 @@ def key(doc: dict) -> tuple:
 
 
 @pytest.fixture(scope="module")
-def server(kube_paths, tmp_path_factory):
-    kas = KubeAPIServer(kube_paths).start(tmp_path_factory.mktemp("deploy-kube"), KUBE_PORT)
+def server(kube_binaries, tmp_path_factory):
+    kube = kubernetes.ControlPlane(str(tmp_path_factory.mktemp("deploy-kube")),
+                                   pick_ports(*KUBE_PORTS), kube_binaries).start()
     try:
-        yield kas
+        yield kube
     finally:
-        kas.stop()
+        kube.stop()
 
 
-def served(kas) -> set[tuple[str, str]]:
+def served(kube) -> set[tuple[str, str]]:
     """(apiVersion, kind) the server's discovery lists."""
     kinds = set()
-    groups = json.loads(kas.kubectl("get", "--raw", "/apis").stdout)["groups"]
+    groups = json.loads(kube.kubectl("get", "--raw", "/apis").stdout)["groups"]
     for path in ["/api/v1"] + [f"/apis/{v['groupVersion']}" for g in groups
                                for v in g["versions"]]:
-        body = json.loads(kas.kubectl("get", "--raw", path).stdout)
+        body = json.loads(kube.kubectl("get", "--raw", path).stdout)
         kinds |= {(body["groupVersion"], r["kind"]) for r in body["resources"]
                   if "/" not in r["name"]}
     return kinds
 
 
-def test_base_renders_and_applies(server, tmp_path):
-    docs = render(server.paths.kubectl, DEPLOY)
+def dry_run(kube, path: Path) -> list[dict]:
+    """kubectl apply --dry-run=server, fields validated strictly by the API
+    server (an unknown or misplaced field is an error): the objects as it
+    would store them."""
+    out = kube.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", str(path),
+                       "-o", "json").stdout
+    doc = json.loads(out)
+    return doc["items"] if doc.get("kind") == "List" else [doc]
+
+
+def prerequisites(kube, docs, tmp_path) -> None:
+    """The Namespace and the CRD for real: a dry run creates neither, and
+    the objects in them or of them need them."""
+    for d in docs:
+        if d["kind"] in ("Namespace", "CustomResourceDefinition"):
+            first = tmp_path / f"{d['kind']}.yaml"
+            first.write_text(yaml.safe_dump(d))
+            kube.apply(first)
+
+
+def test_base_renders_and_applies(server, tmp_path, kube_binaries):
+    docs = render(kube_binaries.kubectl, DEPLOY)
     kinds = {(d["apiVersion"], d["kind"]) for d in docs}
     # Everything kustomization.yaml lists, each file's every object.
     listed = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
@@ -82,15 +106,23 @@ def test_base_renders_and_applies(server, tmp_path):
     assert {key(d) for d in docs} == from_files
     assert {"CustomResourceDefinition", "ClusterRole", "Role", "ValidatingWebhookConfiguration",
             "Deployment", "Service"} <= {k for _, k in kinds}
+    assert kinds <= served(server)
 
-    have = served(server)
-    assert kinds - have == NOT_SERVED, "kinds the server cannot take changed: update NOT_SERVED"
-    apply = [d for d in docs if (d["apiVersion"], d["kind"]) in have]
-    path = tmp_path / "served.yaml"
-    path.write_text(yaml.safe_dump_all(apply))
+    path = tmp_path / "base.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    # Strict field validation first (apply alone would drop unknown fields
+    # with a warning), then for real.
+    prerequisites(server, docs, tmp_path)
+    assert sorted(key(d) for d in dry_run(server, path)) == sorted(key(d) for d in docs)
+    # (the check bites: a misspelled field is refused, not dropped)
+    bad = copy.deepcopy(next(d for d in docs if d["kind"] == "Deployment"))
+    bad["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(kubernetes.KubeError, match='unknown field.*imagePullPolicyy'):
+        dry_run(server, tmp_path / "bad.yaml")
     names = server.apply(path)
-    assert len(names) == len(apply), names
-    for d in apply:
+    assert len(names) == len(docs), names
+    for d in docs:
         kind, ns, name = key(d)
         args = ["get", kind, name, "-o", "yaml"] + (["-n", ns] if ns else [])
         back = yaml.safe_load(server.kubectl(*args).stdout)
@@ -98,6 +130,19 @@ def test_base_renders_and_applies(server, tmp_path):
             assert back["rules"] == d["rules"], name
         if kind.endswith("Binding"):
             assert back["subjects"] == d["subjects"] and back["roleRef"] == d["roleRef"]
+
+    # kube-controller-manager runs the Deployments: one pod each, as its own
+    # ServiceAccount (the ServiceAccount admission plugin refuses a pod whose
+    # account does not exist).  No node here: they pend.
+    deps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    deadline = time.monotonic() + 60
+    while True:
+        pods = json.loads(server.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout)
+        accounts = sorted(p["spec"]["serviceAccountName"] for p in pods["items"])
+        if accounts == sorted(deps) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert accounts == sorted(deps), server.kubectl("get", "events", "-n", NAMESPACE).stdout
 
     # The webhook configuration is live and fails closed: nothing answers at
     # its Service, so a pod with spec.nodeName in a checked namespace is refused ...
@@ -112,48 +157,22 @@ def test_base_renders_and_applies(server, tmp_path):
         refused = server.kubectl("create", "-n", "default", "-f", str(pod_file), check=False)
         if refused.returncode != 0 or time.monotonic() > deadline:
             break
-        server.kubectl("delete", "-n", "default", "pod", "probe", "--wait=false")
+        server.kubectl("delete", "-n", "default", "pod", "probe", "--grace-period=0",
+                       "--force", "--wait=false")
         time.sleep(0.2)
     assert refused.returncode != 0 and "admission.pyk8sres.io" in refused.stderr, refused
     # ... while the coordinator's own namespace stays schedulable.
     server.kubectl("create", "-n", NAMESPACE, "-f", str(pod_file))
-    server.kubectl("delete", "-n", NAMESPACE, "pod", "probe", "--wait=false")
-
-
-def schema_checked(docs) -> list[str]:
-    """The kinds the server does not serve, checked against the official
-    client's models of them: a misspelled or misplaced field does not survive
-    deserialize + serialize (the models keep only the fields Kubernetes has)."""
-    from kubernetes import client
-    api = client.ApiClient()
-    checked = []
-    for d in docs:
-        if (d["apiVersion"], d["kind"]) not in NOT_SERVED | {("apps/v1", "StatefulSet")}:
-            continue
-        back = api.sanitize_for_serialization(
-            api.deserialize(json.dumps(d), "V1" + d["kind"], "application/json"))
-        assert back == d, f"{d['kind']} {d['metadata']['name']}: fields Kubernetes does not have"
-        checked.append(d["kind"])
-    return checked
-
-
-def test_unserved_kinds_match_the_kubernetes_schema(kube_paths, tmp_path):
-    assert sorted(schema_checked(render(kube_paths.kubectl, DEPLOY))) == \
-        ["Deployment", "Deployment", "Service"]
-    site = tmp_path / "site"
-    site.mkdir()
-    rel = os.path.relpath(DEPLOY, site)
-    (site / "kustomization.yaml").write_text(
-        f"resources: [{rel}]\ncomponents: [{rel}/sidecar]\n")
-    assert sorted(schema_checked(render(kube_paths.kubectl, site))) == ["Service", "StatefulSet"]
+    server.kubectl("delete", "-n", NAMESPACE, "pod", "probe", "--grace-period=0", "--force",
+                   "--wait=false")
 
 
 def _deployments(docs):
     return {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
 
 
-def test_deployments_run_each_daemon_with_its_own_account(kube_paths):
-    docs = render(kube_paths.kubectl, DEPLOY)
+def test_deployments_run_each_daemon_with_its_own_account(kube_binaries):
+    docs = render(kube_binaries.kubectl, DEPLOY)
     deps = _deployments(docs)
     assert set(deps) == {"pyk8sres-sync", "pyk8sres-webhook"}
     accounts = {key(d)[2] for d in docs if d["kind"] == "ServiceAccount"}
@@ -179,13 +198,13 @@ def test_deployments_run_each_daemon_with_its_own_account(kube_paths):
     assert hook["ports"][0]["containerPort"] == service["spec"]["ports"][0]["targetPort"]
 
 
-def test_sidecar_component(server, tmp_path):
+def test_sidecar_component(server, tmp_path, kube_binaries):
     site = tmp_path / "site"
     site.mkdir()
     rel = os.path.relpath(DEPLOY, site)
     (site / "kustomization.yaml").write_text(
         f"resources: [{rel}]\ncomponents: [{rel}/sidecar]\n")
-    docs = render(server.paths.kubectl, site)
+    docs = render(kube_binaries.kubectl, site)
     assert _deployments(docs) == {}
     (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
     spec = sts["spec"]["template"]["spec"]
@@ -218,15 +237,17 @@ def test_sidecar_component(server, tmp_path):
     service = next(d for d in docs if d["kind"] == "Service")
     labels = sts["spec"]["template"]["metadata"]["labels"]
     assert all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
-    # What the server serves of it applies.
-    have = served(server)
-    path = tmp_path / "served.yaml"
-    path.write_text(yaml.safe_dump_all([d for d in docs
-                                        if (d["apiVersion"], d["kind"]) in have]))
-    server.apply(path)
-    back = yaml.safe_load(server.kubectl("get", "clusterrolebinding", "pyk8sres-sync",
-                                         "-o", "yaml").stdout)
-    assert back["subjects"][0]["name"] == "pyk8sres-slurmctld"
+    # The API server takes all of it (server-side dry run, strict fields; the
+    # namespace and the CRD for real first: a dry run creates neither).
+    prerequisites(server, docs, tmp_path)
+    path = tmp_path / "sidecar.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    back = {key(d): d for d in dry_run(server, path)}
+    assert set(back) == {key(d) for d in docs}
+    assert back[("ClusterRoleBinding", None, "pyk8sres-sync")]["subjects"][0]["name"] == \
+        "pyk8sres-slurmctld"
+    sts_back = back[key(sts)]
+    assert sts_back["spec"]["template"]["spec"]["serviceAccountName"] == "pyk8sres-slurmctld"
 
 
 UNITS = sorted((DEPLOY / "systemd").glob("*.service"))

@@ -4,12 +4,14 @@ Prometheus (Debian's package) and queried through its HTTP API, /healthz and
 Prometheus, and the Kubernetes Events the coordinator posts.
 
 The cluster is `pyk8sres cluster up --kubernetes` (testbed/hybrid.py): real
-munged/slurmctld/slurmd, a real API server, `pyk8sres sync` and
-`pyk8sres webhook` as their own processes, each serving /metrics on its
---metrics-address.  Ground truth: the ledger's show (inside slurmctld),
-`scontrol -d show node`, the API server's Events.
-Ports: port(28100...) Slurm, port(28120..28125) API server, etcd, webhook and
-the daemons' metrics, port(28130) Prometheus, port(28131/28132) extra sync daemons.
+munged/slurmctld/slurmd, the real control plane (kube-apiserver with RBAC,
+kube-scheduler, kube-controller-manager, kwok), `pyk8sres sync` and
+`pyk8sres webhook` as their own processes with their ServiceAccounts' tokens,
+each serving /metrics on its --metrics-address.  Ground truth: the ledger's
+show (inside slurmctld), `scontrol -d show node`, the API server's Events.
+Ports: port(28100...) Slurm; the control plane, the webhook and the daemons'
+metrics a free block in 31000-31990 (kubernetes.Ports); port(28130)
+Prometheus, port(28131/28132) extra sync daemons, port(28133) nobody.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from conftest_kube import http_get
+from conftest_kube import http_get, pick_ports
 from local_slurm import SLURM, port, slurm_conf
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator import slurm as S
@@ -37,8 +39,8 @@ from pyk8sres.testbed import hybrid
 REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "deploy" / "prometheus-alerts.yaml"
 CPUS, MEMORY = 8, 16000
-KUBE_PORT = port(28120)
-SYNC_METRICS, WEBHOOK_METRICS = KUBE_PORT + 4, KUBE_PORT + 5   # as hybrid.up assigns them
+KUBE_PORTS = (31000, 31990)
+NOBODY_SCHEDULES = "test-binds-it-itself"     # kube-scheduler leaves such pods to the test
 PROM_PORT = port(28130)
 MIB = 1 << 20
 
@@ -53,10 +55,10 @@ def root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def hyb(root, kube_paths):
+def hyb(root):
     work = str(root / "cluster")
     c, kas = hybrid.up(work, nodes=2, cpus=CPUS, memory=MEMORY, base_port=port(28100),
-                       kube_port=KUBE_PORT, slurm=SLURM)
+                       kube_port=pick_ports(*KUBE_PORTS), slurm=SLURM)
     try:
         with slurm_conf(c.conf):
             yield c, kas
@@ -74,10 +76,16 @@ def ledger(hyb):
     return S.Ledger(S.ledger_socket_path(hyb[0].conf))
 
 
+def metrics_ports(hyb) -> tuple[int, int]:
+    """(sync's, the webhook's) --metrics-address ports, as hybrid.up assigns them."""
+    return hyb[1].ports.sync_metrics, hyb[1].ports.webhook_metrics
+
+
 @pytest.fixture(scope="module")
 def prometheus(hyb, root):
     """A real Prometheus scraping both daemons every second, with our alert
     rules; its own storage; stopped by PID."""
+    sync_metrics, webhook_metrics = metrics_ports(hyb)
     binary = shutil.which("prometheus")
     assert binary, "prometheus not installed (apt-get install prometheus; tools/install-deps.sh)"
     d = root / "prometheus"
@@ -88,9 +96,9 @@ def prometheus(hyb, root):
         "rule_files": [str(ALERTS)],
         "scrape_configs": [
             {"job_name": "pyk8sres-sync",
-             "static_configs": [{"targets": [f"127.0.0.1:{SYNC_METRICS}"]}]},
+             "static_configs": [{"targets": [f"127.0.0.1:{sync_metrics}"]}]},
             {"job_name": "pyk8sres-webhook",
-             "static_configs": [{"targets": [f"127.0.0.1:{WEBHOOK_METRICS}"]}]}]}))
+             "static_configs": [{"targets": [f"127.0.0.1:{webhook_metrics}"]}]}]}))
     with open(d / "prometheus.log", "ab") as out:
         proc = subprocess.Popen([binary, f"--config.file={conf}", f"--storage.tsdb.path={d}/data",
                                  f"--web.listen-address=127.0.0.1:{PROM_PORT}"],
@@ -175,11 +183,13 @@ def scraped(metrics_port: int, name: str, **labels) -> float:
     return 0.0
 
 
-def pod(name, cpu, mem, node=None):
+def pod(name, cpu, mem, node=None, scheduler=None):
     spec = {"containers": [{"name": "c", "image": "x",
                             "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}
     if node:
         spec["nodeName"] = node
+    if scheduler:
+        spec["schedulerName"] = scheduler
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
@@ -221,7 +231,7 @@ def test_promtool_accepts_the_alert_rules():
 
 
 def test_health_endpoints(hyb):
-    for p in (SYNC_METRICS, WEBHOOK_METRICS):
+    for p in metrics_ports(hyb):
         assert http_get(f"http://127.0.0.1:{p}/healthz") == (200, "ok\n")
         wait_for(lambda: http_get(f"http://127.0.0.1:{p}/readyz") == (200, "ok\n"), 30,
                  f"readyz on {p}")
@@ -270,11 +280,14 @@ def test_node_shares_as_prometheus_sees_them(hyb, kube, ledger, prometheus, ns):
 
 def test_refused_pod_gets_one_event_with_a_count_and_the_deny_counter(hyb, kube, prometheus, ns):
     webhook_in_force(kube, ns)
+    _, webhook_metrics = metrics_ports(hyb)
     deny = 'sum(pyk8sres_admission_requests_total{result="deny",reason="nofit"})'
     # From the webhook itself: Prometheus may not have scraped the probes yet.
-    before = scraped(WEBHOOK_METRICS, "pyk8sres_admission_requests_total",
+    before = scraped(webhook_metrics, "pyk8sres_admission_requests_total",
                      result="deny", reason="nofit")
-    created = K.create_pod(kube, ns, pod("big", "7", "1Gi"))      # not bound yet: allowed
+    # Not bound yet: allowed.  The test plays the scheduler that retries it
+    # (kube-scheduler leaves a pod naming another scheduler alone).
+    created = K.create_pod(kube, ns, pod("big", "7", "1Gi", scheduler=NOBODY_SCHEDULES))
     uid = created["metadata"]["uid"]
     job = sbatch(hyb[0], "n1", 4, 1000)                           # 4 of 8 CPUs left
     n = 25
@@ -311,7 +324,8 @@ def test_churn_of_refused_pods_stays_within_the_event_budget(hyb, kube, ns):
     from pyk8sres.policy.events import Limits
     limits = Limits()
     webhook_in_force(kube, ns)
-    suppressed = scraped(WEBHOOK_METRICS, "pyk8sres_events_total", action="suppressed")
+    _, webhook_metrics = metrics_ports(hyb)
+    suppressed = scraped(webhook_metrics, "pyk8sres_events_total", action="suppressed")
     n = limits.burst + 40
     t0 = time.monotonic()
     for i in range(n):
@@ -319,7 +333,7 @@ def test_churn_of_refused_pods_stays_within_the_event_budget(hyb, kube, ns):
             K.create_pod(kube, ns, pod(f"churn-{i}", "100", "1Mi", node="n1"))
         assert e.value.status == 403
     elapsed = time.monotonic() - t0
-    wait_for(lambda: scraped(WEBHOOK_METRICS, "pyk8sres_events_total", action="suppressed")
+    wait_for(lambda: scraped(webhook_metrics, "pyk8sres_events_total", action="suppressed")
              > suppressed, 30, "suppressed Events counted")
     time.sleep(1)      # the recorder's queue is drained by now
     posted = [ev for ev in events(kube, ns) if ev["involvedObject"]["name"].startswith("churn-")]
@@ -387,23 +401,27 @@ def _stop(proc, timeout: float = 15):
 def test_readiness_follows_the_ledger_and_the_watches(hyb, kube, prometheus, ns, root):
     c, kas = hyb
     webhook_in_force(kube, ns)
+    sync_metrics, webhook_metrics = metrics_ports(hyb)
+    # The extra daemons are sync too: its ServiceAccount's token.
+    token = kas.service_account_kubeconfig(hybrid.SYNC_ACCOUNT, hybrid.NAMESPACE)
     # A kubeconfig pointing at a port nobody serves: the watches never list.
     bad = root / "bad-kubeconfig"
-    bad.write_text(Path(kas.kubeconfig).read_text().replace(f":{KUBE_PORT}", f":{port(28133)}"))
-    assert bad.read_text() != Path(kas.kubeconfig).read_text()
+    bad.write_text(Path(token).read_text().replace(f":{kas.ports.apiserver}",
+                                                   f":{port(28133)}"))
+    assert bad.read_text() != Path(token).read_text()
     errors_before = value(prometheus, 'sum(pyk8sres_ledger_errors_total{job="pyk8sres-sync"})') or 0
     slurm_read_before = value(
         prometheus, 'pyk8sres_reconcile_errors_total{stage="slurm_read"}') or 0
     c.stop("slurmctld")
     fresh = unlisted = None
     try:
-        for p in (SYNC_METRICS, WEBHOOK_METRICS):
+        for p in (sync_metrics, webhook_metrics):
             code, body = wait_for(lambda: (lambda r: r[0] == 503 and r)(
                 http_get(f"http://127.0.0.1:{p}/readyz")), 30, f"readyz 503 on {p}")
             assert "ledger: the ledger did not answer" in body, body
             assert http_get(f"http://127.0.0.1:{p}/healthz") == (200, "ok\n")
         # Started while slurmctld is down: not ready from the start.
-        fresh = _sync(hyb, root, "sync-fresh", port(28131), kas.kubeconfig)
+        fresh = _sync(hyb, root, "sync-fresh", port(28131), token)
         code, body = wait_for(lambda: (lambda r: r[0] == 503 and "ledger" in r[1] and r)(
             http_get(f"http://127.0.0.1:{port(28131)}/readyz")), 30, "fresh sync readyz 503")
         # A pod is refused with the reason and gets an Event; the sync daemon
@@ -429,14 +447,14 @@ def test_readiness_follows_the_ledger_and_the_watches(hyb, kube, prometheus, ns,
         c.start_slurmctld()
     try:
         unlisted = _sync(hyb, root, "sync-unlisted", port(28132), str(bad))
-        for p in (SYNC_METRICS, WEBHOOK_METRICS, port(28131)):
+        for p in (sync_metrics, webhook_metrics, port(28131)):
             wait_for(lambda: http_get(f"http://127.0.0.1:{p}/readyz") == (200, "ok\n"), 45,
                      f"readyz 200 on {p} once slurmctld is back")
         # The ledger answers it too, but its watches never listed ("starting" first).
         code, body = wait_for(lambda: (lambda r: r[0] == 503 and "watches" in r[1] and
                                        "ledger" not in r[1] and r)(
             http_get(f"http://127.0.0.1:{port(28132)}/readyz")), 30, "unlisted: only the watches")
-        assert body == "watches: pods, nodes not listed/watched\n", body
+        assert body == "watches: pods, nodes not listed/watched (or silent)\n", body
         for kind in ("pods", "nodes"):     # each failed list counts as a restart
             assert scraped(port(28132), "pyk8sres_watch_restarts_total", kind=kind,
                            reason="error") >= 1
