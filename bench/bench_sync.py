@@ -3,10 +3,13 @@
 For each cluster size (default 10, 100, 1000 nodes, ~30 pods per node):
   - a real slurmctld whose nodes are defined in slurm.conf only (Gres=
     lines, no slurmd), with the ledger (node_features/k8s_resources),
-    ports 27200+ on 127.0.0.1;
-  - a real Kubernetes API server (pyk8sres.testbed.kubeapi_server), nodes n1..nN and
-    30 bound pods each;
-  - the daemon as its own process (`python -m pyk8sres.coordinator.sync`).
+    ports --base-port+ on 127.0.0.1 (default 27200 + $PYK8SRES_TEST_PORT_OFFSET);
+  - the real Kubernetes control plane (pyk8sres.testbed.kubernetes:
+    kube-apiserver with RBAC, kube-controller-manager, kube-scheduler, kwok
+    playing every kubelet) on --kube-port+ (9 ports), nodes n1..nN (Ready,
+    leases renewed by kwok) and 30 bound pods each, which kwok runs;
+  - the daemon as its own process (`python -m pyk8sres.coordinator.sync`),
+    with the pyk8sres-sync ServiceAccount's token (deploy/rbac.yaml).
 Measured: latency from a pod being bound (create with spec.nodeName) to the
 node's share being set in the ledger inside slurmctld (the daemon's "share
 set" log line, written after the ledger's answer; same clock), p50/p99; the daemon's CPU time (startup, idle resync, per sample)
@@ -14,6 +17,7 @@ and memory (peak RSS).  Compared with the 30 s polling interval of Slinky
 slurm-bridge, the nearest open-source peer.
 
   python bench/bench_sync.py [--nodes 10,100,1000] [--pods-per-node 30] [--samples 100]
+                             [--base-port P] [--kube-port K]
 
 Goal: p99 < 1 s at 1000 nodes, memory < 200 MB.
 """
@@ -34,7 +38,7 @@ import time
 from pyk8sres.testbed import cluster  # the installed package (tools/install-deps.sh)
 
 ROOT = os.environ.get("PYK8SRES_BENCH_DIR", "/tmp/pyk8sres-bench-sync")
-SLURM_PORT = 27200
+SLURM_PORT = 27200 + int(os.environ.get("PYK8SRES_TEST_PORT_OFFSET", "0"))
 KUBE_PORT = 27250
 CPUS, MEM = 32, 128000
 POD_CPU, POD_MEM = "250m", "256Mi"     # 30 pods: 7.5 CPUs -> 8, 7680 MB
@@ -46,29 +50,30 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 # ----------------------------------------------------------------- Kubernetes
 
-KUBE_PATHS = None   # set from --apiserver/--etcd; None: kubeapi_server.build()
-
-
 def start_api(work):
-    from pyk8sres.testbed import kubeapi_server
-    paths = kubeapi_server.Paths(*KUBE_PATHS, "kubectl") if KUBE_PATHS else None
-    return kubeapi_server.KubeAPIServer(paths).start(work, port=KUBE_PORT)
+    """The control plane, the GenericNode CRD and the coordinator's RBAC; the
+    sync daemon's kubeconfig (its ServiceAccount's token)."""
+    from pyk8sres import data
+    from pyk8sres.testbed import kubernetes
+    kube = kubernetes.ControlPlane(work, KUBE_PORT).start()
+    try:
+        for manifest in ("crd-genericnode.yaml", "rbac.yaml"):
+            kube.apply(data.path("deploy", manifest))
+        return kube, kube.service_account_kubeconfig("pyk8sres-sync", "pyk8sres-system")
+    except BaseException:
+        kube.stop()
+        raise
 
 
-def stop_api(server, work):
-    for meth in ("stop", "down", "close"):
-        if hasattr(server, meth):
-            getattr(server, meth)()
-            return
-    from pyk8sres.testbed import kubeapi_server
-    kubeapi_server.down(work)
+def populate(kube, core, nodes: int, per_node: int):
+    """Nodes n1..nN as their kubelets register them (kwok plays those
+    kubelets: created here by the admin, which is quicker than N client
+    certificates), Ready; then per_node pods bound to each."""
+    from pyk8sres.testbed import kubernetes
 
-
-def populate(core, nodes: int, per_node: int):
     def mk_node(i):
-        core.create_node({"metadata": {"name": f"n{i}"},
-                          "status": {"capacity": {"cpu": str(CPUS), "memory": f"{MEM}Mi"}}},
-                         _preload_content=False).release_conn()
+        done(core.create_node(kubernetes.node_object(f"n{i}", CPUS, MEM),
+                         _preload_content=False))
 
     def mk_pods(i):
         for j in range(per_node):
@@ -76,15 +81,26 @@ def populate(core, nodes: int, per_node: int):
 
     with cf.ThreadPoolExecutor(8) as ex:
         list(ex.map(mk_node, range(1, nodes + 1)))
+        kube.wait_nodes_ready([f"n{i}" for i in range(1, nodes + 1)], timeout=300)
         list(ex.map(mk_pods, range(1, nodes + 1)))
 
 
+
+def done(resp) -> None:
+    """Read a raw response's body, then give its connection back (put back
+    unread, it could answer the next request with that body)."""
+    try:
+        resp.read()
+    finally:
+        resp.release_conn()
+
+
 def pod(core, node, name, cpu, mem):
-    core.create_namespaced_pod("default", {
+    done(core.create_namespaced_pod("default", {
         "metadata": {"name": name},
         "spec": {"nodeName": node, "containers": [{
             "name": "c", "image": "x", "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}},
-        _preload_content=False).release_conn()
+        _preload_content=False))
 
 
 # ----------------------------------------------------------------- daemon
@@ -157,10 +173,10 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
                        extra_conf="NodeFeaturesPlugins=node_features/k8s_resources\n")
     server = daemon = None
     try:
-        server = start_api(f"{work}/kube")
+        server, sync_kubeconfig = start_api(f"{work}/kube")
         core = client.CoreV1Api(config.new_client_from_config(server.kubeconfig))
         t = time.monotonic()
-        populate(core, nodes, per_node)
+        populate(server, core, nodes, per_node)
         print(f"  [{nodes} nodes] created {nodes} nodes, {nodes * per_node} pods in "
               f"{time.monotonic() - t:.1f}s", flush=True)
 
@@ -169,7 +185,7 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
         expect = {f"n{i}": (used_cpu, used_mem) for i in range(1, nodes + 1)}   # the share
 
         t0 = time.monotonic()
-        daemon = Daemon(work, server.kubeconfig, slurm)
+        daemon = Daemon(work, sync_kubeconfig, slurm)
         seen: dict[str, tuple[int, int]] = {}
         while {n: seen.get(n) for n in expect} != expect:
             for _, n, c, m in daemon.applied():
@@ -234,7 +250,7 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
         if daemon:
             daemon.stop()
         if server:
-            stop_api(server, f"{work}/kube")
+            server.stop()
         cluster.down(slurm.work)
 
 
@@ -243,12 +259,12 @@ def main(argv=None):
     p.add_argument("--nodes", default="10,100,1000")
     p.add_argument("--pods-per-node", type=int, default=30)
     p.add_argument("--samples", type=int, default=100)
-    p.add_argument("--apiserver", help="pyk8sres-apiserver binary (default: kube/build.sh)")
-    p.add_argument("--etcd", help="etcd binary (with --apiserver)")
+    p.add_argument("--base-port", type=int, default=SLURM_PORT,
+                   help="slurmctld's port (the nodes' follow)")
+    p.add_argument("--kube-port", type=int, default=KUBE_PORT,
+                   help="the control plane's first port (kubernetes.Ports: 9 in a row)")
     a = p.parse_args(argv)
-    global KUBE_PATHS
-    if a.apiserver:
-        KUBE_PATHS = (a.apiserver, a.etcd or "etcd")
+    globals().update(SLURM_PORT=a.base_port, KUBE_PORT=a.kube_port)
     results = []
     for n in [int(x) for x in a.nodes.split(",")]:
         r = bench(n, a.pods_per_node, a.samples)

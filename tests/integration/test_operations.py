@@ -118,12 +118,12 @@ def prometheus(hyb, root):
 @pytest.fixture
 def ns(kube, hyb):
     name = "ops-" + uuid.uuid4().hex[:6]
-    kube.core.create_namespace({"metadata": {"name": name}}, _preload_content=False).release_conn()
+    done(kube.core.create_namespace({"metadata": {"name": name}}, _preload_content=False))
     yield name
     hyb[0].cancel_all_jobs()
     for p in K.list_pods(kube, name):
         K.delete_pod(kube, name, p["metadata"]["name"])
-    kube.core.delete_namespace(name, _preload_content=False).release_conn()
+    done(kube.core.delete_namespace(name, _preload_content=False))
 
 
 # ----------------------------------------------------------------- helpers
@@ -140,6 +140,16 @@ def wait_for(pred, timeout=30.0, what="condition"):
             return last
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+
+def done(resp) -> None:
+    """Read a raw response's body, then give its connection back (put back
+    unread, it could answer the next request with that body)."""
+    try:
+        resp.read()
+    finally:
+        resp.release_conn()
 
 
 def query(prom: str, expr: str) -> list:

@@ -113,6 +113,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
 
 
+
+def done(resp) -> None:
+    """Read a raw response's body, then give its connection back (put back
+    unread, it could answer the next request with that body)."""
+    try:
+        resp.read()
+    finally:
+        resp.release_conn()
+
+
 def classify(seen) -> set:
     """{(group, resource, verb, namespace, status)} as the API server's authorizer sees them."""
     out = set()
@@ -174,9 +184,9 @@ def recorded(world):
     direct.create_generic_node("ghost", {"alias": "ghost"}, {})
     # ... and one with a stale spec the sync daemon must correct.
     direct.create_generic_node("n1", {"alias": "stale"}, {})
-    direct.core.create_namespaced_pod(NAMESPACE, P.pod("ghost", NAMESPACE, 100, 1 << 20,
+    done(direct.core.create_namespaced_pod(NAMESPACE, P.pod("ghost", NAMESPACE, 100, 1 << 20,
                                                        (1000, 1 << 30)),
-                                      _preload_content=False).release_conn()
+                                      _preload_content=False))
     proxies = {name: Recorder(kube.url, kube.ca_file) for name in ("sync", "webhook")}
     for p in proxies.values():
         threading.Thread(target=p.serve_forever, daemon=True).start()
@@ -222,12 +232,12 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded
 
     # A pod kube-scheduler binds through pods/binding (the webhook reads the
     # pod) and one created on a node; the sync daemon counts both.
-    direct.core.create_namespaced_pod("default", _pod("bound"),
-                                      _preload_content=False).release_conn()
+    done(direct.core.create_namespaced_pod("default", _pod("bound"),
+                                      _preload_content=False))
     wait("kube-scheduler bound the pod",
          lambda: (K.get_pod(direct, "default", "bound")["spec"].get("nodeName")))
-    direct.core.create_namespaced_pod("default", _pod("direct", node="n2"),
-                                      _preload_content=False).release_conn()
+    done(direct.core.create_namespaced_pod("default", _pod("direct", node="n2"),
+                                      _preload_content=False))
     # A pod that does not fit is refused, twice (the refusal path): the
     # webhook posts an Event on it, then bumps its count.
     for _ in range(2):
@@ -400,8 +410,8 @@ def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
     # bind to a shared node is refused every time (fail closed), and the
     # webhook says which grant it lacks.
     without_verb(kube, hybrid.WEBHOOK_ACCOUNT, "pods", "get")
-    direct.core.create_namespaced_pod("default", _pod("w", cpu="1"),
-                                      _preload_content=False).release_conn()
+    done(direct.core.create_namespaced_pod("default", _pod("w", cpu="1"),
+                                      _preload_content=False))
     code, body = None, ""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not (code == 503 and "get pods" in body):

@@ -178,7 +178,7 @@ def clean(slurm, api):
     for p in api.core.list_pod_for_all_namespaces().items:
         _delete_pod(api, p.metadata.name, p.metadata.namespace)
     for n in api.core.list_node().items:
-        api.core.delete_node(n.metadata.name, _preload_content=False).release_conn()
+        done(api.core.delete_node(n.metadata.name, _preload_content=False))
 
 
 @pytest.fixture
@@ -191,6 +191,14 @@ def daemon(slurm, api, request):
 
 
 # ----------------------------------------------------------------- helpers
+def done(resp) -> None:
+    """Read a raw response's body, then give its connection back (put back
+    unread, it could answer the next request with that body)."""
+    try:
+        resp.read()
+    finally:
+        resp.release_conn()
+
 
 def wait_for(pred, timeout=15.0, what="condition"):
     deadline = time.monotonic() + timeout
@@ -231,10 +239,10 @@ def new_pod(api, cpu, mem, node=None, name=None, labels=None, ns="default", anno
         spec["nodeSelector"] = node_selector
     if grace is not None:
         spec["terminationGracePeriodSeconds"] = grace
-    api.core.create_namespaced_pod(ns, {
+    done(api.core.create_namespaced_pod(ns, {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
-        "spec": spec}, _preload_content=False).release_conn()
+        "spec": spec}, _preload_content=False))
     return name
 
 
@@ -260,7 +268,7 @@ def scheduled_pod(api, cpu, mem, **kw):
 
 def ensure_namespace(api, name):
     try:
-        api.core.create_namespace({"metadata": {"name": name}}, _preload_content=False).release_conn()
+        done(api.core.create_namespace({"metadata": {"name": name}}, _preload_content=False))
     except ApiException as e:
         if e.status != 409:
             raise
@@ -269,8 +277,8 @@ def ensure_namespace(api, name):
 def _delete_pod(api, name, ns="default", grace=0):
     try:
         # Raw response: client v37 fails to deserialize delete's Status body.
-        api.core.delete_namespaced_pod(name, ns, grace_period_seconds=grace,
-                                       _preload_content=False).release_conn()
+        done(api.core.delete_namespaced_pod(name, ns, grace_period_seconds=grace,
+                                            _preload_content=False))
     except ApiException as e:
         if e.status != 404:
             raise
@@ -478,9 +486,9 @@ def test_terminal_unbound_and_worker_pods_do_not_count(slurm, api, daemon):
     done = scheduled_pod(api, "2", "0")
     # Its kubelet reports it Succeeded (the Node authorizer lets n1's kubelet
     # write the status of pods on n1).
-    api.as_node("n1").patch_namespaced_pod_status(
+    done(api.as_node("n1").patch_namespaced_pod_status(
         done, "default", {"status": {"phase": "Succeeded"}},
-        _content_type="application/merge-patch+json", _preload_content=False).release_conn()
+        _content_type="application/merge-patch+json", _preload_content=False))
     counted = scheduled_pod(api, "500m", "100Mi")
     wait_used(slurm, (1, 100))
     wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "500m", "memory": "100Mi"})
