@@ -113,8 +113,11 @@ def is_static_pod(target: Target, pod: Mapping) -> bool:
 
 
 def pod_cost(pod: Mapping) -> tuple[int, int]:
-    """(millicores, bytes) the pod requests, rounded up.  Raises QuantityError."""
-    req = U.pod_requests(pod)
+    """(millicores, bytes) the pod requests, rounded up: its spec, or what
+    its kubelet still runs it with if more (a downsize not applied yet).  A
+    resize the kubelet called Infeasible does not make the spec free: the
+    next resize's spec is judged afresh.  Raises QuantityError."""
+    req = U.pod_requests(pod, spec_counts=True)
     return math.ceil(req["cpu"] * 1000), math.ceil(req["memory"])
 
 

@@ -186,7 +186,7 @@ def _effective(spec: dict[str, Fraction], status: Mapping | None,
     return out
 
 
-def pod_requests(pod: Mapping) -> dict[str, Fraction]:
+def pod_requests(pod: Mapping, spec_counts: bool = False) -> dict[str, Fraction]:
     """Effective cpu/memory requests of a pod, as kube-scheduler 1.35 counts
     them (component-helpers/resource PodRequests with UseStatusResources).
 
@@ -199,13 +199,15 @@ def pod_requests(pod: Mapping) -> dict[str, Fraction]:
     grown one its new size at once, except that an Infeasible resize's spec is
     left out.  Pod-level requests (spec.resources), when set, replace the
     container sum for that resource (their in-place resize is alpha in 1.35
-    and off: the spec counts).  Raises QuantityError on malformed data.
+    and off: the spec counts).  spec_counts: the spec counts even while a
+    resize is Infeasible (admission of a new resize: the kubelet judges the
+    new spec afresh and may apply it).  Raises QuantityError on malformed data.
     """
     spec = pod.get("spec") or {}
     st = pod.get("status") or {}
     statuses = {c.get("name"): c for c in (st.get("containerStatuses") or [])
                 + (st.get("initContainerStatuses") or []) if isinstance(c, Mapping)}
-    infeasible = resize_infeasible(pod)
+    infeasible = resize_infeasible(pod) and not spec_counts
     total: dict[str, Fraction] = {}
     for c in spec.get("containers") or []:
         _add(total, _effective(_requests_of(c.get("resources")), statuses.get(c.get("name")),

@@ -66,6 +66,18 @@ def target(op="bind", node="n1", dry=False, p=None, old=None, user="alice"):
 MIRROR = {A.MIRROR_ANNOTATION: "abc"}
 
 
+def ran(p, cpu, pending=None):
+    """p as its kubelet reports it: running with `cpu` (and its memory),
+    a resize left pending with that reason."""
+    mem = p["spec"]["containers"][0]["resources"]["requests"]["memory"]
+    p["status"] = {"containerStatuses": [{"name": "c", "resources": {"requests": {
+        "cpu": cpu, "memory": mem}}, "allocatedResources": {"cpu": cpu, "memory": mem}}]}
+    if pending:
+        p["status"]["conditions"] = [{"type": "PodResizePending", "status": "True",
+                                      "reason": pending}]
+    return p
+
+
 @pytest.mark.parametrize("case,t,stored,snode,expect", [
     ("bind reserves the pod's requests", target(), pod(), "n1",
      A.Reserve("n1", "u-1", 500, 256 * MI)),
@@ -105,6 +117,17 @@ MIRROR = {A.MIRROR_ANNOTATION: "abc"}
      pod(annotations=MIRROR), "n1", A.Reserve("n1", "u-1", 500, 256 * MI)),
     ("resize shrink needs nothing",
      target("resize", p=pod(node="n1", cpu="100m"), old=pod(node="n1")), None, "n1", A.Allow),
+    # The pod as its kubelet reported it (usage.pod_requests counts status too).
+    ("resize after an Infeasible one reserves its new size",
+     target("resize", p=ran(pod(node="n1", cpu="4"), "1", "Infeasible"),
+            old=ran(pod(node="n1", cpu="3"), "1", "Infeasible")), None, "n1",
+     A.Reserve("n1", "u-1", 4000, 256 * MI)),
+    ("resize below what still runs needs nothing",
+     target("resize", p=ran(pod(node="n1", cpu="2"), "3"), old=ran(pod(node="n1", cpu="1"), "3")),
+     None, "n1", A.Allow),
+    ("resize above what still runs reserves the new size",
+     target("resize", p=ran(pod(node="n1", cpu="4"), "3"), old=ran(pod(node="n1", cpu="1"), "3")),
+     None, "n1", A.Reserve("n1", "u-1", 4000, 256 * MI)),
 ])
 def test_plan(case, t, stored, snode, expect):
     got = A.plan(t, stored, snode, EX)

@@ -452,3 +452,10 @@ def test_counting_on_and_refreshed_usage():
 ])
 def test_slim_node(case, node, offered, want):
     assert u.slim_node(node, u.NODE_LABEL, offered=offered) == want, case
+
+
+def test_spec_counts_keeps_an_infeasible_resize_spec():
+    """Admission of the next resize: the kubelet judges its spec afresh."""
+    p = reported(pod([ctr("3")]), ("c", {"cpu": "1"}, {"cpu": "1"}), pending="Infeasible")
+    assert u.pod_requests(p)["cpu"] == 1
+    assert u.pod_requests(p, spec_counts=True)["cpu"] == 3
