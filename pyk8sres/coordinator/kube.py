@@ -53,6 +53,15 @@ def _json(resp) -> dict:
         resp.release_conn()
 
 
+def _done(resp) -> None:
+    """Back to the pool with its body read: release_conn() alone returns the
+    connection with the body unread, and the next request on it reads that
+    body as its status line (BadStatusLine; urllib3 retries only idempotent
+    methods, so a POST fails)."""
+    resp.drain_conn()
+    resp.release_conn()
+
+
 class Kube:
     """Thin wrapper over the API; timeouts on every call."""
 
@@ -183,9 +192,9 @@ class Kube:
         """
         crd = generic_node_crd()
         try:
-            self.ext.read_custom_resource_definition(
+            _done(self.ext.read_custom_resource_definition(
                 crd["metadata"]["name"], _preload_content=False,
-                _request_timeout=self.timeout).release_conn()
+                _request_timeout=self.timeout))
             return
         except ApiException as e:
             if e.status == 403:
@@ -193,9 +202,8 @@ class Kube:
             if e.status != 404:
                 raise
         try:
-            self.ext.create_custom_resource_definition(
-                crd, _preload_content=False,
-                _request_timeout=self.timeout).release_conn()
+            _done(self.ext.create_custom_resource_definition(
+                crd, _preload_content=False, _request_timeout=self.timeout))
         except ApiException as e:
             if e.status != 409:
                 raise
@@ -242,9 +250,9 @@ class Kube:
 
     def delete_generic_node(self, name: str) -> None:
         try:
-            self.custom.delete_cluster_custom_object(
+            _done(self.custom.delete_cluster_custom_object(
                 GROUP, VERSION, PLURAL, name, _preload_content=False,
-                _request_timeout=self.timeout).release_conn()
+                _request_timeout=self.timeout))
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -384,9 +392,9 @@ def create_pod(kube: Kube, namespace: str, body: dict) -> dict:
 
 def delete_pod(kube: Kube, namespace: str, name: str) -> None:
     try:
-        kube.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0,
-                                        _preload_content=False,
-                                        _request_timeout=kube.timeout).release_conn()
+        _done(kube.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0,
+                                              _preload_content=False,
+                                              _request_timeout=kube.timeout))
     except ApiException as e:
         if not _missing(e):
             raise
@@ -405,9 +413,8 @@ def bind_pod(kube: Kube, namespace: str, name: str, node: str, uid: str | None =
             "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
     # The server answers with a Status, not a Binding: read it raw.
-    kube.core.create_namespaced_pod_binding(
-        name, namespace, body, _preload_content=False,
-        _request_timeout=kube.timeout).release_conn()
+    _done(kube.core.create_namespaced_pod_binding(
+        name, namespace, body, _preload_content=False, _request_timeout=kube.timeout))
 
 
 def list_nodes(kube: Kube) -> list:
