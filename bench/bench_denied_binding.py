@@ -122,8 +122,7 @@ def main():
     try:
         os.environ["SLURM_CONF"] = c.conf
         kube = K.Kube(cp.kubeconfig)
-        kube.core.create_namespace({"metadata": {"name": NAMESPACE}},
-                                   _preload_content=False).release_conn()
+        kube.core.create_namespace({"metadata": {"name": NAMESPACE}})
         K.create_pod(kube, NAMESPACE, pod("filler", "1", node="n2"))
         for case in ("baseline", "settled", "racing", "no-placeholders", "no-placeholders-tie"):
             if case == "no-placeholders":

@@ -85,12 +85,12 @@ def ledger(slurm):
 @pytest.fixture
 def ns(kube, slurm, ledger):
     name = "a-" + uuid.uuid4().hex[:8]
-    kube.core.create_namespace({"metadata": {"name": name}}, _preload_content=False).release_conn()
+    kube.core.create_namespace({"metadata": {"name": name}})
     yield name
     subprocess.run(["scancel", "-u", "root"], env=slurm.env, capture_output=True)
     for p in K.list_pods(kube, name):
         K.delete_pod(kube, name, p["metadata"]["name"])
-    kube.core.delete_namespace(name, _preload_content=False).release_conn()
+    kube.core.delete_namespace(name)
     # Nothing leaks: the sync daemon releases deleted pods' shares.
     wait_for(lambda: used(slurm, "n1") == (0, 0) and used(slurm, "n2") == (0, 0), 30,
              "nodes empty")
@@ -226,9 +226,11 @@ def test_refusal_names_node_and_slurm_and_nothing_is_double_booked(slurm, kube, 
 def test_idempotent_dry_run_and_resize(slurm, kube, ns, ledger):
     active(kube, ns)
     K.create_pod(kube, ns, pod("p", "2", "1Gi", scheduler=NOBODY_SCHEDULES))
-    kube.core.create_namespaced_pod_binding(
+    resp = kube.core.create_namespaced_pod_binding(   # answered with a Status: read raw
         "p", ns, {"metadata": {"name": "p"}, "target": {"kind": "Node", "name": "n2"}},
-        dry_run="All", _preload_content=False).release_conn()
+        dry_run="All", _preload_content=False)
+    resp.drain_conn()
+    resp.release_conn()
     assert used(slurm, "n2") == (0, 0)                      # dry run: nothing reserved
     K.bind_pod(kube, ns, "p", "n2")
     with pytest.raises(ApiException) as e:                  # a retry: already bound (409)
