@@ -5,6 +5,8 @@
 #                  kube-scheduler, kubectl) with its staging modules, and the
 #                  etcd server release that Kubernetes release pins as client
 #   kwok/          sigs.k8s.io/kwok (simulated kubelets and nodes)
+#   helm/          helm.sh/helm/v4
+#   helm-unittest/ github.com/helm-unittest/helm-unittest (the chart's snapshot tests)
 #
 #   kube/build.sh          # prints NAME=PATH for each binary
 #
@@ -24,7 +26,9 @@ CACHE="${PYK8SRES_KUBE_CACHE:-/var/cache/pyk8sres/kube}"
 log() { echo "kube/build.sh: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-command -v go >/dev/null || die "the Go toolchain is missing (https://go.dev/doc/install; Debian: golang-go >= 1.25)"
+# The Go toolchain: on PATH, else where the official tarball installs it.
+command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin
+command -v go >/dev/null || die "the Go toolchain (>= 1.26) is missing: https://go.dev/doc/install"
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"
 flock 9
@@ -32,10 +36,9 @@ flock 9
 export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build"
 export GOFLAGS="-mod=readonly -modcacherw -trimpath" GOTOOLCHAIN=local CGO_ENABLED=0
 
-stamp=$( (cd "$HERE" && cat build.sh controlplane/go.mod controlplane/go.sum kwok/go.mod kwok/go.sum
-	go version) | sha256sum | cut -c1-16)
+stamp=$( (cd "$HERE" && cat build.sh */go.mod */go.sum && go version) | sha256sum | cut -c1-16)
 out="$CACHE/$stamp/bin"
-names="kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok"
+names="kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm helm-unittest"
 print_paths() {
 	local n
 	for n in $names; do echo "$n=$out/$n"; done
@@ -68,6 +71,11 @@ kwok=$(awk '$1 == "sigs.k8s.io/kwok" { print $2 }' "$HERE/kwok/go.mod")
 log "building kwok $kwok (kwok/go.mod)"
 (cd "$HERE/kwok" && nice go build -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok" \
 	-o "$tmp/" sigs.k8s.io/kwok/cmd/kwok) || die "go build of kwok failed (see above)"
+log "building helm (helm/go.mod) and helm-unittest (helm-unittest/go.mod)"
+(cd "$HERE/helm" && nice go build -ldflags "-s -w" -o "$tmp/" helm.sh/helm/v4/cmd/helm) ||
+	die "go build of helm failed (see above)"
+(cd "$HERE/helm-unittest" && nice go build -ldflags "-s -w" -o "$tmp/" \
+	github.com/helm-unittest/helm-unittest/cmd/helm-unittest) || die "go build of helm-unittest failed (see above)"
 for n in $names; do
 	[[ -x "$tmp/$n" ]] || die "the build made no $n"
 done

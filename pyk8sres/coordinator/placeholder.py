@@ -23,7 +23,7 @@ import time
 
 from . import kube as K
 from ..policy import placeholder as P
-from .webhook import Scope, slurm_names
+from .scope import Scope, slurm_names
 
 log = logging.getLogger("pyk8sres.coordinator.placeholder")
 

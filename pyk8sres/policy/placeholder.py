@@ -181,7 +181,13 @@ def pod(k8s_node: str, namespace: str, cpu_m: int, mem: int, alloc: tuple[int, i
             "terminationGracePeriodSeconds": 0,
             "automountServiceAccountToken": False,
             "tolerations": [{"operator": "Exists"}],   # stays whatever the node's taints
+            # Pod Security "restricted": its namespace enforces it.
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65535, "runAsGroup": 65535,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{"name": CONTAINER, "image": image,
+                            "securityContext": {"allowPrivilegeEscalation": False,
+                                                "readOnlyRootFilesystem": True,
+                                                "capabilities": {"drop": ["ALL"]}},
                             "resources": resources(cpu_m, mem, alloc),
                             "resizePolicy": [
                                 {"resourceName": "cpu", "restartPolicy": "NotRequired"},

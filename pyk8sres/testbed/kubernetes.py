@@ -48,6 +48,8 @@ class Binaries:
     kubectl: str
     etcd: str
     kwok: str
+    helm: str
+    helm_unittest: str
 
 
 def build() -> Binaries:

@@ -221,7 +221,7 @@ def test_scope_fed_by_the_nodes_informer_keeps_mapping_and_capacity_only():
     admin's mapping label and what it offers pods; heartbeats (anything
     else) do not bump the version the placeholders plan on."""
     from pyk8sres.coordinator import sync
-    from pyk8sres.coordinator.webhook import Scope
+    from pyk8sres.coordinator.scope import Scope
     from pyk8sres.policy import usage as U
     s = Scope(sync.SyncConfig())
 

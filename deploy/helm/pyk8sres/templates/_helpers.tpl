@@ -1,0 +1,95 @@
+{{/* Names and labels shared by every object. */}}
+{{- define "pyk8sres.labels" -}}
+app.kubernetes.io/name: pyk8sres-coordinator
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{- define "pyk8sres.selector" -}}
+app.kubernetes.io/name: pyk8sres-coordinator
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Who runs a daemon: its own ServiceAccount, or in mode sidecar the
+     slurmctld pod's (one pod, one identity: both daemons' roles). */}}
+{{- define "pyk8sres.subject" -}}
+{{- $ := index . 0 }}
+{{- $name := ternary "pyk8sres-slurmctld" (printf "pyk8sres-%s" (index . 1)) (eq $.Values.coordinator.mode "sidecar") -}}
+{kind: ServiceAccount, name: {{ $name }}, namespace: {{ $.Release.Namespace }}}
+{{- end }}
+
+{{- define "pyk8sres.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* The values must agree with each other; a contradiction stops the render
+     with a message naming the value. */}}
+{{- define "pyk8sres.validate" -}}
+{{- if not (has .Values.coordinator.mode (list "deployment" "sidecar" "none")) }}
+{{- fail (printf "coordinator.mode: %q is not one of deployment, sidecar, none" .Values.coordinator.mode) }}
+{{- end }}
+{{- if not .Values.webhook.apiServerClientCA }}
+{{- fail "webhook.apiServerClientCA is required: the PEM of the CA of the client certificate kube-apiserver presents to admission webhooks (--set-file webhook.apiServerClientCA=ca.crt; docs/security.md)" }}
+{{- end }}
+{{- if not (contains "BEGIN CERTIFICATE" .Values.webhook.apiServerClientCA) }}
+{{- fail "webhook.apiServerClientCA: not a PEM certificate" }}
+{{- end }}
+{{- if and .Values.webhook.certManager.enabled (not (.Capabilities.APIVersions.Has "cert-manager.io/v1")) }}
+{{- fail "webhook.certManager.enabled is true but this cluster does not serve cert-manager.io/v1: install cert-manager first, or leave it false for the chart's own CA" }}
+{{- end }}
+{{- if and (gt (int .Values.webhook.replicas) 1) (eq .Values.coordinator.mode "sidecar") }}
+{{- fail "webhook.replicas > 1 with coordinator.mode sidecar: the sidecar runs once, beside slurmctld" }}
+{{- end }}
+{{- range $k8s, $slurm := .Values.sync.nodeMap }}
+{{- if or (not $k8s) (not $slurm) }}
+{{- fail (printf "sync.nodeMap: %q -> %q names no node (both sides must be node names)" $k8s $slurm) }}
+{{- end }}
+{{- end }}
+{{- if not (hasPrefix "node-restriction.kubernetes.io/" .Values.sync.nodeKey) }}
+{{- fail (printf "sync.nodeKey: %q must be under node-restriction.kubernetes.io/ (a label kubelets cannot set)" .Values.sync.nodeKey) }}
+{{- end }}
+{{- if and .Values.networkPolicy.enabled (not .Values.networkPolicy.apiServerCIDRs) }}
+{{- fail "networkPolicy.enabled needs networkPolicy.apiServerCIDRs: where kube-apiserver calls the webhook from (else nothing could reach it)" }}
+{{- end }}
+{{- if and .Values.metrics.prometheusRule (not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")) }}
+{{- fail "metrics.prometheusRule is true but this cluster does not serve monitoring.coreos.com/v1 (the Prometheus operator)" }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor (not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")) }}
+{{- fail "metrics.serviceMonitor is true but this cluster does not serve monitoring.coreos.com/v1 (the Prometheus operator)" }}
+{{- end }}
+{{- end }}
+
+{{/* The coordinator's settings file (TOML: pyk8sres.coordinator.sync.SyncConfig
+     and the [webhook] table). */}}
+{{- define "pyk8sres.config" -}}
+[sync]
+ledger_socket = {{ printf "/run/pyk8sres-ledger/%s" .Values.ledger.socket | quote }}
+node_key = {{ .Values.sync.nodeKey | quote }}
+map_by_name = {{ .Values.sync.mapByName }}
+slurm_workers = [{{ range $i, $w := .Values.sync.slurmWorkers }}{{ if $i }}, {{ end }}{{ $w | quote }}{{ end }}]
+placeholder_namespace = {{ .Values.placeholders.namespace | quote }}
+reservation_grace = {{ .Values.sync.reservationGraceSeconds | float64 }}
+generic_node_qps = {{ .Values.sync.genericNodeQPS | float64 }}
+generic_node_burst = {{ .Values.sync.genericNodeBurst | int }}
+create_crd = false
+{{- with .Values.slurm.clusterName }}
+cluster_name = {{ . | quote }}
+{{- end }}
+[sync.node_map]
+{{- range $k8s, $slurm := .Values.sync.nodeMap }}
+{{ $k8s | quote }} = {{ $slurm | quote }}
+{{- end }}
+
+[webhook]
+listen = "0.0.0.0:8443"
+metrics_address = "0.0.0.0:9711"
+tls_cert_file = "/etc/pyk8sres/tls/tls.crt"
+tls_key_file = "/etc/pyk8sres/tls/tls.key"
+client_ca_file = "/etc/pyk8sres/apiserver-client-ca/ca.crt"
+client_names = [{{ range $i, $n := .Values.webhook.apiServerClientNames }}{{ if $i }}, {{ end }}{{ $n | quote }}{{ end }}]
+ledger_timeout = {{ .Values.ledger.timeoutSeconds | float64 }}
+configuration = {{ include "pyk8sres.webhookName" . | quote }}
+{{- end }}
+
+{{- define "pyk8sres.webhookName" -}}pyk8sres-admission{{- end }}

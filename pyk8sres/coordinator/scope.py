@@ -1,0 +1,133 @@
+"""Which Kubernetes nodes are shared with Slurm, and as which Slurm node:
+the one view the webhook (its matchCondition, each review) and the
+placeholders share.  Fed by a nodes Informer and by the ledger's show()."""
+
+from __future__ import annotations
+
+import threading
+
+from . import sync
+from ..policy import usage as U
+
+
+def slurm_names(shown: dict) -> list[str]:
+    """Slurm nodes with k8scpu/k8smemory, from the ledger's show() (every node).
+    Raises unless the answer says which nodes Slurm has: a refusal, or every
+    node unknown (slurmctld has not read its node table yet) is never taken
+    for "no shared nodes"."""
+    if not shown.get("ok"):
+        raise RuntimeError(f"ledger show: {shown.get('error')}")
+    nodes = shown.get("nodes") or {}
+    names = [n for n, v in nodes.items() if not v.get("unknown")]
+    if nodes and not names:
+        raise RuntimeError("ledger show: no node known yet (slurmctld is still starting)")
+    return names
+
+
+class Scope:
+    """Which Kubernetes nodes are shared, and as which Slurm node (admin
+    configuration: sync's node_map / node_key label / map_by_name).
+
+    Fed by a nodes Informer (the handler interface: slim/replace_slim/event/
+    health), so neither the webhook nor the placeholders list every node
+    again and again: at 1000 nodes each list cost the API server and this
+    process's GIL tens of ms.  Nodes are kept slim: the mapping label and
+    what the placeholders cap at (allocatable, else capacity)."""
+
+    def __init__(self, cfg: sync.SyncConfig):
+        self.cfg = cfg
+        self.exempt = sync.exemptions_of(cfg)
+        self.lock = threading.Lock()
+        self.nodes: dict[str, dict] = {}
+        self.nodes_listed = False
+        self.nodes_watched = False
+        self.version = 0          # bumped whenever a node we keep changes
+        self.changed = threading.Event()   # set with each bump: publish the scope now
+        self.slurm_names: frozenset | None = None   # None: not known yet
+
+    def _bump(self) -> None:
+        """Under self.lock: what the scope says changed."""
+        self.version += 1
+        self.changed.set()
+
+    # -- Informer handler interface
+    def slim(self, kind: str, obj: dict):
+        return (obj.get("metadata") or {}).get("name"), U.slim_node(obj, self.cfg.node_key,
+                                                                     offered=True)
+
+    def replace_slim(self, kind: str, items: list[tuple], watched: bool = True) -> None:
+        with self.lock:
+            self.nodes = {k: v for k, v in items if k is not None}
+            self.nodes_listed = True
+            self.nodes_watched = watched
+            self._bump()
+
+    def event(self, kind: str, typ: str, obj: dict) -> None:
+        name, slim = self.slim(kind, obj)
+        with self.lock:
+            if typ == "DELETED":
+                if self.nodes.pop(name, None) is not None:
+                    self._bump()
+            elif self.nodes.get(name) != slim:   # heartbeats change nothing we keep
+                self.nodes[name] = slim
+                self._bump()
+
+    def health(self, kind: str, ok: bool) -> None:
+        with self.lock:
+            if self.nodes_watched != ok:
+                self.nodes_watched = ok
+                self._bump()
+
+    def update(self, k8s_nodes: list[dict] | None = None, slurm_names=None) -> None:
+        if k8s_nodes is not None:
+            self.replace_slim("nodes", [self.slim("nodes", n) for n in k8s_nodes],
+                              watched=False)
+        if slurm_names is not None:
+            with self.lock:
+                if self.slurm_names != frozenset(slurm_names):
+                    self.slurm_names = frozenset(slurm_names)
+                    self._bump()
+
+    def snapshot(self) -> tuple[dict[str, dict], int]:
+        """(the slim nodes, their version)."""
+        with self.lock:
+            return dict(self.nodes), self.version
+
+    def slurm_node(self, k8s_node: str) -> str | None:
+        with self.lock:
+            node = self.nodes.get(k8s_node) or {"metadata": {"name": k8s_node}}
+            names = self.slurm_names
+        if names is None:
+            # Slurm's nodes unknown (the ledger has not answered show yet):
+            # treat the node as shared and let the ledger decide (fail closed:
+            # it refuses unless it answers, and knows the node).
+            names = frozenset([k8s_node, *(self.cfg.node_map.values()),
+                               (node["metadata"].get("labels") or {}).get(self.cfg.node_key, "")])
+        return U.slurm_node_for(node, self.cfg.node_key, names, self.cfg.map_by_name,
+                                self.cfg.node_map)
+
+    def _mapped(self) -> dict[str, str | None] | None:
+        """Every Kubernetes node -> its Slurm node (None: not shared), or
+        None while either side is not known."""
+        with self.lock:
+            if not self.nodes_listed or self.slurm_names is None:
+                return None
+            nodes, names = dict(self.nodes), self.slurm_names
+        return {k: U.slurm_node_for(n, self.cfg.node_key, names, self.cfg.map_by_name,
+                                    self.cfg.node_map) for k, n in nodes.items()}
+
+    def shared(self) -> dict[str, str]:
+        """Kubernetes node -> Slurm node, for the nodes known to be shared."""
+        return {k: s for k, s in (self._mapped() or {}).items() if s}
+
+    def unshared(self) -> list[str] | None:
+        """The Kubernetes nodes known NOT to be shared (the only ones the
+        webhook is not called for); [] (every node checked) while the nodes
+        watch is broken, since a node may have been relabelled meanwhile;
+        None (keep what is published) before anything is known."""
+        mapped = self._mapped()
+        if mapped is None:
+            return None
+        if not self.nodes_watched:
+            return []
+        return sorted(k for k, s in mapped.items() if not s)
