@@ -5,8 +5,8 @@ Deployments scaled up and down; pods deleted with grace periods (they stay
 Terminating, running, until it ends) -- while the coordinator, slurmctld,
 kube-apiserver, kube-scheduler and kube-controller-manager are killed or
 restarted, slurmctld reconfigured, a partition updated, the webhook made
-unreachable, and a node's kubelet (kwok) is cut off until the node is
-NotReady, then comes back.
+unreachable, and a node's kubelet (kwok) reports NotReady or is cut off
+until the node is NotReady, then comes back.
 
 The invariant is checked all along from ground truth only
 (ground_truth.over_capacity): what slurmctld has really allocated to
@@ -313,28 +313,45 @@ class Churn:
                             p["metadata"]["name"], f"pyk8sres.io/poked={time.time()}",
                             check=False)
 
-    def node_outages(self):
-        """The node's kubelet is cut off: the API server refuses whatever
-        kwok writes for it (its Lease, its status, its pods' status and
-        deletions: Terminating pods stay), as a network partition would,
-        until kube-controller-manager marks the node NotReady; then it
-        comes back.  (kwok 0.8 keeps a node's Lease when the node loses
-        its kwok.x-k8s.io/node annotation, so that does not do it.)"""
-        while not self.stop.wait(SECONDS / 10):
-            self._kubectl("apply", "-f", "-", input=json.dumps(kubelet_cut_off(LOST_NODE)))
-            deadline = time.monotonic() + 60
-            while self._node_ready(LOST_NODE) == "True" and time.monotonic() < deadline:
-                time.sleep(0.5)
-            lost = self._node_ready(LOST_NODE)
-            time.sleep(3)
+    def _not_ready(self, node: str, how: str):
+        """Take the node's kubelet down (until kube-controller-manager marks
+        the node NotReady or Unknown and taints it), then let it back."""
+        if how == "reports NotReady":       # its runtime is down (kube/kwok.yaml)
+            self._kubectl("label", "--overwrite", "node", node,
+                          "pyk8sres.io/kubelet-not-ready=true")
+        else:   # cut off: the API server refuses all kwok writes for it, as a partition would
+            self._kubectl("apply", "-f", "-", input=json.dumps(kubelet_cut_off(node)))
+        deadline = time.monotonic() + 60
+        while self._node_ready(node) == "True" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        lost = self._node_ready(node)
+        time.sleep(3)
+        if how == "reports NotReady":
+            self._kubectl("label", "node", node, "pyk8sres.io/kubelet-not-ready-")
+        else:
             self._kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
                           CUT_OFF, "--ignore-not-found")
-            deadline = time.monotonic() + 60
-            while self._node_ready(LOST_NODE) != "True" and time.monotonic() < deadline:
-                self._poke(LOST_NODE)
-                time.sleep(2)
+        deadline = time.monotonic() + 60
+        while self._node_ready(node) != "True" and time.monotonic() < deadline:
+            if how != "reports NotReady":
+                self._poke(node)
+            time.sleep(2)
+        return lost
+
+    def node_outages(self):
+        """The node's kubelet alternately reports NotReady (its runtime down)
+        and is cut off (kwok's writes for it refused: its Lease, its
+        status, its pods' status and deletions, so Terminating pods stay);
+        each time until the node is NotReady, then it comes back.  (kwok 0.8
+        keeps a node's Lease when the node loses its kwok.x-k8s.io/node
+        annotation, so that does not do it.)"""
+        kinds = ["reports NotReady", "cut off"]
+        while not self.stop.wait(SECONDS / 10):
+            how = kinds[0]
+            kinds.reverse()
+            lost = self._not_ready(LOST_NODE, how)
             with self.lock:
-                self.faults.append(f"{time.strftime('%T')} {LOST_NODE}'s kubelet cut off "
+                self.faults.append(f"{time.strftime('%T')} {LOST_NODE}'s kubelet {how} "
                                    f"(Ready={lost or '?'}), back (Ready="
                                    f"{self._node_ready(LOST_NODE) or '?'})")
                 if lost in ("False", "Unknown"):
