@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -141,6 +142,7 @@ def main():
             rows.append((case, results))
     finally:
         hybrid.down(work)
+        shutil.rmtree(work, ignore_errors=True)
     base = statistics.median(t for t, _, _ in rows[0][1] if t is not None)
     print(f"\n{'case':<20} {'bound':>7} {'median s':>9} {'p90 s':>7} {'x baseline':>11} "
           f"{'refused/try':>12}  ({args.tries} tries; never = not bound within "
