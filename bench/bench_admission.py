@@ -1,12 +1,14 @@
-"""Admission latency through a real API server and the coordinator's webhook.
+"""Admission latency through the real Kubernetes API server and the coordinator's webhook.
 
     python3 bench/bench_admission.py [--nodes 100,1000] [--queue 10000] [--pods 500] [--threads 8]
 
 For each node count it brings up its own hybrid cluster (real slurmctld with
 that many nodes in slurm.conf -- no slurmd, Gres= lines, the ledger served by
-node_features/k8s_resources --, a real API server with the webhook and
-`pyk8sres sync`), then measures, from the client, pod creations with
-spec.nodeName:
+node_features/k8s_resources --, the real control plane: kube-apiserver with
+RBAC calling the webhook with its client certificate, kube-scheduler,
+kube-controller-manager, kwok playing every node's kubelet; `pyk8sres sync`
+and `pyk8sres webhook` as their ServiceAccounts), then measures, from the
+client (the admin), pod creations with spec.nodeName:
   baseline  on a Kubernetes node not shared with Slurm (the webhook is not
             called): the API server's own cost, measured in the same run,
   allow     round the shared nodes n2..nN (webhook + ledger reserve),
@@ -20,9 +22,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import shutil
 import subprocess
 import tempfile
-import statistics
 import sys
 import time
 import uuid
@@ -61,18 +63,20 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] * 1000
 
 
-def settle(kube, nodes: int, timeout: float = 300) -> float:
-    """Seconds until the coordinator is in its steady state: one placeholder
-    pod per shared node (at 1000 nodes their creation takes a while, and
-    measuring meanwhile would time that start-up, not admission)."""
+def settle(kube, timeout: float = 120) -> float:
+    """Seconds until the webhook is in force (a pod asking more than n1 has
+    is refused), measured from the cluster being up."""
     t0 = time.monotonic()
+    ns = "settle-" + uuid.uuid4().hex[:6]
+    kube.core.create_namespace({"metadata": {"name": ns}})
     while time.monotonic() - t0 < timeout:
-        made = sum(1 for p in K.list_pods(kube, "pyk8sres-system")
-                   if p["metadata"]["name"].startswith("slurm-share-"))
-        if made >= nodes:
-            return time.monotonic() - t0
-        time.sleep(1)
-    raise SystemExit(f"only {made} of {nodes} placeholder pods after {timeout} s")
+        try:
+            K.create_pod(kube, ns, pod("probe-" + uuid.uuid4().hex[:6], "n1", "1000"))
+        except ApiException as e:
+            if e.status == 403:
+                return time.monotonic() - t0
+        time.sleep(0.5)
+    raise SystemExit(f"the webhook refused nothing in {timeout} s")
 
 
 def cpu_seconds(pids: dict) -> dict:
@@ -84,21 +88,20 @@ def cpu_seconds(pids: dict) -> dict:
     return out
 
 
-def daemons(c) -> dict:
-    """name -> PID of every daemon hybrid.up started (pid files)."""
+def daemons(c, cp) -> dict:
+    """name -> PID of every daemon of the cluster (pid files): Slurm's, the
+    coordinator's, the control plane's."""
     pids = {}
-    run = os.path.join(c.work, "run")
-    for f in os.listdir(run):
-        if f.startswith("proc-") and f.endswith(".pid"):
-            pids[f[5:-4]] = int(open(os.path.join(run, f)).read())
-    for name in ("apiserver", "etcd"):
-        pids[name] = int(open(os.path.join(c.work, "kube", name + ".pid")).read())
+    for run in (os.path.join(c.work, "run"), os.path.join(cp.work, "run")):
+        for f in os.listdir(run):
+            if f.startswith("proc-") and f.endswith(".pid"):
+                pids[f[5:-4]] = int(open(os.path.join(run, f)).read())
     return pids
 
 
 def measure(kube, pods: int, threads: int, nodes: int, pids: dict) -> dict:
     ns = "bench-" + uuid.uuid4().hex[:6]
-    kube.core.create_namespace({"metadata": {"name": ns}}, _preload_content=False).release_conn()
+    kube.core.create_namespace({"metadata": {"name": ns}})
     # Allowed pods go round the shared nodes n2..nN, as a scheduler spreads
     # them (and no node gets more than its 110 pods); refusals all ask n1.
     shared = [f"n{i}" for i in range(2, nodes + 1)]
@@ -124,8 +127,7 @@ def measure(kube, pods: int, threads: int, nodes: int, pids: dict) -> dict:
             list(ex.map(lambda node: one(kube, ns, node, cpu, ok), todo))
             rate = pods / (time.perf_counter() - t0)
         out[label] = (pct(seq, 50), pct(seq, 99), rate)
-    kube.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0,
-                                               _preload_content=False).release_conn()
+    kube.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
     return out
 
 
@@ -144,31 +146,33 @@ def main():
     ap.add_argument("--pods", type=int, default=500)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--base-port", type=int, default=19000)
+    ap.add_argument("--kube-port", type=int, help="default: --base-port + 50")
     args = ap.parse_args()
     rows = []
     for n in [int(x) for x in args.nodes.split(",")]:
         work = tempfile.mkdtemp(prefix="pyk8sres-bench-adm-")
-        print(f"{n} nodes: starting slurmctld, the API server, sync and the webhook ...",
+        print(f"{n} nodes: starting slurmctld, the control plane, sync and the webhook ...",
               flush=True)
-        c, kas = hybrid.up(work, nodes=n, cpus=64, memory=256000, base_port=args.base_port,
-                           kube_port=args.base_port + 50, node_features=False, slurmd=False,
-                           extra_conf="NodeFeaturesPlugins=node_features/k8s_resources\n")
+        t0 = time.monotonic()
+        c, cp = hybrid.up(work, nodes=n, cpus=64, memory=256000, base_port=args.base_port,
+                          kube_port=args.kube_port or args.base_port + 50, node_features=False,
+                          slurmd=False,
+                          extra_conf="NodeFeaturesPlugins=node_features/k8s_resources\n")
         try:
             os.environ["SLURM_CONF"] = c.conf
-            kube = K.Kube(kas.kubeconfig)
-            kube.core.create_node({"apiVersion": "v1", "kind": "Node",
-                                   "metadata": {"name": "not-shared"},
-                                   "status": {"capacity": {"cpu": "64", "memory": "256000Mi"}}},
-                                  _preload_content=False).release_conn()
-            print(f"{n} nodes: coordinator settled (placeholders made) in "
-                  f"{settle(kube, n):.0f} s", flush=True)
-            rows.append((n, "idle", measure(kube, args.pods, args.threads, n, daemons(c))))
+            cp.register_nodes({"not-shared": (64, 256000)})
+            kube = K.Kube(cp.kubeconfig)
+            print(f"{n} nodes: up in {time.monotonic() - t0:.0f} s, the webhook in force "
+                  f"{settle(kube):.0f} s later", flush=True)
+            rows.append((n, "idle", measure(kube, args.pods, args.threads, n, daemons(c, cp))))
             if args.queue:
                 print(f"{n} nodes: queueing {args.queue} jobs ...", flush=True)
                 fill_queue(c, args.queue)
-                rows.append((n, f"{args.queue} queued", measure(kube, args.pods, args.threads, n, daemons(c))))
+                rows.append((n, f"{args.queue} queued",
+                             measure(kube, args.pods, args.threads, n, daemons(c, cp))))
         finally:
             hybrid.down(work)
+            shutil.rmtree(work, ignore_errors=True)
     print(f"\n{'nodes':>5} {'slurmctld':<13} {'case':<9} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'pods/s':>7}  ({args.threads} clients for pods/s; baseline = no webhook)")
     for n, load, out in rows:

@@ -54,13 +54,12 @@ def _json(resp) -> dict:
 
 
 def _done(resp) -> None:
-    """Read the body, then give the connection back: put back unread, a
-    connection can hand its leftover body to the next request of another
-    thread as that request's status line."""
-    try:
-        resp.read()
-    finally:
-        resp.release_conn()
+    """Back to the pool with its body read: release_conn() alone returns the
+    connection with the body unread, and the next request on it reads that
+    body as its status line (BadStatusLine; urllib3 retries only idempotent
+    methods, so a POST fails)."""
+    resp.drain_conn()
+    resp.release_conn()
 
 
 class Kube:
@@ -205,8 +204,7 @@ class Kube:
                 raise
         try:
             _done(self.ext.create_custom_resource_definition(
-                crd, _preload_content=False,
-                _request_timeout=self.timeout))
+                crd, _preload_content=False, _request_timeout=self.timeout))
         except ApiException as e:
             if e.status != 409:
                 raise
@@ -417,8 +415,7 @@ def bind_pod(kube: Kube, namespace: str, name: str, node: str, uid: str | None =
             "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
     # The server answers with a Status, not a Binding: read it raw.
     _done(kube.core.create_namespaced_pod_binding(
-        name, namespace, body, _preload_content=False,
-        _request_timeout=kube.timeout))
+        name, namespace, body, _preload_content=False, _request_timeout=kube.timeout))
 
 
 def list_nodes(kube: Kube) -> list:

@@ -1,14 +1,18 @@
-"""Placeholder pods: keep one ``slurm-share-<node>`` pod per shared node sized
-to what Slurm's jobs hold there, so a stock kube-scheduler sees it (rules in
-pyk8sres/policy/placeholder.py).
+"""Placeholder pods: on each shared node, pods whose requests add up to what
+Slurm's jobs hold there, so a stock kube-scheduler sees it (rules, and why
+growth creates pods instead of resizing one: pyk8sres/policy/placeholder.py).
 
 Level-triggered: every period (0.5 s by default, so a job start or end
 shows within a second; a pass reads every node from slurmctld, so not more
-often) read the ledger's show(), compare with our pods, create / resize in
-place (pods/resize) / delete what differs.  Kubernetes nodes come from the
-webhook's nodes Informer (the shared Scope); our pods are re-listed every
-relist_seconds (and after any error).  If the ledger does not answer,
-placeholders stay as they are (never shrink on missing data).
+often) read the ledger's show(), compare with our pods, and per node create
+(the shortfall), downsize in place (pods/resize) and delete (grace 0), in
+that order, so kube-scheduler never counts less than Slurm holds on the way.
+Kubernetes nodes come from the webhook's nodes Informer (the shared Scope);
+our pods are re-listed every relist_seconds (and after any error), and a pod
+we downsized is read again every pass until the kubelet has applied it (or
+left it pending: then it is replaced).  If the ledger does not answer,
+placeholders stay as they are (never shrink on missing data).  A node whose
+create fails keeps its pods until the next pass.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ log = logging.getLogger("pyk8sres.coordinator.placeholder")
 class Placeholders:
     def __init__(self, kube, ledger, scope: Scope, namespace: str,
                  priority_class: str = P.PRIORITY_CLASS, image: str = P.IMAGE,
-                 period: float = 0.5, relist_seconds: float = 30.0):
+                 period: float = 0.5, relist_seconds: float = 30.0,
+                 max_pods: int = P.MAX_PODS):
         self.kube, self.ledger, self.scope = kube, ledger, scope
         self.namespace, self.priority_class, self.image = namespace, priority_class, image
-        self.period, self.relist_seconds = period, relist_seconds
+        self.period, self.relist_seconds, self.max_pods = period, relist_seconds, max_pods
         self.pods: dict[str, dict] = {}
+        self.resizing: set[str] = set()   # downsized, not yet seen applied by the kubelet
         self.listed_at = -1e9
         self.planned_for = None   # (jobs per node, nodes version) the last complete pass followed
         self.stop_event = threading.Event()
@@ -42,53 +48,82 @@ class Placeholders:
             self.scope.update(k8s_nodes=K.list_nodes(self.kube))
         self.pods = {p["metadata"]["name"]: p for p in K.list_namespace_pods(self.kube, self.namespace)
                      if P.current(p) is not None}
+        self.resizing = {n for n, p in self.pods.items() if P.resize_in_flight(p)}
         self.listed_at = time.monotonic()
 
+    def _reread_resizing(self) -> bool:
+        """Read again the pods we downsized; True if one changed."""
+        changed = False
+        for name in sorted(self.resizing):
+            fresh = K.get_pod(self.kube, self.namespace, name)
+            if fresh is None:
+                self.pods.pop(name, None)
+            else:
+                self.pods[name] = fresh
+            if fresh is None or not P.resize_in_flight(fresh):
+                self.resizing.discard(name)
+                changed = True
+        return changed
+
     def sync_once(self) -> dict:
-        """One pass; returns what was done {"created", "resized", "deleted"}.
-        The Kubernetes nodes come from the scope (the webhook's nodes
-        Informer, or a list here when nothing feeds it); our own pods are
-        re-listed every relist_seconds and after any error."""
+        """One pass; returns what was done {"created", "resized", "deleted"}
+        (node names for created, pod names otherwise).  The Kubernetes
+        nodes come from the scope (the webhook's nodes Informer, or a list
+        here when nothing feeds it)."""
         shown = self.ledger.show()
         names = slurm_names(shown)            # raises when the ledger says no
         self.scope.update(slurm_names=names)
         relisted = time.monotonic() - self.listed_at >= self.relist_seconds
         if relisted:
             self._relist()
+        reread = self._reread_resizing() if self.resizing else False
         done = {"created": [], "resized": [], "deleted": []}
         if self.scope.unshared() is None:   # nodes not listed: never plan from nothing
             return done
         # Planning 1000 nodes every period holds the GIL the admission threads
-        # need: skip it while no job moved and no node changed (our pods
-        # change only through our own writes and a relist).
+        # need: skip it while no job moved, no node changed and no resize
+        # came back (our pods change only through our own writes and a relist).
         k8s_nodes, version = self.scope.snapshot()
         followed = ({n: shown["nodes"][n].get("jobs") for n in names}, version)
-        if not relisted and followed == self.planned_for:
+        if not relisted and not reread and followed == self.planned_for:
             return done
         self.planned_for = None
         nodes = {n: shown["nodes"][n] for n in names}
-        create, resize, delete = P.plan(self.scope.shared(), k8s_nodes, nodes, self.pods)
-        for k8s, (cpu_m, mem, alloc) in create.items():
-            body = P.pod(k8s, self.namespace, cpu_m, mem, alloc, self.priority_class, self.image)
-            try:
-                self.pods[body["metadata"]["name"]] = K.create_pod(self.kube, self.namespace, body)
-            except K.ApiException as e:
-                if e.status != 409:
-                    raise
-                self.listed_at = -1e9        # someone made it: read it next pass
-            done["created"].append(k8s)
-        for k8s, (cpu_m, mem, alloc) in resize.items():
-            name = P.name_for(k8s)
-            self.pods[name] = K.resize_pod(self.kube, self.namespace, name, [
-                {"name": P.CONTAINER, "resources": P.resources(cpu_m, mem, alloc)}])
-            done["resized"].append(k8s)
-        for name in delete:
-            K.delete_pod(self.kube, self.namespace, name)
-            self.pods.pop(name, None)
-            done["deleted"].append(name)
-        if self.listed_at > 0:             # no 409 asked for a relist
+        plans = P.plan(self.scope.shared(), k8s_nodes, nodes, self.pods, self.max_pods)
+        complete = True
+        for k8s, node_plan in sorted(plans.items()):
+            if not self._apply(k8s, node_plan, done):
+                complete = False
+        if complete and self.listed_at > 0:   # nothing failed or asked for a relist
             self.planned_for = followed
         return done
+
+    def _apply(self, k8s: str, plan: P.NodePlan, done: dict) -> bool:
+        """Create, then downsize, then delete; nothing is deleted on a node
+        whose create failed (kube-scheduler would count less than Slurm holds)."""
+        if plan.create:
+            body = P.pod(k8s, self.namespace, *plan.create, plan.alloc,
+                         self.priority_class, self.image)
+            try:
+                made = K.create_pod(self.kube, self.namespace, body)
+            except Exception as e:   # noqa: BLE001 - logged, retried next pass
+                log.warning("placeholder for node %s (%d m CPU, %d bytes) not created: %s",
+                            k8s, *plan.create, e)
+                self.listed_at = -1e9
+                return False
+            self.pods[made["metadata"]["name"]] = made
+            done["created"].append(k8s)
+        for name, (cpu_m, mem) in sorted(plan.resize.items()):
+            self.pods[name] = K.resize_pod(self.kube, self.namespace, name, [
+                {"name": P.CONTAINER, "resources": P.resources(cpu_m, mem, plan.alloc)}])
+            self.resizing.add(name)
+            done["resized"].append(name)
+        for name in plan.delete:
+            K.delete_pod(self.kube, self.namespace, name)
+            self.pods.pop(name, None)
+            self.resizing.discard(name)
+            done["deleted"].append(name)
+        return True
 
     def start(self) -> "Placeholders":
         def loop():

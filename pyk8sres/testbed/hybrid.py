@@ -81,7 +81,9 @@ def apply_webhook_configuration(kube: kubernetes.ControlPlane, url: str) -> None
     kube.kubectl("apply", "-f", "-", input=json.dumps(doc))
 
 
-def start_webhook(c: cluster.Cluster, kube: kubernetes.ControlPlane) -> None:
+def start_webhook(c: cluster.Cluster, kube: kubernetes.ControlPlane, *extra: str) -> None:
+    """`pyk8sres webhook` as its ServiceAccount; extra: more of its options
+    (e.g. --no-placeholders)."""
     port = kube.ports.webhook
     apply_webhook_configuration(kube, f"https://127.0.0.1:{port}/validate")
     _coordinator(c, "webhook", [
@@ -89,7 +91,7 @@ def start_webhook(c: cluster.Cluster, kube: kubernetes.ControlPlane) -> None:
         "--metrics-address", f"127.0.0.1:{kube.ports.webhook_metrics}",
         "--listen", f"127.0.0.1:{port}", "--url", f"https://127.0.0.1:{port}/validate",
         "--cert-dir", os.path.join(c.work, "webhook-tls"),
-        "--client-ca", kube.webhook_client_ca, "--client-name", kubernetes.WEBHOOK_CLIENT])
+        "--client-ca", kube.webhook_client_ca, "--client-name", kubernetes.WEBHOOK_CLIENT, *extra])
 
 
 def _wait(done, what: str, log: str, c: cluster.Cluster, timeout: float) -> None:

@@ -1,124 +1,57 @@
-"""Randomized churn with injected faults: Slurm jobs (sbatch, arrays, srun)
-and pods (through a kube-scheduler stand-in and straight onto nodes with
-spec.nodeName) on 3 shared nodes, while the coordinator, slurmctld and the
-API server are killed and restarted, slurmctld reconfigured, a partition
-updated and the webhook made unreachable.
+"""Randomized churn with injected faults on the real control plane: Slurm jobs
+(sbatch, arrays, srun) and pods on 3 shared nodes -- placed by the real
+kube-scheduler, straight onto nodes with spec.nodeName, and by two
+Deployments scaled up and down; pods deleted with grace periods (they stay
+Terminating, running, until it ends) -- while the coordinator, slurmctld,
+kube-apiserver, kube-scheduler and kube-controller-manager are killed or
+restarted, slurmctld reconfigured, a partition updated, the webhook made
+unreachable, and a node's kubelet (kwok) reports NotReady or is cut off
+until the node is NotReady, then comes back.
 
-The invariant is checked all along from ground truth only: what slurmctld
-has really allocated to running jobs on each node (`scontrol -d show job`:
-CPU_IDs, Mem) and the non-terminal pods the API server has bound there.
-On every node, at every sample: jobs + pods <= capacity.  At the end
-nothing is stuck: every pod was bound or refused, every job started.
-
-No kube-scheduler binary can be had here (DESIGN.md §8):
-pyk8sres.testbed.scheduler drives the API server the way it does.
+The invariant is checked all along from ground truth only
+(ground_truth.over_capacity): what slurmctld has really allocated to
+running jobs on each node (`scontrol -d show job`: CPU_IDs, Mem) and the
+non-terminal pods the API server has bound there, Terminating ones
+included.  On every node, at every sample: jobs + pods <= capacity.  At the
+end nothing is stuck: with the pods gone every job starts.
 
 CI runs a bounded version (PYK8SRES_CHURN_SECONDS, default 60 s of churn); a soak by
 hand:  PYK8SRES_CHURN_SECONDS=1800 python3 -m pytest -s tests/integration/test_churn.py
 """
 import glob
-import math
+import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from fractions import Fraction
 
 import pytest
+from kubernetes import client as kclient
 
 from conftest_kube import pick_ports
+from ground_truth import over_capacity
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.coordinator import kube as K
-from pyk8sres.policy import usage as U
 from pyk8sres.testbed import cluster, hybrid
-from pyk8sres.testbed.scheduler import Scheduler
 
 pytestmark = requires_slurm
 NODES, CPUS, MEMORY = 3, 8, 16000
+CAPACITY = {f"n{i}": (CPUS, MEMORY) for i in range(1, NODES + 1)}
 SECONDS = float(os.environ.get("PYK8SRES_CHURN_SECONDS", "60"))
 NAMESPACE = "churn"
-PLACEHOLDERS = "pyk8sres-system"     # Slurm's own share as kube-scheduler sees it
+DEPLOYMENTS = {"web-a": ("500m", "512Mi"), "web-b": ("1500m", "1Gi")}
+LOST_NODE = "n3"          # its kubelet goes away now and then
 # Liveness after the churn.  The churn leaves a backlog (jobs are submitted
 # near the cluster's capacity: 60 s of churn leave 1.5-2 minutes of jobs).  A
 # queue is stuck when no pending job starts for longer than a job can run:
 # each has a 1-minute limit (plus KillWait 5 s and a scheduling pass).
 STALL_SECONDS = 90
-
-
-def _expand(hostlist: str) -> list[str]:
-    m = re.fullmatch(r"(\w+?)\[([\d,\-]+)\]", hostlist)
-    if not m:
-        return hostlist.split(",")
-    out = []
-    for part in m.group(2).split(","):
-        a, _, b = part.partition("-")
-        out += [f"{m.group(1)}{i}" for i in range(int(a), int(b or a) + 1)]
-    return out
-
-
-def _ids(cpu_ids: str) -> int:
-    return sum(int(b) - int(a) + 1 for a, _, b in
-               (p.partition("-") if "-" in p else (p, "", p) for p in cpu_ids.split(",")))
-
-
-def stepd_jobs() -> set[str]:
-    """Job ids that have a slurmstepd on this host: jobs really running."""
-    out = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                m = re.match(rb"slurmstepd: \[(\d+)\.", f.read())
-        except OSError:
-            continue
-        if m:
-            out.add(m.group(1).decode())
-    return out
-
-
-def slurm_truth(env, restarted_at: float = 0.0) -> dict[str, list[int]]:
-    """node -> [CPUs, MB] that slurmctld has allocated to running jobs.
-
-    One exception, a phantom: a job that ended while slurmctld was being
-    killed -9 is recovered from its older state file as RUNNING (with no
-    process left) until slurmd next reports; it holds nothing.  A job is
-    such a phantom only if it started before the last slurmctld restart and
-    no slurmstepd of it exists."""
-    out = subprocess.run(["scontrol", "-d", "-o", "show", "job"], capture_output=True, text=True,
-                         env=env, timeout=30).stdout
-    alive = stepd_jobs() if restarted_at else set()
-    used = {f"n{i}": [0, 0] for i in range(1, NODES + 1)}
-    for line in out.splitlines():
-        if "JobState=RUNNING" not in line:
-            continue
-        job = re.search(r"JobId=(\d+)", line).group(1)
-        start = re.search(r"StartTime=(\S+)", line).group(1)
-        if restarted_at and job not in alive and start != "Unknown" and \
-                time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S")) < restarted_at:
-            continue
-        for nodes, ids, mem in re.findall(r" Nodes=(\S+) CPU_IDs=(\S+) Mem=(\d+)", line):
-            for n in _expand(nodes):
-                if n in used:
-                    used[n][0] += _ids(ids)
-                    used[n][1] += int(mem)
-    return used
-
-
-def bound_pods(kube) -> dict[str, tuple[str, Fraction, int]]:
-    """uid -> (node, cpu, bytes) of every non-terminal pod bound to a node."""
-    out = {}
-    for p in K.list_pods(kube):
-        node = (p.get("spec") or {}).get("nodeName")
-        if not node or p["metadata"]["namespace"] == PLACEHOLDERS or \
-                (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        r = U.pod_requests(p)
-        out[p["metadata"]["uid"]] = (node, r["cpu"], int(r["memory"]))
-    return out
 
 
 def pending_jobs(env) -> list[str]:
@@ -165,19 +98,68 @@ def drain(env) -> list[str]:
     return pending
 
 
+def deployment(name: str, cpu: str, memory: str) -> dict:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}}, "spec": {
+                         "terminationGracePeriodSeconds": 3,
+                         "containers": [{"name": "web", "image": "nginx", "resources": {
+                             "requests": {"cpu": cpu, "memory": memory}}}]}}}}
+
+
+CUT_OFF = "test-kubelet-cut-off"
+
+
+def kubelet_cut_off(node: str) -> dict:
+    """A ValidatingAdmissionPolicy (and its binding) refusing what kwok
+    writes for `node`."""
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": CUT_OFF},
+        "spec": {"failurePolicy": "Fail",
+                 "matchConstraints": {"resourceRules": [
+                     {"apiGroups": [""], "apiVersions": ["v1"],
+                      "operations": ["CREATE", "UPDATE", "DELETE"],
+                      "resources": ["pods", "pods/status", "nodes", "nodes/status"]},
+                     {"apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"],
+                      "operations": ["CREATE", "UPDATE"], "resources": ["leases"]}]},
+                 "matchConditions": [{"name": "kwok", "expression":
+                                      "request.userInfo.username == 'kwok-controller'"}],
+                 "validations": [{"expression": (
+                     f"request.resource.resource == 'pods' ? (oldObject == null || "
+                     f"oldObject.spec.nodeName != '{node}') : (oldObject == null ? "
+                     f"object.metadata.name != '{node}' : oldObject.metadata.name != '{node}')"),
+                     "message": f"test: the kubelet of {node} is cut off"}]}}
+    binding = {"apiVersion": "admissionregistration.k8s.io/v1",
+               "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": CUT_OFF},
+               "spec": {"policyName": CUT_OFF, "validationActions": ["Deny"]}}
+    return {"apiVersion": "v1", "kind": "List", "items": [policy, binding]}
+
+
 class Churn:
-    def __init__(self, c, kas, kube, seed: int):
-        self.c, self.kas, self.kube = c, kas, kube
+    def __init__(self, c, cp, kube, seed: int):
+        self.c, self.cp, self.kube = c, cp, kube
+        self.apps = kclient.AppsV1Api(kube.api)
         self.rnd = random.Random(seed)
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.jobs: list[str] = []
-        self.sruns: list[subprocess.Popen] = []
+        self.sruns: list[tuple[str, subprocess.Popen]] = []
+        self.scheduled: set[str] = set()      # pods created for kube-scheduler to place
+        self.placed: set[str] = set()         # ... and seen bound
+        self.deployed: set[str] = set()       # Deployment pods seen bound
         self.counts = {"pods admitted": 0, "pods refused": 0, "pod create errors": 0,
-                       "jobs submitted": 0, "sruns": 0, "faults": 0, "samples": 0}
+                       "pods deleted with a grace period": 0, "deployment scalings": 0,
+                       "jobs submitted": 0, "sruns": 0, "faults": 0, "node outages": 0,
+                       "samples": 0, "most Terminating pods in a sample": 0}
         self.violations: list[str] = []
         self.ctld_restarted_at = 0.0
         self.faults: list[str] = []
+
+    def _count(self, key, n=1):
+        with self.lock:
+            self.counts[key] += n
 
     # --- the workload -------------------------------------------------------
     def submit_jobs(self):
@@ -213,7 +195,8 @@ class Churn:
     def _pod(self, name: str, node: str | None) -> dict:
         cpu = self.rnd.choice(["250m", "500m", "1", "1500m", "2", "3"])
         mem = self.rnd.choice(["128Mi", "512Mi", "1Gi", "2Gi", "4Gi"])
-        spec = {"containers": [{"name": "c", "image": "x",
+        spec = {"terminationGracePeriodSeconds": 2,
+                "containers": [{"name": "c", "image": "x",
                                 "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}
         if node:
             spec["nodeName"] = node
@@ -228,23 +211,38 @@ class Churn:
             try:
                 K.create_pod(self.kube, NAMESPACE, self._pod(f"p{i}", node))
                 if direct:
+                    self._count("pods admitted")
+                else:
                     with self.lock:
-                        self.counts["pods admitted"] += 1
+                        self.scheduled.add(f"p{i}")
             except K.ApiException as e:
-                key = "pods refused" if direct and e.status in (400, 403, 500) else \
-                    "pod create errors"
-                with self.lock:
-                    self.counts[key] += 1
+                self._count("pods refused" if direct and e.status in (400, 403, 500) else
+                            "pod create errors")
             except Exception:
-                with self.lock:
-                    self.counts["pod create errors"] += 1   # API server restarting
+                self._count("pod create errors")   # API server restarting
+
+    def scale_deployments(self):
+        while not self.stop.wait(self.rnd.uniform(1.0, 3.0)):
+            name = self.rnd.choice(sorted(DEPLOYMENTS))
+            try:
+                self.apps.patch_namespaced_deployment_scale(
+                    name, NAMESPACE, {"spec": {"replicas": self.rnd.randint(0, 6)}},
+                    _request_timeout=10)
+                self._count("deployment scalings")
+            except Exception:
+                pass     # API server restarting
 
     def delete_pods(self):
         while not self.stop.wait(self.rnd.uniform(0.5, 1.5)):
             try:
                 pods = K.list_pods(self.kube, NAMESPACE)
                 for p in self.rnd.sample(pods, min(len(pods), self.rnd.randint(0, 4))):
-                    K.delete_pod(self.kube, NAMESPACE, p["metadata"]["name"])
+                    grace = self.rnd.choice([0, 1, 3, None])    # None: the pod's own (2 or 3 s)
+                    self.kube.core.delete_namespaced_pod(
+                        p["metadata"]["name"], NAMESPACE, grace_period_seconds=grace,
+                        _request_timeout=10)
+                    if grace != 0:
+                        self._count("pods deleted with a grace period")
             except Exception:
                 pass
 
@@ -252,25 +250,22 @@ class Churn:
     def check(self):
         while not self.stop.wait(0.2):
             try:
-                # Pods bound at t1 and still at t3 were bound at t2, when
-                # slurmctld was asked: no false alarm from pods coming or going.
-                before = bound_pods(self.kube)
-                jobs = slurm_truth(self.c.env, self.ctld_restarted_at)
-                after = bound_pods(self.kube)
+                over = over_capacity(self.c.env, self.kube, CAPACITY, self.ctld_restarted_at)
+                pods = K.list_pods(self.kube, NAMESPACE)
             except Exception:
                 continue
-            self.counts["samples"] += 1
-            pods = {n: [Fraction(0), 0] for n in jobs}
-            for uid in before.keys() & after.keys():
-                node, cpu, mem = after[uid]
-                if node in pods:
-                    pods[node][0] += cpu
-                    pods[node][1] += mem
-            for node, (jc, jm) in jobs.items():
-                pc, pm = math.ceil(pods[node][0]), math.ceil(pods[node][1] / (1 << 20))
-                if jc + pc > CPUS or jm + pm > MEMORY:
-                    self.violations.append(f"{time.strftime('%T')} {node}: jobs {jc} CPUs "
-                                           f"{jm} MB + pods {pc} CPUs {pm} MB > {CPUS}/{MEMORY}")
+            terminating = sum(1 for p in pods if p["metadata"].get("deletionTimestamp"))
+            with self.lock:
+                for p in pods:
+                    if p["spec"].get("nodeName"):
+                        if p["metadata"]["name"] in self.scheduled:
+                            self.placed.add(p["metadata"]["name"])
+                        elif (p["metadata"].get("labels") or {}).get("app"):
+                            self.deployed.add(p["metadata"]["uid"])
+                self.counts["samples"] += 1
+                self.counts["most Terminating pods in a sample"] = max(
+                    terminating, self.counts["most Terminating pods in a sample"])
+                self.violations += over
 
     # --- faults -------------------------------------------------------------
     def _restart(self, name: str, how=signal.SIGKILL, pause: float = 1.0):
@@ -298,11 +293,69 @@ class Churn:
         time.sleep(4)
         os.kill(pid, signal.SIGCONT)
 
-    def _apiserver_restart(self):
-        workdir, port_ = self.kas.workdir, self.kas.port
-        self.kas.stop()
-        time.sleep(1)
-        self.kas.start(workdir, port_)
+    def _node_ready(self, node: str) -> str:
+        return self.cp.kubectl("get", "node", node, "-o", "jsonpath={.status.conditions[?("
+                               "@.type==\"Ready\")].status}", check=False).stdout.strip()
+
+    def _kubectl(self, *args, input=None):
+        """As the admin, retried while kube-apiserver restarts (another fault)."""
+        deadline = time.monotonic() + 60
+        while self.cp.kubectl(*args, check=False, input=input).returncode != 0:
+            assert time.monotonic() < deadline, f"kubectl {args} kept failing"
+            time.sleep(0.5)
+
+    def _poke(self, node: str):
+        """Touch the node and its pods: kwok plays a stage on an object's
+        change only, and the stages it tried while cut off were refused."""
+        self._kubectl("annotate", "--overwrite", "node", node, f"pyk8sres.io/poked={time.time()}")
+        for p in K.list_pods(self.kube, field_selector=f"spec.nodeName={node}"):
+            self.cp.kubectl("annotate", "--overwrite", "pod", "-n", p["metadata"]["namespace"],
+                            p["metadata"]["name"], f"pyk8sres.io/poked={time.time()}",
+                            check=False)
+
+    def _not_ready(self, node: str, how: str):
+        """Take the node's kubelet down (until kube-controller-manager marks
+        the node NotReady or Unknown and taints it), then let it back."""
+        if how == "reports NotReady":       # its runtime is down (kube/kwok.yaml)
+            self._kubectl("label", "--overwrite", "node", node,
+                          "pyk8sres.io/kubelet-not-ready=true")
+        else:   # cut off: the API server refuses all kwok writes for it, as a partition would
+            self._kubectl("apply", "-f", "-", input=json.dumps(kubelet_cut_off(node)))
+        deadline = time.monotonic() + 60
+        while self._node_ready(node) == "True" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        lost = self._node_ready(node)
+        time.sleep(3)
+        if how == "reports NotReady":
+            self._kubectl("label", "node", node, "pyk8sres.io/kubelet-not-ready-")
+        else:
+            self._kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
+                          CUT_OFF, "--ignore-not-found")
+        deadline = time.monotonic() + 60
+        while self._node_ready(node) != "True" and time.monotonic() < deadline:
+            if how != "reports NotReady":
+                self._poke(node)
+            time.sleep(2)
+        return lost
+
+    def node_outages(self):
+        """The node's kubelet alternately reports NotReady (its runtime down)
+        and is cut off (kwok's writes for it refused: its Lease, its
+        status, its pods' status and deletions, so Terminating pods stay);
+        each time until the node is NotReady, then it comes back.  (kwok 0.8
+        keeps a node's Lease when the node loses its kwok.x-k8s.io/node
+        annotation, so that does not do it.)"""
+        kinds = ["reports NotReady", "cut off"]
+        while not self.stop.wait(SECONDS / 10):
+            how = kinds[0]
+            kinds.reverse()
+            lost = self._not_ready(LOST_NODE, how)
+            with self.lock:
+                self.faults.append(f"{time.strftime('%T')} {LOST_NODE}'s kubelet {how} "
+                                   f"(Ready={lost or '?'}), back (Ready="
+                                   f"{self._node_ready(LOST_NODE) or '?'})")
+                if lost in ("False", "Unknown"):
+                    self.counts["node outages"] += 1
 
     def inject(self):
         faults = [
@@ -310,6 +363,7 @@ class Churn:
             ("coordinator kill -9 + restart",
              lambda: (self._restart("sync"), self._restart("webhook"))),
             ("slurmctld kill -9 + restart", self._slurmctld_restart),
+            ("kube-scheduler restart", lambda: self.cp.restart("kube-scheduler")),
             ("scontrol reconfigure", lambda: subprocess.run(
                 ["scontrol", "reconfigure"], env=self.c.env, capture_output=True, timeout=60)),
             # A partition update makes Slurm rebuild allocations from jobs;
@@ -317,12 +371,17 @@ class Churn:
             ("partition update", lambda: subprocess.run(
                 ["scontrol", "update", "PartitionName=debug", "MaxTime=UNLIMITED"],
                 env=self.c.env, capture_output=True, timeout=60)),
-            ("API server restart", self._apiserver_restart),
+            ("kube-controller-manager restart",
+             lambda: self.cp.restart("kube-controller-manager")),
+            ("kube-apiserver restart", lambda: self.cp.restart("kube-apiserver")),
         ]
-        gap = SECONDS / (len(faults) + 1)
         while not self.stop.is_set():
-            for name, fault in faults:
-                if self.stop.wait(gap):
+            # Fault k of each cycle at k/(n+1) of SECONDS from its start:
+            # a slow fault (an API server restart) delays the next, not all.
+            cycle = time.monotonic()
+            for k, (name, fault) in enumerate(faults, 1):
+                due = cycle + SECONDS * k / (len(faults) + 1)
+                if self.stop.wait(max(0.5, due - time.monotonic())):
                     return
                 fault()
                 with self.lock:
@@ -331,37 +390,46 @@ class Churn:
 
 
 @pytest.fixture(scope="module")
-def world(kube_paths):
+def world():
     work = tempfile.mkdtemp(prefix="pyk8sres-churn-")
     # Time limits as a site has them: an srun whose allocation answer died
     # with a kill -9'd slurmctld waits forever, its allocation ends at the limit.
-    c, kas = hybrid.up(work, nodes=NODES, cpus=CPUS, memory=MEMORY, base_port=port(17450),
-                       kube_port=pick_ports(27800, 27990), extra_conf="KillWait=5\n",
-                       slurm=SLURM)
-    kube = K.Kube(kas.kubeconfig, None, 10)
-    kube.core.create_namespace({"metadata": {"name": NAMESPACE}}, _preload_content=False)
+    c, cp = hybrid.up(work, nodes=NODES, cpus=CPUS, memory=MEMORY, base_port=port(17450),
+                      kube_port=pick_ports(27800, 27990), extra_conf="KillWait=5\n",
+                      slurm=SLURM)
+    kube = K.Kube(cp.kubeconfig, None, 10)
     try:
-        yield c, kas, kube
+        kube.core.create_namespace({"metadata": {"name": NAMESPACE}})
+        apps = kclient.AppsV1Api(kube.api)
+        for name, (cpu, memory) in DEPLOYMENTS.items():
+            apps.create_namespaced_deployment(NAMESPACE, deployment(name, cpu, memory))
+        yield c, cp, kube
     finally:
         hybrid.down(work)
+        if not os.environ.get("PYK8SRES_KEEP_WORK"):
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def test_churn_with_faults_never_double_books(world):
-    c, kas, kube = world
-    churn = Churn(c, kas, kube, seed=int(os.environ.get("PYK8SRES_CHURN_SEED", "8")))
-    sched = Scheduler(kube, namespace=NAMESPACE).start(period=0.2)
+    c, cp, kube = world
+    churn = Churn(c, cp, kube, seed=int(os.environ.get("PYK8SRES_CHURN_SEED", "8")))
     workers = [threading.Thread(target=f, daemon=True) for f in
-               (churn.submit_jobs, churn.create_pods, churn.delete_pods, churn.check,
-                churn.inject)]
+               (churn.submit_jobs, churn.create_pods, churn.scale_deployments, churn.delete_pods,
+                churn.check, churn.inject, churn.node_outages)]
     for w in workers:
         w.start()
     time.sleep(SECONDS)
     churn.stop.set()
     for w in workers:
-        w.join(120)
-    sched.stop()
+        w.join(180)
+
+    refused_bindings = sum(e.get("count") or 1 for e in K.list_events(
+        kube, NAMESPACE, field_selector="reason=InsufficientSharedCapacity"))
 
     # Nothing stuck: with the pods gone, every job starts (or has run).
+    apps = kclient.AppsV1Api(kube.api)
+    for name in DEPLOYMENTS:
+        apps.patch_namespaced_deployment_scale(name, NAMESPACE, {"spec": {"replicas": 0}})
     for p in K.list_pods(kube, NAMESPACE):
         K.delete_pod(kube, NAMESPACE, p["metadata"]["name"])
     drain_started = time.monotonic()
@@ -394,8 +462,10 @@ def test_churn_with_faults_never_double_books(world):
     states = subprocess.run(["scontrol", "-o", "show", "job"], capture_output=True, text=True,
                             env=c.env).stdout
     started = len(re.findall(r"JobState=(?:COMPLETED|RUNNING|COMPLETING)", states))
-    summary = dict(churn.counts, **{"pods bound by the scheduler": sched.stats.bound,
-                                    "bindings refused": sched.stats.denied,
+    summary = dict(churn.counts, **{"pods for kube-scheduler": len(churn.scheduled),
+                                    "of them seen bound": len(churn.placed),
+                                    "Deployment pods seen bound": len(churn.deployed),
+                                    "bindings the webhook refused": refused_bindings,
                                     "jobs started (still known to slurmctld)": started,
                                     "sruns whose job died with slurmctld's kill -9": lost,
                                     "jobs Slurm held after slurmd refused a second copy "
@@ -418,7 +488,10 @@ def test_churn_with_faults_never_double_books(world):
                     f"{first}\n{nodes}\nsync log: {c.log_tail('sync.out', 10)}\n"
                     f"daemon logs kept in {c.work}/log")
     # The churn really churned, and the faults really happened.
-    assert churn.counts["samples"] > 50 and churn.counts["faults"] >= 6
-    assert sched.stats.bound + churn.counts["pods admitted"] > 10
-    assert churn.counts["pods refused"] + sched.stats.denied > 0
-    assert started > 10
+    counts = churn.counts
+    assert counts["samples"] > 50 and counts["faults"] >= 8 and counts["node outages"] >= 1
+    assert counts["deployment scalings"] >= 10 and counts["pods deleted with a grace period"] > 10
+    assert counts["most Terminating pods in a sample"] > 0
+    assert counts["pods admitted"] > 0 and counts["pods refused"] > 0
+    assert len(churn.placed) > 5 and len(churn.deployed) > 5 and started > 10
+    assert counts["pods admitted"] + len(churn.placed) + len(churn.deployed) > 30

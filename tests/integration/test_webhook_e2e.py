@@ -1,82 +1,80 @@
-"""End to end: the admission webhook (pyk8sres/coordinator/webhook.py) between
-a real local Slurm cluster (with the ledger inside slurmctld) and a real
-Kubernetes API server; placeholder pods; and a kube-scheduler stand-in.
-
-No kube-scheduler binary can be had here (Debian, PyPI and npm ship none),
-so the scheduler path is driven by pyk8sres/testbed/scheduler.py, which fits
-pods by requests against allocatable minus the pods already bound, POSTs
-pods/binding and backs off on errors, as kube-scheduler does.
+"""End to end: the admission webhook (pyk8sres/coordinator/webhook.py)
+between a real local Slurm cluster (the ledger inside slurmctld) and the
+real Kubernetes control plane (`pyk8sres cluster up --kubernetes`:
+kube-apiserver with RBAC, kube-scheduler, kube-controller-manager, kwok as
+the kubelets).  The coordinator runs as its ServiceAccounts; the API server
+calls the webhook with its client certificate.
 
 Ground truth only: Slurm's GresUsed (`scontrol -d show node`: jobs + the
-share the ledger holds), job states from squeue, pods from the API server.
-Ports: port(27600...) Slurm, port(27700) API server, port(27710) webhook,
-port(27713) the repair's health.
+share the ledger holds), its running jobs' CPU_IDs and Mem (`scontrol -d
+show job`), job states from squeue, pods the API server has bound.
+
+Nodes: n1, n2 (8 CPUs, 16000 MB) shared with Slurm; k8s-only, a Kubernetes
+node Slurm does not have (cordoned, so the real kube-scheduler only places
+the tests' pods on n1/n2).  Pods a test binds itself name a scheduler nobody
+runs; the others are the real kube-scheduler's.
+Ports: port(27600...) Slurm; the control plane and the coordinator
+pick_ports(27700, 27790) (kubernetes.Ports).
 """
 
 from __future__ import annotations
 
-import os
+import base64
+import shutil
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 import uuid
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from local_slurm import SLURM, port
+from conftest_kube import pick_ports
+from ground_truth import over_capacity
+from local_slurm import SLURM, port, requires_slurm, slurm_conf
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator import slurm as S
 from pyk8sres.coordinator import sync
 from pyk8sres.coordinator import webhook as W
-from pyk8sres.coordinator.placeholder import Placeholders
-from pyk8sres.policy import placeholder as P
 from pyk8sres.policy.admission import MIRROR_ANNOTATION as A_MIRROR
-from pyk8sres.testbed import cluster as slurm_cluster
-from pyk8sres.testbed.kubeapi_server import KubeAPIServer
-from pyk8sres.testbed.scheduler import Scheduler
-
-from conftest_kube import RBAC_MANIFEST, http_get
+from pyk8sres.testbed import cluster, hybrid, kubernetes
 
 NODE_CPUS, NODE_MEM = 8, 16000
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Slurm daemons)")
+CAPACITY = {"n1": (NODE_CPUS, NODE_MEM), "n2": (NODE_CPUS, NODE_MEM)}
+NOBODY_SCHEDULES = "test-binds-it-itself"
+pytestmark = requires_slurm
 
 
 @pytest.fixture(scope="module")
-def root():
-    return tempfile.mkdtemp(prefix="pyk8sres-adm-it-")
+def world():
+    work = tempfile.mkdtemp(prefix="pyk8sres-adm-it-")
+    c, kube = hybrid.up(work, nodes=2, cpus=NODE_CPUS, memory=NODE_MEM, base_port=port(27600),
+                        kube_port=pick_ports(27700, 27790), slurm=SLURM)
+    try:
+        kube.register_nodes({"k8s-only": (4, 8000)})
+        kube.kubectl("cordon", "k8s-only")
+        with slurm_conf(c.conf):
+            yield c, kube
+    finally:
+        subprocess.run(["scancel", "--full", "-u", "root"], env=c.env, capture_output=True)
+        hybrid.down(work)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def slurm(root):
-    work = f"{root}/slurm"
-    c = slurm_cluster.up(work, nodes=2, cpus=NODE_CPUS, memory=NODE_MEM, base_port=port(27600),
-                         synced=True, slurm=SLURM)
-    os.environ["SLURM_CONF"] = c.conf
-    yield c
-    subprocess.run(["scancel", "--full", "-u", "root"], env=c.env, capture_output=True)
-    slurm_cluster.down(work)
+def slurm(world):
+    return world[0]
 
 
 @pytest.fixture(scope="module")
-def api(kube_paths, root):
-    server = KubeAPIServer(kube_paths).start(f"{root}/kube", port(27700))
-    server.apply(RBAC_MANIFEST)          # the pyk8sres-system namespace
-    yield server
-    server.stop()
+def control_plane(world):
+    return world[1]
 
 
 @pytest.fixture(scope="module")
-def kube(api):
-    k = K.Kube(api.kubeconfig)
-    for n in ("n1", "n2"):
-        k.core.create_node({"metadata": {"name": n}, "status": {
-            "allocatable": {"cpu": str(NODE_CPUS), "memory": f"{NODE_MEM}Mi"},
-            "capacity": {"cpu": str(NODE_CPUS), "memory": f"{NODE_MEM}Mi"}}},
-            _preload_content=False).release_conn()
-    return k
+def kube(control_plane):
+    """The test's own client: the cluster's admin."""
+    return K.Kube(control_plane.kubeconfig)
 
 
 @pytest.fixture(scope="module")
@@ -84,52 +82,16 @@ def ledger(slurm):
     return S.Ledger(S.ledger_socket_path(slurm.conf))
 
 
-@pytest.fixture(scope="module")
-def webhook(slurm, kube, ledger, root):
-    p = port(27710)
-    wcfg = W.WebhookConfig(listen=f"127.0.0.1:{p}", url=f"https://127.0.0.1:{p}/validate",
-                           cert_dir=f"{root}/webhook-tls", refresh_seconds=1.0)
-    hook = W.Webhook(wcfg, sync.SyncConfig(), kube, ledger).start()
-    yield hook
-    hook.stop()
-
-
-@pytest.fixture(scope="module")
-def repair(slurm, api, root):
-    """The sync daemon (level-triggered repair): releases the share of pods
-    that are deleted or terminal.  Its own process, stopped by PID."""
-    conf, health = f"{root}/sync.toml", port(27713)
-    with open(conf, "w") as f:
-        f.write("resync_seconds = 0.5\n")
-    with open(f"{root}/sync.log", "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pyk8sres.coordinator.sync",
-                                 "--kubeconfig", api.kubeconfig, "--config", conf,
-                                 "--metrics-address", f"127.0.0.1:{health}"],
-                                stdout=out, stderr=subprocess.STDOUT, env=dict(slurm.env),
-                                start_new_session=True)
-    # Ready (pods listed) before the first test: a pod created and deleted
-    # before the repair lists pods leaves its reservation for the whole
-    # grace period, longer than the tests wait for nodes to empty.
-    wait_for(lambda: ready(f"http://127.0.0.1:{health}/readyz"), 30, "the repair ready")
-    yield proc
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture
-def ns(kube, slurm, ledger, repair):
+def ns(kube, slurm, ledger):
     name = "a-" + uuid.uuid4().hex[:8]
-    kube.core.create_namespace({"metadata": {"name": name}}, _preload_content=False).release_conn()
+    kube.core.create_namespace({"metadata": {"name": name}})
     yield name
     subprocess.run(["scancel", "-u", "root"], env=slurm.env, capture_output=True)
     for p in K.list_pods(kube, name):
         K.delete_pod(kube, name, p["metadata"]["name"])
-    kube.core.delete_namespace(name, _preload_content=False).release_conn()
-    # Nothing leaks: the repair releases deleted pods' shares.
+    kube.core.delete_namespace(name)
+    # Nothing leaks: the sync daemon releases deleted pods' shares.
     wait_for(lambda: used(slurm, "n1") == (0, 0) and used(slurm, "n2") == (0, 0), 30,
              "nodes empty")
 
@@ -147,13 +109,6 @@ def wait_for(pred, timeout=15.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
-def ready(url: str) -> bool:
-    try:
-        return http_get(url)[0] == 200
-    except OSError:             # not listening yet
-        return False
-
-
 def used(slurm, node):
     """Slurm's own word: k8scpu/k8smemory allocated = jobs + Kubernetes' share."""
     n = S.get_node(node)
@@ -162,8 +117,9 @@ def used(slurm, node):
 
 def sbatch(slurm, node, cpus, mem=1000):
     out = subprocess.run(["sbatch", "--parsable", "-w", node, "-c", str(cpus), f"--mem={mem}",
-                          "--wrap", "sleep 300"],
-                         env=slurm.env, capture_output=True, text=True, check=True).stdout
+                          "-o", "/dev/null", "--wrap", "sleep 300"],
+                         env=slurm.env, capture_output=True, text=True, check=True,
+                         cwd="/tmp").stdout
     return out.strip().split(";")[0]
 
 
@@ -173,12 +129,19 @@ def job_state(slurm, job):
     return tuple(out[:2]) if out else ("GONE", "")
 
 
-def pod(name, cpu, mem="1Gi", node=None):
+def pod(name, cpu, mem="1Gi", node=None, scheduler=None):
     spec = {"containers": [{"name": "c", "image": "x",
-                            "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}
+                            "resources": {"requests": {"cpu": cpu, "memory": mem}}}],
+            "terminationGracePeriodSeconds": 0}
     if node:
         spec["nodeName"] = node
+    if scheduler:
+        spec["schedulerName"] = scheduler
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def node_of(kube, ns, name):
+    return ((K.get_pod(kube, ns, name) or {}).get("spec") or {}).get("nodeName")
 
 
 def active(kube, ns):
@@ -204,9 +167,20 @@ def active(kube, ns):
                              f"{K.get_webhook_config(kube, 'pyk8sres-admission')}") from None
 
 
+def no_double_booking(slurm, kube):
+    assert over_capacity(slurm.env, kube, CAPACITY) == []
+
+
+def restart_coordinator_webhook(slurm, control_plane, kube, ns):
+    """`pyk8sres webhook` again as its ServiceAccount (it was stopped)."""
+    hybrid.start_webhook(slurm, control_plane)
+    hybrid.wait_webhook(control_plane, slurm)
+    active(kube, ns)
+
+
 # ----------------------------------------------------------------- tests
 
-def test_refusal_names_node_and_slurm_and_nothing_is_double_booked(slurm, kube, webhook, ns, ledger):
+def test_refusal_names_node_and_slurm_and_nothing_is_double_booked(slurm, kube, ns):
     active(kube, ns)
     job = sbatch(slurm, "n1", 6)
     wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "job running")
@@ -214,7 +188,7 @@ def test_refusal_names_node_and_slurm_and_nothing_is_double_booked(slurm, kube, 
     with pytest.raises(ApiException) as e:
         K.create_pod(kube, ns, pod("direct", "4", node="n1"))
     assert e.value.status == 403
-    assert "does not fit on node n1" in e.value.body and "n1" in e.value.body
+    assert "does not fit on node n1" in e.value.body and "Slurm jobs hold 6 of 8 CPUs" in e.value.body
     print("refusal:", e.value.body)
     # nothing the pod's creator writes exempts it (issue 8 item 9)
     selfish = pod("selfish", "4", node="n1")
@@ -223,16 +197,16 @@ def test_refusal_names_node_and_slurm_and_nothing_is_double_booked(slurm, kube, 
     with pytest.raises(ApiException) as e:
         K.create_pod(kube, ns, selfish)
     assert e.value.status == 403 and "does not fit on node n1" in e.value.body
-    # the scheduler path: pods/binding to the same node
-    K.create_pod(kube, ns, pod("sched", "4"))
+    # the scheduler path: pods/binding to the same node, as kube-scheduler's DefaultBinder posts
+    K.create_pod(kube, ns, pod("sched", "4", scheduler=NOBODY_SCHEDULES))
     with pytest.raises(ApiException) as e:
         K.bind_pod(kube, ns, "sched", "n1")
     assert e.value.status == 403 and "does not fit on node n1" in e.value.body
-    assert (K.get_pod(kube, ns, "sched") or {})["spec"].get("nodeName") is None
+    assert node_of(kube, ns, "sched") is None
     assert used(slurm, "n1")[0] == 6                       # only the job
     # the other node has room: allowed, and Slurm holds the pod's share
     K.bind_pod(kube, ns, "sched", "n2")
-    assert K.get_pod(kube, ns, "sched")["spec"]["nodeName"] == "n2"
+    assert node_of(kube, ns, "sched") == "n2"
     assert used(slurm, "n2") == (4, 1024)
     # ...so a job that needs more than what is left pends on Resources
     j2 = sbatch(slurm, "n2", 5)
@@ -240,14 +214,23 @@ def test_refusal_names_node_and_slurm_and_nothing_is_double_booked(slurm, kube, 
     # fits exactly: 2 CPUs left on n1
     K.create_pod(kube, ns, pod("fits", "2", "512Mi", node="n1"))
     assert used(slurm, "n1") == (8, 1000 + 512)
+    # The real kube-scheduler: a 4-CPU pod goes where Slurm left room (n2),
+    # never to n1, which it sees full (the job's placeholder + "fits").
+    K.create_pod(kube, ns, pod("web", "4"))
+    assert wait_for(lambda: node_of(kube, ns, "web"), 20, "web bound") == "n2"
+    assert used(slurm, "n2") == (8, 2048)
+    assert job_state(slurm, j2)[0] == "PENDING"
+    no_double_booking(slurm, kube)
 
 
-def test_idempotent_dry_run_and_resize(slurm, kube, webhook, ns, ledger):
+def test_idempotent_dry_run_and_resize(slurm, kube, ns, ledger):
     active(kube, ns)
-    K.create_pod(kube, ns, pod("p", "2", "1Gi"))
-    kube.core.create_namespaced_pod_binding(
+    K.create_pod(kube, ns, pod("p", "2", "1Gi", scheduler=NOBODY_SCHEDULES))
+    resp = kube.core.create_namespaced_pod_binding(   # answered with a Status: read raw
         "p", ns, {"metadata": {"name": "p"}, "target": {"kind": "Node", "name": "n2"}},
-        dry_run="All", _preload_content=False).release_conn()
+        dry_run="All", _preload_content=False)
+    resp.drain_conn()
+    resp.release_conn()
     assert used(slurm, "n2") == (0, 0)                      # dry run: nothing reserved
     K.bind_pod(kube, ns, "p", "n2")
     with pytest.raises(ApiException) as e:                  # a retry: already bound (409)
@@ -266,130 +249,96 @@ def test_idempotent_dry_run_and_resize(slurm, kube, webhook, ns, ledger):
     assert e.value.status == 403 and "n2" in e.value.body
     assert K.get_pod(kube, ns, "p")["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "6"
     assert used(slurm, "n2") == (6, 1024)
+    # the kubelet (kwok) applies the resize it was allowed: the pod runs with 6 CPUs
+    wait_for(lambda: (((K.get_pod(kube, ns, "p") or {}).get("status") or {}).get(
+        "containerStatuses") or [{}])[0].get("resources", {}).get("requests", {}).get("cpu")
+        == "6", 10, "resize applied by the kubelet")
+    no_double_booking(slurm, kube)
 
 
-def test_fail_closed_when_slurmctld_is_down(slurm, kube, webhook, ns):
+def test_fail_closed_when_slurmctld_is_down(slurm, kube, ns):
     active(kube, ns)
-    K.create_pod(kube, ns, pod("w", "1"))
+    K.create_pod(kube, ns, pod("w", "1", scheduler=NOBODY_SCHEDULES))
     slurm.stop("slurmctld")
     try:
         with pytest.raises(ApiException) as e:
             K.bind_pod(kube, ns, "w", "n1")
         assert e.value.status == 403 and "ledger did not answer" in e.value.body
-        assert K.get_pod(kube, ns, "w")["spec"].get("nodeName") is None
-        # a node not shared with Slurm is unaffected (the matchCondition never sends it)
-        K.create_pod(kube, ns, pod("other", "1", node="not-shared"))
+        assert node_of(kube, ns, "w") is None
+        # a node known not shared with Slurm is unaffected (the matchCondition skips it)
+        K.create_pod(kube, ns, pod("other", "1", node="k8s-only"))
     finally:
         slurm.restart_slurmctld()
 
 
-def test_fail_closed_when_coordinator_is_down(slurm, kube, webhook, ns):
+def test_fail_closed_when_coordinator_is_down(slurm, control_plane, kube, ns):
     active(kube, ns)
-    K.create_pod(kube, ns, pod("w", "1"))
-    webhook.server.close()
+    K.create_pod(kube, ns, pod("w", "1", scheduler=NOBODY_SCHEDULES))
+    assert cluster.stop_process(slurm.work, "webhook")
     try:
         with pytest.raises(ApiException) as e:
             K.bind_pod(kube, ns, "w", "n1")
         assert e.value.status >= 500 and "failed calling webhook" in e.value.body
-        K.bind_pod(kube, ns, "w", "not-shared")             # other nodes unaffected
+        K.bind_pod(kube, ns, "w", "k8s-only")               # known unshared: unaffected
         assert used(slurm, "n1") == (0, 0)
+        # The real kube-scheduler's bindings fail the same way: its pod stays pending.
+        K.create_pod(kube, ns, pod("sched", "1"))
+        time.sleep(3)
+        assert node_of(kube, ns, "sched") is None
     finally:
-        host, p = webhook.addr
-        webhook.server = W.WebhookServer((host, p), webhook.server.admission,
-                                         webhook.server.cert_file, webhook.server.key_file)
-        threading.Thread(target=webhook.server.serve_forever, daemon=True).start()
+        restart_coordinator_webhook(slurm, control_plane, kube, ns)
+    # back: the scheduler's retry goes through
+    assert wait_for(lambda: node_of(kube, ns, "sched"), 30, "bound after restart") in ("n1", "n2")
 
 
-def test_placeholder_follows_slurm_and_scheduler_goes_elsewhere(slurm, kube, webhook, ns, ledger,
-                                                                 repair):
-    """The demo's story: kube-scheduler (stand-in) sees Slurm's share through
-    the placeholder pod and places the pod on the other node; without the
-    placeholder it picks the full node, is refused, backs off."""
-    active(kube, ns)
-    job = sbatch(slurm, "n1", 6)
-    wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "job running")
-
-    # 1) no placeholder: the scheduler sees n1 as empty as n2, picks it, is refused.
-    K.create_pod(kube, ns, pod("web", "4"))
-    tried = Scheduler(kube, namespace=ns, node_names=["n1"]).run_once()
-    assert tried == [(f"{ns}/web", "n1", "403")]
-
-    # 2) placeholders on: slurm-share-n1 holds the job's 6 CPUs within a second
-    ph = Placeholders(kube, ledger, W.Scope(sync.SyncConfig()), "pyk8sres-system").start()
-    try:
-        name = P.name_for("n1")
-        wait_for(lambda: P.current(K.get_pod(kube, "pyk8sres-system", name) or {}) ==
-                 (6000, 1000 << 20), 5, "placeholder sized to the job")
-        assert used(slurm, "n1")[0] == 6          # the placeholder reserved nothing
-        sched = Scheduler(kube, namespace=ns, node_names=["n1", "n2"])
-        tried = sched.run_once()
-        assert tried == [(f"{ns}/web", "n2", None)]
-        assert K.get_pod(kube, ns, "web")["spec"]["nodeName"] == "n2"
-
-        # job end: the placeholder shrinks within a second (resized in place, same UID)
-        uid = K.get_pod(kube, "pyk8sres-system", name)["metadata"]["uid"]
-        subprocess.run(["scancel", job], env=slurm.env, check=True)
-        t_cancel = time.monotonic()
-        t_gone = t_ph = None
-        while time.monotonic() - t_cancel < 20 and (t_gone is None or t_ph is None):
-            now = time.monotonic()
-            if t_gone is None and job_state(slurm, job)[0] not in ("RUNNING", "COMPLETING"):
-                t_gone = now
-            if t_ph is None and P.current(K.get_pod(kube, "pyk8sres-system", name) or {}) == (0, 0):
-                t_ph = now
-            time.sleep(0.02)
-        assert t_gone is not None and t_ph is not None
-        print(f"placeholder resized {t_ph - t_cancel:.2f} s after scancel, "
-              f"{t_ph - t_gone:+.2f} s after the job left squeue")
-        assert t_ph - t_gone < 1.0
-        assert K.get_pod(kube, "pyk8sres-system", name)["metadata"]["uid"] == uid
-        # job start: grows within a second
-        j2 = sbatch(slurm, "n1", 3)
-        wait_for(lambda: job_state(slurm, j2)[0] == "RUNNING", 20, "job 2 running")
-        t0 = time.monotonic()
-        wait_for(lambda: P.current(K.get_pod(kube, "pyk8sres-system", name) or {}) ==
-                 (3000, 1000 << 20), 5, "placeholder grows")
-        print(f"placeholder resized {time.monotonic() - t0:.2f} s after the job showed RUNNING")
-        assert time.monotonic() - t0 < 1.0
-    finally:
-        ph.stop()
-        for n in ("n1", "n2"):
-            K.delete_pod(kube, "pyk8sres-system", P.name_for(n))
+def in_process_webhook(slurm, control_plane, ledger, **cfg):
+    """The coordinator's webhook in this process, as its ServiceAccount, on
+    the port the API server presents its client certificate to (the
+    `pyk8sres webhook` process is stopped first)."""
+    cluster.stop_process(slurm.work, "webhook")
+    p = control_plane.ports.webhook
+    sa = control_plane.service_account_kubeconfig(hybrid.WEBHOOK_ACCOUNT, hybrid.NAMESPACE)
+    wcfg = W.WebhookConfig(listen=f"127.0.0.1:{p}", url=f"https://127.0.0.1:{p}/validate",
+                           client_ca_file=control_plane.webhook_client_ca,
+                           client_names=(kubernetes.WEBHOOK_CLIENT,), **cfg)
+    hook = W.Webhook(wcfg, sync.SyncConfig(), K.Kube(sa), ledger).start()
+    served = []                      # monotonic times of the calls that reached us
+    review = hook.server.admission.review
+    hook.server.admission.review = lambda body: served.append(time.monotonic()) or review(body)
+    return hook, served
 
 
-def test_certificate_and_ca_rotation_under_traffic(slurm, kube, ledger, ns, root):
+def test_certificate_and_ca_rotation_under_traffic(slurm, control_plane, kube, ledger, ns):
     """Short lifetimes: the serving certificate renews every few seconds and
     the CA rotates (new CA in caBundle first, signing later), while the API
     server keeps calling the webhook: every call gets through TLS."""
     from cryptography import x509
-    p = port(27711)
-    wcfg = W.WebhookConfig(listen=f"127.0.0.1:{p}", url=f"https://127.0.0.1:{p}/validate",
-                           cert_dir=f"{root}/rotating-tls", refresh_seconds=0.5,
-                           configuration="pyk8sres-rotation", cert_days=6 / 86400,
-                           ca_days=24 / 86400, ca_promote_seconds=3)
-    hook = W.Webhook(wcfg, sync.SyncConfig(), kube, ledger).start()
-    served = []                      # monotonic times of the calls that reached us
-    review = hook.server.admission.review
-    hook.server.admission.review = lambda body: served.append(time.monotonic()) or review(body)
+    root = tempfile.mkdtemp(prefix="pyk8sres-rot-", dir=slurm.work)
+    hook, served = in_process_webhook(slurm, control_plane, ledger,
+                                      cert_dir=f"{root}/rotating-tls", refresh_seconds=0.5,
+                                      cert_days=6 / 86400, ca_days=24 / 86400,
+                                      ca_promote_seconds=3)
     try:
         def cas():
             return {c.subject.rfc4514_string()
                     for c in x509.load_pem_x509_certificates(hook.certs.bundle())}
-        certs, seen_cas, failures = set(), set(cas()), []
+        certs, seen_cas, failures, refused = set(), set(cas()), [], 0
         t0 = time.monotonic()
         while time.monotonic() - t0 < 40:
             try:   # more than n1 has: refused by the ledger, nothing reserved
                 K.create_pod(kube, ns, pod("probe", "100", node="n1"))
                 failures.append("allowed")
             except ApiException as e:
-                if "pyk8sres-rotation" in e.body or "x509" in e.body or "tls" in e.body.lower():
+                if e.status == 403 and "does not fit" in e.body:
+                    refused += 1
+                elif served:       # the configuration has reached the API server
                     failures.append(e.body[:300])
             certs.add(open(hook.certs.cert_file).read())
             seen_cas |= cas()
             time.sleep(0.2)
-        print(f"{len(served)} calls served, {len(certs)} serving certificates, "
-              f"{len(seen_cas)} CAs, {len(failures)} failures")
-        # The configuration takes a moment to reach the API server's plugin.
+        print(f"{len(served)} calls served, {refused} refused by the ledger, {len(certs)} "
+              f"serving certificates, {len(seen_cas)} CAs, {len(failures)} failures")
+        # The new CA takes a moment to reach the API server's plugin.
         first = served[0] if served else None
         assert first is not None and first - t0 < 5
         assert not failures, failures[:3]
@@ -399,30 +348,26 @@ def test_certificate_and_ca_rotation_under_traffic(slurm, kube, ledger, ns, root
         assert max(gaps) < 2.0, max(gaps)
     finally:
         hook.stop()
-        kube.admission.delete_validating_webhook_configuration(
-            "pyk8sres-rotation", _preload_content=False).release_conn()
+        restart_coordinator_webhook(slurm, control_plane, kube, ns)
 
 
-def test_cert_manager_mode(slurm, kube, ledger, ns, root):
+def test_cert_manager_mode(slurm, control_plane, kube, ledger, ns):
     """With tls_cert_file/tls_key_file (a cert-manager Secret mounted as
     files) the coordinator serves those, reloads them when they change, and
-    leaves caBundle to cert-manager's cainjector (played here by the test)."""
-    import base64
+    leaves caBundle to cert-manager's cainjector (played by the test, as
+    the admin)."""
+    root = tempfile.mkdtemp(prefix="pyk8sres-cm-", dir=slurm.work)
     issuer = W.Certs(f"{root}/cert-manager", ["localhost"], ["127.0.0.1"], 1, 10, 60)
     issuer.ensure()
-    p = port(27712)
-    name = "pyk8sres-cm"
-    wcfg = W.WebhookConfig(listen=f"127.0.0.1:{p}", url=f"https://127.0.0.1:{p}/validate",
-                           tls_cert_file=issuer.cert_file, tls_key_file=issuer.key_file,
-                           configuration=name, refresh_seconds=0.5)
-    hook = W.Webhook(wcfg, sync.SyncConfig(), kube, ledger).start()
-    served = []
-    review = hook.server.admission.review
-    hook.server.admission.review = lambda body: served.append(time.monotonic()) or review(body)
+    name = "pyk8sres-admission"
+    before = K.get_webhook_config(kube, name)["webhooks"][0]["clientConfig"]["caBundle"]
+    hook, served = in_process_webhook(slurm, control_plane, ledger,
+                                      tls_cert_file=issuer.cert_file,
+                                      tls_key_file=issuer.key_file, refresh_seconds=0.5)
 
-    def inject():   # what cainjector does
+    def inject(certs):   # what cainjector does
         cur = K.get_webhook_config(kube, name)
-        cur["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode(issuer.bundle()).decode()
+        cur["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode(certs.bundle()).decode()
         K.put_webhook_config(kube, cur)
 
     def calls_get_through():
@@ -433,47 +378,47 @@ def test_cert_manager_mode(slurm, kube, ledger, ns, root):
             pass
         return len(served) > n
     try:
-        cur = wait_for(lambda: K.get_webhook_config(kube, name), 10, "configuration")
-        assert "caBundle" not in cur["webhooks"][0]["clientConfig"]   # not ours to set
-        inject()
+        time.sleep(2)                 # several refreshes: it never writes caBundle
+        assert K.get_webhook_config(kube, name)["webhooks"][0]["clientConfig"][
+            "caBundle"] == before
+        inject(issuer)
         wait_for(calls_get_through, 20, "calls with the injected CA")
         # cert-manager renews with a new CA: files change, cainjector updates the bundle
-        import shutil
         shutil.rmtree(f"{root}/cert-manager")
         fresh = W.Certs(f"{root}/cert-manager", ["localhost"], ["127.0.0.1"], 1, 10, 60)
         fresh.ensure()
-        issuer = fresh
-        inject()
+        inject(fresh)
         wait_for(calls_get_through, 20, "calls after the renewal")
         cur = K.get_webhook_config(kube, name)
         assert base64.b64decode(cur["webhooks"][0]["clientConfig"]["caBundle"]) == fresh.bundle()
     finally:
         hook.stop()
-        kube.admission.delete_validating_webhook_configuration(
-            name, _preload_content=False).release_conn()
+        restart_coordinator_webhook(slurm, control_plane, kube, ns)
 
 
 def test_static_pod_from_its_kubelet_is_allowed_and_counted_even_over_capacity(
-        slurm, kube, webhook, ns, ledger, repair, api):
+        slurm, control_plane, kube, ns, ledger):
     """A static pod runs because its kubelet started it; the mirror pod the
     kubelet then creates is only its record.  Refusing it would hide a
-    running pod from both sides, so the node's own kubelet (system:node:n1)
-    gets it allowed, counted, and the node reported oversubscribed.  The
-    mirror annotation written by anyone else exempts nothing."""
+    running pod from both sides, so the node's own kubelet (system:node:n1,
+    its real identity under NodeRestriction) gets it allowed, counted, and
+    the node reported oversubscribed.  The mirror annotation written by
+    anyone else exempts nothing."""
     active(kube, ns)
     job = sbatch(slurm, "n1", 6)
     wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "job running")
+    node_uid = kube.core.read_node("n1").metadata.uid
     static = pod("etcd-n1", "4", "1Gi", node="n1")
     static["metadata"]["annotations"] = {A_MIRROR: "0123abcd"}
+    static["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": "n1",
+                                              "uid": node_uid, "controller": True}]
     with pytest.raises(ApiException) as e:                  # a user, with the annotation
         K.create_pod(kube, ns, static)
     assert e.value.status == 403 and "does not fit on node n1" in e.value.body
-    kubelet = K.Kube(api.kubeconfig)
-    kubelet.api.set_default_header("Impersonate-User", "system:node:n1")
-    kubelet.api.set_default_header("Impersonate-Group", "system:nodes")
-    K.create_pod(kubelet, ns, static)                        # the kubelet: allowed
+    kubelet = K.Kube(control_plane.node_identity("n1"))
+    K.create_pod(kubelet, ns, static)                        # its kubelet: allowed
     uid = K.get_pod(kube, ns, "etcd-n1")["metadata"]["uid"]
-    # The repair counts it (its share cannot be carried next to the job) ...
+    # The sync daemon counts it (its share cannot be carried next to the job) ...
     view = wait_for(lambda: (lambda v: v if uid in v.get("entries", {}) else None)(
         ledger.show("n1")["nodes"]["n1"]), 10, "static pod in the ledger")
     assert view["entries"][uid] == [4000, 1 << 30] and view["oversubscribed"] is True
@@ -488,3 +433,6 @@ def test_static_pod_from_its_kubelet_is_allowed_and_counted_even_over_capacity(
     subprocess.run(["scancel", job], env=slurm.env, check=True)
     wait_for(lambda: job_state(slurm, j2)[0] == "RUNNING", 30, "job 2 runs")
     assert ledger.show("n1")["nodes"]["n1"]["oversubscribed"] is False
+    no_double_booking(slurm, kube)
+    # the kubelet removes its mirror pod
+    K.delete_pod(kubelet, ns, "etcd-n1")
