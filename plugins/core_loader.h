@@ -53,7 +53,7 @@ struct pyk8sres_core {
 };
 
 /* Fills `core`; returns 0, or -1 after logging why (prefixed by `who`). */
-static int pyk8sres_core_load(struct pyk8sres_core *core, const char *who,
+static inline int pyk8sres_core_load(struct pyk8sres_core *core, const char *who,
 			      void *self)
 {
 	char path[PATH_MAX], err[PYK8SRES_OUT_LEN] = "";

@@ -9,10 +9,11 @@
  * The ledger: what Kubernetes holds on a node is *allocated* in Slurm's own
  * GRES accounting next to what jobs hold (gres_cnt_alloc = jobs + share), so
  * a job that fits the node queues with reason Resources until pods leave,
- * and nothing is granted twice.  A thread of ours serves the request socket
- * (reserve/release/set/show, pyk8sres.policy.ledger); each request is decided
- * and applied under slurmctld's job+node write locks, atomically with job
- * starts.  The share each record carries is kept inside that record, in
+ * and nothing is granted twice.  ledger_server.c serves the request socket
+ * (reserve/release/set/show, pyk8sres.policy.ledger) on its own thread; each
+ * request is decided and applied under slurmctld's job+node write locks,
+ * atomically with job starts.  The share each record carries is kept inside
+ * that record, in
  * topo_gres_cnt_alloc[0]: for a count-only GRES (topo_cnt == 0) Slurm reads
  * that array nowhere, and gres_node_state_dealloc_all() -- the start of every
  * rebuild of allocations from jobs (startup, reconfigure, partition changes,
@@ -25,16 +26,10 @@
  * the configured source of the exact installed Slurm (tools/slurm-source.sh).
  */
 #define _GNU_SOURCE /* dladdr in core_loader.h */
-#include <errno.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
-#include <unistd.h>
 #include <stdint.h>
 #include <stddef.h>
 #include <string.h>
@@ -57,13 +52,8 @@
 #include "src/common/gres.h"
 #endif
 
-#include "src/slurmctld/locks.h"
-
 #include "core_loader.h"
-
-/* slurmctld-only: slurmd loads this plugin too and must still dlopen it. */
-#pragma weak lock_slurmctld
-#pragma weak unlock_slurmctld
+#include "ledger_server.h"
 
 const char plugin_name[] = "node_features k8s_resources plugin";
 const char plugin_type[] = "node_features/k8s_resources";
@@ -386,6 +376,15 @@ static void _share_at_load(const char *name, uint64_t cpu, uint64_t mem)
 	_want_set(name, cpu, mem);
 }
 
+static const struct ledger_plugin_ops ledger_ops = {
+	.facts = _facts,
+	.share = _share,
+	.remember = _share_at_load,
+	.node_name = _node_name,
+	.stats = _stats,
+	.resync = _resync_if_rebuilt,
+};
+
 /*
  * Set one count-only GRES's total on the node to `count` (capacity).
  * gres_node_feature() does the bookkeeping (record, gres string, the
@@ -453,264 +452,6 @@ fail:
 	return rv;
 }
 
-/* --- The request socket ---------------------------------------------------
- * One thread, poll()ing the listening socket and its clients; one request
- * line in, one reply line out.  Callers are authenticated by the kernel
- * (SO_PEERCRED), as munged authenticates its own; Python decides who may. */
-#define MAX_CLIENTS 32
-#define LINE_MAX_BYTES (1 << 20)
-#define REPLY_BYTES (4 << 20)
-
-struct client {
-	int fd;
-	uid_t uid;
-	char *buf;
-	size_t len;
-};
-
-static char *socket_path;
-static int listen_fd = -1;
-static volatile bool ledger_stop;
-static pthread_t ledger_tid;
-static bool ledger_running;
-
-static int _listen(const char *path)
-{
-	struct sockaddr_un addr = { .sun_family = AF_UNIX };
-	int fd;
-
-	if (strlen(path) >= sizeof(addr.sun_path)) {
-		error("%s: %s: socket path %s is too long", plugin_type, __func__,
-		      path);
-		return -1;
-	}
-	strcpy(addr.sun_path, path);
-	(void) unlink(path);
-	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
-	    bind(fd, (struct sockaddr *) &addr, sizeof(addr)) ||
-	    chmod(path, 0666) || /* anyone may ask; SO_PEERCRED decides */
-	    listen(fd, 64)) {
-		error("%s: %s: cannot listen on %s: %m", plugin_type, __func__,
-		      path);
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
-	return fd;
-}
-
-static void _send_all(int fd, const char *data, size_t len)
-{
-	while (len) {
-		ssize_t n = send(fd, data, len, MSG_NOSIGNAL);
-
-		if (n <= 0) {
-			if (n < 0 && errno == EINTR)
-				continue;
-			return; /* the client went away or stalled 1 s: drop it */
-		}
-		data += n;
-		len -= n;
-	}
-}
-
-static void _send_str(int fd, const char *text)
-{
-	_send_all(fd, text, strlen(text));
-}
-
-static long _ms_since(const struct timespec *t)
-{
-	struct timespec now;
-
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	return (now.tv_sec - t->tv_sec) * 1000 +
-	       (now.tv_nsec - t->tv_nsec) / 1000000;
-}
-
-static void _serve(struct client *c, char *line, char *reply)
-{
-	slurmctld_lock_t write_lock = { .job = WRITE_LOCK, .node = WRITE_LOCK };
-	struct timespec start, prepared;
-	int ticket = 0;
-
-	reply[0] = '\0';
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	core.ledger_prepare(c->uid, line, &ticket, reply, REPLY_BYTES);
-	if (ticket > 0) {
-		long to_lock, took;
-
-		clock_gettime(CLOCK_MONOTONIC, &prepared);
-		lock_slurmctld(write_lock);
-		to_lock = _ms_since(&prepared);
-		_resync_if_rebuilt();
-		core.ledger_apply(ticket, _facts, _share, _node_name, _stats,
-				  reply, REPLY_BYTES);
-		unlock_slurmctld(write_lock);
-		/* Callers time out after 2 s: say where a slow answer waited. */
-		if ((took = _ms_since(&start)) >= 1000)
-			info("%s: %s: a request took %ld ms, %ld of them waiting for slurmctld's job and node locks",
-			     plugin_type, __func__, took, to_lock);
-	}
-	if (!reply[0])
-		strcpy(reply, "{\"ok\":false,\"code\":\"internal\",\"error\":\"no reply\"}\n");
-	_send_str(c->fd, reply);
-}
-
-static void _drop(struct client *c)
-{
-	close(c->fd);
-	xfree(c->buf);
-	c->fd = -1;
-	c->len = 0;
-}
-
-/* Read what is there; serve every complete line.  False: drop the client. */
-static bool _read(struct client *c, char *reply)
-{
-	char *nl;
-	ssize_t n;
-
-	if (!c->buf)
-		c->buf = xmalloc(LINE_MAX_BYTES + 1);
-	n = recv(c->fd, c->buf + c->len, LINE_MAX_BYTES - c->len, MSG_DONTWAIT);
-	if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
-		return false;
-	if (n < 0)
-		return true;
-	c->len += n;
-	c->buf[c->len] = '\0';
-	while ((nl = memchr(c->buf, '\n', c->len))) {
-		size_t used = nl - c->buf + 1;
-
-		*nl = '\0';
-		if (memchr(c->buf, '\0', used - 1)) {
-			_send_str(c->fd, "{\"ok\":false,\"code\":\"badrequest\",\"error\":\"NUL byte in request\"}\n");
-		} else
-			_serve(c, c->buf, reply);
-		memmove(c->buf, c->buf + used, c->len - used);
-		c->len -= used;
-		c->buf[c->len] = '\0';
-	}
-	if (c->len == LINE_MAX_BYTES) {
-		_send_str(c->fd, "{\"ok\":false,\"code\":\"badrequest\",\"error\":\"request line longer than 1 MiB\"}\n");
-		return false;
-	}
-	return true;
-}
-
-static void _accept(struct client *clients)
-{
-	struct timeval send_timeout = { .tv_sec = 1 };
-	struct ucred cred;
-	socklen_t len = sizeof(cred);
-	int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
-
-	if (fd < 0)
-		return;
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len)) {
-		close(fd);
-		return;
-	}
-	(void) setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
-			  sizeof(send_timeout));
-	for (int i = 0; i < MAX_CLIENTS; i++)
-		if (clients[i].fd < 0) {
-			clients[i].fd = fd;
-			clients[i].uid = cred.uid;
-			return;
-		}
-	_send_str(fd, "{\"ok\":false,\"code\":\"internal\",\"error\":\"too many clients\"}\n");
-	close(fd);
-}
-
-/* Idle: re-apply the share soon after a rebuild even when nothing is being
- * scheduled (slurmctld startup, a reconfigure), so `scontrol show node`
- * shows it.  Allocations never wait for this: user_update comes first. */
-static void _watch_rebuilds(void)
-{
-	slurmctld_lock_t read_lock = { .node = READ_LOCK };
-	struct timespec start;
-	long took;
-
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	lock_slurmctld(read_lock);
-	_resync_if_rebuilt();
-	unlock_slurmctld(read_lock);
-	if ((took = _ms_since(&start)) >= 1000) /* requests waited as long */
-		info("%s: %s: waited %ld ms for slurmctld's node lock",
-		     plugin_type, __func__, took);
-}
-
-static void *_ledger_thread(void *arg)
-{
-	struct client clients[MAX_CLIENTS];
-	struct pollfd fds[MAX_CLIENTS + 1];
-	char *reply = xmalloc(REPLY_BYTES);
-
-	for (int i = 0; i < MAX_CLIENTS; i++)
-		clients[i] = (struct client) { .fd = -1 };
-	while (!ledger_stop) {
-		int n = 0;
-
-		fds[n++] = (struct pollfd) { .fd = listen_fd, .events = POLLIN };
-		for (int i = 0; i < MAX_CLIENTS; i++)
-			fds[n++] = (struct pollfd) { .fd = clients[i].fd,
-						     .events = POLLIN };
-		if (poll(fds, n, 500) <= 0) {
-			_watch_rebuilds();
-			continue;
-		}
-		if (fds[0].revents & POLLIN)
-			_accept(clients);
-		for (int i = 0; i < MAX_CLIENTS; i++)
-			if (clients[i].fd >= 0 &&
-			    (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) &&
-			    !_read(&clients[i], reply))
-				_drop(&clients[i]);
-	}
-	for (int i = 0; i < MAX_CLIENTS; i++)
-		if (clients[i].fd >= 0)
-			_drop(&clients[i]);
-	xfree(reply);
-	return NULL;
-}
-
-/* Load the journal and start serving; slurmctld does not start if the
- * ledger cannot be trusted (a half-read ledger would double-book). */
-static int _ledger_start(void)
-{
-	char path[PATH_MAX] = "";
-	uint32_t slurm_user = slurm_conf.slurm_user_id;
-	Dl_info info;
-
-	if (!lock_slurmctld || !slurm_conf.state_save_location) {
-		error("%s: %s: not inside slurmctld", plugin_type, __func__);
-		return SLURM_ERROR;
-	}
-	if (core.ledger_open(slurm_conf.state_save_location, &slurm_user, 1,
-			     _share_at_load, path, sizeof(path))) {
-		error("%s: %s: cannot load the ledger: %s", plugin_type,
-		      __func__, path);
-		return SLURM_ERROR;
-	}
-	socket_path = xstrdup(path);
-	if ((listen_fd = _listen(socket_path)) < 0)
-		return SLURM_ERROR;
-	/* Our thread runs code of this .so: never unmap it under the thread. */
-	if (dladdr((void *) _ledger_thread, &info) && info.dli_fname)
-		(void) dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
-	if (pthread_create(&ledger_tid, NULL, _ledger_thread, NULL)) {
-		error("%s: %s: cannot start the ledger thread: %m", plugin_type,
-		      __func__);
-		return SLURM_ERROR;
-	}
-	ledger_running = true;
-	verbose("%s: %s: ledger serving %s (%d nodes with a share)", plugin_type,
-		__func__, socket_path, want_count);
-	return SLURM_SUCCESS;
-}
-
 extern int init(void)
 {
 	int rv = SLURM_ERROR;
@@ -724,7 +465,7 @@ extern int init(void)
 		goto fail;
 	core_ok = true;
 	_core_reconfigure();
-	if (_ledger_start())
+	if (ledger_server_start(&core, &ledger_ops))
 		goto fail;
 	verbose("%s: %s: loaded", plugin_type, __func__);
 	rv = SLURM_SUCCESS;
@@ -732,12 +473,10 @@ fail:
 	return rv;
 }
 
-/* Never dlclose the core: Python cannot be restarted in a process.  The
- * thread is told to stop; it is not joined, as fini may run under the very
- * locks the thread waits for. */
+/* Never dlclose the core: Python cannot be restarted in a process. */
 extern int fini(void)
 {
-	ledger_stop = true;
+	ledger_server_stop();
 	return SLURM_SUCCESS;
 }
 
@@ -911,7 +650,7 @@ extern bool node_features_p_user_update(uid_t uid)
 {
 	struct timespec t0, t1;
 
-	if (!ledger_running)
+	if (!ledger_server_running())
 		return true;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	_resync_if_rebuilt();
