@@ -12,8 +12,8 @@
  * and nothing is granted twice.  ledger_server.c serves the request socket
  * (reserve/release/set/show, pyk8sres.policy.ledger) on its own thread; each
  * request is decided and applied under slurmctld's job+node write locks,
- * atomically with job starts.  The share each record carries is kept inside
- * that record, in
+ * atomically with job starts.  This file carries the shares: the share each
+ * record carries is kept inside that record, in
  * topo_gres_cnt_alloc[0]: for a count-only GRES (topo_cnt == 0) Slurm reads
  * that array nowhere, and gres_node_state_dealloc_all() -- the start of every
  * rebuild of allocations from jobs (startup, reconfigure, partition changes,
@@ -294,6 +294,27 @@ static bool _intact(void)
 	return ns->topo_gres_cnt_alloc != NULL;
 }
 
+/* Carry every node's share from scratch and pick a new witness (sync_lock
+ * held).  False: no node has its k8s GRES yet. */
+static bool _carry_every_node(void)
+{
+	node_record_t *node_ptr;
+
+	witness_inx = -1;
+	for (int i = 0; (node_ptr = next_node(&i)); i++) {
+		_carry_node(node_ptr);
+		if (witness_inx < 0 && _gres_ns(node_ptr, 0) &&
+		    strlen(node_ptr->name) < sizeof(witness_name)) {
+			strcpy(witness_name, node_ptr->name);
+			witness_inx = node_ptr->index;
+		}
+	}
+	if (witness_inx < 0)
+		return false;
+	last_node_update = time(NULL);
+	return true;
+}
+
 /* Put every node's share back if Slurm rebuilt allocations from jobs, and
  * top up nodes whose pods hold more than jobs left them. */
 static void _resync_if_rebuilt(void)
@@ -310,22 +331,23 @@ static void _resync_if_rebuilt(void)
 			if (wants[i].clamped && (node_ptr = find_node_record(wants[i].name)))
 				_carry_node(node_ptr);
 	} else {
-		witness_inx = -1;
-		for (int i = 0; (node_ptr = next_node(&i)); i++) {
-			_carry_node(node_ptr);
-			if (witness_inx < 0 && _gres_ns(node_ptr, 0) &&
-			    strlen(node_ptr->name) < sizeof(witness_name)) {
-				strcpy(witness_name, node_ptr->name);
-				witness_inx = node_ptr->index;
-			}
-		}
-		if (witness_inx >= 0) {
-			last_node_update = time(NULL);
+		/* Startup and a backup's takeover rebuild too: if this process
+		 * is in control now but another owned the journal until a
+		 * moment ago, load it before any job is placed. */
+		(void) ledger_server_claim();
+		if (_carry_every_node())
 			verbose("%s: %s: allocations were rebuilt (%" PRIu64
 			      "); Kubernetes' share is back on every node",
 			      plugin_type, __func__, ++resyncs);
-		}
 	}
+	slurm_mutex_unlock(&sync_lock);
+}
+
+/* After the journal was (re)loaded: slurmctld's job+node write locks held. */
+static void _carry_all(void)
+{
+	slurm_mutex_lock(&sync_lock);
+	(void) _carry_every_node();
 	slurm_mutex_unlock(&sync_lock);
 }
 
@@ -370,8 +392,8 @@ static const char *_node_name(int index)
 	return node_record_table_ptr[index] ? node_record_table_ptr[index]->name : "";
 }
 
-/* At init (no node table yet): remember only. */
-static void _share_at_load(const char *name, uint64_t cpu, uint64_t mem)
+/* A journal load: remember only; the caller carries every node after. */
+static void _remember(const char *name, uint64_t cpu, uint64_t mem)
 {
 	_want_set(name, cpu, mem);
 }
@@ -379,10 +401,11 @@ static void _share_at_load(const char *name, uint64_t cpu, uint64_t mem)
 static const struct ledger_plugin_ops ledger_ops = {
 	.facts = _facts,
 	.share = _share,
-	.remember = _share_at_load,
+	.remember = _remember,
 	.node_name = _node_name,
 	.stats = _stats,
 	.resync = _resync_if_rebuilt,
+	.carry_all = _carry_all,
 };
 
 /*
@@ -553,8 +576,10 @@ extern int node_features_p_get_node(char *node_list)
 	if (!running_in_slurmctld())
 		return SLURM_SUCCESS;
 	if (!node_list) {
-		if (core_ok)
+		if (core_ok) {
 			_core_reconfigure();
+			ledger_server_reconfigure();
+		}
 		for (i = 0; (node_ptr = next_node(&i)); i++)
 			if (_apply(node_ptr))
 				rc = SLURM_ERROR;

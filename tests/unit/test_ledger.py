@@ -192,6 +192,35 @@ def test_journal_is_private_and_compacts(tmp_path, monkeypatch):
     assert b.nodes == a.nodes and set(b.nodes["n1"]) == {"p199"}
 
 
+def test_only_the_owner_replaces_the_journal(tmp_path):
+    """A reader (a standby backup; a process waiting for the journal's lock)
+    replays without touching the file; a failed load changes nothing."""
+    owner = Ledger(str(tmp_path))
+    owner.load()
+    _serve(owner, {"n1": NODE}, L.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
+    before = os.stat(owner.path)
+    reader = Ledger(str(tmp_path))
+    reader.load(compact=False)
+    after = os.stat(owner.path)
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+    assert reader.shares() == {"n1": (1, 0)}
+    # The owner keeps appending to the very file the reader read.
+    _serve(owner, {"n1": NODE}, L.encode("reserve", node="n1", key="q", cpu_m=1000, mem_bytes=0))
+    reader.load(compact=False)
+    assert reader.shares() == {"n1": (2, 0)}
+    with open(owner.path, "ab") as f:
+        f.write(b'{"t":1,"op":"bogus"}\n{"t":2,"op":"show"}\n')
+    with pytest.raises(ValueError, match="bad ledger line"):
+        reader.load(compact=False)
+    assert reader.shares() == {"n1": (2, 0)}
+
+
+def test_uid_is_checked_before_the_line_is_parsed(tmp_path):
+    a = Ledger(str(tmp_path), allowed_uids={0})
+    a.load()
+    assert _serve(a, {}, b"not json at all", uid=7)[0]["code"] == "denied"
+
+
 def test_only_root_slurmuser_and_listed_uids(tmp_path):
     a = Ledger(str(tmp_path), allowed_uids={0, 64030, 1001})
     a.load()
