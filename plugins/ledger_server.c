@@ -66,10 +66,13 @@
  * state (0 before that, and while a backup stands by); no header has it. */
 extern time_t control_time;
 
-/* Where slurmctld_config.shutdown_time sits in the shipped slurmctld
- * (objdump of slurmctld_shutdown): drift fails the build. */
+/* Where slurmctld_config.shutdown_time sits in the slurmctld we verified
+ * (objdump of slurmctld_shutdown: 22.05.8 on bookworm, 24.11.5 built from
+ * Debian's source): drift fails the build. */
 #if SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(22,5,8)
 _Static_assert(offsetof(slurmctld_config_t, shutdown_time) == 200, "shutdown_time");
+#elif SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(24,11,5)
+_Static_assert(offsetof(slurmctld_config_t, shutdown_time) == 328, "shutdown_time");
 #endif
 
 #define LOG_PREFIX "node_features/k8s_resources ledger"
