@@ -244,7 +244,8 @@ static bool _claim_locked(bool *load_failed)
 
 	if (owner)
 		return true;
-	if (!_should_own() || time(NULL) < retry_load_at || _lock_journal())
+	if (!_should_own() || time(NULL) < retry_load_at ||
+	    (lock_fd < 0 && _lock_journal()))
 		return false;
 	if (core->ledger_open(state_dir, base_uids, 2, 1, ops.remember, err,
 			      sizeof(err))) {
@@ -286,10 +287,16 @@ static void _read_access(bool at_start)
 	char path[PATH_MAX] = "";
 
 	if (core->ledger_settings(got, MAX_USERS, &n, &gid, path, sizeof(path))) {
-		error("%s: %s: cannot read LedgerUsers/LedgerGroup: %s; keeping the previous ones",
-		      LOG_PREFIX, __func__, path);
-		return;
+		error("%s: %s: cannot read LedgerUsers/LedgerGroup: %s; %s",
+		      LOG_PREFIX, __func__, path,
+		      at_start ? "root and SlurmUser only" : "keeping the previous ones");
+		if (!at_start)
+			return;
+		n = 0;
+		gid = -1;
+		path[0] = '\0';
 	}
+	n = MIN(n, (size_t) MAX_USERS);
 	if (!path[0])
 		snprintf(path, sizeof(path), "%s/%s", state_dir, SOCKET_NAME);
 	if (at_start)
@@ -302,7 +309,7 @@ static void _read_access(bool at_start)
 		      LOG_PREFIX, __func__);
 	slurm_mutex_lock(&access_lock);
 	memcpy(users, got, n * sizeof(got[0]));
-	n_users = MIN(n, (size_t) MAX_USERS);
+	n_users = n;
 	group = gid;
 	slurm_mutex_unlock(&access_lock);
 	access_changed = true;
@@ -628,7 +635,7 @@ static void _drop_all(const char *line)
 {
 	for (int i = 0; i < n_clients; i++)
 		if (clients[i].fd >= 0) {
-			if (line)
+			if (line && !clients[i].out_len)	/* never mid-reply */
 				(void) !send(clients[i].fd, line, strlen(line),
 					     MSG_NOSIGNAL | MSG_DONTWAIT);
 			_drop(&clients[i]);
@@ -663,6 +670,13 @@ static void _follow_control(void)
 	if (!owner && _should_own() && time(NULL) >= retry_load_at) {
 		bool own;
 
+		/* The flock first: while another process holds it, no need
+		 * for slurmctld's locks ten times a second. */
+		slurm_mutex_lock(&own_lock);
+		own = lock_fd >= 0 || !_lock_journal();
+		slurm_mutex_unlock(&own_lock);
+		if (!own)
+			return;
 		lock_slurmctld(write_lock);
 		slurm_mutex_lock(&own_lock);
 		own = _claim_locked(NULL);
@@ -674,7 +688,7 @@ static void _follow_control(void)
 	if (owner && listen_fd < 0 && _should_own() &&
 	    time(NULL) >= listen_retry_at && (listen_fd = _listen()) < 0)
 		listen_retry_at = time(NULL) + RETRY_LOAD_S;
-	if (owner && !_should_own()) {
+	if ((owner || lock_fd >= 0) && !_should_own()) {
 		/* After our last request: what we acknowledged is journaled. */
 		_drop_all(REPLY_NOT_READY);
 		if (listen_fd >= 0)
