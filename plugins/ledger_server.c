@@ -549,26 +549,42 @@ static bool _fill(struct client *c)
  * then decides and applies under them. */
 static void _handle(uid_t uid, const char *line)
 {
+	/* A change is decided and applied atomically with job starts (job and
+	 * node write locks); a `show` reads a copy of the facts, taken under
+	 * the node read lock, and builds its reply after letting go. */
 	slurmctld_lock_t write_lock = { .job = WRITE_LOCK, .node = WRITE_LOCK };
+	slurmctld_lock_t read_lock = { .node = READ_LOCK };
 	struct timespec start, prepared;
-	int ticket = 0;
+	int ticket = 0, read_only = 0;
 
 	reply[0] = '\0';
 	clock_gettime(CLOCK_MONOTONIC, &start);
-	core->ledger_prepare(uid, line, &ticket, reply, REPLY_BYTES);
+	core->ledger_prepare(uid, line, &ticket, &read_only, reply, REPLY_BYTES);
 	if (ticket > 0) {
 		long to_lock, took;
 
 		clock_gettime(CLOCK_MONOTONIC, &prepared);
-		lock_slurmctld(write_lock);
-		to_lock = _ms_since(&prepared);
-		ops.resync();
-		core->ledger_apply(ticket, ops.facts, ops.share, ops.node_name,
-				   ops.stats, reply, REPLY_BYTES);
-		unlock_slurmctld(write_lock);
+		if (read_only) {
+			lock_slurmctld(read_lock);
+			to_lock = _ms_since(&prepared);
+			ops.resync();	/* under the read lock: the plugin serialises */
+			ops.copy_facts();
+			unlock_slurmctld(read_lock);
+			core->ledger_apply(ticket, ops.copied_facts, ops.share,
+					   ops.copied_node_name, ops.stats, reply,
+					   REPLY_BYTES);
+		} else {
+			lock_slurmctld(write_lock);
+			to_lock = _ms_since(&prepared);
+			ops.resync();
+			core->ledger_apply(ticket, ops.facts, ops.share,
+					   ops.node_name, ops.stats, reply,
+					   REPLY_BYTES);
+			unlock_slurmctld(write_lock);
+		}
 		/* Callers time out after 2 s: say where a slow answer waited. */
 		if ((took = _ms_since(&start)) >= 1000)
-			info("%s: %s: a request took %ld ms, %ld of them waiting for slurmctld's job and node locks",
+			info("%s: %s: a request took %ld ms, %ld of them waiting for slurmctld's locks",
 			     LOG_PREFIX, __func__, took, to_lock);
 	}
 	if (!reply[0])

@@ -16,7 +16,10 @@ struct pyk8sres_core;
  * Python under slurmctld's job+node write locks (pyk8sres_core.h); remember
  * records a node's share without carrying it (a journal load: carry_all or
  * resync follows); resync puts shares back after Slurm rebuilt allocations
- * (node lock held); carry_all carries every node's share (write locks). */
+ * (node lock held); carry_all carries every node's share (write locks).
+ * A read-only request (`show`) runs without slurmctld's locks on a copy:
+ * copy_facts takes it (node lock held), copied_facts and copied_node_name
+ * read it. */
 struct ledger_plugin_ops {
 	pyk8sres_facts_fn facts;
 	pyk8sres_share_fn share;
@@ -25,6 +28,9 @@ struct ledger_plugin_ops {
 	pyk8sres_stats_fn stats;
 	void (*resync)(void);
 	void (*carry_all)(void);
+	void (*copy_facts)(void);
+	pyk8sres_facts_fn copied_facts;
+	pyk8sres_node_name_fn copied_node_name;
 };
 
 /* init(): read the journal (owning it if this process should), start the

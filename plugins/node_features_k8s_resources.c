@@ -122,6 +122,10 @@ struct want {
 };
 static struct want *wants;
 static int want_count, want_size;
+/* Name -> index into wants (open addressing, at most half full): a rebuild
+ * re-carries N nodes in O(N), not O(N^2). */
+static int *want_slots;
+static uint32_t want_slots_size;
 static pthread_mutex_t sync_lock = PTHREAD_MUTEX_INITIALIZER;
 /* A node whose record proves no rebuild happened since we last looked.
  * Read without sync_lock on the fast path: a torn read only sends the
@@ -136,12 +140,52 @@ static uint64_t checks, check_ns; /* user_update calls and their cost */
 
 static const char *gres_names[2] = { GRES_CPU, GRES_MEM };
 
+/* Name -> index tables (open addressing, power-of-two size, at most half
+ * full) over arrays of structs whose first member is the name: the slot
+ * that holds `name`'s index, or the free slot where it belongs. */
+static int *_slot(int *slots, uint32_t size, const void *array, size_t stride,
+		  const char *name)
+{
+	uint32_t h = 2166136261u, mask = size - 1; /* FNV-1a */
+
+	for (const char *p = name; *p; p++)
+		h = (h ^ (unsigned char) *p) * 16777619u;
+	for (h &= mask; slots[h] >= 0; h = (h + 1) & mask)
+		if (!xstrcmp(*(char **) ((char *) array + slots[h] * stride), name))
+			break;
+	return &slots[h];
+}
+
+/* (Re)index the first `count` entries of `array` into *slots, with room
+ * for `room` of them. */
+static void _index(int **slots, uint32_t *size, const void *array, size_t stride,
+		   int count, int room)
+{
+	if (2 * (uint32_t) room > *size || !*slots) {
+		while (2 * (uint32_t) room > *size || *size < 128)
+			*size = *size ? *size * 2 : 128;
+		xfree(*slots);
+		*slots = xcalloc(*size, sizeof(**slots));
+	}
+	memset(*slots, 0xff, *size * sizeof(**slots));
+	for (int i = 0; i < count; i++)
+		*_slot(*slots, *size, array, stride,
+		       *(char **) ((char *) array + i * stride)) = i;
+}
+
+static int *_want_slot(const char *name)
+{
+	return _slot(want_slots, want_slots_size, wants, sizeof(*wants), name);
+}
+
 static struct want *_want_find(const char *name)
 {
-	for (int i = 0; i < want_count; i++)
-		if (!xstrcmp(wants[i].name, name))
-			return &wants[i];
-	return NULL;
+	int *slot;
+
+	if (!want_slots_size)
+		return NULL;
+	slot = _want_slot(name);
+	return *slot < 0 ? NULL : &wants[*slot];
 }
 
 static void _want_set(const char *name, uint64_t cpu, uint64_t mem)
@@ -153,8 +197,12 @@ static void _want_set(const char *name, uint64_t cpu, uint64_t mem)
 			want_size = want_size ? want_size * 2 : 64;
 			xrecalloc(wants, want_size, sizeof(*wants));
 		}
-		w = &wants[want_count++];
+		if (2 * (uint32_t) (want_count + 1) > want_slots_size)
+			_index(&want_slots, &want_slots_size, wants, sizeof(*wants),
+			       want_count, want_count + 1);
+		w = &wants[want_count];
 		w->name = xstrdup(name);
+		*_want_slot(name) = want_count++;
 	}
 	w->cnt[0] = cpu;
 	w->cnt[1] = mem;
@@ -367,6 +415,63 @@ static int _facts(const char *name, uint64_t *out)
 	return 0;
 }
 
+/* A `show` runs without slurmctld's locks on a copy of every node's facts,
+ * taken under the node lock (server thread only): the lock is held for a C
+ * loop, not for building the reply in Python. */
+struct fact_copy {
+	char *name;		/* first: _slot() reads it */
+	bool ok;		/* has k8s GRES */
+	uint64_t facts[4];
+};
+static struct fact_copy *copies;
+static int copy_count, copy_size;
+static int *copy_slots;
+static uint32_t copy_slots_size;
+static bool copy_indexed;
+
+static void _copy_facts(void)
+{
+	node_record_t *node_ptr;
+
+	copy_count = 0;
+	copy_indexed = false;
+	for (int i = 0; (node_ptr = next_node(&i)); i++) {
+		struct fact_copy *c;
+
+		if (copy_count == copy_size) {
+			copy_size = copy_size ? copy_size * 2 : 64;
+			xrecalloc(copies, copy_size, sizeof(*copies));
+		}
+		c = &copies[copy_count++];
+		if (xstrcmp(c->name, node_ptr->name)) {
+			xfree(c->name);
+			c->name = xstrdup(node_ptr->name);
+		}
+		c->ok = !_facts(node_ptr->name, c->facts);
+	}
+}
+
+static int _copied_facts(const char *name, uint64_t *out)
+{
+	int inx;
+
+	if (!copy_indexed) {	/* outside slurmctld's locks, once per show */
+		_index(&copy_slots, &copy_slots_size, copies, sizeof(*copies),
+		       copy_count, copy_count);
+		copy_indexed = true;
+	}
+	inx = *_slot(copy_slots, copy_slots_size, copies, sizeof(*copies), name);
+	if (inx < 0 || !copies[inx].ok)
+		return -1;
+	memcpy(out, copies[inx].facts, sizeof(copies[inx].facts));
+	return 0;
+}
+
+static const char *_copied_node_name(int index)
+{
+	return index >= 0 && index < copy_count ? copies[index].name : NULL;
+}
+
 static void _share(const char *name, uint64_t cpu, uint64_t mem)
 {
 	node_record_t *node_ptr;
@@ -406,6 +511,9 @@ static const struct ledger_plugin_ops ledger_ops = {
 	.stats = _stats,
 	.resync = _resync_if_rebuilt,
 	.carry_all = _carry_all,
+	.copy_facts = _copy_facts,
+	.copied_facts = _copied_facts,
+	.copied_node_name = _copied_node_name,
 };
 
 /*

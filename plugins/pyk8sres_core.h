@@ -146,13 +146,15 @@ int pyk8sres_ledger_open(const char *state_dir, const uint32_t *allowed_uids,
  * On failure the reason goes to `socket_path`. */
 int pyk8sres_ledger_settings(uint32_t *uids, size_t max_uids, size_t *n_uids,
 			     int64_t *group, char *socket_path, size_t pathlen);
-/* Outside slurmctld's locks: parse, authorize, journal (fsync).  Returns 0
- * with *ticket > 0 to go on to ..._apply, or 0 with *ticket == 0 and the
- * reply line in `reply`. */
+/* Outside slurmctld's locks: authorize, parse, journal (fsync) if it changes
+ * anything.  Returns 0 with *ticket > 0 to go on to ..._apply (*read_only:
+ * a `show`, which needs no slurmctld lock while it runs), or 0 with
+ * *ticket == 0 and the reply line in `reply`. */
 int pyk8sres_ledger_prepare(uint32_t uid, const char *line, int *ticket,
-			    char *reply, size_t replylen);
-/* Under slurmctld's job+node write locks: decide and apply; the reply line
- * goes to `reply`. */
+			    int *read_only, char *reply, size_t replylen);
+/* Under slurmctld's job+node write locks (a read-only request: on a copy
+ * of the facts, without locks; `share` is then never called): decide and
+ * apply; the reply line goes to `reply`. */
 int pyk8sres_ledger_apply(int ticket, pyk8sres_facts_fn facts,
 			  pyk8sres_share_fn share, pyk8sres_node_name_fn node_name,
 			  pyk8sres_stats_fn stats, char *reply, size_t replylen);

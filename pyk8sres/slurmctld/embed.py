@@ -201,10 +201,11 @@ def bind(ffi, lib) -> None:
             return INTERNAL_ERROR
 
     @ffi.def_extern(error=INTERNAL_ERROR)
-    def pyk8sres_ledger_prepare(uid, line, ticket, reply, replylen):
-        ticket[0] = 0
+    def pyk8sres_ledger_prepare(uid, line, ticket, read_only, reply, replylen):
+        ticket[0] = read_only[0] = 0
         try:
             number, answer = _ledger.prepare(uid, ffi.string(line))
+            read_only[0] = int(bool(number) and _ledger.read_only(number))
         except BaseException as exc:
             log.exception("node_features/k8s_resources: ledger request failed")
             number, answer = 0, _internal(exc)

@@ -21,7 +21,9 @@ snapshot line then and now and then; any other process only reads it.
 
 Journal: JSON lines, each {"t": epoch, "op": ...} as in policy.ledger plus
 {"op": "undo", "node", "key", "entry": [cpu_m, mem_bytes, since, bound] | null}
-and {"op": "snapshot", "nodes": {node: {key: [cpu_m, mem_bytes, since, bound]}}}.
+(a refused reserve), {"op": "undo", "node", "entries": {key: [...]}} (a
+refused set) and {"op": "snapshot", "nodes": {node: {key: [cpu_m, mem_bytes,
+since, bound]}}}.  A request that changes nothing is not written at all.
 """
 from __future__ import annotations
 
@@ -98,12 +100,17 @@ class Ledger:
             return {node: {k: _entry(v) for k, v in entries.items()}
                     for node, entries in doc["nodes"].items()}
         if op == "undo":
-            entries = nodes.setdefault(doc["node"], {})
-            entries.pop(doc["key"], None)
-            if doc.get("entry"):
-                entries[doc["key"]] = _entry(doc["entry"])
-            if not entries:
-                nodes.pop(doc["node"])
+            if "entries" in doc:        # a node's whole entries (a refused `set`)
+                entries = {k: _entry(v) for k, v in doc["entries"].items()}
+            else:
+                entries = nodes.get(doc["node"], {})
+                entries.pop(doc["key"], None)
+                if doc.get("entry"):
+                    entries[doc["key"]] = _entry(doc["entry"])
+            if entries:
+                nodes[doc["node"]] = entries
+            else:
+                nodes.pop(doc["node"], None)
             return nodes
         req = parse_request(json.dumps({k: v for k, v in doc.items() if k != "t"}))
         # Replayed as granted: a grant's undo line follows it if it was not.
@@ -178,14 +185,25 @@ class Ledger:
         except RequestError as exc:
             return 0, {"ok": False, "code": exc.code, "error": str(exc)}
         now = self.clock()
-        if req.op != "show":
+        # Only a request that changes something is journaled (and fsynced):
+        # one that changes nothing -- the sync daemon's `set` of a node every
+        # second, a repeated reserve -- leaves the replay the same without it.
+        journaled = req.op != "show" and \
+            self._granted(self.nodes.get(req.node, {}), req, now) is not None
+        if journaled:
             if self.lines >= COMPACT_AFTER:
                 self._compact()
             self._append({"t": now, **_as_doc(req)}, sync=True)
         ticket = self._next_ticket
         self._next_ticket += 1
-        self._tickets[ticket] = (req, now)   # decided at the journaled time: replay agrees
+        # Decided at the journaled time: replay agrees.
+        self._tickets[ticket] = (req, now, journaled)
         return ticket, None
+
+    def read_only(self, ticket: int) -> bool:
+        """Does this request only read (`show`)?  Then slurmctld's read
+        locks are enough to apply it."""
+        return self._tickets[ticket][0].op == "show"
 
     def apply(self, ticket: int, facts: FactsFn, set_share: ShareFn,
               node_names: Callable[[], Iterable[str]] = tuple,
@@ -193,7 +211,7 @@ class Ledger:
         """Under slurmctld's locks: decide, and hand changed shares to C.
         `node_names` lists slurmctld's nodes and `stats` the plugin's
         counters (for a `show` of all of them)."""
-        req, now = self._tickets.pop(ticket)
+        req, now, journaled = self._tickets.pop(ticket)
         if req.op == "show":
             names = [req.node] if req.node else sorted({*self.nodes, *node_names()})
             reply = {"ok": True, "nodes": {n: node_view(self.nodes.get(n, {}), facts(n),
@@ -207,10 +225,17 @@ class Ledger:
         if new is not None:
             self._store(req.node, new)
             set_share(req.node, *share_units(new))
-        elif not reply["ok"] and req.op == "reserve":
-            old = entries.get(req.key)
-            self._append({"t": now, "op": "undo", "node": req.node, "key": req.key,
-                          "entry": list(old) if old else None}, sync=False)
+        elif not reply["ok"] and journaled:
+            # Replayed as granted unless undone (no fsync: a lost undo only
+            # keeps a reservation the coordinator's next `set` drops).
+            if req.op == "reserve":
+                old = entries.get(req.key)
+                self._append({"t": now, "op": "undo", "node": req.node, "key": req.key,
+                              "entry": list(old) if old else None}, sync=False)
+            else:
+                self._append({"t": now, "op": "undo", "node": req.node,
+                              "entries": {k: list(e) for k, e in entries.items()}},
+                             sync=False)
         if reply.get("oversubscribed"):
             log.error("node_features/k8s_resources: node %s: pods hold more than Slurm jobs "
                       "leave (%s); no new job starts there until they leave", req.node,

@@ -319,7 +319,11 @@ def test_malformed_and_huge_lines_get_an_error_and_never_hurt_slurmctld(c):
         f = s.makefile("rb")
         reply = json.loads(f.readline())
         assert reply["code"] == "badrequest" and "longer than 1 MiB" in reply["error"], reply
-        assert f.read() == b""
+        try:
+            rest = f.read()
+        except ConnectionResetError:    # closed with our unread bytes
+            rest = b""
+        assert rest == b""
     # Half a line, then gone; a connection that says nothing.
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(c.socket)
