@@ -218,7 +218,8 @@ static int _lock_journal(void)
 		return -1;
 	}
 	len = snprintf(text, sizeof(text), "%d\n", (int) getpid());
-	if (ftruncate(fd, 0) || pwrite(fd, text, len, 0) != len)
+	/* Write, then cut: a reader never sees it empty. */
+	if (pwrite(fd, text, len, 0) != len || ftruncate(fd, len))
 		debug("%s: %s: cannot record our pid in %s: %m", LOG_PREFIX,
 		      __func__, lock_path);
 	lock_fd = fd;

@@ -41,7 +41,13 @@ def c(tmp_path_factory):
 
 @pytest.fixture
 def path(c):
-    return ledger_socket_path(c.conf)
+    path = ledger_socket_path(c.conf)
+    yield path
+    # Whatever a test left: no job, no share.
+    c.cancel_all_jobs()
+    wait_serving(path)
+    for node in ("n1", "n2"):
+        Ledger(path).set(node, {}, 0)
 
 
 def _journal(c) -> str:
@@ -92,7 +98,6 @@ def test_while_recovering_it_says_notready_never_unknown(c, path):
     assert "notready" in seen_total, seen_total
     shown = Ledger(path).show("n1")["nodes"]["n1"]
     assert shown["share"]["cpu"] == 2 and not shown.get("unknown"), shown
-    Ledger(path).set("n1", {}, 0)
 
 
 def test_kill9_and_restart_under_a_stream_of_reserves(c, path):
@@ -128,10 +133,6 @@ def test_kill9_and_restart_under_a_stream_of_reserves(c, path):
     time.sleep(3)
     assert sh(c, "squeue", "-h", "-j", pending, "-o", "%T %r").split() == ["PENDING", "Resources"]
     assert_never_booked_twice(c, path, CPUS, MEMORY)
-    sh(c, "scancel", job, pending)
-    ledger = Ledger(path)
-    ledger.set("n1", {}, 0)
-    ledger.set("n2", {}, 0)
 
 
 def test_a_live_owner_keeps_its_journal_and_socket(c, path):
@@ -184,7 +185,6 @@ def test_a_live_owner_keeps_its_journal_and_socket(c, path):
     assert_never_booked_twice(c, path, CPUS, MEMORY)
     node = sh(c, "scontrol", "-d", "-o", "show", "node", "n2")
     assert "k8scpu:3" in node.split("GresUsed=")[1].split()[0], node
-    Ledger(path).set("n2", {}, 0)
 
 
 def test_reconfigure_under_a_stream_loses_nothing(c, path):
@@ -207,6 +207,3 @@ def test_reconfigure_under_a_stream_loses_nothing(c, path):
           f"{result}")
     assert result["acked"] > 100, result
     assert_never_booked_twice(c, path, CPUS, MEMORY)
-    ledger = Ledger(path)
-    ledger.set("n1", {}, 0)
-    ledger.set("n2", {}, 0)
