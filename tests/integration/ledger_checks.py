@@ -45,7 +45,7 @@ class ReserveStream(threading.Thread):
             self.sent[key] = node
             try:
                 reply = ledger.reserve(node, key, 1, 1)
-            except LedgerError as exc:
+            except LedgerError:
                 code = "unreachable"
                 self.refusals[code] = self.refusals.get(code, 0) + 1
                 ledger.close()

@@ -9,14 +9,15 @@ StateSaveLocation; `pyk8sres cluster up --backup-controller`).
 - The primary comes back and takes journal and socket back the same way.
 """
 import os
-import signal
 import time
 
 import pytest
 
 from pyk8sres import install
-from pyk8sres.coordinator.slurm import Ledger, LedgerError, ledger_socket_path
-from ledger_checks import (STATE_SAVED_WITHIN, ReserveStream, assert_durable, assert_never_booked_twice, sh,
+from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
+from pyk8sres.testbed import faults
+from ledger_checks import (STATE_SAVED_WITHIN, ReserveStream, assert_durable,
+                           assert_never_booked_twice, sh,
                            wait_serving)
 from local_slurm import RELEASE, local_cluster, port, requires_slurm
 
@@ -45,29 +46,9 @@ def path(c):
         Ledger(path).set(node, {}, 0)
 
 
-def _lock_owner(c) -> int:
-    with open(os.path.join(c.work, "state", "k8s_resources.ledger.lock")) as f:
-        return int(f.read().split()[0])     # written, then cut: never empty
-
-
 def _backup_log(c) -> str:
     with open(os.path.join(c.work, "backup", "log", "slurmctld.log"), errors="replace") as f:
         return f.read()
-
-
-def _in_control(c, backup: bool, timeout: float = 60) -> float:
-    """Until that controller owns the ledger's journal and serves it."""
-    pid = c.pid("slurmctld-backup" if backup else "slurmctld")
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        try:
-            if _lock_owner(c) == pid and Ledger(ledger_socket_path(c.conf),
-                                                timeout=2).show().get("ok"):
-                return time.monotonic() - t0
-        except (OSError, ValueError, LedgerError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{'backup' if backup else 'primary'} not serving the ledger")
 
 
 def _job(c, cpus: int) -> str:
@@ -97,13 +78,13 @@ def test_a_standby_backup_leaves_journal_and_socket_alone(c, path):
     time.sleep(2)
     assert (os.stat(journal).st_ino, os.stat(path).st_ino) == before
     assert os.path.getsize(journal) >= size     # appended to, never replaced
-    assert _lock_owner(c) == c.pid("slurmctld")
+    assert faults._lock_owner(c) == c.pid("slurmctld")
     assert "standing by" in _backup_log(c)
     assert ledger.show("n2")["nodes"]["n2"]["entries"] == {"standby": [1000, 1 << 20]}
     ledger.release("n2", "standby")
 
 
-@pytest.mark.parametrize("how", ["kill -9", "scontrol takeover"])
+@pytest.mark.parametrize("how", ["kill -9", "takeover"])
 def test_backup_takes_over_under_a_stream_and_the_primary_comes_back(c, path, how):
     ledger = Ledger(path)
     running = _job(c, 3)
@@ -114,11 +95,7 @@ def test_backup_takes_over_under_a_stream_and_the_primary_comes_back(c, path, ho
     stream.start()
     try:
         time.sleep(1.5)
-        if how == "kill -9":
-            os.kill(c.pid("slurmctld"), signal.SIGKILL)
-        else:
-            sh(c, "scontrol", "takeover")
-        took = _in_control(c, backup=True)
+        took = faults.fail_over(c, how)
         print(f"{how}: the backup served the ledger {took:.1f} s later")
         # On the backup: the pods' 4 CPUs (+1 for the stream's) and the job's
         # 3 fill n1, so a job of 2 more pends there.
@@ -128,10 +105,8 @@ def test_backup_takes_over_under_a_stream_and_the_primary_comes_back(c, path, ho
         assert _state(c, running)[0] == "RUNNING"
         assert_never_booked_twice(c, path, CPUS, MEMORY)
         # The primary comes back: the backup lets go, the primary takes over.
-        if c.pid("slurmctld") is None:
-            c.start_slurmctld()
-        took = _in_control(c, backup=False)
-        print(f"{how}: the primary served again {took:.1f} s after it was back")
+        took = faults.fail_back(c)
+        print(f"{how}: the primary served the ledger again {took:.1f} s after it started")
         time.sleep(1.5)
     finally:
         stream.stop()

@@ -11,13 +11,11 @@ module runs twice: slurmctld as root, and as SlurmUser=slurm (as sites run
 it; LedgerGroup is then slurm's group, which slurmctld belongs to).
 """
 import json
-import multiprocessing
 import os
 import pwd
 import re
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 
@@ -26,6 +24,7 @@ import pytest
 from pyk8sres import install
 from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
 from pyk8sres.testbed import cluster
+from pyk8sres.testbed.faults import ConnectStorm, LedgerFlood, Caller
 from local_slurm import RELEASE, SLURM, port, readable_build, requires_slurm
 
 pytestmark = requires_slurm + [
@@ -51,104 +50,30 @@ def c(request):
     lib = readable_build() if slurm_user == "slurm" else None
     work = tempfile.mkdtemp(prefix="pyk8sres-hostile-")
     os.chmod(work, 0o755)       # callers of other uids must reach the socket
+    # As a site gives the coordinator's uid the ledger and nothing else: the
+    # socket in a directory of its own, StateSaveLocation private.
+    ledger_dir = os.path.join(work, "ledger")
+    os.mkdir(ledger_dir, 0o755)
+    pw = pwd.getpwnam(slurm_user)
+    os.chown(ledger_dir, pw.pw_uid, pw.pw_gid)
     try:
         handle = cluster.up(work, nodes=2, cpus=8, memory=8000, base_port=BASE_PORT,
                             slurm=SLURM, slurm_user=slurm_user, plugin_lib=lib,
-                            k8s_conf=f"LedgerUsers={FLOODER}\nLedgerGroup={group}\n")
+                            k8s_conf=f"LedgerUsers={FLOODER}\nLedgerGroup={group}\n"
+                                     f"LedgerSocket={ledger_dir}/k8s_resources.socket\n")
+        os.chmod(os.path.join(work, "state"), 0o700)
     except BaseException:
+        cluster.down(work)
         shutil.rmtree(work, ignore_errors=True)
         raise
     handle.group = group
     handle.socket = ledger_socket_path(handle.conf)
+    assert handle.socket.startswith(ledger_dir)
     try:
         yield handle
     finally:
         cluster.down(work)
         shutil.rmtree(work, ignore_errors=True)
-
-
-# --- callers of other uids: forked children ------------------------------------
-
-def _become(uid: int, groups: list[int]) -> None:
-    os.setgroups(groups)
-    os.setgid(groups[0] if groups else uid)
-    os.setuid(uid)
-
-
-def _child(uid, groups, target, *args):
-    """Start target(queue, stop_event, *args) as uid; returns (process, queue, stop)."""
-    ctx = multiprocessing.get_context("fork")
-    queue, stop = ctx.Queue(), ctx.Event()
-
-    def run():
-        try:
-            _become(uid, groups)
-            target(queue, stop, *args)
-        except BaseException as exc:
-            queue.put(("raised", f"{type(exc).__name__}: {exc}"))
-    proc = ctx.Process(target=run, daemon=True)
-    proc.start()
-    return proc, queue, stop
-
-
-def _finish(proc, queue, stop, timeout=30):
-    stop.set()
-    result = queue.get(timeout=timeout)
-    proc.join(timeout)
-    assert not proc.is_alive()
-    return result
-
-
-def _flood_never_reading(queue, stop, path):
-    """Keep CONN_PER_UID connections each writing FLOOD_LINES `show` lines,
-    never reading a reply; a connection the server drops is made again."""
-    payload = SHOW * FLOOD_LINES
-    conns, dropped, connected = {}, 0, 0
-    queue_ready = False
-    while not stop.is_set():
-        while len(conns) < CONN_PER_UID:
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(path)
-            s.setblocking(False)
-            conns[s] = 0
-            connected += 1
-        for s in list(conns):
-            try:
-                conns[s] += s.send(payload[conns[s]:conns[s] + 65536])
-                if conns[s] == len(payload):
-                    conns[s] = 0         # and again: the flood never ends
-            except BlockingIOError:
-                pass
-            except OSError:              # dropped by the server
-                s.close()
-                del conns[s]
-                dropped += 1
-        if not queue_ready and connected >= CONN_PER_UID:
-            queue.put(("flooding", connected))
-            queue_ready = True
-        time.sleep(0.002)
-    queue.put(("done", {"connected": connected, "dropped": dropped}))
-
-
-def _connect_storm(queue, stop, path, line):
-    """Connect again and again, send `line`, read what comes back."""
-    outcomes = {}
-    queue.put(("flooding", 0))
-    while not stop.is_set():
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.settimeout(5)
-                s.connect(path)
-                try:
-                    s.sendall(line)
-                except OSError:
-                    pass            # refused and closed while we were still sending
-                reply = s.makefile("rb").readline()
-                key = json.loads(reply).get("code", "ok") if reply else "closed"
-        except OSError as exc:
-            key = type(exc).__name__
-        outcomes[key] = outcomes.get(key, 0) + 1
-    queue.put(("done", outcomes))
 
 
 # --- root's view ----------------------------------------------------------------------
@@ -198,12 +123,37 @@ def test_socket_admits_only_root_slurmuser_and_ledger_group(c):
         (pwd.getpwnam(slurm_user).pw_uid, c.group, 0o660), (st, slurm_user)
 
 
+def test_the_coordinators_uid_gets_the_ledger_and_nothing_else(c):
+    """LedgerUsers + LedgerGroup: the socket, not StateSaveLocation (the
+    journal, job scripts, Slurm's keys) nor the munge key."""
+    def probe(queue, stop, path, state, key):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            s.sendall(SHOW)
+            shown = json.loads(s.makefile("rb").readline())
+        denied = []
+        for what, fn in (("state", lambda: os.listdir(state)),
+                         ("journal", lambda: open(os.path.join(state, "k8s_resources.ledger"))),
+                         ("munge key", lambda: open(key, "rb"))):
+            try:
+                fn()
+            except PermissionError:
+                denied.append(what)
+        queue.put(("done", (shown.get("ok"), sorted(shown.get("nodes", {})), denied)))
+    child = Caller(FLOODER, [c.group], probe, c.socket, os.path.join(c.work, "state"),
+                   os.path.join(c.work, "munge", "munge.key"))
+    ok, nodes, denied = child.queue.get(timeout=30)[1]
+    child.proc.join(10)
+    assert (ok, nodes) == (True, ["n1", "n2"])
+    assert sorted(denied) == ["journal", "munge key", "state"], denied
+
+
 def test_stranger_cannot_connect_and_its_storm_slows_nobody(c):
-    proc, queue, stop = _child(STRANGER, [STRANGER], _connect_storm, c.socket, SHOW)
-    assert queue.get(timeout=30)[0] == "flooding"
+    storm = ConnectStorm(c.socket, STRANGER, [STRANGER], SHOW)
+    storm.started()
     time.sleep(0.5)
     p99 = measure(c.socket)
-    outcomes = _finish(proc, queue, stop)[1]
+    outcomes = storm.stop()
     print(f"stranger's connect storm {outcomes}: root p99 {p99}")
     assert set(outcomes) == {"PermissionError"} and outcomes["PermissionError"] > 100, outcomes
     assert max(p99.values()) <= GOAL_MS, p99
@@ -214,11 +164,11 @@ def test_group_member_not_listed_is_refused_before_a_byte_is_parsed(c):
     # 2 MiB that is not even a request: the answer is still "denied" (its
     # uid is checked at accept), never "badrequest".
     garbage = b"x" * (2 << 20)
-    proc, queue, stop = _child(GROUP, [c.group], _connect_storm, c.socket, garbage)
-    assert queue.get(timeout=30)[0] == "flooding"
+    storm = ConnectStorm(c.socket, GROUP, [c.group], garbage)
+    storm.started()
     time.sleep(0.5)
     p99 = measure(c.socket)
-    outcomes = _finish(proc, queue, stop)[1]
+    outcomes = storm.stop()
     print(f"group member's storm {outcomes}: root p99 {p99}")
     assert outcomes.get("denied", 0) > 100, outcomes
     assert not {"badrequest", "ok"} & set(outcomes), outcomes
@@ -233,13 +183,12 @@ def test_group_member_not_listed_is_refused_before_a_byte_is_parsed(c):
 
 def test_permitted_flood_that_never_reads_delays_nobody(c):
     baseline = measure(c.socket, rounds=100)
-    proc, queue, stop = _child(FLOODER, [c.group], _flood_never_reading, c.socket)
-    event = queue.get(timeout=30)
-    assert event[0] == "flooding", event
+    flood = LedgerFlood(c.socket, FLOODER, [c.group], conns=CONN_PER_UID, lines=FLOOD_LINES)
+    flood.started()
     time.sleep(0.5)
     p99 = measure(c.socket)
     time.sleep(1.5)             # let the last connections be dropped too
-    stats = _finish(proc, queue, stop)[1]
+    stats = flood.stop()
     print(f"flood of {FLOOD_LINES} show lines per connection, never read ({stats}): "
           f"root p99 {p99} ms (idle {baseline} ms)")
     assert max(p99.values()) <= GOAL_MS, (p99, baseline)
@@ -278,15 +227,15 @@ def test_connections_per_uid_are_capped_and_root_still_gets_in(c):
         queue.put(("again", json.loads(again.makefile("rb").readline())))
         stop.wait(30)
         queue.put(("done", None))
-    proc, queue, stop = _child(FLOODER, [c.group], hold, c.socket)
-    _, answers, refused, closed = queue.get(timeout=30)
+    child = Caller(FLOODER, [c.group], hold, c.socket)
+    _, answers, refused, closed = child.queue.get(timeout=30)
     assert answers == [True] * CONN_PER_UID
     assert refused["code"] == "busy" and f"{CONN_PER_UID} connections" in refused["error"]
     assert closed
     assert Ledger(c.socket).show("n1")["ok"]          # another uid is not affected
-    again = queue.get(timeout=30)
+    again = child.queue.get(timeout=30)
     assert again[1]["ok"], again
-    _finish(proc, queue, stop)
+    child.stop()
     slurmctld_alive(c)
 
 
@@ -299,10 +248,12 @@ def test_malformed_and_huge_lines_get_an_error_and_never_hurt_slurmctld(c):
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(10)
         s.connect(c.socket)
-        for bad in (b"{\n", b"\xff\xfe\n", b"[1,2]\n", b'{"op":"show"}\x00\n', b"[" * 100_000 + b"\n",
+        for bad in (b"{\n", b"\xff\xfe\n", b"[1,2]\n", b'{"op":"show"}\x00\n',
+                    b"[" * 100_000 + b"\n",
                     b'{"op":"reserve","node":"n1","key":"k","cpu_m":-1,"mem_bytes":1}\n',
                     b'{"op":"set","node":"n1","entries":{"k":[1]}}\n',
-                    b'{"op":"reserve","node":"' + b"n" * 300 + b'","key":"k","cpu_m":1,"mem_bytes":1}\n',
+                    b'{"op":"reserve","node":"' + b"n" * 300 +
+                    b'","key":"k","cpu_m":1,"mem_bytes":1}\n',
                     b" " * ((1 << 20) - 2) + b"\n"):
             reply = exchange(s, bad)
             assert reply["ok"] is False and reply["code"] == "badrequest", (bad[:40], reply)

@@ -13,7 +13,6 @@
 import fcntl
 import json
 import os
-import signal
 import socket
 import time
 
@@ -21,7 +20,9 @@ import pytest
 
 from pyk8sres import install
 from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
-from ledger_checks import (STATE_SAVED_WITHIN, ReserveStream, assert_durable, assert_never_booked_twice, raw_show,
+from pyk8sres.testbed import faults
+from ledger_checks import (STATE_SAVED_WITHIN, ReserveStream, assert_durable,
+                           assert_never_booked_twice, raw_show,
                            sh, wait_serving)
 from local_slurm import BUILD, RELEASE, local_cluster, port, requires_slurm
 
@@ -114,10 +115,7 @@ def test_kill9_and_restart_under_a_stream_of_reserves(c, path):
     try:
         for _ in range(3):
             time.sleep(1.5)
-            os.kill(c.pid("slurmctld"), signal.SIGKILL)
-            time.sleep(0.3)
-            c.start_slurmctld()
-        wait_serving(path)
+            faults.kill_and_restart(c)
         time.sleep(1.5)
     finally:
         stream.stop()

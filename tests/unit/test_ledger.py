@@ -224,8 +224,10 @@ def test_a_request_that_changes_nothing_is_not_journaled(tmp_path):
     a.load()
     facts = {"n1": NODE}
     entries = {"p": [1000, 1 << 20], "q": [500, 0]}
-    assert _serve(a, facts, L.encode("set", node="n1", entries=entries, keep_younger_than=30))[0]["ok"]
-    assert _serve(a, facts, L.encode("reserve", node="n1", key="r", cpu_m=250, mem_bytes=0))[0]["ok"]
+    assert _serve(a, facts, L.encode("set", node="n1", entries=entries,
+                                     keep_younger_than=30))[0]["ok"]
+    assert _serve(a, facts, L.encode("reserve", node="n1", key="r", cpu_m=250,
+                                     mem_bytes=0))[0]["ok"]
     bound = L.encode("set", node="n1", entries={**entries, "r": [250, 0]}, keep_younger_than=30)
     assert _serve(a, facts, bound)[0]["ok"]                 # r is seen bound: a change
     size = os.path.getsize(a.path)
