@@ -14,12 +14,22 @@ one of them, every cycle, through select_nodes (where the check runs).  The
 baseline cluster has the same nodes with Gres= lines and no node_features
 plugin.
 
+3. with --baseline-lib LIB (the _lib directory of another pyk8sres build,
+   e.g. an earlier commit's), the ledger's own paths in both builds, in one
+   run, on NODES_BIG nodes that hold a share each (slurm.conf only, no
+   slurmd): how long a request waits after Slurm rebuilt its allocations
+   (the share re-carried on every node), a `set` that changes nothing (the
+   sync daemon's every second), `show` of every node, and how long other
+   readers of slurmctld (`scontrol show node`) wait while `show` runs.
+
 Usage (root, after `pip install .`):  python3 bench/bench_ledger.py [--ops 2000] [--queue 10000]
+  [--baseline-lib DIR [--only-paths] [--nodes-big 4000]]
 Goals: reserve p99 <= 5 ms idle; the check adds <= 1% to the cycle times.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -102,13 +112,131 @@ def sdiag_cycles(c: cluster.Cluster, seconds: float, with_plugin: bool) -> dict:
     return result
 
 
+# One RPC that takes slurmctld's node read lock, timed in a process of its
+# own (libslurm reads one slurm.conf per process): `scontrol show node n1`
+# without the cost of starting scontrol.
+READER = r"""
+import ctypes, json, sys, time
+lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)  # its plugins need its symbols
+lib.slurm_init(None)
+info = ctypes.c_void_p()
+lat = []
+for _ in range(int(sys.argv[2])):
+    t0 = time.perf_counter()
+    rc = lib.slurm_load_node_single(ctypes.byref(info), b"n1", 0)
+    lat.append((time.perf_counter() - t0) * 1000)
+    assert rc == 0, "slurm_load_node_single failed"
+    lib.slurm_free_node_info_msg(info)
+    time.sleep(0.005)
+print(json.dumps(lat))
+"""
+
+
+def _libslurm(c: cluster.Cluster) -> str:
+    import ctypes.util
+    for d in c.release.bin_dirs:
+        built = os.path.join(os.path.dirname(d), "lib", "libslurm.so")
+        if os.path.exists(built):
+            return built
+    return ctypes.util.find_library("slurm") or "libslurm.so"
+
+
+def reader_ms(c: cluster.Cluster, count: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", READER, _libslurm(c), str(count)], env=c.env,
+                         check=True, capture_output=True, text=True).stdout
+    lat = json.loads(out)
+    return {"p50": statistics.median(lat), "p99": pct(lat, 99), "max": max(lat)}
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1000
+
+
+def ledger_paths(work: str, port: int, nodes: int, lib: str | None) -> dict:
+    """Phase 3 for one build (lib None: the one imported here)."""
+    import threading
+    c = cluster.up(work, nodes=nodes, cpus=CPUS, memory=MEMORY, base_port=port, slurmd=False,
+                   node_features=True, plugin_lib=lib)
+    try:
+        ledger = Ledger(ledger_socket_path(c.conf), timeout=60)
+        names = [f"n{i}" for i in range(1, nodes + 1)]
+        for name in names:
+            assert ledger.set(name, {f"pod-{name}": (1500, 1 << 30)}, 0)["ok"]
+        result = {}
+        # A partition update makes slurmctld rebuild allocations from jobs:
+        # the next request waits until every node's share is carried again.
+        waits = []
+        for i in range(10):
+            subprocess.run(["scontrol", "update", "PartitionName=debug",
+                            f"MaxTime={60 + i}"], env=c.env, check=True, capture_output=True)
+            waits.append(_timed(lambda: ledger.reserve("n1", f"after-rebuild-{i}", 1, 1)))
+        result["rebuild_wait_ms"] = statistics.median(waits)
+        # The sync daemon's `set` of a node whose pods did not change.
+        same = [_timed(lambda n=name: ledger.set(n, {f"pod-{n}": (1500, 1 << 30)}, 0))
+                for name in names[:500]]
+        result["noop_set_p50_ms"] = statistics.median(same)
+        result["show_all_ms"] = statistics.median([_timed(ledger.show) for _ in range(10)])
+
+        # Another reader of slurmctld (the node-info RPC of `scontrol show
+        # node`) while `show` runs back to back.
+        result["reader_alone"] = reader_ms(c, 200)
+        stop = threading.Event()
+
+        def storm():
+            other = Ledger(ledger_socket_path(c.conf), timeout=60)
+            while not stop.is_set():
+                other.show()
+        thread = threading.Thread(target=storm)
+        thread.start()
+        try:
+            time.sleep(0.5)
+            result["reader_during_show"] = reader_ms(c, 200)
+        finally:
+            stop.set()
+            thread.join()
+        return result
+    finally:
+        cluster.down(work)
+
+
+def paths_report(base: dict, ours: dict, nodes: int, label: str) -> None:
+    print(f"\nthe ledger's paths, {nodes} nodes with a share each (ms; baseline {label}):")
+    print(f"{'':<44} {'baseline':>10} {'this build':>11} {'ratio':>7}")
+    rows = [("rebuild_wait_ms", "request right after a rebuild (median)"),
+            ("noop_set_p50_ms", "set that changes nothing (p50)"),
+            ("show_all_ms", "show of every node (median)")]
+    for phase, text in (("reader_alone", "node-info RPC alone"),
+                        ("reader_during_show", "node-info RPC during shows")):
+        for stat in ("p50", "p99", "max"):
+            base[f"{phase}_{stat}"], ours[f"{phase}_{stat}"] = base[phase][stat], ours[phase][stat]
+            rows.append((f"{phase}_{stat}", f"{text} ({stat})"))
+    for key, text in rows:
+        ratio = ours[key] / base[key] if base[key] else float("nan")
+        print(f"{text:<44} {base[key]:10.2f} {ours[key]:11.2f} {ratio:7.3f}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", type=int, default=2000, help="reserve+release calls per phase")
     p.add_argument("--queue", type=int, default=10000, help="pending jobs for phase 2")
     p.add_argument("--seconds", type=float, default=30, help="sdiag sampling time per cluster")
     p.add_argument("--base-port", type=int, default=18300)
+    p.add_argument("--baseline-lib", help="phase 3: compare with this pyk8sres build's _lib "
+                   "directory (e.g. an earlier commit's, installed into its own prefix)")
+    p.add_argument("--nodes-big", type=int, default=4000, help="nodes for phase 3")
+    p.add_argument("--only-paths", action="store_true", help="run phase 3 only")
     a = p.parse_args(argv)
+    if a.baseline_lib:
+        paths = {}
+        for key, lib, offset in (("base", a.baseline_lib, 0), ("ours", None, 100)):
+            work = tempfile.mkdtemp(prefix="pyk8sres-bench-paths-")
+            print(f"phase 3 with {lib or 'this build'} ...", flush=True)
+            paths[key] = ledger_paths(work, a.base_port + 1000 + offset, a.nodes_big, lib)
+        paths_report(paths["base"], paths["ours"], a.nodes_big, a.baseline_lib)
+        if a.only_paths:
+            return 0
     results = {}
     for with_plugin in (True, False):
         work = tempfile.mkdtemp(prefix="pyk8sres-bench-ledger-")

@@ -44,16 +44,18 @@ struct pyk8sres_core {
 	int (*reconfigure)(const char *, int *, char *, size_t);
 	int (*node_counts)(const char *, uint32_t, uint64_t, uint64_t *,
 			   uint64_t *, char *, size_t);
-	int (*ledger_open)(const char *, const uint32_t *, size_t,
+	int (*ledger_open)(const char *, const uint32_t *, size_t, int,
 			   pyk8sres_share_fn, char *, size_t);
-	int (*ledger_prepare)(uint32_t, const char *, int *, char *, size_t);
+	int (*ledger_settings)(uint32_t *, size_t, size_t *, int64_t *, char *,
+			       size_t);
+	int (*ledger_prepare)(uint32_t, const char *, int *, int *, char *, size_t);
 	int (*ledger_apply)(int, pyk8sres_facts_fn, pyk8sres_share_fn,
 			    pyk8sres_node_name_fn, pyk8sres_stats_fn, char *,
 			    size_t);
 };
 
 /* Fills `core`; returns 0, or -1 after logging why (prefixed by `who`). */
-static int pyk8sres_core_load(struct pyk8sres_core *core, const char *who,
+static inline int pyk8sres_core_load(struct pyk8sres_core *core, const char *who,
 			      void *self)
 {
 	char path[PATH_MAX], err[PYK8SRES_OUT_LEN] = "";
@@ -88,8 +90,9 @@ static int pyk8sres_core_load(struct pyk8sres_core *core, const char *who,
 	core->ledger_open = dlsym(core->handle, "pyk8sres_ledger_open");
 	core->ledger_prepare = dlsym(core->handle, "pyk8sres_ledger_prepare");
 	core->ledger_apply = dlsym(core->handle, "pyk8sres_ledger_apply");
+	core->ledger_settings = dlsym(core->handle, "pyk8sres_ledger_settings");
 	if (!core->ping || !core->job_submit || !core->reconfigure ||
-	    !core->node_counts || !core->ledger_open ||
+	    !core->node_counts || !core->ledger_open || !core->ledger_settings ||
 	    !core->ledger_prepare || !core->ledger_apply) {
 		slurm_error("%s: %s lacks an entry point (version mismatch?): %s",
 			    who, path, dlerror());

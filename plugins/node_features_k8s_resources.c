@@ -9,10 +9,11 @@
  * The ledger: what Kubernetes holds on a node is *allocated* in Slurm's own
  * GRES accounting next to what jobs hold (gres_cnt_alloc = jobs + share), so
  * a job that fits the node queues with reason Resources until pods leave,
- * and nothing is granted twice.  A thread of ours serves the request socket
- * (reserve/release/set/show, pyk8sres.policy.ledger); each request is decided
- * and applied under slurmctld's job+node write locks, atomically with job
- * starts.  The share each record carries is kept inside that record, in
+ * and nothing is granted twice.  ledger_server.c serves the request socket
+ * (reserve/release/set/show, pyk8sres.policy.ledger) on its own thread; each
+ * request is decided and applied under slurmctld's job+node write locks,
+ * atomically with job starts.  This file carries the shares: the share each
+ * record carries is kept inside that record, in
  * topo_gres_cnt_alloc[0]: for a count-only GRES (topo_cnt == 0) Slurm reads
  * that array nowhere, and gres_node_state_dealloc_all() -- the start of every
  * rebuild of allocations from jobs (startup, reconfigure, partition changes,
@@ -25,16 +26,10 @@
  * the configured source of the exact installed Slurm (tools/slurm-source.sh).
  */
 #define _GNU_SOURCE /* dladdr in core_loader.h */
-#include <errno.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
-#include <unistd.h>
 #include <stdint.h>
 #include <stddef.h>
 #include <string.h>
@@ -57,13 +52,8 @@
 #include "src/common/gres.h"
 #endif
 
-#include "src/slurmctld/locks.h"
-
 #include "core_loader.h"
-
-/* slurmctld-only: slurmd loads this plugin too and must still dlopen it. */
-#pragma weak lock_slurmctld
-#pragma weak unlock_slurmctld
+#include "ledger_server.h"
 
 const char plugin_name[] = "node_features k8s_resources plugin";
 const char plugin_type[] = "node_features/k8s_resources";
@@ -132,6 +122,10 @@ struct want {
 };
 static struct want *wants;
 static int want_count, want_size;
+/* Name -> index into wants (open addressing, at most half full): a rebuild
+ * re-carries N nodes in O(N), not O(N^2). */
+static int *want_slots;
+static uint32_t want_slots_size;
 static pthread_mutex_t sync_lock = PTHREAD_MUTEX_INITIALIZER;
 /* A node whose record proves no rebuild happened since we last looked.
  * Read without sync_lock on the fast path: a torn read only sends the
@@ -146,12 +140,52 @@ static uint64_t checks, check_ns; /* user_update calls and their cost */
 
 static const char *gres_names[2] = { GRES_CPU, GRES_MEM };
 
+/* Name -> index tables (open addressing, power-of-two size, at most half
+ * full) over arrays of structs whose first member is the name: the slot
+ * that holds `name`'s index, or the free slot where it belongs. */
+static int *_slot(int *slots, uint32_t size, const void *array, size_t stride,
+		  const char *name)
+{
+	uint32_t h = 2166136261u, mask = size - 1; /* FNV-1a */
+
+	for (const char *p = name; *p; p++)
+		h = (h ^ (unsigned char) *p) * 16777619u;
+	for (h &= mask; slots[h] >= 0; h = (h + 1) & mask)
+		if (!xstrcmp(*(char **) ((char *) array + slots[h] * stride), name))
+			break;
+	return &slots[h];
+}
+
+/* (Re)index the first `count` entries of `array` into *slots, with room
+ * for `room` of them. */
+static void _index(int **slots, uint32_t *size, const void *array, size_t stride,
+		   int count, int room)
+{
+	if (2 * (uint32_t) room > *size || !*slots) {
+		while (2 * (uint32_t) room > *size || *size < 128)
+			*size = *size ? *size * 2 : 128;
+		xfree(*slots);
+		*slots = xcalloc(*size, sizeof(**slots));
+	}
+	memset(*slots, 0xff, *size * sizeof(**slots));
+	for (int i = 0; i < count; i++)
+		*_slot(*slots, *size, array, stride,
+		       *(char **) ((char *) array + i * stride)) = i;
+}
+
+static int *_want_slot(const char *name)
+{
+	return _slot(want_slots, want_slots_size, wants, sizeof(*wants), name);
+}
+
 static struct want *_want_find(const char *name)
 {
-	for (int i = 0; i < want_count; i++)
-		if (!xstrcmp(wants[i].name, name))
-			return &wants[i];
-	return NULL;
+	int *slot;
+
+	if (!want_slots_size)
+		return NULL;
+	slot = _want_slot(name);
+	return *slot < 0 ? NULL : &wants[*slot];
 }
 
 static void _want_set(const char *name, uint64_t cpu, uint64_t mem)
@@ -163,8 +197,12 @@ static void _want_set(const char *name, uint64_t cpu, uint64_t mem)
 			want_size = want_size ? want_size * 2 : 64;
 			xrecalloc(wants, want_size, sizeof(*wants));
 		}
-		w = &wants[want_count++];
+		if (2 * (uint32_t) (want_count + 1) > want_slots_size)
+			_index(&want_slots, &want_slots_size, wants, sizeof(*wants),
+			       want_count, want_count + 1);
+		w = &wants[want_count];
 		w->name = xstrdup(name);
+		*_want_slot(name) = want_count++;
 	}
 	w->cnt[0] = cpu;
 	w->cnt[1] = mem;
@@ -304,6 +342,27 @@ static bool _intact(void)
 	return ns->topo_gres_cnt_alloc != NULL;
 }
 
+/* Carry every node's share from scratch and pick a new witness (sync_lock
+ * held).  False: no node has its k8s GRES yet. */
+static bool _carry_every_node(void)
+{
+	node_record_t *node_ptr;
+
+	witness_inx = -1;
+	for (int i = 0; (node_ptr = next_node(&i)); i++) {
+		_carry_node(node_ptr);
+		if (witness_inx < 0 && _gres_ns(node_ptr, 0) &&
+		    strlen(node_ptr->name) < sizeof(witness_name)) {
+			strcpy(witness_name, node_ptr->name);
+			witness_inx = node_ptr->index;
+		}
+	}
+	if (witness_inx < 0)
+		return false;
+	last_node_update = time(NULL);
+	return true;
+}
+
 /* Put every node's share back if Slurm rebuilt allocations from jobs, and
  * top up nodes whose pods hold more than jobs left them. */
 static void _resync_if_rebuilt(void)
@@ -320,22 +379,23 @@ static void _resync_if_rebuilt(void)
 			if (wants[i].clamped && (node_ptr = find_node_record(wants[i].name)))
 				_carry_node(node_ptr);
 	} else {
-		witness_inx = -1;
-		for (int i = 0; (node_ptr = next_node(&i)); i++) {
-			_carry_node(node_ptr);
-			if (witness_inx < 0 && _gres_ns(node_ptr, 0) &&
-			    strlen(node_ptr->name) < sizeof(witness_name)) {
-				strcpy(witness_name, node_ptr->name);
-				witness_inx = node_ptr->index;
-			}
-		}
-		if (witness_inx >= 0) {
-			last_node_update = time(NULL);
+		/* Startup and a backup's takeover rebuild too: if this process
+		 * is in control now but another owned the journal until a
+		 * moment ago, load it before any job is placed. */
+		(void) ledger_server_claim();
+		if (_carry_every_node())
 			verbose("%s: %s: allocations were rebuilt (%" PRIu64
 			      "); Kubernetes' share is back on every node",
 			      plugin_type, __func__, ++resyncs);
-		}
 	}
+	slurm_mutex_unlock(&sync_lock);
+}
+
+/* After the journal was (re)loaded: slurmctld's job+node write locks held. */
+static void _carry_all(void)
+{
+	slurm_mutex_lock(&sync_lock);
+	(void) _carry_every_node();
 	slurm_mutex_unlock(&sync_lock);
 }
 
@@ -353,6 +413,63 @@ static int _facts(const char *name, uint64_t *out)
 	out[2] = _jobs(cpu);
 	out[3] = _jobs(mem);
 	return 0;
+}
+
+/* A `show` runs without slurmctld's locks on a copy of every node's facts,
+ * taken under the node lock (server thread only): the lock is held for a C
+ * loop, not for building the reply in Python. */
+struct fact_copy {
+	char *name;		/* first: _slot() reads it */
+	bool ok;		/* has k8s GRES */
+	uint64_t facts[4];
+};
+static struct fact_copy *copies;
+static int copy_count, copy_size;
+static int *copy_slots;
+static uint32_t copy_slots_size;
+static bool copy_indexed;
+
+static void _copy_facts(void)
+{
+	node_record_t *node_ptr;
+
+	copy_count = 0;
+	copy_indexed = false;
+	for (int i = 0; (node_ptr = next_node(&i)); i++) {
+		struct fact_copy *c;
+
+		if (copy_count == copy_size) {
+			copy_size = copy_size ? copy_size * 2 : 64;
+			xrecalloc(copies, copy_size, sizeof(*copies));
+		}
+		c = &copies[copy_count++];
+		if (xstrcmp(c->name, node_ptr->name)) {
+			xfree(c->name);
+			c->name = xstrdup(node_ptr->name);
+		}
+		c->ok = !_facts(node_ptr->name, c->facts);
+	}
+}
+
+static int _copied_facts(const char *name, uint64_t *out)
+{
+	int inx;
+
+	if (!copy_indexed) {	/* outside slurmctld's locks, once per show */
+		_index(&copy_slots, &copy_slots_size, copies, sizeof(*copies),
+		       copy_count, copy_count);
+		copy_indexed = true;
+	}
+	inx = *_slot(copy_slots, copy_slots_size, copies, sizeof(*copies), name);
+	if (inx < 0 || !copies[inx].ok)
+		return -1;
+	memcpy(out, copies[inx].facts, sizeof(copies[inx].facts));
+	return 0;
+}
+
+static const char *_copied_node_name(int index)
+{
+	return index >= 0 && index < copy_count ? copies[index].name : NULL;
 }
 
 static void _share(const char *name, uint64_t cpu, uint64_t mem)
@@ -380,11 +497,24 @@ static const char *_node_name(int index)
 	return node_record_table_ptr[index] ? node_record_table_ptr[index]->name : "";
 }
 
-/* At init (no node table yet): remember only. */
-static void _share_at_load(const char *name, uint64_t cpu, uint64_t mem)
+/* A journal load: remember only; the caller carries every node after. */
+static void _remember(const char *name, uint64_t cpu, uint64_t mem)
 {
 	_want_set(name, cpu, mem);
 }
+
+static const struct ledger_plugin_ops ledger_ops = {
+	.facts = _facts,
+	.share = _share,
+	.remember = _remember,
+	.node_name = _node_name,
+	.stats = _stats,
+	.resync = _resync_if_rebuilt,
+	.carry_all = _carry_all,
+	.copy_facts = _copy_facts,
+	.copied_facts = _copied_facts,
+	.copied_node_name = _copied_node_name,
+};
 
 /*
  * Set one count-only GRES's total on the node to `count` (capacity).
@@ -453,264 +583,6 @@ fail:
 	return rv;
 }
 
-/* --- The request socket ---------------------------------------------------
- * One thread, poll()ing the listening socket and its clients; one request
- * line in, one reply line out.  Callers are authenticated by the kernel
- * (SO_PEERCRED), as munged authenticates its own; Python decides who may. */
-#define MAX_CLIENTS 32
-#define LINE_MAX_BYTES (1 << 20)
-#define REPLY_BYTES (4 << 20)
-
-struct client {
-	int fd;
-	uid_t uid;
-	char *buf;
-	size_t len;
-};
-
-static char *socket_path;
-static int listen_fd = -1;
-static volatile bool ledger_stop;
-static pthread_t ledger_tid;
-static bool ledger_running;
-
-static int _listen(const char *path)
-{
-	struct sockaddr_un addr = { .sun_family = AF_UNIX };
-	int fd;
-
-	if (strlen(path) >= sizeof(addr.sun_path)) {
-		error("%s: %s: socket path %s is too long", plugin_type, __func__,
-		      path);
-		return -1;
-	}
-	strcpy(addr.sun_path, path);
-	(void) unlink(path);
-	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
-	    bind(fd, (struct sockaddr *) &addr, sizeof(addr)) ||
-	    chmod(path, 0666) || /* anyone may ask; SO_PEERCRED decides */
-	    listen(fd, 64)) {
-		error("%s: %s: cannot listen on %s: %m", plugin_type, __func__,
-		      path);
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
-	return fd;
-}
-
-static void _send_all(int fd, const char *data, size_t len)
-{
-	while (len) {
-		ssize_t n = send(fd, data, len, MSG_NOSIGNAL);
-
-		if (n <= 0) {
-			if (n < 0 && errno == EINTR)
-				continue;
-			return; /* the client went away or stalled 1 s: drop it */
-		}
-		data += n;
-		len -= n;
-	}
-}
-
-static void _send_str(int fd, const char *text)
-{
-	_send_all(fd, text, strlen(text));
-}
-
-static long _ms_since(const struct timespec *t)
-{
-	struct timespec now;
-
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	return (now.tv_sec - t->tv_sec) * 1000 +
-	       (now.tv_nsec - t->tv_nsec) / 1000000;
-}
-
-static void _serve(struct client *c, char *line, char *reply)
-{
-	slurmctld_lock_t write_lock = { .job = WRITE_LOCK, .node = WRITE_LOCK };
-	struct timespec start, prepared;
-	int ticket = 0;
-
-	reply[0] = '\0';
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	core.ledger_prepare(c->uid, line, &ticket, reply, REPLY_BYTES);
-	if (ticket > 0) {
-		long to_lock, took;
-
-		clock_gettime(CLOCK_MONOTONIC, &prepared);
-		lock_slurmctld(write_lock);
-		to_lock = _ms_since(&prepared);
-		_resync_if_rebuilt();
-		core.ledger_apply(ticket, _facts, _share, _node_name, _stats,
-				  reply, REPLY_BYTES);
-		unlock_slurmctld(write_lock);
-		/* Callers time out after 2 s: say where a slow answer waited. */
-		if ((took = _ms_since(&start)) >= 1000)
-			info("%s: %s: a request took %ld ms, %ld of them waiting for slurmctld's job and node locks",
-			     plugin_type, __func__, took, to_lock);
-	}
-	if (!reply[0])
-		strcpy(reply, "{\"ok\":false,\"code\":\"internal\",\"error\":\"no reply\"}\n");
-	_send_str(c->fd, reply);
-}
-
-static void _drop(struct client *c)
-{
-	close(c->fd);
-	xfree(c->buf);
-	c->fd = -1;
-	c->len = 0;
-}
-
-/* Read what is there; serve every complete line.  False: drop the client. */
-static bool _read(struct client *c, char *reply)
-{
-	char *nl;
-	ssize_t n;
-
-	if (!c->buf)
-		c->buf = xmalloc(LINE_MAX_BYTES + 1);
-	n = recv(c->fd, c->buf + c->len, LINE_MAX_BYTES - c->len, MSG_DONTWAIT);
-	if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
-		return false;
-	if (n < 0)
-		return true;
-	c->len += n;
-	c->buf[c->len] = '\0';
-	while ((nl = memchr(c->buf, '\n', c->len))) {
-		size_t used = nl - c->buf + 1;
-
-		*nl = '\0';
-		if (memchr(c->buf, '\0', used - 1)) {
-			_send_str(c->fd, "{\"ok\":false,\"code\":\"badrequest\",\"error\":\"NUL byte in request\"}\n");
-		} else
-			_serve(c, c->buf, reply);
-		memmove(c->buf, c->buf + used, c->len - used);
-		c->len -= used;
-		c->buf[c->len] = '\0';
-	}
-	if (c->len == LINE_MAX_BYTES) {
-		_send_str(c->fd, "{\"ok\":false,\"code\":\"badrequest\",\"error\":\"request line longer than 1 MiB\"}\n");
-		return false;
-	}
-	return true;
-}
-
-static void _accept(struct client *clients)
-{
-	struct timeval send_timeout = { .tv_sec = 1 };
-	struct ucred cred;
-	socklen_t len = sizeof(cred);
-	int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
-
-	if (fd < 0)
-		return;
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len)) {
-		close(fd);
-		return;
-	}
-	(void) setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
-			  sizeof(send_timeout));
-	for (int i = 0; i < MAX_CLIENTS; i++)
-		if (clients[i].fd < 0) {
-			clients[i].fd = fd;
-			clients[i].uid = cred.uid;
-			return;
-		}
-	_send_str(fd, "{\"ok\":false,\"code\":\"internal\",\"error\":\"too many clients\"}\n");
-	close(fd);
-}
-
-/* Idle: re-apply the share soon after a rebuild even when nothing is being
- * scheduled (slurmctld startup, a reconfigure), so `scontrol show node`
- * shows it.  Allocations never wait for this: user_update comes first. */
-static void _watch_rebuilds(void)
-{
-	slurmctld_lock_t read_lock = { .node = READ_LOCK };
-	struct timespec start;
-	long took;
-
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	lock_slurmctld(read_lock);
-	_resync_if_rebuilt();
-	unlock_slurmctld(read_lock);
-	if ((took = _ms_since(&start)) >= 1000) /* requests waited as long */
-		info("%s: %s: waited %ld ms for slurmctld's node lock",
-		     plugin_type, __func__, took);
-}
-
-static void *_ledger_thread(void *arg)
-{
-	struct client clients[MAX_CLIENTS];
-	struct pollfd fds[MAX_CLIENTS + 1];
-	char *reply = xmalloc(REPLY_BYTES);
-
-	for (int i = 0; i < MAX_CLIENTS; i++)
-		clients[i] = (struct client) { .fd = -1 };
-	while (!ledger_stop) {
-		int n = 0;
-
-		fds[n++] = (struct pollfd) { .fd = listen_fd, .events = POLLIN };
-		for (int i = 0; i < MAX_CLIENTS; i++)
-			fds[n++] = (struct pollfd) { .fd = clients[i].fd,
-						     .events = POLLIN };
-		if (poll(fds, n, 500) <= 0) {
-			_watch_rebuilds();
-			continue;
-		}
-		if (fds[0].revents & POLLIN)
-			_accept(clients);
-		for (int i = 0; i < MAX_CLIENTS; i++)
-			if (clients[i].fd >= 0 &&
-			    (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) &&
-			    !_read(&clients[i], reply))
-				_drop(&clients[i]);
-	}
-	for (int i = 0; i < MAX_CLIENTS; i++)
-		if (clients[i].fd >= 0)
-			_drop(&clients[i]);
-	xfree(reply);
-	return NULL;
-}
-
-/* Load the journal and start serving; slurmctld does not start if the
- * ledger cannot be trusted (a half-read ledger would double-book). */
-static int _ledger_start(void)
-{
-	char path[PATH_MAX] = "";
-	uint32_t slurm_user = slurm_conf.slurm_user_id;
-	Dl_info info;
-
-	if (!lock_slurmctld || !slurm_conf.state_save_location) {
-		error("%s: %s: not inside slurmctld", plugin_type, __func__);
-		return SLURM_ERROR;
-	}
-	if (core.ledger_open(slurm_conf.state_save_location, &slurm_user, 1,
-			     _share_at_load, path, sizeof(path))) {
-		error("%s: %s: cannot load the ledger: %s", plugin_type,
-		      __func__, path);
-		return SLURM_ERROR;
-	}
-	socket_path = xstrdup(path);
-	if ((listen_fd = _listen(socket_path)) < 0)
-		return SLURM_ERROR;
-	/* Our thread runs code of this .so: never unmap it under the thread. */
-	if (dladdr((void *) _ledger_thread, &info) && info.dli_fname)
-		(void) dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
-	if (pthread_create(&ledger_tid, NULL, _ledger_thread, NULL)) {
-		error("%s: %s: cannot start the ledger thread: %m", plugin_type,
-		      __func__);
-		return SLURM_ERROR;
-	}
-	ledger_running = true;
-	verbose("%s: %s: ledger serving %s (%d nodes with a share)", plugin_type,
-		__func__, socket_path, want_count);
-	return SLURM_SUCCESS;
-}
-
 extern int init(void)
 {
 	int rv = SLURM_ERROR;
@@ -724,7 +596,7 @@ extern int init(void)
 		goto fail;
 	core_ok = true;
 	_core_reconfigure();
-	if (_ledger_start())
+	if (ledger_server_start(&core, &ledger_ops))
 		goto fail;
 	verbose("%s: %s: loaded", plugin_type, __func__);
 	rv = SLURM_SUCCESS;
@@ -732,12 +604,10 @@ fail:
 	return rv;
 }
 
-/* Never dlclose the core: Python cannot be restarted in a process.  The
- * thread is told to stop; it is not joined, as fini may run under the very
- * locks the thread waits for. */
+/* Never dlclose the core: Python cannot be restarted in a process. */
 extern int fini(void)
 {
-	ledger_stop = true;
+	ledger_server_stop();
 	return SLURM_SUCCESS;
 }
 
@@ -814,8 +684,10 @@ extern int node_features_p_get_node(char *node_list)
 	if (!running_in_slurmctld())
 		return SLURM_SUCCESS;
 	if (!node_list) {
-		if (core_ok)
+		if (core_ok) {
 			_core_reconfigure();
+			ledger_server_reconfigure();
+		}
 		for (i = 0; (node_ptr = next_node(&i)); i++)
 			if (_apply(node_ptr))
 				rc = SLURM_ERROR;
@@ -911,7 +783,7 @@ extern bool node_features_p_user_update(uid_t uid)
 {
 	struct timespec t0, t1;
 
-	if (!ledger_running)
+	if (!ledger_server_running())
 		return true;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	_resync_if_rebuilt();

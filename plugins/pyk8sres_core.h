@@ -131,19 +131,30 @@ typedef const char *(*pyk8sres_node_name_fn)(int index);
  * rebuilds of allocations seen (for `show` and bench/bench_ledger.py). */
 typedef void (*pyk8sres_stats_fn)(uint64_t *stats3);
 
-/* Load the journal under `state_dir`; every node's share goes to `share`.
- * `allowed_uids` (n_allowed) may call the ledger besides root.  On success
- * `out` holds the socket path to serve; on failure the reason. */
+/* (Re)load the journal under `state_dir`: every node whose share is new or
+ * changed since the last load goes to `share` (0, 0 for one that left).
+ * `owner` = 1 only while this process holds the journal's lock: the journal
+ * is then compacted and appended to; 0 reads it and nothing else.
+ * `allowed_uids` (n_allowed) may call the ledger besides LedgerUsers.
+ * On failure the reason goes to `err`. */
 int pyk8sres_ledger_open(const char *state_dir, const uint32_t *allowed_uids,
-			 size_t n_allowed, pyk8sres_share_fn share,
-			 char *out, size_t outlen);
-/* Outside slurmctld's locks: parse, authorize, journal (fsync).  Returns 0
- * with *ticket > 0 to go on to ..._apply, or 0 with *ticket == 0 and the
- * reply line in `reply`. */
+			 size_t n_allowed, int owner, pyk8sres_share_fn share,
+			 char *err, size_t errlen);
+/* Who may call and where (k8s_resources.conf as last read): LedgerUsers=
+ * into `uids` (at most max_uids; *n_uids of them), LedgerGroup= into
+ * *group (-1: none), LedgerSocket= into `socket_path` ("" = the default).
+ * On failure the reason goes to `socket_path`. */
+int pyk8sres_ledger_settings(uint32_t *uids, size_t max_uids, size_t *n_uids,
+			     int64_t *group, char *socket_path, size_t pathlen);
+/* Outside slurmctld's locks: authorize, parse, journal (fsync) if it changes
+ * anything.  Returns 0 with *ticket > 0 to go on to ..._apply (*read_only:
+ * a `show`, which needs no slurmctld lock while it runs), or 0 with
+ * *ticket == 0 and the reply line in `reply`. */
 int pyk8sres_ledger_prepare(uint32_t uid, const char *line, int *ticket,
-			    char *reply, size_t replylen);
-/* Under slurmctld's job+node write locks: decide and apply; the reply line
- * goes to `reply`. */
+			    int *read_only, char *reply, size_t replylen);
+/* Under slurmctld's job+node write locks (a read-only request: on a copy
+ * of the facts, without locks; `share` is then never called): decide and
+ * apply; the reply line goes to `reply`. */
 int pyk8sres_ledger_apply(int ticket, pyk8sres_facts_fn facts,
 			  pyk8sres_share_fn share, pyk8sres_node_name_fn node_name,
 			  pyk8sres_stats_fn stats, char *reply, size_t replylen);

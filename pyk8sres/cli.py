@@ -30,17 +30,21 @@ def _cluster_up(args) -> int:
                            sockets=args.sockets, cores_per_socket=args.cores_per_socket,
                            threads_per_core=args.threads_per_core, gpus=args.gpus,
                            node_sizes=args.node_sizes, accounting=args.accounting,
-                           rest=args.rest)
+                           rest=args.rest, backup_controller=args.backup_controller)
     else:
         c = cluster.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
                        base_port=args.base_port, node_features=node_features,
                        slurm=args.slurm, auth=args.auth,
                        sockets=args.sockets, cores_per_socket=args.cores_per_socket,
                        threads_per_core=args.threads_per_core, gpus=args.gpus,
-                       node_sizes=args.node_sizes, accounting=args.accounting, rest=args.rest)
+                       node_sizes=args.node_sizes, accounting=args.accounting, rest=args.rest,
+                       backup_controller=args.backup_controller)
     print(f"# local Slurm cluster up in {c.work}: nodes {','.join(cluster.node_names(args.nodes))}"
           f", Slurm {c.release.name}")
     print(f"export SLURM_CONF={c.conf}")
+    if args.backup_controller:
+        print(f"# backup slurmctld on 127.0.0.2:{args.base_port} (log: "
+              f"{c.work}/backup/log/slurmctld.log)")
     if c.release.bin_dirs:
         print(f"export PATH={os.pathsep.join(c.release.bin_dirs)}:$PATH  # Slurm {c.release.name}")
     if args.accounting:
@@ -163,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                         "AccountingStorageTRES=gres/k8scpu,gres/k8smemory")
     u.add_argument("--rest", action="store_true",
                    help="also slurmrestd with JWT on 127.0.0.1 (port after slurmdbd's and MariaDB's)")
+    u.add_argument("--backup-controller", action="store_true",
+                   help="also a backup slurmctld (two SlurmctldHost lines, one StateSaveLocation): "
+                        "the primary listens on 127.0.0.1, the backup on 127.0.0.2, both on "
+                        "--base-port; `scontrol takeover` or stopping the primary fails over")
     u.add_argument("--kube-port", type=int, default=16443)
     u.set_defaults(func=_cluster_up)
     d = csub.add_parser("down")

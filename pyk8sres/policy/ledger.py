@@ -16,7 +16,25 @@ per request line.
     {"op": "show"}  or  {"op": "show", "node": "n1"}
 
 Replies: {"ok": true, ...} or {"ok": false, "code": CODE, "error": "why"}
-with CODE one of CODES.
+with CODE one of CODES:
+
+    nofit         the node has no room for this reservation (nothing changed)
+    badrequest    the line is not a valid request (nothing changed)
+    unknown_node  slurmctld has no such node with k8scpu/k8smemory (nothing changed)
+    denied        this uid may not use the ledger; the connection is closed
+    busy          this uid has too many connections open; this one is closed
+    notready      slurmctld is starting, or a backup is taking over, and has not
+                  recovered its node and job state yet: nothing was read or
+                  changed.  It says nothing about any node -- above all not
+                  "unknown" or "no share": retry in a moment, and until then
+                  fail closed (admit no pod, release nothing).  The server
+                  answers it to every request, `show` included, then serves
+                  normally once ready; a server that shuts down or hands over
+                  answers it once and closes the connection.
+    internal      a bug inside slurmctld's plugin (see slurmctld's log)
+
+A connection that cannot be made (no socket, refused) means no slurmctld owns
+the ledger right now (down, or failing over): the same as notready.
 """
 from __future__ import annotations
 
@@ -31,7 +49,7 @@ MAX_MEM_BYTES = 1 << 60
 MAX_ENTRIES = 100_000
 MAX_KEEP_SECONDS = 86_400
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,252}\Z")
-CODES = ("nofit", "badrequest", "unknown_node", "denied", "internal")
+CODES = ("nofit", "badrequest", "unknown_node", "denied", "busy", "notready", "internal")
 OPS = ("reserve", "release", "set", "show")
 
 

@@ -27,6 +27,10 @@ class Config:
     # Who may call the ledger besides root and SlurmUser (numeric uids: no
     # user lookups inside slurmctld), e.g. the coordinator's service user.
     ledger_users: tuple = ()
+    # The group (numeric gid) the ledger socket is opened to (mode 0660):
+    # LedgerUsers must be members, and so must SlurmUser (to give the socket
+    # to it).  None: mode 0600, only root and SlurmUser can connect.
+    ledger_group: int | None = None
     # The ledger's socket; empty = StateSaveLocation/k8s_resources.socket.
     ledger_socket: str = ""
     # Capacity kept away from both schedulers (kubelet, system daemons).
@@ -42,6 +46,7 @@ _KEYS = {
     "oninternalerror": "on_internal_error",
     "underrequest": "under_request",
     "ledgerusers": "ledger_users",
+    "ledgergroup": "ledger_group",
     "ledgersocket": "ledger_socket",
     "reservecpus": "reserve_cpus",
     "reservememory": "reserve_memory_mb",
@@ -71,6 +76,11 @@ def parse(text: str, *, source: str = CONF_NAME, base: Config = Config()) -> Con
                 raise ConfigError(f"{source}:{lineno}: {key.strip()} takes numeric uids "
                                   f"separated by commas, not {value!r}")
             value = tuple(int(u) for u in uids)
+        elif field == "ledger_group":
+            if not value.isdigit() or int(value) >= 1 << 32:
+                raise ConfigError(f"{source}:{lineno}: {key.strip()} takes a numeric gid, "
+                                  f"not {value!r}")
+            value = int(value)
         elif isinstance(getattr(base, field), int):
             if not value.isdigit():
                 raise ConfigError(f"{source}:{lineno}: {key.strip()} needs a "

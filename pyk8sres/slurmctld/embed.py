@@ -90,6 +90,8 @@ def conf_facts(slurm_conf_path: str, settings: config.Config) -> dict:
 def reconfigure(slurm_conf_path: str) -> None:
     global _config
     _config = config.load(slurm_conf_path)
+    if _ledger is not None:
+        _ledger.allowed_uids = _allowed_uids()
     submit.use_site(dataclasses.replace(submit.current_site(),
                                         **conf_facts(slurm_conf_path, _config)),
                     _config.on_internal_error == "accept")
@@ -163,28 +165,47 @@ def bind(ffi, lib) -> None:
             return INTERNAL_ERROR
 
     @ffi.def_extern(error=INTERNAL_ERROR)
-    def pyk8sres_ledger_open(state_dir, allowed, n_allowed, share, err, errlen):
-        global _ledger
+    def pyk8sres_ledger_open(state_dir, allowed, n_allowed, owner, share, err, errlen):
+        global _ledger, _ledger_base_uids
         try:
             from .ledger import Ledger
-            uids = {0, *(allowed[i] for i in range(n_allowed)), *_config.ledger_users}
-            ledger = Ledger(_text(ffi, state_dir), allowed_uids=uids)
-            ledger.load()
-            for node, (cpu, mem) in ledger.shares().items():
-                share(node.encode(), cpu, mem)
+            _ledger_base_uids = frozenset({0, *(allowed[i] for i in range(n_allowed))})
+            directory = _text(ffi, state_dir)
+            ledger = _ledger if _ledger is not None and _ledger.directory == directory \
+                else Ledger(directory)
+            ledger.allowed_uids = _allowed_uids()
+            before = ledger.shares()
+            ledger.load(compact=bool(owner))
             _ledger = ledger
-            _put(ffi, err, errlen, _config.ledger_socket or
-                 os.path.join(_text(ffi, state_dir), "k8s_resources.socket"))
+            after = ledger.shares()
+            for node in sorted(before.keys() | after.keys()):
+                if before.get(node) != after.get(node):
+                    share(node.encode(), *after.get(node, (0, 0)))
             return OK
         except BaseException as exc:
             _put(ffi, err, errlen, f"{type(exc).__name__}: {exc}")
             return INTERNAL_ERROR
 
     @ffi.def_extern(error=INTERNAL_ERROR)
-    def pyk8sres_ledger_prepare(uid, line, ticket, reply, replylen):
-        ticket[0] = 0
+    def pyk8sres_ledger_settings(uids, max_uids, n_uids, group, socket_path, pathlen):
+        try:
+            users = _config.ledger_users[:max_uids]
+            for i, uid in enumerate(users):
+                uids[i] = uid
+            n_uids[0] = len(users)
+            group[0] = -1 if _config.ledger_group is None else _config.ledger_group
+            _put(ffi, socket_path, pathlen, _config.ledger_socket)
+            return OK
+        except BaseException as exc:
+            _put(ffi, socket_path, pathlen, f"{type(exc).__name__}: {exc}")
+            return INTERNAL_ERROR
+
+    @ffi.def_extern(error=INTERNAL_ERROR)
+    def pyk8sres_ledger_prepare(uid, line, ticket, read_only, reply, replylen):
+        ticket[0] = read_only[0] = 0
         try:
             number, answer = _ledger.prepare(uid, ffi.string(line))
+            read_only[0] = int(bool(number) and _ledger.read_only(number))
         except BaseException as exc:
             log.exception("node_features/k8s_resources: ledger request failed")
             number, answer = 0, _internal(exc)
@@ -222,6 +243,12 @@ def bind(ffi, lib) -> None:
 
 
 _ledger = None
+_ledger_base_uids: frozenset = frozenset({0})   # root and SlurmUser
+
+
+def _allowed_uids() -> frozenset:
+    """Who may call the ledger: root, SlurmUser and LedgerUsers= as last read."""
+    return frozenset({*_ledger_base_uids, *_config.ledger_users})
 
 
 def _internal(exc: BaseException) -> dict:

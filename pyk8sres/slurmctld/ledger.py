@@ -12,13 +12,18 @@ calls in here twice per request (pyk8sres/slurmctld/embed.py):
 
 A request denied after its journal line was written gets an "undo" line
 (no fsync: losing it in a crash only keeps a reservation the coordinator's
-next `set` drops).  The journal is replayed at startup (slurmctld restart,
-24.11's re-exec on reconfigure, a backup controller taking over with the
-same StateSaveLocation) and compacted into one snapshot line now and then.
+next `set` drops).  One process owns the journal at a time: the slurmctld in
+control, holding an exclusive flock on k8s_resources.ledger.lock
+(plugins/ledger_server.c).  It replays the journal when it takes it over
+(startup, restart, 24.11's re-exec on reconfigure, a backup controller
+taking over with the same StateSaveLocation) and compacts it into one
+snapshot line then and now and then; any other process only reads it.
 
 Journal: JSON lines, each {"t": epoch, "op": ...} as in policy.ledger plus
 {"op": "undo", "node", "key", "entry": [cpu_m, mem_bytes, since, bound] | null}
-and {"op": "snapshot", "nodes": {node: {key: [cpu_m, mem_bytes, since, bound]}}}.
+(a refused reserve), {"op": "undo", "node", "entries": {key: [...]}} (a
+refused set) and {"op": "snapshot", "nodes": {node: {key: [cpu_m, mem_bytes,
+since, bound]}}}.  A request that changes nothing is not written at all.
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ ShareFn = Callable[[str, int, int], None]
 
 class Ledger:
     def __init__(self, directory: str, *, allowed_uids=(0,), clock=time.time):
+        self.directory = directory
         self.path = os.path.join(directory, JOURNAL_NAME)
         self.allowed_uids = frozenset(allowed_uids)
         self.clock = clock
@@ -52,10 +58,22 @@ class Ledger:
         self._next_ticket = 1
 
     # --- persistence -------------------------------------------------------
-    def load(self) -> None:
+    def load(self, *, compact: bool = True) -> None:
         """Replay the journal.  A torn last line (crash mid-write) is ignored;
-        any other bad line is an error: never guess what Kubernetes holds."""
-        self.nodes, self.lines = {}, 0
+        any other bad line is an error, and nothing changes: never guess what
+        Kubernetes holds.  compact=True only in the process that holds the
+        journal's lock (node_features' ledger_server.c): it alone may replace
+        the file; a reader (a standby backup, a process waiting for the lock)
+        only reads."""
+        nodes, lines = self._read()
+        self._close_journal()   # the file may have been replaced since we wrote
+        self.nodes, self.lines = nodes, lines
+        if compact:
+            self._compact()
+
+    def _read(self) -> tuple[dict, int]:
+        nodes: dict[str, dict[str, Entry]] = {}
+        lines = 0
         try:
             with open(self.path, "rb") as f:
                 raw = f.read().split(b"\n")
@@ -66,33 +84,42 @@ class Ledger:
             if not line.strip():
                 continue
             try:
-                self._replay(json.loads(line))
-            except (ValueError, KeyError, TypeError, RequestError) as exc:
+                nodes = self._replay(nodes, json.loads(line))
+            except (ValueError, KeyError, TypeError, AttributeError, RequestError) as exc:
                 if number == last:  # every whole line ends with a newline
                     log.error("node_features/k8s_resources: ledger %s: ignoring a torn last "
                               "line (crash while writing)", self.path)
                     break
                 raise ValueError(f"{self.path}:{number + 1}: bad ledger line: {exc}") from None
-            self.lines += 1
-        self._compact()
+            lines += 1
+        return nodes, lines
 
-    def _replay(self, doc: dict) -> None:
+    def _replay(self, nodes: dict, doc: dict) -> dict:
         op, t = doc["op"], float(doc.get("t", 0))
         if op == "snapshot":
-            self.nodes = {node: {k: _entry(v) for k, v in entries.items()}
-                          for node, entries in doc["nodes"].items()}
-        elif op == "undo":
-            entries = self.nodes.setdefault(doc["node"], {})
-            entries.pop(doc["key"], None)
-            if doc.get("entry"):
-                entries[doc["key"]] = _entry(doc["entry"])
-        else:
-            req = parse_request(json.dumps({k: v for k, v in doc.items() if k != "t"}))
-            entries = self.nodes.get(req.node, {})
-            # Replayed as granted: a grant's undo line follows it if it was not.
-            new = self._granted(entries, req, t)
-            if new is not None:
-                self._store(req.node, new)
+            return {node: {k: _entry(v) for k, v in entries.items()}
+                    for node, entries in doc["nodes"].items()}
+        if op == "undo":
+            if "entries" in doc:        # a node's whole entries (a refused `set`)
+                entries = {k: _entry(v) for k, v in doc["entries"].items()}
+            else:
+                entries = nodes.get(doc["node"], {})
+                entries.pop(doc["key"], None)
+                if doc.get("entry"):
+                    entries[doc["key"]] = _entry(doc["entry"])
+            if entries:
+                nodes[doc["node"]] = entries
+            else:
+                nodes.pop(doc["node"], None)
+            return nodes
+        req = parse_request(json.dumps({k: v for k, v in doc.items() if k != "t"}))
+        # Replayed as granted: a grant's undo line follows it if it was not.
+        new = self._granted(nodes.get(req.node, {}), req, t)
+        if new:
+            nodes[req.node] = new
+        elif new is not None:
+            nodes.pop(req.node, None)
+        return nodes
 
     @staticmethod
     def _granted(entries: dict, req: Request, now: float) -> dict | None:
@@ -104,6 +131,11 @@ class Ledger:
             self.nodes[node] = entries
         else:
             self.nodes.pop(node, None)
+
+    def _close_journal(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
 
     def _open(self):
         if self._journal is None:
@@ -136,31 +168,42 @@ class Ledger:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-        if self._journal is not None:
-            self._journal.close()
-            self._journal = None
+        self._close_journal()
         self.lines = 1
 
     # --- the two calls per request ------------------------------------------
     def prepare(self, uid: int, line: bytes) -> tuple[int, dict | None]:
-        """(ticket, None) to go on to apply(), or (0, reply) when done."""
-        try:
-            req = parse_request(line)
-        except RequestError as exc:
-            return 0, {"ok": False, "code": exc.code, "error": str(exc)}
+        """(ticket, None) to go on to apply(), or (0, reply) when done.
+        The caller is authorised before a byte is parsed (ledger_server.c
+        does it at accept; checked here again)."""
         if uid not in self.allowed_uids:
             return 0, {"ok": False, "code": "denied", "error": (
                 f"uid {uid} may not use the ledger (root, SlurmUser and LedgerUsers= in "
                 "k8s_resources.conf may)")}
+        try:
+            req = parse_request(line)
+        except RequestError as exc:
+            return 0, {"ok": False, "code": exc.code, "error": str(exc)}
         now = self.clock()
-        if req.op != "show":
+        # Only a request that changes something is journaled (and fsynced):
+        # one that changes nothing -- the sync daemon's `set` of a node every
+        # second, a repeated reserve -- leaves the replay the same without it.
+        journaled = req.op != "show" and \
+            self._granted(self.nodes.get(req.node, {}), req, now) is not None
+        if journaled:
             if self.lines >= COMPACT_AFTER:
                 self._compact()
             self._append({"t": now, **_as_doc(req)}, sync=True)
         ticket = self._next_ticket
         self._next_ticket += 1
-        self._tickets[ticket] = (req, now)   # decided at the journaled time: replay agrees
+        # Decided at the journaled time: replay agrees.
+        self._tickets[ticket] = (req, now, journaled)
         return ticket, None
+
+    def read_only(self, ticket: int) -> bool:
+        """Does this request only read (`show`)?  Then slurmctld's read
+        locks are enough to apply it."""
+        return self._tickets[ticket][0].op == "show"
 
     def apply(self, ticket: int, facts: FactsFn, set_share: ShareFn,
               node_names: Callable[[], Iterable[str]] = tuple,
@@ -168,7 +211,7 @@ class Ledger:
         """Under slurmctld's locks: decide, and hand changed shares to C.
         `node_names` lists slurmctld's nodes and `stats` the plugin's
         counters (for a `show` of all of them)."""
-        req, now = self._tickets.pop(ticket)
+        req, now, journaled = self._tickets.pop(ticket)
         if req.op == "show":
             names = [req.node] if req.node else sorted({*self.nodes, *node_names()})
             reply = {"ok": True, "nodes": {n: node_view(self.nodes.get(n, {}), facts(n),
@@ -182,10 +225,17 @@ class Ledger:
         if new is not None:
             self._store(req.node, new)
             set_share(req.node, *share_units(new))
-        elif not reply["ok"] and req.op == "reserve":
-            old = entries.get(req.key)
-            self._append({"t": now, "op": "undo", "node": req.node, "key": req.key,
-                          "entry": list(old) if old else None}, sync=False)
+        elif not reply["ok"] and journaled:
+            # Replayed as granted unless undone (no fsync: a lost undo only
+            # keeps a reservation the coordinator's next `set` drops).
+            if req.op == "reserve":
+                old = entries.get(req.key)
+                self._append({"t": now, "op": "undo", "node": req.node, "key": req.key,
+                              "entry": list(old) if old else None}, sync=False)
+            else:
+                self._append({"t": now, "op": "undo", "node": req.node,
+                              "entries": {k: list(e) for k, e in entries.items()}},
+                             sync=False)
         if reply.get("oversubscribed"):
             log.error("node_features/k8s_resources: node %s: pods hold more than Slurm jobs "
                       "leave (%s); no new job starts there until they leave", req.node,

@@ -8,6 +8,9 @@ commands come first on PATH for the whole test process.
 import contextlib
 import os
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +86,38 @@ def port(default: int) -> int:
     """A test module's base port, moved by PYK8SRES_TEST_PORT_OFFSET so that
     two test runs on one machine (e.g. two checkouts) never collide."""
     return default + int(os.environ.get("PYK8SRES_TEST_PORT_OFFSET", "0"))
+
+
+REPO = Path(__file__).resolve().parents[2]
+# Debian's own Python: what a site's slurmctld can read (ours lives under /root).
+SYSTEM_PYTHON = "/usr/bin/python3"
+# Where that build lives: readable by every user; PYK8SRES_SLURMUSER_VENV
+# moves it (two checkouts testing at once must not share it).
+VENV = os.environ.get("PYK8SRES_SLURMUSER_VENV", "/var/cache/pyk8sres/slurmuser-venv")
+
+
+def readable_build() -> str:
+    """pyk8sres built from this checkout into a venv of Debian's Python that
+    every user can read (for slurmctld as SlurmUser=slurm, with the installed
+    Slurm); returns its _lib directory."""
+    if not os.path.exists(SYSTEM_PYTHON):
+        pytest.fail(f"{SYSTEM_PYTHON} missing: tools/install-deps.sh installs python3-venv")
+    # -I: the venv's own packages only, whatever PYTHONPATH the tests run with.
+    pip = [f"{VENV}/bin/python", "-I", "-m", "pip", "install", "-q",
+           "--disable-pip-version-check"]
+    if not os.path.exists(f"{VENV}/.ready"):
+        shutil.rmtree(VENV, ignore_errors=True)
+        subprocess.run([SYSTEM_PYTHON, "-m", "venv", VENV], check=True)
+        # Debian 12's pip predates -C (config settings): a current one first.
+        subprocess.run(pip + ["-U", "pip"], check=True)
+        subprocess.run(pip + ["meson-python>=0.15", "meson>=1.1", "ninja", "cffi>=1.17"],
+                       check=True)
+        Path(f"{VENV}/.ready").touch()
+    src = subprocess.run([str(REPO / "tools" / "slurm-source.sh")], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    subprocess.run(pip + ["--no-build-isolation", "--force-reinstall", "--no-deps",
+                          f"-Csetup-args=-Dslurm_source={src}",
+                          "-Csetup-args=-Dnode_features=enabled", str(REPO)], check=True)
+    return subprocess.run([f"{VENV}/bin/python", "-I", "-c",
+                           "import pyk8sres.install as i; print(i.PACKAGE_LIB)"],
+                          capture_output=True, text=True, check=True, cwd="/").stdout.strip()

@@ -261,8 +261,10 @@ def test_malformed_lines_and_strangers_leave_slurmctld_unaffected(c):
             s.connect(path)
             s.sendall(garbage)
             assert b'"ok":false' in s.makefile("rb").readline()
-    # A caller who is neither root nor SlurmUser nor listed: denied.  (The
-    # test's tmp dirs are root-only: let others traverse them meanwhile.)
+    # A caller who is neither root nor SlurmUser nor listed cannot even
+    # connect: the socket is 0600 (no LedgerGroup).  (The test's tmp dirs
+    # are root-only: let others traverse them meanwhile, so that the
+    # socket's own mode is what stops it.)
     opened = []
     d = os.path.dirname(path)
     while d != "/":
@@ -281,6 +283,8 @@ def test_malformed_lines_and_strangers_leave_slurmctld_unaffected(c):
                 s.connect(path)
                 s.sendall(b'{"op":"reserve","node":"n1","key":"x","cpu_m":1,"mem_bytes":1}\n')
                 os.write(w, s.makefile("rb").readline())
+        except OSError as exc:
+            os.write(w, type(exc).__name__.encode())
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
@@ -288,7 +292,8 @@ def test_malformed_lines_and_strangers_leave_slurmctld_unaffected(c):
         os.chmod(d, mode)
     os.close(w)
     reply = os.read(r, 4096)
-    assert b'"code":"denied"' in reply, reply
+    assert reply == b"PermissionError", reply
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o600)
     assert ledger(c).show("n1")["ok"]
     sh(c, "scontrol", "ping")
 

@@ -5,56 +5,21 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
-from local_slurm import SLURM, port, requires_slurm
+from local_slurm import SLURM, port, readable_build, requires_slurm
 from pyk8sres.testbed import cluster
 
 pytestmark = requires_slurm + [
     # It builds its own readable venv against the installed Slurm's headers.
     pytest.mark.skipif(SLURM != "installed", reason="needs the installed Slurm (PYK8SRES_TEST_SLURM)")]
-REPO = Path(__file__).resolve().parents[2]
 BASE_PORT = port(17300)
-# Debian's own Python: what a site's slurmctld can read (ours lives under /root).
-SYSTEM_PYTHON = "/usr/bin/python3"
-VENV = "/var/cache/pyk8sres/slurmuser-venv"
-
-
-def _readable_build() -> str:
-    """pyk8sres built from this checkout into a venv of Debian's Python under
-    /var/cache (readable by every user); returns its _lib directory."""
-    if not os.path.exists(SYSTEM_PYTHON):
-        pytest.fail(f"{SYSTEM_PYTHON} missing: tools/install-deps.sh installs python3-venv")
-    # -I: the venv's own packages only, whatever PYTHONPATH the tests run with.
-    pip = [f"{VENV}/bin/python", "-I", "-m", "pip", "install", "-q",
-           "--disable-pip-version-check"]
-    if not os.path.exists(f"{VENV}/.ready"):
-        shutil.rmtree(VENV, ignore_errors=True)
-        subprocess.run([SYSTEM_PYTHON, "-m", "venv", VENV], check=True)
-        # Debian 12's pip predates -C (config settings): a current one first.
-        subprocess.run(pip + ["-U", "pip"], check=True)
-        subprocess.run(pip + ["meson-python>=0.15", "meson>=1.1", "ninja", "cffi>=1.17"],
-                       check=True)
-        Path(f"{VENV}/.ready").touch()
-    src = subprocess.run([str(REPO / "tools" / "slurm-source.sh")], capture_output=True,
-                         text=True, check=True).stdout.strip()
-    subprocess.run(pip + ["--no-build-isolation", "--force-reinstall", "--no-deps",
-                          f"-Csetup-args=-Dslurm_source={src}",
-                          "-Csetup-args=-Dnode_features=enabled", str(REPO)], check=True)
-    lib = subprocess.run([f"{VENV}/bin/python", "-I", "-c",
-                          "import pyk8sres.install as i; print(i.PACKAGE_LIB)"],
-                         capture_output=True, text=True, check=True, cwd="/").stdout.strip()
-    return lib
-
-
 @pytest.fixture(scope="module")
 def c():
-    lib = _readable_build()
+    lib = readable_build()
     work = tempfile.mkdtemp(prefix="pyk8sres-su-")
     os.chmod(work, 0o755)
     handle = cluster.up(work, nodes=1, cpus=4, memory=4000, base_port=BASE_PORT,
@@ -126,7 +91,10 @@ def test_slurmctld_runs_as_slurm_and_the_ledger_is_its_own(c):
     assert b'"ok":true' in _as(slurm.pw_uid, slurm.pw_gid, _ask(sock, show))
     reserve = b'{"op":"reserve","node":"n1","key":"pod-a","cpu_m":3000,"mem_bytes":1048576000}\n'
     assert b'"ok":true' in _as(0, 0, _ask(sock, reserve))
-    assert b'"code":"denied"' in _as(65534, 65534, _ask(sock, show))
+    # Nobody else can even connect: the socket is SlurmUser's, 0600.
+    st = os.stat(sock)
+    assert (st.st_uid, st.st_mode & 0o777) == (slurm.pw_uid, 0o600)
+    assert _as(65534, 65534, _ask(sock, show)) == b"raised PermissionError"
     # ... and cannot touch the journal.
     assert _as(65534, 65534, lambda: open(journal, "ab") and b"opened") == \
         b"raised PermissionError"

@@ -29,6 +29,8 @@ def test_non_gres_entries_are_kept():
         on_internal_error="accept", under_request="reject")),
     ("reservecpus=2\nReserveMemory=1024\nLedgerSocket=/x\nLedgerUsers=1001, 1002", config.Config(
         reserve_cpus=2, reserve_memory_mb=1024, ledger_socket="/x", ledger_users=(1001, 1002))),
+    ("LedgerUsers=990\nLedgerGroup=990", config.Config(ledger_users=(990,), ledger_group=990)),
+    ("LedgerGroup=0", config.Config(ledger_group=0)),
 ])
 def test_config_parse(text, expected):
     assert config.parse(text) == expected
@@ -37,6 +39,8 @@ def test_config_parse(text, expected):
 @pytest.mark.parametrize("text,message", [
     ("Bogus=1", "unknown setting"), ("UnderRequest=maybe", "must be one of"),
     ("ReserveCPUs=-1", "non-negative integer"), ("OnInternalError", "unknown setting"),
+    ("LedgerGroup=slurm", "numeric gid"), ("LedgerGroup=", "numeric gid"),
+    ("LedgerGroup=4294967296", "numeric gid"), ("LedgerGroup=-1", "numeric gid"),
 ])
 def test_config_errors(text, message):
     with pytest.raises(config.ConfigError, match=message):

@@ -159,7 +159,7 @@ def test_journal_replays_grants_not_denials(tmp_path):
     # A resize denied must restore the old amount on replay.
     assert not _serve(a, facts, L.encode("reserve", node="n1", key="p", cpu_m=7000,
                                          mem_bytes=0))[0]["ok"]
-    _serve(a, facts, L.encode("set", node="n2", entries={"x": [1500, 0]}))
+    _serve(a, {**facts, "n2": NODE}, L.encode("set", node="n2", entries={"x": [1500, 0]}))
     b = Ledger(str(tmp_path))       # slurmctld restarts
     b.load()
     assert b.shares() == {"n1": (2, 0), "n2": (2, 0)}
@@ -195,6 +195,87 @@ def test_journal_is_private_and_compacts(tmp_path, monkeypatch):
     b = Ledger(str(tmp_path))
     b.load()
     assert b.nodes == a.nodes and set(b.nodes["n1"]) == {"p199"}
+
+
+def test_only_the_owner_replaces_the_journal(tmp_path):
+    """A reader (a standby backup; a process waiting for the journal's lock)
+    replays without touching the file; a failed load changes nothing."""
+    owner = Ledger(str(tmp_path))
+    owner.load()
+    _serve(owner, {"n1": NODE}, L.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
+    before = os.stat(owner.path)
+    reader = Ledger(str(tmp_path))
+    reader.load(compact=False)
+    after = os.stat(owner.path)
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+    assert reader.shares() == {"n1": (1, 0)}
+    # The owner keeps appending to the very file the reader read.
+    _serve(owner, {"n1": NODE}, L.encode("reserve", node="n1", key="q", cpu_m=1000, mem_bytes=0))
+    reader.load(compact=False)
+    assert reader.shares() == {"n1": (2, 0)}
+    with open(owner.path, "ab") as f:
+        f.write(b'{"t":1,"op":"bogus"}\n{"t":2,"op":"show"}\n')
+    with pytest.raises(ValueError, match="bad ledger line"):
+        reader.load(compact=False)
+    assert reader.shares() == {"n1": (2, 0)}
+
+
+def test_a_request_that_changes_nothing_is_not_journaled(tmp_path):
+    """No fsync for the sync daemon's `set` of an unchanged node every
+    second, a repeated reserve, or a release of what is not held; the replay
+    is the same without them."""
+    clock = iter(range(100, 1000)).__next__
+    a = Ledger(str(tmp_path), clock=clock)
+    a.load()
+    facts = {"n1": NODE}
+    entries = {"p": [1000, 1 << 20], "q": [500, 0]}
+    assert _serve(a, facts, L.encode("set", node="n1", entries=entries,
+                                     keep_younger_than=30))[0]["ok"]
+    assert _serve(a, facts, L.encode("reserve", node="n1", key="r", cpu_m=250,
+                                     mem_bytes=0))[0]["ok"]
+    bound = L.encode("set", node="n1", entries={**entries, "r": [250, 0]}, keep_younger_than=30)
+    assert _serve(a, facts, bound)[0]["ok"]                 # r is seen bound: a change
+    size = os.path.getsize(a.path)
+    for line in (bound,
+                 L.encode("reserve", node="n1", key="r", cpu_m=250, mem_bytes=0),
+                 L.encode("release", node="n1", key="absent"),
+                 L.encode("release", node="n9", key="absent"),
+                 L.encode("show")):
+        assert _serve(a, facts, line)[0]["ok"], line
+    assert os.path.getsize(a.path) == size
+    # A change is journaled as before.
+    assert _serve(a, facts, L.encode("set", node="n1", entries=entries))[0]["ok"]
+    assert os.path.getsize(a.path) > size
+    b = Ledger(str(tmp_path))
+    b.load()
+    assert b.nodes == a.nodes
+
+
+def test_a_refused_set_is_undone_on_replay(tmp_path):
+    a = Ledger(str(tmp_path))
+    a.load()
+    _serve(a, {"n1": NODE}, L.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
+    # n1 left slurmctld (unknown now): the set is refused, and must not come
+    # back from the journal after a restart.
+    reply = _serve(a, {}, L.encode("set", node="n1", entries={"x": [3000, 0]}))[0]
+    assert reply["code"] == "unknown_node"
+    b = Ledger(str(tmp_path))
+    b.load()
+    assert b.shares() == {"n1": (1, 0)} and set(b.nodes["n1"]) == {"p"}
+
+
+def test_show_is_read_only(tmp_path):
+    a = Ledger(str(tmp_path))
+    a.load()
+    show, _ = a.prepare(0, L.encode("show").strip())
+    reserve, _ = a.prepare(0, L.encode("reserve", node="n1", key="k", cpu_m=1, mem_bytes=1))
+    assert a.read_only(show) and not a.read_only(reserve)
+
+
+def test_uid_is_checked_before_the_line_is_parsed(tmp_path):
+    a = Ledger(str(tmp_path), allowed_uids={0})
+    a.load()
+    assert _serve(a, {}, b"not json at all", uid=7)[0]["code"] == "denied"
 
 
 def test_only_root_slurmuser_and_listed_uids(tmp_path):

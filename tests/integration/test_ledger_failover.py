@@ -1,0 +1,122 @@
+"""The ledger with a real backup slurmctld (two SlurmctldHost lines, one
+StateSaveLocation; `pyk8sres cluster up --backup-controller`).
+
+- The standby backup neither compacts the journal nor touches the socket.
+- The backup takes over (the primary killed with -9, or `scontrol takeover`)
+  while pods hold shares, a job runs and reserves stream in: every reserve
+  acknowledged by either controller is held afterwards, and on every node
+  what jobs hold (scontrol -d show job) plus the pods' share fits.
+- The primary comes back and takes journal and socket back the same way.
+"""
+import os
+import time
+
+import pytest
+
+from pyk8sres import install
+from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
+from pyk8sres.testbed import faults
+from ledger_checks import (STATE_SAVED_WITHIN, ReserveStream, assert_durable,
+                           assert_never_booked_twice, sh,
+                           wait_serving)
+from local_slurm import RELEASE, local_cluster, port, requires_slurm
+
+pytestmark = requires_slurm + [
+    pytest.mark.skipif(RELEASE is not None and
+                       not os.path.exists(os.path.join(RELEASE.lib_dir, install.PLUGINS[1])),
+                       reason="node_features_k8s_resources.so not built (-Dslurm_source)")]
+
+CPUS, MEMORY = 8, 8000
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory):
+    yield from local_cluster(tmp_path_factory, "ledger-failover", nodes=2, cpus=CPUS,
+                             memory=MEMORY, base_port=port(17800), backup_controller=True)
+
+
+@pytest.fixture
+def path(c):
+    path = ledger_socket_path(c.conf)
+    yield path
+    # Whatever a test left: no job, no share.
+    c.cancel_all_jobs()
+    wait_serving(path)
+    for node in ("n1", "n2"):
+        Ledger(path).set(node, {}, 0)
+
+
+def _backup_log(c) -> str:
+    with open(os.path.join(c.work, "backup", "log", "slurmctld.log"), errors="replace") as f:
+        return f.read()
+
+
+def _job(c, cpus: int) -> str:
+    return sh(c, "sbatch", "--parsable", "-w", "n1", "-c", str(cpus), "--mem=500", "-o",
+              "/dev/null", "--wrap", "sleep 600").strip()
+
+
+def _state(c, job: str) -> list:
+    return sh(c, "squeue", "-h", "-j", job, "-o", "%T %r").split()
+
+
+def _wait_state(c, job: str, state: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while _state(c, job)[:1] != [state]:
+        assert time.monotonic() < deadline, (job, _state(c, job))
+        time.sleep(0.3)
+
+
+def test_a_standby_backup_leaves_journal_and_socket_alone(c, path):
+    ledger = Ledger(path)
+    assert ledger.reserve("n2", "standby", 1000, 1 << 20)["ok"]
+    journal = os.path.join(c.work, "state", "k8s_resources.ledger")
+    before = (os.stat(journal).st_ino, os.stat(path).st_ino)
+    size = os.path.getsize(journal)
+    c.stop("slurmctld-backup")              # a backup (re)starting, as after a reboot
+    c.start_slurmctld(backup=True)
+    time.sleep(2)
+    assert (os.stat(journal).st_ino, os.stat(path).st_ino) == before
+    assert os.path.getsize(journal) >= size     # appended to, never replaced
+    assert faults._lock_owner(c) == c.pid("slurmctld")
+    assert "standing by" in _backup_log(c)
+    assert ledger.show("n2")["nodes"]["n2"]["entries"] == {"standby": [1000, 1 << 20]}
+    ledger.release("n2", "standby")
+
+
+@pytest.mark.parametrize("how", ["kill -9", "takeover"])
+def test_backup_takes_over_under_a_stream_and_the_primary_comes_back(c, path, how):
+    ledger = Ledger(path)
+    running = _job(c, 3)
+    _wait_state(c, running, "RUNNING")
+    time.sleep(STATE_SAVED_WITHIN)
+    assert ledger.set("n1", {"pods": (4000, 2000 << 20)}, 0)["ok"]
+    stream = ReserveStream(path, f"fo{how[:4]}")
+    stream.start()
+    try:
+        time.sleep(1.5)
+        took = faults.fail_over(c, how)
+        print(f"{how}: the backup served the ledger {took:.1f} s later")
+        # On the backup: the pods' 4 CPUs (+1 for the stream's) and the job's
+        # 3 fill n1, so a job of 2 more pends there.
+        pending = _job(c, 2)
+        time.sleep(3)
+        assert _state(c, pending)[0] == "PENDING", _state(c, pending)
+        assert _state(c, running)[0] == "RUNNING"
+        assert_never_booked_twice(c, path, CPUS, MEMORY)
+        # The primary comes back: the backup lets go, the primary takes over.
+        took = faults.fail_back(c)
+        print(f"{how}: the primary served the ledger again {took:.1f} s after it started")
+        time.sleep(1.5)
+    finally:
+        stream.stop()
+    result = assert_durable(path, stream)
+    print(f"{how} and back under a stream of reserves: {result}")
+    assert result["acked"] > 100, result
+    assert _state(c, pending)[0] == "PENDING"
+    assert_never_booked_twice(c, path, CPUS, MEMORY)
+    # The pods leave: the pending job starts.
+    ledger.set("n1", {}, 0)
+    ledger.set("n2", {}, 0)
+    _wait_state(c, pending, "RUNNING")
+    assert_never_booked_twice(c, path, CPUS, MEMORY)
