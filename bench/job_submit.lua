@@ -370,7 +370,8 @@ local function plan(job, part, always_per_node)
   if linear and whole_cores then
     linear = c % vpus == 0 or (ntasks_per_core == 1 and c > vpus)
   end
-  if not linear and rounding_only and nodes.count and nodes.least_cpus then
+  if not linear and rounding_only and nodes.count and nodes.least_cpus
+      and SITE.gres_fits_cores then
     local usable = math.min(job.max_nodes or nodes.count, nodes.count)
     linear = usable * math.floor(nodes.least_cpus / one) >= job.num_tasks
   end
