@@ -31,6 +31,8 @@ if [ "${1:-}" = --source ]; then
 	[ $# -eq 3 ] || die "usage: $0 --source DIR VERSION"
 	tree=$(cd "$2" && pwd) || die "no such directory: $2"
 	shift 2
+	[ -f "$tree/META" ] && [ -f "$tree/configure" ] && [ -d "$tree/src/slurmctld" ] ||
+		die "$tree is not a Slurm source tree (META, configure and src/slurmctld missing): unpack a release tarball, or \`git archive\` a release tag such as slurm-26-05-3-1 of SchedMD's repository"
 fi
 [ $# -eq 1 ] || die "usage: $0 [--source DIR] VERSION (e.g. 24.11 or 26.05)"
 want=$1
