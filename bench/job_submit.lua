@@ -286,8 +286,9 @@ local function plan(job, part, always_per_node)
   if mem_node == 0 then mem_node = nil end   -- 0 left: not consumable, or --exclusive
   if mem_cpu == 0 then mem_cpu = nil end
 
-  if job.ntasks_per_node and not job.overcommit and
-      (job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1 then
+  if job.ntasks_per_node and ((not job.overcommit and
+      (job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1) or
+      SITE.ntasks_per_node_fills) then
     min_cpus_node = math.max(min_cpus_node, c * job.ntasks_per_node)
   end
 

@@ -171,6 +171,9 @@ class Site:
     # cons_tres fits the cores it picks on a node to a per-task CountOnly GRES
     # (every release to 26.05.2; not 26.05.3: GRES_FITS_CORES=0).
     gres_fits_cores: bool = True
+    # --ntasks-per-node=k puts k tasks on every node whatever -n says (cons_tres
+    # dist_tasks.c _get_task_count, 25.11 on: NTASKS_PER_NODE_FILLS=1).
+    ntasks_per_node_fills: bool = False
 
 
 class Result:
@@ -464,9 +467,14 @@ def _node_figures(job: Job, site: Site, part: Partition) -> _NodeFigures:
         mem_node = _whole_node_memory(nodes, site)
 
     # --ntasks-per-node with tasks: every node gets that many tasks' CPUs
-    # (job_mgr.c _copy_job_desc_to_job_record: pn_min_cpus >= c x ntasks-per-node).
-    if job.ntasks_per_node and not job.overcommit and (
-            job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1:
+    # (job_mgr.c _copy_job_desc_to_job_record: pn_min_cpus >= c x ntasks-per-node);
+    # from 25.11 on even for -n 1, and for -O with a TresPerTask (dist_tasks.c
+    # _get_task_count: k tasks on each node; seen on 26.05.3: -n 1
+    # --ntasks-per-node=8 gets 8 CPUs once it carries any GRES).
+    if job.ntasks_per_node and (
+            (not job.overcommit and
+             (job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1) or
+            (site.ntasks_per_node_fills and not _one_task_per_node(job))):
         min_cpus_node = max(min_cpus_node, c * job.ntasks_per_node)
     return _NodeFigures(job, nodes, param, c, min_cpus_node, cpus_per_gpu, mem_node, mem_cpu,
                         mem_per_gpu)

@@ -20,7 +20,8 @@ SITE = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=
             partitions={"debug": Partition(nodes=NODES)}, default_partition="debug")
 SMT = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=SMT_NODES,
            partitions={"debug": Partition(nodes=SMT_NODES)}, default_partition="debug")
-SMT_2605 = dataclasses.replace(SMT, gres_fits_cores=False)
+SMT_2605 = dataclasses.replace(SMT, gres_fits_cores=False, ntasks_per_node_fills=True)
+SITE_2511 = dataclasses.replace(SITE, ntasks_per_node_fills=True)
 SMT_CR_CORE_UNKNOWN = Site(cluster_mem=MemDefault(per_cpu=100),
                            all_nodes=Nodes(threads_per_core=2, cpus=8, memory=16000))
 SMT_CR_CPU = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=SMT_NODES,
@@ -554,6 +555,15 @@ RULES = [
      SMT_2605, Job(num_tasks=12), {CPU: 8, MEM: 800}, {}),
     ("26.05.3 SMT: -n 6 -c 2, even c: per task as on every release", SMT_2605,
      Job(num_tasks=6, cpus_per_task=2), {}, {CPU: 2, MEM: 200}),
+    # 25.11 on: --ntasks-per-node=k puts k tasks on every node whatever -n (NTASKS_PER_NODE_FILLS)
+    ("25.11: -n 1 --ntasks-per-node=4: 4 tasks' CPUs (seen on 26.05.3 with any GRES)", SITE_2511,
+     Job(num_tasks=1, ntasks_per_node=4), {CPU: 4, MEM: 400}, {}),
+    ("22.05: -n 1 --ntasks-per-node=4: one task's", SITE, Job(num_tasks=1, ntasks_per_node=4),
+     {CPU: 1, MEM: 100}, {}),
+    ("25.11: -O -n 1 --ntasks-per-node=4, no TresPerTask: still one task's", SITE_2511,
+     Job(overcommit=True, num_tasks=1, ntasks_per_node=4), {CPU: 1, MEM: 100}, {}),
+    ("26.05.3 SMT: -n 1 -N 1-2 --ntasks-per-node=8 -p b (the differential test's)", SMT_2605,
+     Job(num_tasks=1, min_nodes=1, max_nodes=2, ntasks_per_node=8), {CPU: 8, MEM: 800}, {}),
 ]
 
 
@@ -563,16 +573,21 @@ def test_rule(rule, site, job, per_node, per_task):
 
 
 # --- held >= allocated on every node, for every shape: an independent model of Slurm ----
-def slurm_allocates(job: Job, t: int, tpc: int, whole_cores: bool) -> tuple[int, int]:
+def slurm_allocates(job: Job, t: int, tpc: int, whole_cores: bool,
+                    fills: bool = False) -> tuple[int, int]:
     """(CPUs, MB) Slurm 22.05 gives a node with t tasks (DefMemPerCPU=100, no limits),
-    written from cons_common/dist_tasks.c and job_test.c, not from the policy."""
+    written from cons_common/dist_tasks.c and job_test.c, not from the policy;
+    fills: 25.11's _get_task_count (--ntasks-per-node tasks on every node)."""
     c = job.cpus_per_task or 1
-    if job.overcommit and not job.tres_per_task:
+    one_task = job.overcommit and not job.tres_per_task
+    if one_task:
         t = 1  # dist_tasks.c: one task's CPUs per node (any TresPerTask: all of its tasks)
     least = job.pn_min_cpus or 0
     if job.ntasks_per_node and not job.overcommit and (
             job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1:
         least = max(least, c * job.ntasks_per_node)  # job_mgr.c: pn_min_cpus
+    if fills and job.ntasks_per_node and not one_task:
+        t = max(t, job.ntasks_per_node)
     cpus = max(t * c, least)
     if whole_cores and tpc > 1:
         vpus = tpc
@@ -628,8 +643,9 @@ def random_jobs(count: int, seed: int = 9):
                   overcommit=rng.random() < 0.1)
 
 
-@pytest.mark.parametrize("site,whole", [(SITE, True), (SMT, True), (SMT_CR_CPU, True)],
-                         ids=["plain", "smt", "smt-cr-cpu"])
+@pytest.mark.parametrize("site,whole", [(SITE, True), (SMT, True), (SMT_CR_CPU, True),
+                                        (SITE_2511, True), (SMT_2605, True)],
+                         ids=["plain", "smt", "smt-cr-cpu", "plain-25.11", "smt-26.05.3"])
 def test_held_covers_allocated_for_random_shapes(site, whole):
     tpc = site.all_nodes.threads_per_core
     checked = 0
@@ -639,7 +655,7 @@ def test_held_covers_allocated_for_random_shapes(site, whole):
         per_node, per_task = required(job, site)
         runnable = False
         for t in tasks_possible(job):
-            cpus, mem = slurm_allocates(job, t, tpc, whole)
+            cpus, mem = slurm_allocates(job, t, tpc, whole, site.ntasks_per_node_fills)
             if cpus > site.all_nodes.cpus:
                 continue  # Slurm cannot put t tasks on one node
             runnable = True

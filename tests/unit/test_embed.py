@@ -202,14 +202,16 @@ def test_live_partition_gpu_defaults_override_slurm_conf():
                                site).per_node == {"k8scpu": 6, "k8smemory": 4000}
 
 
-@pytest.mark.parametrize("text,fits", [
-    ("SLURM_VERSION=25.11.7\nGRES_FITS_CORES=1\n", True),
-    ("SLURM_VERSION=26.5.3\nGRES_FITS_CORES=0\n", False),
-    ("SLURM_VERSION=22.5.8\n", False),   # built without -Dslurm_source: nothing detected
-    (None, False),                       # no build record at all
+@pytest.mark.parametrize("text,fits,fills", [
+    ("SLURM_VERSION=22.5.8\nGRES_FITS_CORES=1\nNTASKS_PER_NODE_FILLS=0\n", True, False),
+    ("SLURM_VERSION=25.11.7\nGRES_FITS_CORES=1\nNTASKS_PER_NODE_FILLS=1\n", True, True),
+    ("SLURM_VERSION=26.5.3\nGRES_FITS_CORES=0\nNTASKS_PER_NODE_FILLS=1\n", False, True),
+    # no record: the answers that hold at least what any release allocates
+    (None, False, True),
 ])
-def test_release_facts_come_from_the_build(tmp_path, text, fits):
+def test_release_facts_come_from_the_build(tmp_path, text, fits, fills):
     path = tmp_path / "slurm_build.txt"
     if text is not None:
         path.write_text(text)
-    assert embed.release_facts(str(path)) == {"gres_fits_cores": fits}
+    assert embed.release_facts(str(path)) == {"gres_fits_cores": fits,
+                                              "ntasks_per_node_fills": fills}
