@@ -83,7 +83,7 @@ JOB_SHARED_NONE = 0
 CR_CPU, CR_SOCKET, CR_CORE, CR_BOARD = 0x1, 0x2, 0x4, 0x8
 CR_MEMORY = 0x10
 CR_ONE_TASK_PER_CORE = 0x100
-PER_TASK_BREAKS_SPREAD_AND_PLANE = 0x170000  # Slurm 23.00 on (SLURM_VERSION_NUMBER): see _plan
+PER_TASK_BREAKS_PLANE = 0x170000  # Slurm 23.00 on (SLURM_VERSION_NUMBER): see _per_task_figures
 SLURM_DIST_PLANE = 0x0004  # slurm.h task_dist_states_t, under SLURM_DIST_STATE_BASE
 
 
@@ -174,6 +174,9 @@ class Site:
     # --ntasks-per-node=k puts k tasks on every node whatever -n says (cons_tres
     # dist_tasks.c _get_task_count, 25.11 on: NTASKS_PER_NODE_FILLS=1).
     ntasks_per_node_fills: bool = False
+    # --spread-job with a per-task or per-job GRES crashes slurmctld (24.11's
+    # _eval_nodes_spread: SPREAD_PER_TASK_CRASHES=1; not 22.05, not 25.05 on).
+    spread_per_task_crashes: bool = False
 
 
 class Result:
@@ -566,15 +569,17 @@ def _per_task_figures(job: Job, site: Site, node: _NodeFigures) -> dict | None:
         # node, and pends for ever: BAD_TASK_COUNT), so there per node.
         usable = min(job.max_nodes or nodes.count, nodes.count)
         linear = usable * (nodes.least_cpus // one) >= tasks
-    if (job.spread_job or job.plane_distribution) and \
-            site.slurm_version >= PER_TASK_BREAKS_SPREAD_AND_PLANE:
+    if (job.spread_job and site.spread_per_task_crashes) or \
+            (job.plane_distribution and site.slurm_version >= PER_TASK_BREAKS_PLANE):
         # Seen on 24.11.5, with or without the plugin: --spread-job with a
         # per-task GRES segfaults slurmctld (topology/common eval_nodes.c
         # _eval_nodes_spread passes a NULL max_tasks on to eval_nodes_gres
         # once the job has a per-job GRES count, which a per-task one
-        # implies), and --distribution=plane with one is never runnable.  A
-        # per-node GRES is fine with both; 22.05 has neither problem.
-        # Assumed for every release after 22.05.
+        # implies; detected when building, fixed in 25.05).  And
+        # --distribution=plane with one is never runnable (seen on 24.11.5,
+        # 25.05.8, 25.11.7, 26.05.3: "Requested node configuration is not
+        # available"; assumed for every release after 22.05).  A per-node
+        # GRES is fine with both; 22.05 has neither problem.
         linear = False
     if node.by_sockets:
         # Whole sockets, one per core, are never t x one task's; and the
@@ -774,7 +779,7 @@ def complete(job: Job, site: Site) -> Result:
                           "holds: Slurm applies it to each of a job's GRES (every MB of "
                           "k8smemory would need --ntasks-per-gpu CPUs); ask -n <tasks> with "
                           "--gpus or --gpus-per-node instead")
-    if job.spread_job and site.slurm_version >= PER_TASK_BREAKS_SPREAD_AND_PLANE and any(
+    if job.spread_job and site.spread_per_task_crashes and any(
             e.name for e in gres.parse(job.tres_per_job) + gres.parse(job.tres_per_task)):
         # Seen on 24.11.5 without any job_submit plugin: `sbatch -n3 --spread-job
         # --gpus=1` segfaults slurmctld (topology/default eval_nodes, as in _plan).

@@ -107,7 +107,8 @@ def release_facts(path: str = BUILD_FACTS) -> dict:
     except OSError:
         pass
     return dict(gres_fits_cores=detected.get("GRES_FITS_CORES") == "1",
-                ntasks_per_node_fills=detected.get("NTASKS_PER_NODE_FILLS", "1") == "1")
+                ntasks_per_node_fills=detected.get("NTASKS_PER_NODE_FILLS", "1") == "1",
+                spread_per_task_crashes=detected.get("SPREAD_PER_TASK_CRASHES", "1") == "1")
 
 
 def reconfigure(slurm_conf_path: str) -> None:

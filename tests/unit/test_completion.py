@@ -49,7 +49,8 @@ THREE = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes
                          "b": Partition(mem=MemDefault(per_cpu=300), max_mem_per_cpu=1000,
                                         nodes=PLAIN3)},
              default_partition="a")
-THREE_2411 = Site(slurm_version=V2411, cluster_mem=MemDefault(per_cpu=100), all_nodes=PLAIN3,
+THREE_2411 = Site(slurm_version=V2411, spread_per_task_crashes=True,
+                  cluster_mem=MemDefault(per_cpu=100), all_nodes=PLAIN3,
                   partitions={"a": Partition(mem=MemDefault(per_cpu=100), nodes=PLAIN3)},
                   default_partition="a")
 # 2 GPUs a node; DefCpuPerGPU=3 DefMemPerGPU=3000 for the cluster, b's own, z's own 0s
@@ -245,14 +246,16 @@ def test_mixed_node_sizes(name, job, refused, cpus):
 
 @pytest.mark.parametrize("job", [Job(spread_job=True, num_tasks=3, tres_per_job="gres/gpu:1"),
                                  Job(spread_job=True, num_tasks=3, tres_per_task="gres/gpu=1")])
-def test_spread_job_with_a_per_job_gres_is_refused_after_2205(job):
-    """It segfaults slurmctld 24.11 (plugin or not); 22.05 runs it."""
+def test_spread_job_with_a_per_job_gres_is_refused_where_it_crashes_slurmctld(job):
+    """It segfaults slurmctld 24.11 (plugin or not); 22.05 and 25.05 on run it."""
     with pytest.raises(PolicyError, match="--spread-job with a per-job or per-task GRES"):
         complete(job, THREE_2411)
     assert complete(job._replace(tres_per_job=None, tres_per_task=None, tres_per_node="gres/gpu:1"),
                     THREE_2411)
     assert complete(job, THREE)
     assert complete(Job(spread_job=True, num_tasks=3, tres_per_task="cpu:2"), THREE_2411)
+    assert complete(job, dataclasses.replace(THREE_2411, slurm_version=0x190B07,
+                                             spread_per_task_crashes=False))
 
 
 def test_under_request_reject_mode():
@@ -481,6 +484,12 @@ RULES = [
     ("22.05: -n 4 -N 1-2 --distribution=plane=2: per task", THREE,
      Job(num_tasks=4, min_nodes=1, max_nodes=2, plane_distribution=True), {},
      {CPU: 1, MEM: 100}),
+    ("25.11: -n 9 -N 3 --spread-job: per task again (SPREAD_PER_TASK_CRASHES=0)",
+     dataclasses.replace(THREE_2411, slurm_version=0x190B07, spread_per_task_crashes=False),
+     Job(num_tasks=9, min_nodes=3, max_nodes=3, spread_job=True), {}, {CPU: 1, MEM: 100}),
+    ("25.11: -n 4 -N 1-2 --distribution=plane=2: still per node",
+     dataclasses.replace(THREE_2411, slurm_version=0x190B07, spread_per_task_crashes=False),
+     Job(num_tasks=4, min_nodes=1, max_nodes=2, plane_distribution=True), {CPU: 4, MEM: 400}, {}),
     ("24.11: -n 9 -N 3 without --spread-job: per task", THREE_2411,
      Job(num_tasks=9, min_nodes=3, max_nodes=3), {}, {CPU: 1, MEM: 100}),
     # DefCpuPerGPU / DefMemPerGPU (cons_tres _set_gpu_defaults; each figure as seen on 22.05)

@@ -202,16 +202,20 @@ def test_live_partition_gpu_defaults_override_slurm_conf():
                                site).per_node == {"k8scpu": 6, "k8smemory": 4000}
 
 
-@pytest.mark.parametrize("text,fits,fills", [
-    ("SLURM_VERSION=22.5.8\nGRES_FITS_CORES=1\nNTASKS_PER_NODE_FILLS=0\n", True, False),
-    ("SLURM_VERSION=25.11.7\nGRES_FITS_CORES=1\nNTASKS_PER_NODE_FILLS=1\n", True, True),
-    ("SLURM_VERSION=26.5.3\nGRES_FITS_CORES=0\nNTASKS_PER_NODE_FILLS=1\n", False, True),
+@pytest.mark.parametrize("text,facts", [
+    ("SLURM_VERSION=22.5.8\nGRES_FITS_CORES=1\nNTASKS_PER_NODE_FILLS=0\n"
+     "SPREAD_PER_TASK_CRASHES=0\n", (True, False, False)),
+    ("SLURM_VERSION=24.11.5\nGRES_FITS_CORES=1\nNTASKS_PER_NODE_FILLS=0\n"
+     "SPREAD_PER_TASK_CRASHES=1\n", (True, False, True)),
+    ("SLURM_VERSION=26.5.3\nGRES_FITS_CORES=0\nNTASKS_PER_NODE_FILLS=1\n"
+     "SPREAD_PER_TASK_CRASHES=0\n", (False, True, False)),
     # no record: the answers that hold at least what any release allocates
-    (None, False, True),
+    # and never hand slurmctld the job that crashes 24.11
+    (None, (False, True, True)),
 ])
-def test_release_facts_come_from_the_build(tmp_path, text, fits, fills):
+def test_release_facts_come_from_the_build(tmp_path, text, facts):
     path = tmp_path / "slurm_build.txt"
     if text is not None:
         path.write_text(text)
-    assert embed.release_facts(str(path)) == {"gres_fits_cores": fits,
-                                              "ntasks_per_node_fills": fills}
+    assert embed.release_facts(str(path)) == dict(zip(
+        ("gres_fits_cores", "ntasks_per_node_fills", "spread_per_task_crashes"), facts))
