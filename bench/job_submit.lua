@@ -111,7 +111,9 @@ local function count_of(entries, name)
 end
 
 local function entry_text(name, count)
-  local sep = SITE.slurm_version >= 0x170200 and "/" or ":"
+  local slash = SITE.tres_slash
+  if slash == nil then slash = SITE.slurm_version >= 0x170B00 end
+  local sep = slash and "/" or ":"
   return "gres" .. sep .. name .. ":" .. string.format("%d", count)
 end
 

@@ -83,6 +83,7 @@ JOB_SHARED_NONE = 0
 CR_CPU, CR_SOCKET, CR_CORE, CR_BOARD = 0x1, 0x2, 0x4, 0x8
 CR_MEMORY = 0x10
 CR_ONE_TASK_PER_CORE = 0x100
+TRES_SLASH_FROM = 0x170B00  # 23.11: gres/NAME:N (when the build did not detect it)
 PER_TASK_BREAKS_PLANE = 0x170000  # Slurm 23.00 on (SLURM_VERSION_NUMBER): see _per_task_figures
 SLURM_DIST_PLANE = 0x0004  # slurm.h task_dist_states_t, under SLURM_DIST_STATE_BASE
 
@@ -177,6 +178,9 @@ class Site:
     # --spread-job with a per-task or per-job GRES crashes slurmctld (24.11's
     # _eval_nodes_spread: SPREAD_PER_TASK_CRASHES=1; not 22.05, not 25.05 on).
     spread_per_task_crashes: bool = False
+    # TRES strings gres/NAME:N (TRES_SLASH=1, 23.11 on) or gres:NAME:N; None:
+    # not detected, inferred from slurm_version.
+    tres_slash: bool | None = None
 
 
 class Result:
@@ -765,7 +769,8 @@ def _apply(current: str | None, want: dict, site: Site, field: str) -> str | Non
             raise PolicyError(f"--gres={name}:{asked} is less than the job uses "
                               f"({name}:{need} {field.replace('tres_', '').replace('_', ' ')})")
         final[name] = max(need, asked or 0)
-    new = gres.with_counts(entries, final, site.slurm_version)
+    slash = site.tres_slash if site.tres_slash is not None else site.slurm_version >= TRES_SLASH_FROM
+    new = gres.with_counts(entries, final, slash)
     return None if new == (current or "") else new
 
 

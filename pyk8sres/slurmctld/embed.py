@@ -108,7 +108,8 @@ def release_facts(path: str = BUILD_FACTS) -> dict:
         pass
     return dict(gres_fits_cores=detected.get("GRES_FITS_CORES") == "1",
                 ntasks_per_node_fills=detected.get("NTASKS_PER_NODE_FILLS", "1") == "1",
-                spread_per_task_crashes=detected.get("SPREAD_PER_TASK_CRASHES", "1") == "1")
+                spread_per_task_crashes=detected.get("SPREAD_PER_TASK_CRASHES", "1") == "1",
+                tres_slash=detected["TRES_SLASH"] == "1" if "TRES_SLASH" in detected else None)
 
 
 def reconfigure(slurm_conf_path: str) -> None:
