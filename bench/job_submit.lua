@@ -24,7 +24,7 @@ local JOB_SHARED_NONE = 0
 local SPREAD_JOB = 2 ^ 8
 local CR_CPU, CR_SOCKET, CR_CORE, CR_BOARD, CR_MEMORY = 0x1, 0x2, 0x4, 0x8, 0x10
 local CR_ONE_TASK_PER_CORE = 0x100
-local PER_TASK_BREAKS_SPREAD_AND_PLANE = 0x170000
+local PER_TASK_BREAKS_PLANE = 0x170000
 local CPU, MEM = "k8scpu", "k8smemory"
 local MAX_COUNT = 2 ^ 62
 local SUFFIX = { [""] = 1, k = 2 ^ 10, m = 2 ^ 20, g = 2 ^ 30, t = 2 ^ 40, p = 2 ^ 50 }
@@ -111,7 +111,9 @@ local function count_of(entries, name)
 end
 
 local function entry_text(name, count)
-  local sep = SITE.slurm_version >= 0x170200 and "/" or ":"
+  local slash = SITE.tres_slash
+  if slash == nil then slash = SITE.slurm_version >= 0x170B00 end
+  local sep = slash and "/" or ":"
   return "gres" .. sep .. name .. ":" .. string.format("%d", count)
 end
 
@@ -286,8 +288,9 @@ local function plan(job, part, always_per_node)
   if mem_node == 0 then mem_node = nil end   -- 0 left: not consumable, or --exclusive
   if mem_cpu == 0 then mem_cpu = nil end
 
-  if job.ntasks_per_node and not job.overcommit and
-      (job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1 then
+  if job.ntasks_per_node and ((not job.overcommit and
+      (job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1) or
+      SITE.ntasks_per_node_fills) then
     min_cpus_node = math.max(min_cpus_node, c * job.ntasks_per_node)
   end
 
@@ -370,12 +373,13 @@ local function plan(job, part, always_per_node)
   if linear and whole_cores then
     linear = c % vpus == 0 or (ntasks_per_core == 1 and c > vpus)
   end
-  if not linear and rounding_only and nodes.count and nodes.least_cpus then
+  if not linear and rounding_only and nodes.count and nodes.least_cpus
+      and SITE.gres_fits_cores then
     local usable = math.min(job.max_nodes or nodes.count, nodes.count)
     linear = usable * math.floor(nodes.least_cpus / one) >= job.num_tasks
   end
-  if (job.spread_job or job.plane_distribution) and
-      SITE.slurm_version >= PER_TASK_BREAKS_SPREAD_AND_PLANE then
+  if (job.spread_job and SITE.spread_per_task_crashes) or
+      (job.plane_distribution and SITE.slurm_version >= PER_TASK_BREAKS_PLANE) then
     linear = false
   end
   if by_sockets then linear = false end
@@ -531,7 +535,7 @@ local function complete(job)
       .. "applies it to each of a job's GRES (every MB of k8smemory would need "
       .. "--ntasks-per-gpu CPUs); ask -n <tasks> with --gpus or --gpus-per-node instead", 0)
   end
-  if job.spread_job and SITE.slurm_version >= PER_TASK_BREAKS_SPREAD_AND_PLANE then
+  if job.spread_job and SITE.spread_per_task_crashes then
     for _, tres in ipairs({ job.tres_per_job or false, job.tres_per_task or false }) do
       for _, e in ipairs(parse(tres or nil)) do
         if e.name then

@@ -65,48 +65,9 @@ const uint32_t plugin_version = SLURM_VERSION_NUMBER;
 #define GRES_CPU "k8scpu"
 #define GRES_MEM "k8smemory"
 
-/*
- * Layout we rely on.  The structures come from the source headers, but the
- * shipped slurmctld was built from a configure run we only imitate: pin the
- * field types (always) and, for the Debian versions we verified (22.05.8 on
- * bookworm; 24.11.5 on trixie, compiled against its source), the offsets,
- * so a drift fails the build instead of corrupting slurmctld's memory.
- */
-#define FIELD_SIZE(t, f) sizeof(((t *) 0)->f)
-_Static_assert(FIELD_SIZE(node_record_t, cpus) == sizeof(uint16_t), "cpus");
-_Static_assert(FIELD_SIZE(node_record_t, real_memory) == sizeof(uint64_t), "real_memory");
-_Static_assert(FIELD_SIZE(node_record_t, gres) == sizeof(char *), "gres");
-_Static_assert(FIELD_SIZE(gres_state_t, plugin_id) == sizeof(uint32_t), "plugin_id");
-_Static_assert(FIELD_SIZE(gres_node_state_t, gres_cnt_avail) == sizeof(uint64_t), "avail");
-_Static_assert(FIELD_SIZE(gres_node_state_t, gres_cnt_alloc) == sizeof(uint64_t), "alloc");
-_Static_assert(FIELD_SIZE(gres_node_state_t, node_feature) == sizeof(bool), "node_feature");
-_Static_assert(FIELD_SIZE(gres_node_state_t, topo_cnt) == sizeof(uint16_t), "topo_cnt");
-_Static_assert(FIELD_SIZE(gres_node_state_t, topo_gres_cnt_alloc) == sizeof(uint64_t *),
-	       "topo_gres_cnt_alloc");
-#define AT(t, f, off) _Static_assert(offsetof(t, f) == (off), #t "." #f)
-#if SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(22,5,8)
-AT(node_record_t, cpus, 104);
-AT(node_record_t, gres, 168);
-AT(node_record_t, gres_list, 176);
-AT(node_record_t, name, 232);
-AT(node_record_t, real_memory, 344);
-AT(gres_state_t, plugin_id, 4);
-AT(gres_state_t, gres_data, 8);
-AT(gres_node_state_t, node_feature, 25);
-AT(gres_node_state_t, gres_cnt_avail, 32);
-AT(gres_node_state_t, gres_cnt_alloc, 48);
-#elif SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(24,11,5)
-AT(node_record_t, cpus, 112);
-AT(node_record_t, gres, 192);
-AT(node_record_t, gres_list, 200);
-AT(node_record_t, name, 272);
-AT(node_record_t, real_memory, 376);
-AT(gres_state_t, plugin_id, 4);
-AT(gres_state_t, gres_data, 8);
-AT(gres_node_state_t, node_feature, 25);
-AT(gres_node_state_t, gres_cnt_avail, 32);
-AT(gres_node_state_t, gres_cnt_alloc, 48);
-#endif
+/* The layout we rely on: pinned per verified release, or the tree the running
+ * slurmctld was compiled from; any other release fails the build. */
+#include "slurm_layout.h"
 
 static struct pyk8sres_core core;
 static bool core_ok;

@@ -18,8 +18,10 @@ def _node_sizes(text: str) -> list[tuple[int, int]]:
 
 
 def _cluster_up(args) -> int:
-    from .testbed import cluster
+    from .testbed import cluster, releases
     node_features = {"auto": None, "yes": True, "no": False}[args.node_features]
+    # A release not built yet is built first (from Debian's source, or --slurm-source).
+    args.slurm = releases.ensure(args.slurm, args.slurm_source).name
     if args.node_sizes:
         args.nodes = len(args.node_sizes)
     if args.kubernetes:
@@ -157,8 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--node-features", choices=("auto", "yes", "no"), default="auto",
                    help="use node_features/k8s_resources instead of Gres= in slurm.conf")
     u.add_argument("--slurm", default="installed",
-                   help="installed (default), or a release built from Debian's source, e.g. 24.11 "
-                        "or 26.05 (tools/slurm-build.sh + tools/release-plugins.sh)")
+                   help="installed (default), or another release, e.g. 24.11 or 26.05: built "
+                        "first if it is not (tools/slurm-build.sh from Debian's source, then "
+                        "tools/release-plugins.sh; from a checkout)")
+    u.add_argument("--slurm-source", metavar="DIR",
+                   help="build the Slurm of this unpacked source tree (e.g. `git archive` of a "
+                        "release tag of SchedMD's repository) and run it; --slurm may name its "
+                        "release too")
     u.add_argument("--auth", choices=("auto", "munge", "slurm"), default="auto",
                    help="auto: munge if munged is installed, else auth/slurm (23.11+)")
     u.add_argument("--kubernetes", action="store_true", help="also start the Kubernetes control plane and the coordinator")
@@ -221,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a CLI prints one clear line, not a traceback
         name = type(exc).__name__
         if name in ("ClusterError", "InstallError", "SlurmError", "ConfigError", "BuildError",
+                    "ReleaseError",
                     "StartError", "LedgerError", "QuantityError"):
             print(f"pyk8sres: error: {exc}", file=sys.stderr)
             return 1

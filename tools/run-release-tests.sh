@@ -13,8 +13,8 @@
 # Needs root (the test cluster runs daemons as root), pytest and the
 # kubernetes client (tools/install-deps.sh installs them), and for test_sync
 # the test Kubernetes API server (kube/build.sh, cached).
-# Exit code: pytest's; 77 when the Debian mirror does not have the release's
-# source (nothing was tested: report it as skipped, not passed).  Prints the
+# Exit code: pytest's; 77 when the release is neither built nor in the Debian
+# mirror (nothing was tested: report it as skipped, not passed).  Prints the
 # time of each phase.
 set -eu
 
@@ -32,7 +32,10 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 t0=$(date +%s)
 "$repo/tools/slurm-build.sh" "$version" >/dev/null || {
 	rc=$?
-	[ $rc -ne 77 ] || { say "SKIPPED: the Debian mirror does not have Slurm $version's source"; exit 77; }
+	[ $rc -ne 77 ] || {
+		say "SKIPPED: no source for Slurm $version here: the Debian mirror does not serve it and no build of it is cached under ${PYK8SRES_SLURM_BUILD:-/var/cache/pyk8sres/slurm-build} (build one from an unpacked tree: tools/slurm-build.sh --source DIR $version)"
+		exit 77
+	}
 	die "cannot build Slurm $version"
 }
 t1=$(date +%s)

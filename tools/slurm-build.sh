@@ -16,7 +16,7 @@
 # Configured like Debian's build where it matters for the tests:
 # --enable-multiple-slurmd, munge (libmunge-dev), slurmrestd with JWT where
 # the release builds it (libjwt-dev, libjson-c-dev, libhttp-parser-dev,
-# libyaml-dev).  Missing build packages are installed with apt-get (set
+# libyaml-dev), slurmdbd's accounting_storage/mysql (libmariadb-dev).  Missing build packages are installed with apt-get (set
 # PYK8SRES_NO_APT=1 to only report them).
 # Exit status 77 when the mirror does not have the release's source.
 # Idempotent and cached: a finished build prints its prefix at once; one
@@ -31,6 +31,8 @@ if [ "${1:-}" = --source ]; then
 	[ $# -eq 3 ] || die "usage: $0 --source DIR VERSION"
 	tree=$(cd "$2" && pwd) || die "no such directory: $2"
 	shift 2
+	[ -f "$tree/META" ] && [ -f "$tree/configure" ] && [ -d "$tree/src/slurmctld" ] ||
+		die "$tree is not a Slurm source tree (META, configure and src/slurmctld missing): unpack a release tarball, or \`git archive\` a release tag such as slurm-26-05-3-1 of SchedMD's repository"
 fi
 [ $# -eq 1 ] || die "usage: $0 [--source DIR] VERSION (e.g. 24.11 or 26.05)"
 want=$1
@@ -83,7 +85,7 @@ if [ -f "$dir/.ready" ]; then
 fi
 
 # Build dependencies (Debian package names).
-need=(gcc make libmunge-dev libjwt-dev libjson-c-dev libhttp-parser-dev libyaml-dev)
+need=(gcc make libmunge-dev libjwt-dev libjson-c-dev libhttp-parser-dev libyaml-dev libmariadb-dev)
 missing=()
 for p in "${need[@]}"; do
 	dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -83,7 +83,8 @@ JOB_SHARED_NONE = 0
 CR_CPU, CR_SOCKET, CR_CORE, CR_BOARD = 0x1, 0x2, 0x4, 0x8
 CR_MEMORY = 0x10
 CR_ONE_TASK_PER_CORE = 0x100
-PER_TASK_BREAKS_SPREAD_AND_PLANE = 0x170000  # Slurm 23.00 on (SLURM_VERSION_NUMBER): see _plan
+TRES_SLASH_FROM = 0x170B00  # 23.11: gres/NAME:N (when the build did not detect it)
+PER_TASK_BREAKS_PLANE = 0x170000  # Slurm 23.00 on (SLURM_VERSION_NUMBER): see _per_task_figures
 SLURM_DIST_PLANE = 0x0004  # slurm.h task_dist_states_t, under SLURM_DIST_STATE_BASE
 
 
@@ -167,6 +168,19 @@ class Site:
     partitions: dict = dataclasses.field(default_factory=dict)  # name -> Partition
     default_partition: str | None = None
     all_nodes: Nodes = Nodes()                       # every node (unknown partition)
+    # Release behaviour, detected when building (meson.build, _lib/slurm_build.txt):
+    # cons_tres fits the cores it picks on a node to a per-task CountOnly GRES
+    # (every release to 26.05.2; not 26.05.3: GRES_FITS_CORES=0).
+    gres_fits_cores: bool = True
+    # --ntasks-per-node=k puts k tasks on every node whatever -n says (cons_tres
+    # dist_tasks.c _get_task_count, 25.11 on: NTASKS_PER_NODE_FILLS=1).
+    ntasks_per_node_fills: bool = False
+    # --spread-job with a per-task or per-job GRES crashes slurmctld (24.11's
+    # _eval_nodes_spread: SPREAD_PER_TASK_CRASHES=1; not 22.05, not 25.05 on).
+    spread_per_task_crashes: bool = False
+    # TRES strings gres/NAME:N (TRES_SLASH=1, 23.11 on) or gres:NAME:N; None:
+    # not detected, inferred from slurm_version.
+    tres_slash: bool | None = None
 
 
 class Result:
@@ -314,7 +328,106 @@ class _Plan:
 
 def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -> _Plan:
     """What the job needs if it runs in `part` (per-node figures for a job
-    that has per-task ones only when `always_per_node`)."""
+    that has per-task ones only when `always_per_node`).  Which rule applies
+    where, in order: the node's figures as functions of its tasks
+    (_node_figures), then the mode: --exclusive, -O, tasks per node fixed
+    by the shape, per task, or per node the most any node can get."""
+    node = _node_figures(job, site, part)
+    if job.exclusive:
+        return _exclusive_plan(node)
+    if job.overcommit and not _one_task_per_node(job):
+        return _overcommit_spread_plan(job, node)
+    fixed = 1 if job.overcommit else _fixed_tasks(job)
+    if fixed is not None:
+        return _fixed_plan(job, node, fixed)
+    per_task = _per_task_figures(job, site, node)
+    if per_task is not None and not always_per_node:
+        return _Plan(per_task, {}, node.mem_node)
+    return _most_plan(job, node, per_task)
+
+
+class _NodeFigures:
+    """What Slurm allocates on a node of one partition for this job, as
+    functions of the tasks the node holds: the job's options once that
+    partition's defaults and limits apply (job_mgr.c, cons_tres job_test.c),
+    and the node layout (dist_tasks.c _block_sync_core_bitmap).  A plain
+    class, as _Plan."""
+
+    def __init__(self, job: Job, nodes: Nodes, param: int, c: int, min_cpus_node: int,
+                 cpus_per_gpu: int | None, mem_node: int | None, mem_cpu: int | None,
+                 mem_per_gpu: int | None) -> None:
+        self.job = job
+        self.nodes = nodes
+        self.c = c                          # CPUs per task, after MaxMemPerCPU
+        self.min_cpus_node = min_cpus_node  # pn_min_cpus
+        self.cpus_per_gpu = cpus_per_gpu
+        self.mem_node = mem_node            # memory asked per node (--mem, a default)
+        self.mem_cpu = mem_cpu
+        self.mem_per_gpu = mem_per_gpu
+        tpc = nodes.threads_per_core
+        self.tpc = tpc
+        # CR_Socket: whole sockets of each of these sizes (in cores); (1,): none
+        self.socket_cores: tuple = nodes.cores_per_socket if param & CR_SOCKET else (1,)
+        self.by_sockets = self.socket_cores != (1,)
+        self.whole_cores = bool(param & (CR_CPU | CR_CORE | CR_SOCKET | CR_BOARD)) and \
+            (tpc > 1 or self.by_sockets)
+        self.most_cores = nodes.cpus // tpc if nodes.cpus else None  # the biggest node's
+        ntasks_per_core = job.ntasks_per_core or (1 if param & CR_ONE_TASK_PER_CORE else None)
+        self.ntasks_per_core = ntasks_per_core
+        vpus = tpc
+        if ntasks_per_core:
+            vpus = min(vpus, ntasks_per_core * c)
+        if job.threads_per_core:
+            vpus = min(vpus, job.threads_per_core)
+        self.vpus = vpus  # usable threads per core (cons_common.c common_cpus_per_core)
+        self.mem_threads = min(tpc, job.threads_per_core or tpc)
+
+    def cpus(self, t: int) -> int:
+        """CPUs Slurm allocates on a node with t tasks."""
+        c = self.c
+        n = max(t * c, self.min_cpus_node)
+        if self.cpus_per_gpu:
+            gpus = _gpus_per_node(self.job, t, self.nodes.gpus)
+            if gpus:
+                n = max(n, self.cpus_per_gpu * gpus)
+        if not self.whole_cores:
+            return n
+        cores = _ceil_div(n, self.vpus)
+        if self.ntasks_per_core == 1 and c > self.vpus:  # each task on cores of its own
+            cores = max(cores, n // c * _ceil_div(c, self.vpus))
+        return _whole_sockets(cores, self.socket_cores, self.most_cores) * self.tpc
+
+    def rounded(self, n: int) -> int:
+        """n CPUs as Slurm allocates them: whole cores (sockets) where it does."""
+        if not self.whole_cores:
+            return n
+        return _whole_sockets(_ceil_div(n, self.tpc), self.socket_cores, self.most_cores) * \
+            self.tpc
+
+    def memory(self, t: int, node_cpus: int) -> int | None:
+        """Memory on a node with t tasks and node_cpus CPUs."""
+        if self.mem_node:
+            return self.mem_node
+        if self.mem_per_gpu:
+            gpus = _gpus_per_node(self.job, t, self.nodes.gpus)
+            return self.mem_per_gpu * gpus if gpus else None
+        if self.mem_cpu:
+            counted = node_cpus // self.tpc * self.mem_threads if self.whole_cores else node_cpus
+            return self.mem_cpu * counted
+        return None  # memory not consumable, or --exclusive: nothing to count
+
+    def figures(self, t: int, node_cpus: int) -> dict:
+        """k8scpu/k8smemory of a node with t tasks and node_cpus CPUs."""
+        out = {GRES_CPU: node_cpus}
+        mem = self.memory(t, node_cpus)
+        if mem:
+            out[GRES_MEMORY] = mem
+        return out
+
+
+def _node_figures(job: Job, site: Site, part: Partition) -> _NodeFigures:
+    """The job's figures in `part`: GPU defaults, the memory default,
+    MaxMemPerCPU, all of a node's memory, --ntasks-per-node; then the layout."""
     nodes = part.nodes
     c = job.cpus_per_task or 1
     min_cpus_node = job.pn_min_cpus or 0
@@ -361,143 +474,158 @@ def _plan(job: Job, site: Site, part: Partition, always_per_node: bool = True) -
         mem_node = _whole_node_memory(nodes, site)
 
     # --ntasks-per-node with tasks: every node gets that many tasks' CPUs
-    # (job_mgr.c _copy_job_desc_to_job_record: pn_min_cpus >= c x ntasks-per-node).
-    if job.ntasks_per_node and not job.overcommit and (
-            job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1:
+    # (job_mgr.c _copy_job_desc_to_job_record: pn_min_cpus >= c x ntasks-per-node);
+    # from 25.11 on even for -n 1, and for -O with a TresPerTask (dist_tasks.c
+    # _get_task_count: k tasks on each node; seen on 26.05.3: -n 1
+    # --ntasks-per-node=8 gets 8 CPUs once it carries any GRES).
+    if job.ntasks_per_node and (
+            (not job.overcommit and
+             (job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1) or
+            (site.ntasks_per_node_fills and not _one_task_per_node(job))):
         min_cpus_node = max(min_cpus_node, c * job.ntasks_per_node)
+    return _NodeFigures(job, nodes, param, c, min_cpus_node, cpus_per_gpu, mem_node, mem_cpu,
+                        mem_per_gpu)
 
-    tpc = nodes.threads_per_core
-    # CR_Socket: whole sockets of each of these sizes (in cores); (1,): none
-    socket_cores = nodes.cores_per_socket if param & CR_SOCKET else (1,)
-    by_sockets = socket_cores != (1,)
-    whole_cores = bool(param & (CR_CPU | CR_CORE | CR_SOCKET | CR_BOARD)) and \
-        (tpc > 1 or by_sockets)
-    most_cores = nodes.cpus // tpc if nodes.cpus else None  # the biggest node's
-    ntasks_per_core = job.ntasks_per_core or (1 if param & CR_ONE_TASK_PER_CORE else None)
-    vpus = tpc
-    if ntasks_per_core:
-        vpus = min(vpus, ntasks_per_core * c)
-    if job.threads_per_core:
-        vpus = min(vpus, job.threads_per_core)
-    mem_threads = min(tpc, job.threads_per_core or tpc)
 
-    def cpus(t: int) -> int:
-        """CPUs Slurm allocates on a node with t tasks."""
-        n = max(t * c, min_cpus_node)
-        if cpus_per_gpu:
-            gpus = _gpus_per_node(job, t, nodes.gpus)
-            if gpus:
-                n = max(n, cpus_per_gpu * gpus)
-        if not whole_cores:
-            return n
-        cores = _ceil_div(n, vpus)
-        if ntasks_per_core == 1 and c > vpus:  # each task on cores of its own
-            cores = max(cores, n // c * _ceil_div(c, vpus))
-        return _whole_sockets(cores, socket_cores, most_cores) * tpc
+def _exclusive_plan(node: _NodeFigures) -> _Plan:
+    """--exclusive: whole nodes; Slurm allocates all of their CPUs and all
+    of their k8scpu/k8smemory whatever is asked (seen in GresUsed), so ask
+    the least a node with a task gets: the request must not change where
+    Slurm puts the tasks (a per-task GRES would)."""
+    return _Plan(None, node.figures(1, node.cpus(1)), node.mem_node)
 
-    def cpus_rounded(n: int) -> int:
-        if not whole_cores:
-            return n
-        return _whole_sockets(_ceil_div(n, tpc), socket_cores, most_cores) * tpc
 
-    def memory(t: int, node_cpus: int) -> int | None:
-        if mem_node:
-            return mem_node
-        if mem_per_gpu:
-            gpus = _gpus_per_node(job, t, nodes.gpus)
-            return mem_per_gpu * gpus if gpus else None
-        if mem_cpu:
-            counted = node_cpus // tpc * mem_threads if whole_cores else node_cpus
-            return mem_cpu * counted
-        return None  # memory not consumable, or --exclusive: nothing to count
+def _one_task_per_node(job: Job) -> bool:
+    """-O: Slurm gives each node one task's CPUs only when the job has no
+    TresPerTask at all (cons_tres dist_tasks.c: `overcommit &&
+    !tres_per_task`, the same from 22.05 to 26.05).  What differs by
+    release is what puts something there: from 24.05 on, sbatch and salloc
+    write `cpu=<c>` into TresPerTask whenever -c is given (slurm_opt.c
+    slurm_option_update_tres_per_task); before, only a per-task GRES did.
+    Our own per-task entries are never there for a -O job (it is asked
+    per node)."""
+    return job.overcommit and not gres.without(gres.parse(job.tres_per_task), gres.OURS)
 
-    def figures(node_cpus: int, node_mem: int | None) -> dict:
-        out = {GRES_CPU: node_cpus}
-        if node_mem:
-            out[GRES_MEMORY] = node_mem
-        return out
 
-    if job.exclusive:
-        # Whole nodes: Slurm allocates all of their CPUs and all of their
-        # k8scpu/k8smemory whatever is asked (seen in GresUsed), so ask the
-        # least a node with a task gets: the request must not change where
-        # Slurm puts the tasks (a per-task GRES would).
-        n = cpus(1)
-        return _Plan(None, figures(n, memory(1, n)), mem_node)
-    fixed = 1 if job.overcommit else _fixed_tasks(job)
-    if fixed is not None:
-        n = cpus(fixed)
-        if job.min_cpus and not job.overcommit:
-            # NumCPUs above the tasks' CPUs: the extra may all land on one
-            # node (the others keep their tasks' CPUs).
-            n = max(n, job.min_cpus - ((job.min_nodes or 1) - 1) * n)
-            if nodes.cpus:
-                n = min(n, max(nodes.cpus, cpus(fixed)))
-            n = cpus_rounded(n)
-        return _Plan(None, figures(n, memory(fixed, n)), mem_node)
-    # Tasks spread.  Per task is exact when every node's CPUs are t x one
-    # task's: no --mincpus above one task, no per-GPU figures, and under
-    # whole cores either c a multiple of the usable threads per core or
-    # --ntasks-per-core=1 with c > vpus (then each task has its own cores).
+def _overcommit_spread_plan(job: Job, node: _NodeFigures) -> _Plan:
+    """-O on a job with a TresPerTask: once it carries any GRES, Slurm lays
+    its tasks out as without -O, c CPUs each, up to --ntasks-per-node on
+    every node (25.11 dist_tasks.c _get_task_count: ntasks-per-node x
+    nodes), but without raising pn_min_cpus (job_mgr.c: not for -O).  Seen
+    on 25.11.7: -n 6 -c 1 --ntasks-per-node=2 -O with any GRES gets 2 CPUs
+    on each of 3 nodes, without a GRES 1.  Per node, the most a node can
+    get, capped at the biggest node (Slurm cannot allocate more there)."""
+    most = job.ntasks_per_node or _fixed_tasks(job) or _max_tasks(job)
+    one = node.cpus(1)
+    n = node.cpus(most)
+    if node.nodes.cpus:
+        n = min(n, max(node.nodes.cpus, one))
+    return _Plan(None, _capped_figures(node, most, n, one), node.mem_node, most=True)
+
+
+def _fixed_plan(job: Job, node: _NodeFigures, fixed: int) -> _Plan:
+    """Tasks per node fixed by the shape (or one task's CPUs per node, -O):
+    per node, exactly."""
+    n = node.cpus(fixed)
+    if job.min_cpus and not job.overcommit:
+        # NumCPUs above the tasks' CPUs: the extra may all land on one
+        # node (the others keep their tasks' CPUs).
+        n = max(n, job.min_cpus - ((job.min_nodes or 1) - 1) * n)
+        if node.nodes.cpus:
+            n = min(n, max(node.nodes.cpus, node.cpus(fixed)))
+        n = node.rounded(n)
+    return _Plan(None, node.figures(fixed, n), node.mem_node)
+
+
+def _cpus_above_tasks(job: Job, c: int) -> bool:
+    """NumCPUs (--mincpus x nodes, or -n x -c raised) above the tasks' CPUs."""
+    return bool(job.min_cpus and job.min_cpus > (job.num_tasks or 0) * c)
+
+
+def _per_task_figures(job: Job, site: Site, node: _NodeFigures) -> dict | None:
+    """Tasks spread: the per-task figures when every node's are t x one
+    task's, else None.  Exact with no --mincpus above one task, no per-GPU
+    figures, and under whole cores either c a multiple of the usable
+    threads per core or --ntasks-per-core=1 with c > vpus (then each task
+    has its own cores)."""
+    nodes = node.nodes
     tasks = job.num_tasks or 0  # given: a job without -n has fixed tasks per node
-    one = cpus(1)
-    per_task = None
+    one = node.cpus(1)
     # --threads-per-core (also --hint=compute_bound/nomultithread): Slurm then
     # may put more tasks on a node than its CPUs / c (seen: -n 5 -N 2 -c 3
     # --hint=compute_bound on 8-CPU nodes runs 3 tasks on 8 CPUs); a per-task
     # GRES would forbid that layout, so ask per node.
-    cpus_above_tasks = bool(job.min_cpus and job.min_cpus > tasks * c)  # NumCPUs
-    linear = (min_cpus_node <= c and not cpus_per_gpu and not mem_per_gpu
-              and not job.threads_per_core and not cpus_above_tasks)
+    linear = (node.min_cpus_node <= node.c and not node.cpus_per_gpu and not node.mem_per_gpu
+              and not job.threads_per_core and not _cpus_above_tasks(job, node.c))
     rounding_only = linear
-    if linear and whole_cores:
-        linear = c % vpus == 0 or (ntasks_per_core == 1 and c > vpus)
-    if not linear and rounding_only and nodes.count and nodes.least_cpus:
+    if linear and node.whole_cores:
+        linear = node.c % node.vpus == 0 or (node.ntasks_per_core == 1 and node.c > node.vpus)
+    if not linear and rounding_only and nodes.count and nodes.least_cpus and \
+            site.gres_fits_cores:
         # Only the whole-core rounding is not linear: one task's rounded
         # figure per task covers every t (t x ceil(c/u) cores >= ceil(t x c/u))
         # but lets fewer tasks onto a node; use it when the job still fits
         # the nodes it may use, so Slurm places it without over-holding
         # whole nodes (which would keep e.g. a second array task out).
+        # Only where Slurm fits the cores it picks to that per-task count:
+        # 26.05.3 picks them by CPUs alone (seen: -n 12 on 3 nodes of 4 x 2
+        # threads gets 8 + 4 + 1 CPUs, where k8scpu:2 a task allows 4 tasks a
+        # node, and pends for ever: BAD_TASK_COUNT), so there per node.
         usable = min(job.max_nodes or nodes.count, nodes.count)
         linear = usable * (nodes.least_cpus // one) >= tasks
-    if (job.spread_job or job.plane_distribution) and \
-            site.slurm_version >= PER_TASK_BREAKS_SPREAD_AND_PLANE:
+    if (job.spread_job and site.spread_per_task_crashes) or \
+            (job.plane_distribution and site.slurm_version >= PER_TASK_BREAKS_PLANE):
         # Seen on 24.11.5, with or without the plugin: --spread-job with a
         # per-task GRES segfaults slurmctld (topology/common eval_nodes.c
         # _eval_nodes_spread passes a NULL max_tasks on to eval_nodes_gres
         # once the job has a per-job GRES count, which a per-task one
-        # implies), and --distribution=plane with one is never runnable.  A
-        # per-node GRES is fine with both; 22.05 has neither problem.
-        # Assumed for every release after 22.05.
+        # implies; detected when building, fixed in 25.05).  And
+        # --distribution=plane with one is never runnable (seen on 24.11.5,
+        # 25.05.8, 25.11.7, 26.05.3: "Requested node configuration is not
+        # available"; assumed for every release after 22.05).  A per-node
+        # GRES is fine with both; 22.05 has neither problem.
         linear = False
-    if by_sockets:
+    if node.by_sockets:
         # Whole sockets, one per core, are never t x one task's; and the
         # rounded per-task figure above makes 22.05 refuse fixed node counts
         # (seen: -n 5 -N 3 on 3 nodes of 2 x 2 x 2, BadConstraints).
         linear = False
-    if linear:
-        per_task = {GRES_CPU: one}
-        one_mem = memory(1, one)
-        if one_mem and not mem_node:
-            per_task[GRES_MEMORY] = one_mem
-    if per_task is not None and not always_per_node:
-        return _Plan(per_task, {}, mem_node)
-    # Per node: the most any node can get, capped at what the biggest node has
-    # (Slurm cannot allocate more there, so on nodes of one size this never
-    # makes a job unrunnable; on smaller nodes it cannot run: README, Known limits).
+    if not linear:
+        return None
+    per_task = {GRES_CPU: one}
+    one_mem = node.memory(1, one)
+    if one_mem and not node.mem_node:
+        per_task[GRES_MEMORY] = one_mem
+    return per_task
+
+
+def _most_plan(job: Job, node: _NodeFigures, per_task: dict | None) -> _Plan:
+    """Per node: the most any node can get, capped at what the biggest node
+    has (Slurm cannot allocate more there, so on nodes of one size this never
+    makes a job unrunnable; on smaller nodes it cannot run: README, Known limits)."""
     most = _max_tasks(job)
+    one = node.cpus(1)
     extra = 0
-    if cpus_above_tasks:
+    if _cpus_above_tasks(job, node.c):
         # The extra may all land on one node (otherwise the tasks' CPUs
         # cover NumCPUs: cpus(most) is the most).
         extra = (job.min_cpus or 0) - ((job.min_nodes or 1) - 1) * one
-    n = max(cpus(most), cpus_rounded(extra))
-    if nodes.cpus:
-        n = min(n, max(nodes.cpus, one))
-    mem = memory(most, n)
-    if mem and nodes.memory and not mem_node:
-        mem = min(mem, max(nodes.memory, memory(1, one) or 0))
-    return _Plan(per_task, figures(n, mem), mem_node, most=True)
+    n = max(node.cpus(most), node.rounded(extra))
+    if node.nodes.cpus:
+        n = min(n, max(node.nodes.cpus, one))
+    return _Plan(per_task, _capped_figures(node, most, n, one), node.mem_node, most=True)
+
+
+def _capped_figures(node: _NodeFigures, most: int, n: int, one: int) -> dict:
+    """Figures of a node with `most` tasks on n CPUs, its per-CPU memory
+    capped at the biggest node's (but never below one task's)."""
+    out = {GRES_CPU: n}
+    mem = node.memory(most, n)
+    if mem and node.nodes.memory and not node.mem_node:
+        mem = min(mem, max(node.nodes.memory, node.memory(1, one) or 0))
+    if mem:
+        out[GRES_MEMORY] = mem
+    return out
 
 
 def _whole_sockets(cores: int, socket_cores: tuple, most_cores: int | None) -> int:
@@ -641,7 +769,8 @@ def _apply(current: str | None, want: dict, site: Site, field: str) -> str | Non
             raise PolicyError(f"--gres={name}:{asked} is less than the job uses "
                               f"({name}:{need} {field.replace('tres_', '').replace('_', ' ')})")
         final[name] = max(need, asked or 0)
-    new = gres.with_counts(entries, final, site.slurm_version)
+    slash = site.tres_slash if site.tres_slash is not None else site.slurm_version >= TRES_SLASH_FROM
+    new = gres.with_counts(entries, final, slash)
     return None if new == (current or "") else new
 
 
@@ -655,7 +784,7 @@ def complete(job: Job, site: Site) -> Result:
                           "holds: Slurm applies it to each of a job's GRES (every MB of "
                           "k8smemory would need --ntasks-per-gpu CPUs); ask -n <tasks> with "
                           "--gpus or --gpus-per-node instead")
-    if job.spread_job and site.slurm_version >= PER_TASK_BREAKS_SPREAD_AND_PLANE and any(
+    if job.spread_job and site.spread_per_task_crashes and any(
             e.name for e in gres.parse(job.tres_per_job) + gres.parse(job.tres_per_task)):
         # Seen on 24.11.5 without any job_submit plugin: `sbatch -n3 --spread-job
         # --gpus=1` segfaults slurmctld (topology/default eval_nodes, as in _plan).

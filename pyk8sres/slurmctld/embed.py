@@ -87,13 +87,39 @@ def conf_facts(slurm_conf_path: str, settings: config.Config) -> dict:
                 all_nodes=conf.all_nodes, cluster_gpu=conf.cluster_gpu)
 
 
+# What meson detected in the Slurm release these plugins were built for.
+BUILD_FACTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_lib",
+                           "slurm_build.txt")
+
+
+def release_facts(path: str = BUILD_FACTS) -> dict:
+    """The Site's release behaviour, as meson detected it in that release's
+    source (_lib/slurm_build.txt, NAME=0|1 lines).  A build without the
+    source detected nothing: then the answer right on every release (which
+    may hold more than a given release needs, never less)."""
+    detected = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                name, sep, value = line.strip().partition("=")
+                if sep:
+                    detected[name] = value
+    except OSError:
+        pass
+    return dict(gres_fits_cores=detected.get("GRES_FITS_CORES") == "1",
+                ntasks_per_node_fills=detected.get("NTASKS_PER_NODE_FILLS", "1") == "1",
+                spread_per_task_crashes=detected.get("SPREAD_PER_TASK_CRASHES", "1") == "1",
+                tres_slash=detected["TRES_SLASH"] == "1" if "TRES_SLASH" in detected else None)
+
+
 def reconfigure(slurm_conf_path: str) -> None:
     global _config
     _config = config.load(slurm_conf_path)
     if _ledger is not None:
         _ledger.allowed_uids = _allowed_uids()
     submit.use_site(dataclasses.replace(submit.current_site(),
-                                        **conf_facts(slurm_conf_path, _config)),
+                                        **conf_facts(slurm_conf_path, _config),
+                                        **release_facts()),
                     _config.on_internal_error == "accept")
 
 

@@ -87,16 +87,17 @@ def count_of(entries: list[Entry], name: str) -> int | None:
     return sum(counts) if counts else None
 
 
-def entry_text(name: str, count: int, slurm_version: int) -> str:
-    sep = "/" if slurm_version >= 0x170200 else ":"
+def entry_text(name: str, count: int, slash: bool) -> str:
+    """slash: the release writes gres/NAME:N (23.11 on), else gres:NAME:N."""
+    sep = "/" if slash else ":"
     return f"gres{sep}{name}:{count}"
 
 
-def with_counts(entries: list[Entry], counts: dict[str, int], slurm_version: int) -> str:
+def with_counts(entries: list[Entry], counts: dict[str, int], slash: bool) -> str:
     """Format `entries` with each name in `counts` set to exactly that count:
     one entry per name (no duplicates), foreign entries untouched."""
     texts = [e.text for e in entries if e.name not in counts]
-    texts += [entry_text(name, count, slurm_version) for name, count in counts.items()]
+    texts += [entry_text(name, count, slash) for name, count in counts.items()]
     return ",".join(texts)
 
 

@@ -90,12 +90,15 @@ class Accounting:
         self.conf = os.path.join(self.work, "etc", "slurmdbd.conf")
 
     @staticmethod
-    def check_installed() -> None:
+    def check_installed(release=None) -> None:
+        """MariaDB from the system; slurmdbd and sacctmgr of the Slurm
+        release the cluster runs (the installed one by default)."""
         for binary, package in (("mariadbd", MARIADB_PACKAGE),
                                 ("mariadb-install-db", MARIADB_PACKAGE),
-                                ("mariadb", "mariadb-client"), ("slurmdbd", SLURMDBD_PACKAGE),
-                                ("sacctmgr", "slurm-client")):
+                                ("mariadb", "mariadb-client")):
             cluster._need(binary, package)
+        for binary, package in (("slurmdbd", SLURMDBD_PACKAGE), ("sacctmgr", "slurm-client")):
+            cluster._need(binary, package, release)
         _user("mysql", MARIADB_PACKAGE)
         _user(DBD_USER, "slurmctld")
 
@@ -165,7 +168,8 @@ class Accounting:
 
     def start_slurmdbd(self, c: cluster.Cluster) -> None:
         cluster.start_process(self.work, "slurmdbd",
-                              [cluster._need("slurmdbd", SLURMDBD_PACKAGE), "-D"], env=c.env)
+                              [cluster._need("slurmdbd", SLURMDBD_PACKAGE, c.release), "-D"],
+                              env=c.env)
 
         def ready():
             self._exited("slurmdbd", "log/slurmdbd.out")
@@ -175,7 +179,8 @@ class Accounting:
         c._wait(ready, "slurmdbd to listen (see dbd/slurmdbd.log)", 60)
 
     def register_cluster(self, c: cluster.Cluster, name: str = "pyk8sres") -> None:
-        proc = subprocess.run(["sacctmgr", "-i", "add", "cluster", name], capture_output=True,
+        proc = subprocess.run([cluster._need("sacctmgr", "slurm-client", c.release), "-i", "add",
+                               "cluster", name], capture_output=True,
                               text=True, env=c.env, timeout=60, cwd="/")
         if proc.returncode and "already exists" not in proc.stdout + proc.stderr:
             raise cluster.ClusterError(f"sacctmgr add cluster {name} failed: "

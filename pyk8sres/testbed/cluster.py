@@ -543,7 +543,7 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
         if auth == "slurm":
             raise ClusterError("--accounting runs slurmdbd as slurm, which cannot read this "
                                "cluster's auth/slurm key: use munge (apt-get install munge)")
-        accounting_mod.Accounting.check_installed()
+        accounting_mod.Accounting.check_installed(release)
     if rest:
         rest_mod.check_installed(release)
     cluster = Cluster(work, release)

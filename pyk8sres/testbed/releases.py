@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import shutil
+import subprocess
 
 INSTALLED = "installed"
 # Debian's multiarch directory first, then other layouts.
@@ -122,3 +124,58 @@ def build_info(lib_dir: str) -> dict[str, str]:
     except OSError:
         pass
     return info
+
+
+def tools_dir() -> str | None:
+    """tools/ of the pyk8sres checkout this package runs from, if it does
+    (the build scripts and the sources release-plugins.sh compiles are
+    there, not in an installed package)."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    tools = os.path.join(here, "tools")
+    return tools if os.path.isfile(os.path.join(tools, "release-plugins.sh")) else None
+
+
+def source_version(tree: str) -> str:
+    """The release of an unpacked Slurm tree (its META file)."""
+    try:
+        with open(os.path.join(tree, "META"), encoding="utf-8") as f:
+            meta = dict(re.findall(r"^\s*(Major|Minor|Micro):\s*(\d+)", f.read(), re.M))
+    except OSError:
+        meta = {}
+    if len(meta) != 3:
+        raise ReleaseError(f"{tree} is not a Slurm source tree (no META with Major/Minor/Micro): "
+                           "unpack a release tarball, or `git archive` a release tag")
+    return f"{meta['Major']}.{meta['Minor']}.{meta['Micro']}"
+
+
+def ensure(name: str | None = None, source: str | None = None, log=None) -> Release:
+    """get(name), building first what is missing: Slurm itself
+    (tools/slurm-build.sh: Debian's source, or the unpacked tree `source`)
+    and this checkout's pyk8sres for it (tools/release-plugins.sh).  The
+    build output goes to `log` (a file object; default stderr)."""
+    if source:
+        version = source_version(source)
+        if name and name != INSTALLED and not (version == name or version.startswith(name + ".")):
+            raise ReleaseError(f"{source} is Slurm {version}, not {name}")
+        name = version
+    if not name or name == INSTALLED:
+        return get(name)
+    try:
+        return get(name)
+    except ReleaseError as missing:
+        tools = tools_dir()
+        if tools is None:
+            raise ReleaseError(f"{missing} (this pyk8sres is not a checkout: run the build from "
+                               "one)") from None
+    build = [os.path.join(tools, "slurm-build.sh"), *(["--source", source] if source else []),
+             name]
+    for argv in (build, [os.path.join(tools, "release-plugins.sh"), name]):
+        proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=log, check=False)
+        if proc.returncode == 77:
+            raise ReleaseError(f"Slurm {name}: the Debian mirror does not serve its source; build "
+                               "it from an unpacked tree: --slurm-source DIR (e.g. a release tag "
+                               "of SchedMD's repository, `git archive slurm-26-05-3-1`)")
+        if proc.returncode:
+            raise ReleaseError(f"{os.path.basename(argv[0])} {name} failed (exit "
+                               f"{proc.returncode}, see above)")
+    return get(name)

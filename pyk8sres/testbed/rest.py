@@ -7,7 +7,10 @@ which only passes each request's token on to slurmctld, so it needs no key
 and no munge.  Slurm's rules (22.05 slurmrestd.c): it may run neither as
 root, nor with root's group, nor as SlurmUser or with SlurmUser's group; it
 runs as `nobody`:`nogroup` (-u/-g: set right after binding its socket,
-before reading slurm.conf), listening on 127.0.0.1 only.
+before reading slurm.conf), listening on 127.0.0.1 only.  They are given
+by number: from 25.11 on, Slurm's uid_from_string() answers the name
+"nobody" with its own SLURM_AUTH_NOBODY as an error code, and slurmrestd
+stops with `fatal: Unable to resolve user: nobody`.
 
 It reads slurm.conf as `nobody`: it gets a world-readable copy
 (rest/slurm.conf) whose PluginDir is Slurm's own, so the work directory
@@ -16,8 +19,10 @@ must be traversable by others.
 from __future__ import annotations
 
 import glob
+import grp
 import json
 import os
+import pwd
 import re
 import secrets
 import socket
@@ -114,7 +119,8 @@ def start(c: cluster.Cluster, port: int, accounting: bool = False) -> str:
     # token (auth/jwt) instead of munge.
     env = dict(c.env, SLURM_CONF=conf, SLURM_JWT="daemon")
     cluster.start_process(c.work, "slurmrestd", [
-        binary, "-f", conf, "-u", REST_USER, "-g", REST_GROUP, "-s", plugin_arg,
+        binary, "-f", conf, "-u", str(pwd.getpwnam(REST_USER).pw_uid),
+        "-g", str(grp.getgrnam(REST_GROUP).gr_gid), "-s", plugin_arg,
         "-a", "rest_auth/jwt", f"127.0.0.1:{port}"], env=env, cwd="/")
 
     def listening():

@@ -91,15 +91,28 @@ def port(default: int) -> int:
 REPO = Path(__file__).resolve().parents[2]
 # Debian's own Python: what a site's slurmctld can read (ours lives under /root).
 SYSTEM_PYTHON = "/usr/bin/python3"
-# Where that build lives: readable by every user; PYK8SRES_SLURMUSER_VENV
-# moves it (two checkouts testing at once must not share it).
-VENV = os.environ.get("PYK8SRES_SLURMUSER_VENV", "/var/cache/pyk8sres/slurmuser-venv")
+# One venv per Slurm release, next to that release's other pyk8sres builds
+# (readable by every user; PYK8SRES_RELEASE_PACKAGES moves them all).
+VENV = os.path.join(releases.packages_root(), RELEASE.name if RELEASE else "installed",
+                    "slurmuser-venv")
+
+
+def _slurm_args() -> list:
+    """meson's -D options for the Slurm under test: the installed one's
+    configured source, or a built release's tree and headers."""
+    if SLURM == releases.INSTALLED:
+        src = subprocess.run([str(REPO / "tools" / "slurm-source.sh")], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        return [f"-Csetup-args=-Dslurm_source={src}"]
+    built = os.path.join(releases.build_root(), RELEASE.name)
+    return [f"-Csetup-args=-Dslurm_source={built}/src",
+            f"-Csetup-args=-Dslurm_include={built}/prefix/include"]
 
 
 def readable_build() -> str:
     """pyk8sres built from this checkout into a venv of Debian's Python that
-    every user can read (for slurmctld as SlurmUser=slurm, with the installed
-    Slurm); returns its _lib directory."""
+    every user can read (for slurmctld as SlurmUser=slurm), against the Slurm
+    under test; returns its _lib directory."""
     if not os.path.exists(SYSTEM_PYTHON):
         pytest.fail(f"{SYSTEM_PYTHON} missing: tools/install-deps.sh installs python3-venv")
     # -I: the venv's own packages only, whatever PYTHONPATH the tests run with.
@@ -107,17 +120,16 @@ def readable_build() -> str:
            "--disable-pip-version-check"]
     if not os.path.exists(f"{VENV}/.ready"):
         shutil.rmtree(VENV, ignore_errors=True)
+        os.makedirs(os.path.dirname(VENV), exist_ok=True)
         subprocess.run([SYSTEM_PYTHON, "-m", "venv", VENV], check=True)
         # Debian 12's pip predates -C (config settings): a current one first.
         subprocess.run(pip + ["-U", "pip"], check=True)
         subprocess.run(pip + ["meson-python>=0.15", "meson>=1.1", "ninja", "cffi>=1.17"],
                        check=True)
         Path(f"{VENV}/.ready").touch()
-    src = subprocess.run([str(REPO / "tools" / "slurm-source.sh")], capture_output=True,
-                         text=True, check=True).stdout.strip()
     subprocess.run(pip + ["--no-build-isolation", "--force-reinstall", "--no-deps",
-                          f"-Csetup-args=-Dslurm_source={src}",
-                          "-Csetup-args=-Dnode_features=enabled", str(REPO)], check=True)
+                          *_slurm_args(), "-Csetup-args=-Dnode_features=enabled", str(REPO)],
+                   check=True)
     return subprocess.run([f"{VENV}/bin/python", "-I", "-c",
                            "import pyk8sres.install as i; print(i.PACKAGE_LIB)"],
                           capture_output=True, text=True, check=True, cwd="/").stdout.strip()

@@ -69,3 +69,41 @@ def test_plugins_build_for_the_other_debian_release(tmp_path):
     # extra one means a removed hook was not detected.
     assert hooks == looked_up(src)
     assert len(hooks) == {(22, 5): 19, (24, 11): 17}.get((major, minor), len(hooks))
+
+
+def cached_releases() -> list:
+    """Every finished Slurm build under the build cache (tools/slurm-build.sh)."""
+    from pyk8sres.testbed import releases
+    root = Path(releases.build_root())
+    return sorted((p.parent.name for p in root.glob("*/.ready")),
+                  key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+@pytest.mark.parametrize("version", cached_releases() or [None])
+def test_plugins_build_for_every_cached_release(tmp_path, version):
+    """Each release built here (24.11 from Debian, the others from SchedMD's
+    tags): meson detects it from its own headers, node_features exports
+    exactly the hooks its slurmctld looks up, and the structure layout is
+    accepted (pinned, or the tree slurmctld was compiled from)."""
+    if version is None:
+        pytest.skip("no Slurm build under the cache (tools/slurm-build.sh)")
+    from pyk8sres.testbed import releases
+    built = Path(releases.build_root(), version)
+    src, include = built / "src", built / "prefix" / "include"
+    build = tmp_path / "build"
+    meson = [sys.executable, "-m", "mesonbuild.mesonmain"]
+    setup = subprocess.run(meson + ["setup", str(build), str(REPO), f"-Dslurm_include={include}",
+                                    f"-Dslurm_source={src}", "-Dnode_features=enabled",
+                                    "-Dcompile_policy=disabled"],
+                           capture_output=True, text=True, timeout=300)
+    assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr[-3000:]
+    major, minor, micro = (int(x) for x in version.split("."))
+    assert f"Building Slurm plugins for Slurm {major}.{minor}.{micro}" in setup.stdout
+    done = subprocess.run(meson + ["compile", "-C", str(build)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    node_features = exported(build / "plugins" / "node_features_k8s_resources.so")
+    assert {s for s in node_features if s.startswith("node_features_p_")} == looked_up(str(src))
+    detected = dict(line.split("=", 1) for line in
+                    (build / "slurm_build.txt").read_text().split())
+    assert detected["SLURM_BUILT_HERE"] == "1"

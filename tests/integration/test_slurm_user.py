@@ -13,17 +13,17 @@ import pytest
 from local_slurm import SLURM, port, readable_build, requires_slurm
 from pyk8sres.testbed import cluster
 
-pytestmark = requires_slurm + [
-    # It builds its own readable venv against the installed Slurm's headers.
-    pytest.mark.skipif(SLURM != "installed", reason="needs the installed Slurm (PYK8SRES_TEST_SLURM)")]
+pytestmark = requires_slurm
 BASE_PORT = port(17300)
+
+
 @pytest.fixture(scope="module")
 def c():
     lib = readable_build()
     work = tempfile.mkdtemp(prefix="pyk8sres-su-")
     os.chmod(work, 0o755)
     handle = cluster.up(work, nodes=1, cpus=4, memory=4000, base_port=BASE_PORT,
-                        slurm_user="slurm", plugin_lib=lib)
+                        slurm_user="slurm", plugin_lib=lib, slurm=SLURM)
     try:
         yield handle
     finally:

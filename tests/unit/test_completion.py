@@ -1,8 +1,9 @@
 """Table-driven tests of the completion policy (pyk8sres.slurmctld.completion)."""
-import pytest
-
+import dataclasses
 import itertools
 import random
+
+import pytest
 
 from pyk8sres import GRES_CPU as CPU, GRES_MEMORY as MEM
 from pyk8sres.slurmctld.completion import (CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE,
@@ -19,6 +20,8 @@ SITE = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=
             partitions={"debug": Partition(nodes=NODES)}, default_partition="debug")
 SMT = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=SMT_NODES,
            partitions={"debug": Partition(nodes=SMT_NODES)}, default_partition="debug")
+SMT_2605 = dataclasses.replace(SMT, gres_fits_cores=False, ntasks_per_node_fills=True)
+SITE_2511 = dataclasses.replace(SITE, ntasks_per_node_fills=True)
 SMT_CR_CORE_UNKNOWN = Site(cluster_mem=MemDefault(per_cpu=100),
                            all_nodes=Nodes(threads_per_core=2, cpus=8, memory=16000))
 SMT_CR_CPU = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=SMT_NODES,
@@ -46,7 +49,8 @@ THREE = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes
                          "b": Partition(mem=MemDefault(per_cpu=300), max_mem_per_cpu=1000,
                                         nodes=PLAIN3)},
              default_partition="a")
-THREE_2411 = Site(slurm_version=V2411, cluster_mem=MemDefault(per_cpu=100), all_nodes=PLAIN3,
+THREE_2411 = Site(slurm_version=V2411, spread_per_task_crashes=True,
+                  cluster_mem=MemDefault(per_cpu=100), all_nodes=PLAIN3,
                   partitions={"a": Partition(mem=MemDefault(per_cpu=100), nodes=PLAIN3)},
                   default_partition="a")
 # 2 GPUs a node; DefCpuPerGPU=3 DefMemPerGPU=3000 for the cluster, b's own, z's own 0s
@@ -242,14 +246,16 @@ def test_mixed_node_sizes(name, job, refused, cpus):
 
 @pytest.mark.parametrize("job", [Job(spread_job=True, num_tasks=3, tres_per_job="gres/gpu:1"),
                                  Job(spread_job=True, num_tasks=3, tres_per_task="gres/gpu=1")])
-def test_spread_job_with_a_per_job_gres_is_refused_after_2205(job):
-    """It segfaults slurmctld 24.11 (plugin or not); 22.05 runs it."""
+def test_spread_job_with_a_per_job_gres_is_refused_where_it_crashes_slurmctld(job):
+    """It segfaults slurmctld 24.11 (plugin or not); 22.05 and 25.05 on run it."""
     with pytest.raises(PolicyError, match="--spread-job with a per-job or per-task GRES"):
         complete(job, THREE_2411)
     assert complete(job._replace(tres_per_job=None, tres_per_task=None, tres_per_node="gres/gpu:1"),
                     THREE_2411)
     assert complete(job, THREE)
     assert complete(Job(spread_job=True, num_tasks=3, tres_per_task="cpu:2"), THREE_2411)
+    assert complete(job, dataclasses.replace(THREE_2411, slurm_version=0x190B07,
+                                             spread_per_task_crashes=False))
 
 
 def test_under_request_reject_mode():
@@ -478,6 +484,12 @@ RULES = [
     ("22.05: -n 4 -N 1-2 --distribution=plane=2: per task", THREE,
      Job(num_tasks=4, min_nodes=1, max_nodes=2, plane_distribution=True), {},
      {CPU: 1, MEM: 100}),
+    ("25.11: -n 9 -N 3 --spread-job: per task again (SPREAD_PER_TASK_CRASHES=0)",
+     dataclasses.replace(THREE_2411, slurm_version=0x190B07, spread_per_task_crashes=False),
+     Job(num_tasks=9, min_nodes=3, max_nodes=3, spread_job=True), {}, {CPU: 1, MEM: 100}),
+    ("25.11: -n 4 -N 1-2 --distribution=plane=2: still per node",
+     dataclasses.replace(THREE_2411, slurm_version=0x190B07, spread_per_task_crashes=False),
+     Job(num_tasks=4, min_nodes=1, max_nodes=2, plane_distribution=True), {CPU: 4, MEM: 400}, {}),
     ("24.11: -n 9 -N 3 without --spread-job: per task", THREE_2411,
      Job(num_tasks=9, min_nodes=3, max_nodes=3), {}, {CPU: 1, MEM: 100}),
     # DefCpuPerGPU / DefMemPerGPU (cons_tres _set_gpu_defaults; each figure as seen on 22.05)
@@ -526,6 +538,41 @@ RULES = [
     ("-p b -n 2 -N 1 -c 4 --mem-per-cpu=1500: one partition: its figures, too big as they are",
      THREE, Job(num_tasks=2, min_nodes=1, max_nodes=1, cpus_per_task=4, mem_per_cpu=1500,
                 partition="b"), {CPU: 16, MEM: 12000}, {}),
+    # -O with a TresPerTask (24.05+ sbatch writes cpu=<c> there for -c): laid out as without -O
+    ("-O -n 6 -c 1 --ntasks-per-node=2, TresPerTask=cpu=1: 2 tasks' CPUs a node (seen on 25.11)",
+     SITE, Job(overcommit=True, num_tasks=6, cpus_per_task=1, ntasks_per_node=2,
+               tres_per_task="cpu=1"), {CPU: 2, MEM: 200}, {}),
+    ("-O -n 6 -c 1 --ntasks-per-node=2 -p a,b, TresPerTask=cpu=1: b's memory", THREE,
+     Job(overcommit=True, num_tasks=6, cpus_per_task=1, ntasks_per_node=2,
+         tres_per_task="cpu=1", partition="a,b"), {CPU: 2, MEM: 600}, {}),
+    ("-O -n 6 -c 2, TresPerTask=cpu=2: n - N + 1 tasks may share a node, capped", SITE,
+     Job(overcommit=True, num_tasks=6, cpus_per_task=2, tres_per_task="cpu=2"),
+     {CPU: 8, MEM: 800}, {}),
+    ("-O -n 6 -c 1 -N 3, TresPerTask=cpu=1: up to 4 tasks on a node", SITE,
+     Job(overcommit=True, num_tasks=6, cpus_per_task=1, min_nodes=3, max_nodes=3,
+         tres_per_task="cpu=1"), {CPU: 4, MEM: 400}, {}),
+    ("-O -n 4 -N 1 --gpus-per-task=1 (22.05's TresPerTask): all 4 tasks, c raised to 3", GPUS,
+     Job(overcommit=True, num_tasks=4, min_nodes=1, max_nodes=1, tres_per_task="gres:gpu:1"),
+     {CPU: 8, MEM: 6000}, {}),
+    ("-O -n 16 -N 1 with our own per-task entry only: still one task's CPUs", SITE,
+     Job(overcommit=True, num_tasks=16, min_nodes=1, max_nodes=1,
+         tres_per_task="gres:k8scpu:1"), {CPU: 1, MEM: 100}, {}),
+    # 26.05.3: CountOnly GRES no longer shape the cores Slurm picks (GRES_FITS_CORES=0)
+    ("26.05.3 SMT: -n 3, odd c: per node, the most (never the rounded per-task figure)",
+     SMT_2605, Job(num_tasks=3), {CPU: 4, MEM: 400}, {}),
+    ("26.05.3 SMT: -n 12 -p b,a as the differential test drew it: per node, capped",
+     SMT_2605, Job(num_tasks=12), {CPU: 8, MEM: 800}, {}),
+    ("26.05.3 SMT: -n 6 -c 2, even c: per task as on every release", SMT_2605,
+     Job(num_tasks=6, cpus_per_task=2), {}, {CPU: 2, MEM: 200}),
+    # 25.11 on: --ntasks-per-node=k puts k tasks on every node whatever -n (NTASKS_PER_NODE_FILLS)
+    ("25.11: -n 1 --ntasks-per-node=4: 4 tasks' CPUs (seen on 26.05.3 with any GRES)", SITE_2511,
+     Job(num_tasks=1, ntasks_per_node=4), {CPU: 4, MEM: 400}, {}),
+    ("22.05: -n 1 --ntasks-per-node=4: one task's", SITE, Job(num_tasks=1, ntasks_per_node=4),
+     {CPU: 1, MEM: 100}, {}),
+    ("25.11: -O -n 1 --ntasks-per-node=4, no TresPerTask: still one task's", SITE_2511,
+     Job(overcommit=True, num_tasks=1, ntasks_per_node=4), {CPU: 1, MEM: 100}, {}),
+    ("26.05.3 SMT: -n 1 -N 1-2 --ntasks-per-node=8 -p b (the differential test's)", SMT_2605,
+     Job(num_tasks=1, min_nodes=1, max_nodes=2, ntasks_per_node=8), {CPU: 8, MEM: 800}, {}),
 ]
 
 
@@ -535,16 +582,21 @@ def test_rule(rule, site, job, per_node, per_task):
 
 
 # --- held >= allocated on every node, for every shape: an independent model of Slurm ----
-def slurm_allocates(job: Job, t: int, tpc: int, whole_cores: bool) -> tuple[int, int]:
+def slurm_allocates(job: Job, t: int, tpc: int, whole_cores: bool,
+                    fills: bool = False) -> tuple[int, int]:
     """(CPUs, MB) Slurm 22.05 gives a node with t tasks (DefMemPerCPU=100, no limits),
-    written from cons_common/dist_tasks.c and job_test.c, not from the policy."""
+    written from cons_common/dist_tasks.c and job_test.c, not from the policy;
+    fills: 25.11's _get_task_count (--ntasks-per-node tasks on every node)."""
     c = job.cpus_per_task or 1
-    if job.overcommit:
-        t = 1  # dist_tasks.c: one task's CPUs per node
+    one_task = job.overcommit and not job.tres_per_task
+    if one_task:
+        t = 1  # dist_tasks.c: one task's CPUs per node (any TresPerTask: all of its tasks)
     least = job.pn_min_cpus or 0
     if job.ntasks_per_node and not job.overcommit and (
             job.num_tasks or job.ntasks_per_node * (job.min_nodes or 1)) > 1:
         least = max(least, c * job.ntasks_per_node)  # job_mgr.c: pn_min_cpus
+    if fills and job.ntasks_per_node and not one_task:
+        t = max(t, job.ntasks_per_node)
     cpus = max(t * c, least)
     if whole_cores and tpc > 1:
         vpus = tpc
@@ -566,7 +618,9 @@ def slurm_allocates(job: Job, t: int, tpc: int, whole_cores: bool) -> tuple[int,
 def tasks_possible(job: Job) -> range:
     if not job.num_tasks:
         return range(job.ntasks_per_node or 1, (job.ntasks_per_node or 1) + 1)
-    if job.overcommit:
+    if job.overcommit and job.ntasks_per_node and job.tres_per_task:
+        return range(1, job.ntasks_per_node + 1)  # 25.11: ntasks-per-node on every node
+    if job.overcommit and not job.tres_per_task:
         return range(1, job.num_tasks + 1)
     nodes = job.min_nodes or 1
     most = job.num_tasks - nodes + 1
@@ -584,8 +638,11 @@ def random_jobs(count: int, seed: int = 9):
         n = rng.choice([None, 1, 2, 3, 4, 5, 7, 8, 12, 16])
         nodes = rng.choice([None, 1, 2, 3])
         ranged = nodes and rng.random() < 0.4
+        c = rng.choice([None, 1, 2, 3, 4])
         yield Job(num_tasks=n, min_nodes=nodes, max_nodes=(nodes + 2 if ranged else nodes),
-                  cpus_per_task=rng.choice([None, 1, 2, 3, 4]),
+                  cpus_per_task=c,
+                  # 24.05+ sbatch: -c also written as TresPerTask=cpu=<c>
+                  tres_per_task=f"cpu={c}" if c and rng.random() < 0.5 else None,
                   ntasks_per_node=rng.choice([None, None, 1, 2, 3]),
                   pn_min_cpus=rng.choice([None, None, None, 2, 3]),
                   mem_per_node=rng.choice([None, None, 1000]),
@@ -595,8 +652,9 @@ def random_jobs(count: int, seed: int = 9):
                   overcommit=rng.random() < 0.1)
 
 
-@pytest.mark.parametrize("site,whole", [(SITE, True), (SMT, True), (SMT_CR_CPU, True)],
-                         ids=["plain", "smt", "smt-cr-cpu"])
+@pytest.mark.parametrize("site,whole", [(SITE, True), (SMT, True), (SMT_CR_CPU, True),
+                                        (SITE_2511, True), (SMT_2605, True)],
+                         ids=["plain", "smt", "smt-cr-cpu", "plain-25.11", "smt-26.05.3"])
 def test_held_covers_allocated_for_random_shapes(site, whole):
     tpc = site.all_nodes.threads_per_core
     checked = 0
@@ -606,7 +664,7 @@ def test_held_covers_allocated_for_random_shapes(site, whole):
         per_node, per_task = required(job, site)
         runnable = False
         for t in tasks_possible(job):
-            cpus, mem = slurm_allocates(job, t, tpc, whole)
+            cpus, mem = slurm_allocates(job, t, tpc, whole, site.ntasks_per_node_fills)
             if cpus > site.all_nodes.cpus:
                 continue  # Slurm cannot put t tasks on one node
             runnable = True
@@ -617,3 +675,55 @@ def test_held_covers_allocated_for_random_shapes(site, whole):
         if runnable:  # never more per node than a node has: runnable stays runnable
             assert per_node.get(CPU, 0) <= site.all_nodes.cpus, job
     assert checked > 1000
+
+
+# --- The steps of completion._plan, each on its own ---------------------------------------
+from pyk8sres.slurmctld import completion  # noqa: E402
+
+ONE_TASK_PER_NODE = [
+    ("no -O", Job(num_tasks=4), False),
+    ("-O, no TresPerTask (22.05-23.11 sbatch, or no -c)", Job(overcommit=True, num_tasks=4),
+     True),
+    ("-O -c 2 from 24.05's sbatch: TresPerTask=cpu=2", Job(overcommit=True, tres_per_task="cpu=2"),
+     False),
+    ("-O --gpus-per-task=1", Job(overcommit=True, tres_per_task="gres/gpu=1"), False),
+    ("-O with only our own per-task entries (folded into per node)",
+     Job(overcommit=True, tres_per_task="gres/k8scpu:1,gres/k8smemory:100"), True),
+]
+
+
+@pytest.mark.parametrize("name,job,expected", ONE_TASK_PER_NODE,
+                         ids=[c[0] for c in ONE_TASK_PER_NODE])
+def test_one_task_per_node(name, job, expected):
+    assert completion._one_task_per_node(job) is expected
+
+
+# (name, site, job, partition, (c, pn_min_cpus, per-node memory, per-CPU memory),
+#  CPUs of a node with 1 and 3 tasks, memory of a node with 3 tasks on those CPUs)
+NODE_FIGURES = [
+    ("the cluster's DefMemPerCPU", SITE, Job(), "debug", (1, 0, None, 100), (1, 3), 300),
+    ("MaxMemPerCPU=1000, --mem-per-cpu=2500: c x 3, 834 a CPU", LIMITED, Job(mem_per_cpu=2500),
+     "lim", (3, 0, None, 834), (3, 9), 7506),
+    ("MaxMemPerCPU=1000, --mem=4000 --ntasks-per-node=2: 4 CPUs, c 2", LIMITED,
+     Job(mem_per_node=4000, ntasks_per_node=2, num_tasks=4), "lim", (2, 4, 4000, None),
+     (4, 6), 4000),
+    ("--ntasks-per-node=3 -n 6: pn_min_cpus 3", SITE, Job(num_tasks=6, ntasks_per_node=3),
+     "debug", (1, 3, None, 100), (3, 3), 300),
+    ("-O --ntasks-per-node=3 -n 6: pn_min_cpus not raised", SITE,
+     Job(num_tasks=6, ntasks_per_node=3, overcommit=True), "debug", (1, 0, None, 100), (1, 3),
+     300),
+    ("SMT: whole cores, memory of the threads counted", SMT, Job(threads_per_core=1), "debug",
+     (1, 0, None, 100), (2, 6), 300),
+    ("GPU defaults of partition b: 2 CPUs, 1500 MB a GPU", GPUS, Job(tres_per_node="gres:gpu:2"),
+     "b", (1, 0, None, None), (4, 4), 3000),
+]
+
+
+@pytest.mark.parametrize("name,site,job,part,options,cpus,mem", NODE_FIGURES,
+                         ids=[c[0] for c in NODE_FIGURES])
+def test_node_figures(name, site, job, part, options, cpus, mem):
+    node = completion._node_figures(job, site, site.partitions.get(part) or
+                                    completion.Partition(nodes=site.all_nodes))
+    assert (node.c, node.min_cpus_node, node.mem_node, node.mem_cpu) == options
+    assert (node.cpus(1), node.cpus(3)) == cpus
+    assert node.memory(3, node.cpus(3)) == mem

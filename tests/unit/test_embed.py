@@ -200,3 +200,23 @@ def test_live_partition_gpu_defaults_override_slurm_conf():
     assert site.partitions["a"].gpu == completion.GpuDefault(cpus=3)
     assert completion.complete(completion.Job(partition="a", tres_per_node="gres:gpu:2"),
                                site).per_node == {"k8scpu": 6, "k8smemory": 4000}
+
+
+@pytest.mark.parametrize("text,facts", [
+    ("SLURM_VERSION=22.5.8\nGRES_FITS_CORES=1\nNTASKS_PER_NODE_FILLS=0\n"
+     "SPREAD_PER_TASK_CRASHES=0\nTRES_SLASH=0\n", (True, False, False, False)),
+    ("SLURM_VERSION=24.11.5\nGRES_FITS_CORES=1\nNTASKS_PER_NODE_FILLS=0\n"
+     "SPREAD_PER_TASK_CRASHES=1\nTRES_SLASH=1\n", (True, False, True, True)),
+    ("SLURM_VERSION=26.5.3\nGRES_FITS_CORES=0\nNTASKS_PER_NODE_FILLS=1\n"
+     "SPREAD_PER_TASK_CRASHES=0\n", (False, True, False, None)),
+    # no record: the answers that hold at least what any release allocates
+    # and never hand slurmctld the job that crashes 24.11
+    (None, (False, True, True, None)),
+])
+def test_release_facts_come_from_the_build(tmp_path, text, facts):
+    path = tmp_path / "slurm_build.txt"
+    if text is not None:
+        path.write_text(text)
+    assert embed.release_facts(str(path)) == dict(zip(
+        ("gres_fits_cores", "ntasks_per_node_fills", "spread_per_task_crashes", "tres_slash"),
+        facts))

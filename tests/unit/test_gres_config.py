@@ -20,7 +20,7 @@ def test_parse_entries(text, name, count):
 
 def test_non_gres_entries_are_kept():
     entries = gres.parse("cpu:2,gres/gpu:1")
-    assert gres.with_counts(entries, {"k8scpu": 2}, 0x180B05) == "cpu:2,gres/gpu:1,gres/k8scpu:2"
+    assert gres.with_counts(entries, {"k8scpu": 2}, True) == "cpu:2,gres/gpu:1,gres/k8scpu:2"
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -74,7 +74,8 @@ def conf_site(name: str, tmp_path) -> completion.Site:
     version, under_request, text = CONFS[name]
     conf = tmp_path / "slurm.conf"
     conf.write_text(text)
-    return dataclasses.replace(lua_site.site(str(conf), version), under_request=under_request)
+    return dataclasses.replace(lua_site.site(str(conf), version), under_request=under_request,
+                               spread_per_task_crashes=version == V2411)
 
 
 def random_job(rng: random.Random, partitions: list[str]) -> dict:

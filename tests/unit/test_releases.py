@@ -74,3 +74,46 @@ def test_installed_release_uses_path():
     assert rel.path_env("/a:/b") == "/a:/b"
     with pytest.raises(releases.ReleaseError, match="apt-get install pkg-x"):
         rel.binary("no-such-binary-pyk8sres", "pkg-x")
+
+
+def test_ensure_uses_a_finished_build_without_building(root, monkeypatch):
+    make_build(root, "26.05.3")
+    monkeypatch.setattr(releases.subprocess, "run", lambda *a, **k: pytest.fail("built again"))
+    assert releases.ensure("26.05").name == "26.05.3"
+
+
+def test_ensure_builds_what_is_missing_then_uses_it(root, monkeypatch, tmp_path):
+    tree = tmp_path / "src-26.05.3"
+    tree.mkdir()
+    (tree / "META").write_text("  Major:\t26\n  Minor:\t05\n  Micro:\t3\n")
+    ran = []
+
+    def run(argv, **kwargs):
+        ran.append([os.path.basename(argv[0]), *argv[1:]])
+        if argv[0].endswith("release-plugins.sh"):
+            make_build(root, "26.05.3")
+        return releases.subprocess.CompletedProcess(argv, 0)
+    monkeypatch.setattr(releases.subprocess, "run", run)
+    assert releases.ensure(None, str(tree)).name == "26.05.3"
+    assert ran == [["slurm-build.sh", "--source", str(tree), "26.05.3"],
+                   ["release-plugins.sh", "26.05.3"]]
+
+
+@pytest.mark.parametrize("meta,name,message", [
+    (None, None, "not a Slurm source tree"),
+    ("  Major:\t25\n  Minor:\t11\n  Micro:\t7\n", "26.05", "is Slurm 25.11.7, not 26.05"),
+])
+def test_ensure_refuses_a_tree_that_is_not_the_release(root, tmp_path, meta, name, message):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    if meta:
+        (tree / "META").write_text(meta)
+    with pytest.raises(releases.ReleaseError, match=message):
+        releases.ensure(name, str(tree))
+
+
+def test_ensure_says_how_when_debian_has_no_source(root, monkeypatch):
+    monkeypatch.setattr(releases.subprocess, "run",
+                        lambda argv, **k: releases.subprocess.CompletedProcess(argv, 77))
+    with pytest.raises(releases.ReleaseError, match="--slurm-source DIR"):
+        releases.ensure("26.05")

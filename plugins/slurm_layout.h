@@ -1,0 +1,67 @@
+/*
+ * The layout of Slurm's structures node_features/k8s_resources reads and
+ * writes (node_record_t, gres_state_t, gres_node_state_t).
+ *
+ * The structures come from the configured source tree the plugin is built
+ * against.  When that tree is the one the running slurmctld was compiled
+ * from (tools/slurm-build.sh; meson: PYK8SRES_SLURM_BUILT_HERE), the
+ * compiler's offsets are slurmctld's own.  Otherwise (the installed Debian
+ * packages, whose configure run tools/slurm-source.sh only imitates) the
+ * offsets must equal those verified for that exact release, listed below,
+ * and a release not listed fails the build rather than risk writing into
+ * the wrong field of slurmctld's memory.  tools/slurm-layout.sh DIR prints
+ * a tree's lines for this table.
+ */
+#ifndef PYK8SRES_SLURM_LAYOUT_H
+#define PYK8SRES_SLURM_LAYOUT_H
+
+#include <stddef.h>
+
+#define FIELD_SIZE(t, f) sizeof(((t *) 0)->f)
+_Static_assert(FIELD_SIZE(node_record_t, cpus) == sizeof(uint16_t), "cpus");
+_Static_assert(FIELD_SIZE(node_record_t, real_memory) == sizeof(uint64_t), "real_memory");
+_Static_assert(FIELD_SIZE(node_record_t, gres) == sizeof(char *), "gres");
+_Static_assert(FIELD_SIZE(gres_state_t, plugin_id) == sizeof(uint32_t), "plugin_id");
+_Static_assert(FIELD_SIZE(gres_node_state_t, gres_cnt_avail) == sizeof(uint64_t), "avail");
+_Static_assert(FIELD_SIZE(gres_node_state_t, gres_cnt_alloc) == sizeof(uint64_t), "alloc");
+_Static_assert(FIELD_SIZE(gres_node_state_t, node_feature) == sizeof(bool), "node_feature");
+_Static_assert(FIELD_SIZE(gres_node_state_t, topo_cnt) == sizeof(uint16_t), "topo_cnt");
+_Static_assert(FIELD_SIZE(gres_node_state_t, topo_gres_cnt_alloc) == sizeof(uint64_t *),
+	       "topo_gres_cnt_alloc");
+
+#define AT(t, f, off) _Static_assert(offsetof(t, f) == (off), #t "." #f)
+/* Shared by every release verified: gres_state_t and gres_node_state_t. */
+#define AT_GRES(alloc_array)						\
+	AT(gres_state_t, plugin_id, 4);					\
+	AT(gres_state_t, gres_data, 8);					\
+	AT(gres_node_state_t, node_feature, 25);			\
+	AT(gres_node_state_t, gres_cnt_avail, 32);			\
+	AT(gres_node_state_t, gres_cnt_alloc, 48);			\
+	AT(gres_node_state_t, topo_cnt, 64);				\
+	AT(gres_node_state_t, topo_gres_cnt_alloc, alloc_array)
+#define AT_NODE(c, g, gl, n, i, m)					\
+	AT(node_record_t, cpus, c);					\
+	AT(node_record_t, gres, g);					\
+	AT(node_record_t, gres_list, gl);				\
+	AT(node_record_t, name, n);					\
+	AT(node_record_t, index, i);					\
+	AT(node_record_t, real_memory, m)
+
+/* Verified (x86-64): Debian's 22.05.8 and 24.11.5, SchedMD's release tags. */
+#if SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(22,5,8)
+AT_NODE(104, 168, 176, 232, 184, 344); AT_GRES(96);
+#elif SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(23,2,8)
+AT_NODE(104, 168, 176, 232, 184, 344); AT_GRES(96);
+#elif SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(24,11,5)
+AT_NODE(112, 192, 200, 272, 208, 376); AT_GRES(104);
+#elif SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(25,5,8)
+AT_NODE(144, 224, 232, 304, 240, 408); AT_GRES(104);
+#elif SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(25,11,7)
+AT_NODE(144, 224, 232, 304, 240, 424); AT_GRES(104);
+#elif SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(26,5,3)
+AT_NODE(120, 200, 208, 280, 216, 408); AT_GRES(104);
+#elif !PYK8SRES_SLURM_BUILT_HERE
+#error "node_features/k8s_resources: the layout of node_record_t and gres_node_state_t is verified for Slurm 22.05.8, 23.02.8, 24.11.5, 25.05.8, 25.11.7 and 26.05.3 only. Build against the tree the running slurmctld was compiled from (tools/slurm-build.sh --source DIR VERSION), or add this release's line to plugins/slurm_layout.h from tools/slurm-layout.sh DIR once you have checked it against that slurmctld."
+#endif
+
+#endif
