@@ -1,4 +1,4 @@
-"""The package is arranged by where code runs (README, Layout): these tests
+"""The package is arranged by where code runs (docs/development.md, Layout): these tests
 keep the rooms apart."""
 import ast
 import json
