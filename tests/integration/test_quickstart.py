@@ -19,8 +19,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pytest
-
 from conftest_kube import pick_ports
 from local_slurm import SLURM, port, requires_slurm, tres
 from pyk8sres.testbed import hybrid, releases
@@ -66,12 +64,15 @@ def matches(expected: str, output: str) -> bool:
 def test_steps_and_matching():
     """The parser and the matcher, on the shapes the README uses (and a miss)."""
     block = "a one\n#> x ...\nb\n# c\nd <<'EOF'\ny\nEOF\n#> Error: ... no\n#> z\nlast\n"
-    assert steps(block) == [("a one", ["x ..."]), ("b\n# c\nd <<'EOF'\ny\nEOF", ["Error: ... no", "z"]),
+    assert steps(block) == [("a one", ["x ..."]),
+                            ("b\n# c\nd <<'EOF'\ny\nEOF", ["Error: ... no", "z"]),
                             ("last", [])]
     assert matches("2 debug wrap root PD 0:00 1 (Resources)",
-                   "  JOBID PARTITION\n      2     debug     wrap     root PD       0:00      1 (Resources)")
-    assert matches("web 1/1 Running 0 ... n2 ...", "web    1/1     Running   0          4s    10.244.0.2   n2     <none>")
-    assert not matches("web 1/1 Running 0 ... n2 ...", "web    1/1     Running   0          4s    10.244.0.2   n1     <none>")
+                   "  JOBID PARTITION\n      2     debug     wrap     root PD       0:00      1 "
+                   "(Resources)")
+    pod = "web    1/1     Running   0          4s    10.244.0.2   {}     <none>"
+    assert matches("web 1/1 Running 0 ... n2 ...", pod.format("n2"))
+    assert not matches("web 1/1 Running 0 ... n2 ...", pod.format("n1"))
     assert not matches("2 RUNNING", "12 RUNNING")
 
 
@@ -124,8 +125,8 @@ def test_quickstart_runs_as_written(kube_binaries):
             assert (rc != 0) == failing, f"step {i} exited {rc}:\n{code}\n--- it printed:\n{said}"
             for line in expected:
                 line = tres(line.replace(README_WORKDIR, work))
-                assert matches(line, said), \
-                    f"step {i}:\n{code}\n--- the README says it prints:\n{line}\n--- it printed:\n{said}"
+                assert matches(line, said), (f"step {i}:\n{code}\n--- the README says it prints:\n"
+                                             f"{line}\n--- it printed:\n{said}")
     finally:
         if os.path.isdir(work):
             hybrid.down(work)
