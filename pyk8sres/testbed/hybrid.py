@@ -25,20 +25,32 @@ SYNC_ACCOUNT, WEBHOOK_ACCOUNT = "pyk8sres-sync", "pyk8sres-webhook"
 def up(work: str, *, nodes: int, cpus: int, memory: int, base_port: int, kube_port: int,
        node_features: bool | None = None, extra_conf: str = "", slurm: str | None = None,
        auth: str = "auto", slurmd: bool = True, accounting: bool = False, rest: bool = False,
-       coordinator: bool = True, **layout) -> tuple[cluster.Cluster, kubernetes.ControlPlane]:
+       coordinator: bool = True, scale_nodes: int = 0,
+       **layout) -> tuple[cluster.Cluster, kubernetes.ControlPlane]:
     """slurmd=False: nodes in slurm.conf only (benchmarks); coordinator=False
     leaves sync and the webhook to the caller; `layout`: sockets /
-    cores_per_socket / threads_per_core / node_sizes / gpus, as cluster.up."""
+    cores_per_socket / threads_per_core / node_sizes / gpus, as cluster.up.
+    scale_nodes: N more Slurm nodes without slurmd (cluster.up), each also a
+    kwok node of the same name and size (created in bulk; refused before
+    the memory runs out, at the control plane's measured cost per node)."""
     sizes = layout.get("node_sizes") or [(cpus, memory)] * nodes
+    if scale_nodes:
+        cluster.check_memory(scale_nodes, cluster.SLURMCTLD_BYTES_PER_NODE +
+                             cluster.KUBE_BYTES_PER_NODE, cluster.available_memory(),
+                             "slurmctld and the Kubernetes control plane")
     c = cluster.up(work, nodes=nodes, cpus=cpus, memory=memory, base_port=base_port,
                    node_features=node_features, synced=True, extra_conf=extra_conf,
                    slurm=slurm, auth=auth, slurmd=slurmd,
-                   accounting=accounting, rest=rest, **layout)
+                   accounting=accounting, rest=rest, scale_nodes=scale_nodes, **layout)
+    names = cluster.node_names(nodes) + cluster.scale_names(scale_nodes)
     try:
         kube = start_kubernetes(c.work, kube_port, dict(zip(cluster.node_names(nodes), sizes)))
+        if scale_nodes:
+            kube.create_nodes({n: (cpus, memory) for n in cluster.scale_names(scale_nodes)},
+                              budget=int(cluster.available_memory() * cluster.MEMORY_HEADROOM))
         if coordinator:
             start_sync(c, kube)
-            wait_generic_nodes(kube, cluster.node_names(nodes), c)
+            wait_generic_nodes(kube, names, c, timeout=30 + scale_nodes / 50)
             start_webhook(c, kube)
             wait_webhook(kube, c)
     except BaseException:
