@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""A long stress run of the ledger under admission load, checked while it
+runs (pyk8sres.testbed.stress): client threads reserve and release pods'
+shares on the nodes that run real jobs, jobs of random sizes are submitted
+there, and a checker verifies all along that no grant is lost, nothing is
+granted beyond capacity (against `scontrol -d show job`: CPU_IDs and Mem per
+node) and slurmctld answers squeue and sbatch within 1 s.  --scale-nodes adds
+node records without slurmd (cluster up --scale-nodes) for the size of a
+large cluster.  Exits 1 on any violation.
+
+  nice python3 bench/bench_ledger_stress.py [--seconds 300] [--clients 16]
+      [--nodes 2] [--cpus 16] [--scale-nodes 10000] [--base-port 22500]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+
+from pyk8sres.testbed import cluster, stress
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=300)
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--nodes", type=int, default=2, help="nodes with slurmd (jobs run there)")
+    p.add_argument("--cpus", type=int, default=16)
+    p.add_argument("--memory", type=int, default=32000)
+    p.add_argument("--scale-nodes", type=int, default=10000)
+    p.add_argument("--base-port", type=int,
+                   default=17500 + int(os.environ.get("PYK8SRES_TEST_PORT_OFFSET", "0")))
+    a = p.parse_args(argv)
+    work = tempfile.mkdtemp(prefix="ledger-stress-", dir=os.environ.get("PYK8SRES_BENCH_DIR"))
+    c = cluster.up(work, nodes=a.nodes, cpus=a.cpus, memory=a.memory, base_port=a.base_port,
+                   scale_nodes=a.scale_nodes, node_features=True)
+    try:
+        load0 = os.getloadavg()
+        nodes = {n: (a.cpus, a.memory) for n in cluster.node_names(a.nodes)}
+        report = stress.Stress(c, nodes, clients=a.clients).run(a.seconds)
+        load1 = os.getloadavg()
+    finally:
+        cluster.down(work)
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{a.seconds:.0f} s, {a.clients} clients, {a.nodes} nodes of {a.cpus} CPUs with slurmd "
+          f"+ {a.scale_nodes} scale nodes; load average {load0[0]:.1f} -> {load1[0]:.1f}")
+    print(report.summary())
+    for line in (report.violations + report.errors)[:20]:
+        print("  ", line)
+    ok = not report.violations and not report.errors
+    print("no grant lost, nothing beyond capacity, squeue/sbatch within 1 s: "
+          + ("met" if ok else "NOT met"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
