@@ -328,21 +328,41 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     load = os.getloadavg()
     results: dict = {"loadavg_start": load}
-    for n in [int(x) for x in a.nodes.split(",") if x]:
-        print(f"ledger phase, {n} nodes ...", flush=True)
-        results.setdefault("ledger", []).append(ledger_phase(n, a.base_port, a.ops))
+
+    def save():
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(results, f, indent=1)
+
+    # Each count's figures are kept as soon as they exist; a count that
+    # fails (e.g. does not fit, or does not start in time) ends its phase
+    # and is reported as the first that did not run.
+    phases = [("ledger", n, lambda n: ledger_phase(n, a.base_port, a.ops))
+              for n in [int(x) for x in a.nodes.split(",") if x]]
     if a.kubernetes:
-        for n in [int(x) for x in a.kube_nodes.split(",") if x]:
-            print(f"Kubernetes phase, {n} nodes ...", flush=True)
-            results.setdefault("kubernetes", []).append(
-                kube_phase(n, a.base_port, a.kube_port, a.pods, a.idle))
+        phases += [("kubernetes", n, lambda n: kube_phase(n, a.base_port, a.kube_port, a.pods,
+                                                          a.idle))
+                   for n in [int(x) for x in a.kube_nodes.split(",") if x]]
+    failed = set()
+    for phase, n, run in phases:
+        if phase in failed:
+            continue
+        print(f"{phase} phase, {n} nodes ...", flush=True)
+        try:
+            results.setdefault(phase, []).append(run(n))
+        except Exception as e:  # noqa: BLE001 - reported with the figures
+            failed.add(phase)
+            results.setdefault("failed", []).append({"phase": phase, "nodes": n,
+                                                     "error": str(e)[-2000:]})
+            print(f"{phase} phase at {n} nodes failed: {str(e)[:500]}", flush=True)
+        save()
     results["loadavg_end"] = os.getloadavg()
     label = f"{results['loadavg_start'][0]:.1f}-{results['loadavg_end'][0]:.1f}"
     print(f"\nload average (1 min) at start and end: {label} (2 cores, shared)")
     report(results)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
+    for f in results.get("failed", []):
+        print(f"did not run: {f['phase']} at {f['nodes']} nodes: {f['error'][:300]}")
+    save()
     for path in plot(results, a.plots, label):
         print("wrote", path)
     return 0

@@ -50,7 +50,7 @@ def up(work: str, *, nodes: int, cpus: int, memory: int, base_port: int, kube_po
                               budget=int(cluster.available_memory() * cluster.MEMORY_HEADROOM))
         if coordinator:
             start_sync(c, kube)
-            wait_generic_nodes(kube, names, c, timeout=30 + scale_nodes / 50)
+            wait_generic_nodes(kube, names, c, timeout=30 + scale_nodes / 5)
             start_webhook(c, kube)
             wait_webhook(kube, c)
     except BaseException:
