@@ -8,7 +8,7 @@ node) and slurmctld answers squeue and sbatch within 1 s.  --scale-nodes adds
 node records without slurmd (cluster up --scale-nodes) for the size of a
 large cluster.  Exits 1 on any violation.
 
-  nice python3 bench/bench_ledger_stress.py [--seconds 300] [--clients 16]
+  nice python3 bench/bench_ledger_stress.py [--seconds 300] [--clients 7]
       [--nodes 2] [--cpus 16] [--scale-nodes 10000] [--base-port 22500]
 """
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pyk8sres.testbed import cluster, stress
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=300)
-    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--clients", type=int, default=7,
+                   help="ledger connections: at most 7 (8 per uid, one is the checker's)")
     p.add_argument("--nodes", type=int, default=2, help="nodes with slurmd (jobs run there)")
     p.add_argument("--cpus", type=int, default=16)
     p.add_argument("--memory", type=int, default=32000)

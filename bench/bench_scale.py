@@ -27,7 +27,8 @@ Writes bench/plots/*.png (matplotlib) and the figures as JSON (--json).
 
   nice python3 bench/bench_scale.py [--nodes 10,100,1000,3000,10000]
       [--kubernetes --kube-nodes 10,100,1000] [--ops 1000] [--pods 300]
-      [--base-port 22100] [--kube-port 22400] [--json FILE] [--plots DIR]
+      [--baseline-pkg DIR] [--base-port 22100] [--kube-port 22400] [--json FILE]
+      [--plots DIR]
 """
 from __future__ import annotations
 
@@ -60,8 +61,10 @@ def stats(ms: list[float]) -> dict:
 
 
 def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of the process and of its children it has
+    waited for (sync runs scontrol)."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return sum(int(f) for f in fields[11:15]) / TICK
 
 
 def rss_bytes(pid: int) -> int:
@@ -113,14 +116,16 @@ def ledger_phase(n: int, port: int, ops: int) -> dict:
 
 
 # -------------------------------------------------------------- Kubernetes
-def kube_phase(n: int, port: int, kube_port: int, pods: int, idle: float) -> dict:
+def kube_phase(n: int, port: int, kube_port: int, pods: int, idle: float,
+               coordinator_path: str | None = None) -> dict:
     from kubernetes.client.exceptions import ApiException
     from pyk8sres.coordinator import kube as K
     from pyk8sres.testbed import hybrid
     work = tempfile.mkdtemp(prefix="scale-kube-", dir=os.environ.get("PYK8SRES_BENCH_DIR"))
     t0 = time.monotonic()
     c, cp = hybrid.up(work, nodes=1, cpus=CPUS, memory=MEMORY, base_port=port,
-                      kube_port=kube_port, scale_nodes=n - 1, node_features=True)
+                      kube_port=kube_port, scale_nodes=n - 1, node_features=True,
+                      coordinator_path=coordinator_path)
     try:
         out = {"nodes": n, "up_s": time.monotonic() - t0}
         os.environ["SLURM_CONF"] = c.conf
@@ -231,6 +236,25 @@ def report(results: dict) -> None:
                   f"{b['allow_ms']['p99'] / a['allow_ms']['p99']:.2f}")
 
 
+def baseline_report(results: dict) -> None:
+    base = {r["nodes"]: r for r in results.get("kubernetes_baseline", [])}
+    rows = [(base[r["nodes"]], r) for r in results.get("kubernetes", []) if r["nodes"] in base]
+    if not rows:
+        return
+    print("\nsync and the webhook, the baseline build (--baseline-pkg) against this one, "
+          "same counts, one run (CPU incl. children such as scontrol):")
+    print(f"{'nodes':>6} {'idle % sync base':>16} {'this':>6} {'ratio':>6} "
+          f"{'sync ms/pod base':>16} {'this':>6} {'ratio':>6} {'idle % slurmctld base':>21} "
+          f"{'this':>6} {'allow p99 base':>14} {'this':>6}")
+    for b, r in rows:
+        ib, ir = b["idle_cpu_pct"]["sync"], r["idle_cpu_pct"]["sync"]
+        cb, cr = b["allow_cpu_ms_per_pod"]["sync"], r["allow_cpu_ms_per_pod"]["sync"]
+        print(f"{r['nodes']:>6} {ib:16.2f} {ir:6.2f} {ir / ib if ib else float('nan'):6.2f} "
+              f"{cb:16.2f} {cr:6.2f} {cr / cb if cb else float('nan'):6.2f} "
+              f"{b['idle_cpu_pct']['slurmctld']:21.2f} {r['idle_cpu_pct']['slurmctld']:6.2f} "
+              f"{b['allow_ms']['p99']:14.1f} {r['allow_ms']['p99']:6.1f}")
+
+
 def plot(results: dict, out_dir: str, load: str) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
@@ -323,6 +347,9 @@ def main(argv=None) -> int:
     off = int(os.environ.get("PYK8SRES_TEST_PORT_OFFSET", "0"))
     p.add_argument("--base-port", type=int, default=17100 + off)
     p.add_argument("--kube-port", type=int, default=17400 + off)
+    p.add_argument("--baseline-pkg", metavar="DIR",
+                   help="with --kubernetes: also run sync and the webhook from the pyk8sres "
+                        "package under DIR (another build), each count right before this one's")
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--plots", default=os.path.join(HERE, "plots"))
     a = p.parse_args(argv)
@@ -340,9 +367,12 @@ def main(argv=None) -> int:
     phases = [("ledger", n, lambda n: ledger_phase(n, a.base_port, a.ops))
               for n in [int(x) for x in a.nodes.split(",") if x]]
     if a.kubernetes:
-        phases += [("kubernetes", n, lambda n: kube_phase(n, a.base_port, a.kube_port, a.pods,
-                                                          a.idle))
-                   for n in [int(x) for x in a.kube_nodes.split(",") if x]]
+        for n in [int(x) for x in a.kube_nodes.split(",") if x]:
+            if a.baseline_pkg:
+                phases.append(("kubernetes_baseline", n, lambda n: kube_phase(
+                    n, a.base_port, a.kube_port, a.pods, a.idle, a.baseline_pkg)))
+            phases.append(("kubernetes", n, lambda n: kube_phase(n, a.base_port, a.kube_port,
+                                                                 a.pods, a.idle)))
     failed = set()
     for phase, n, run in phases:
         if phase in failed:
@@ -360,6 +390,7 @@ def main(argv=None) -> int:
     label = f"{results['loadavg_start'][0]:.1f}-{results['loadavg_end'][0]:.1f}"
     print(f"\nload average (1 min) at start and end: {label} (2 cores, shared)")
     report(results)
+    baseline_report(results)
     for f in results.get("failed", []):
         print(f"did not run: {f['phase']} at {f['nodes']} nodes: {f['error'][:300]}")
     save()

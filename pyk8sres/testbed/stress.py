@@ -94,7 +94,12 @@ class Report:
 class Stress:
     def __init__(self, cluster, nodes: dict[str, tuple[int, int]], clients: int = 8,
                  max_answer_s: float = 1.0, seed: int = 27):
-        """nodes: {name: (CPUs, RealMemory MB)} that run slurmd."""
+        """nodes: {name: (CPUs, RealMemory MB)} that run slurmd.  The
+        ledger serves 8 connections per uid (ledger_server.c CONN_PER_UID):
+        the clients and the checker share them."""
+        if clients + 1 > 8:
+            raise ValueError(f"{clients} clients + the checker: the ledger serves 8 "
+                             "connections per uid")
         self.c, self.nodes, self.clients = cluster, nodes, clients
         self.max_answer_s = max_answer_s
         self.rng = random.Random(seed)
@@ -110,6 +115,13 @@ class Stress:
 
     # --- load ------------------------------------------------------------
     def _client(self, index: int) -> None:
+        try:
+            self._client_loop(index)
+        except Exception as e:  # noqa: BLE001 - a client that fails is a finding
+            with self.lock:
+                self.report.errors.append(f"client {index}: {e!r}")
+
+    def _client_loop(self, index: int) -> None:
         ledger = Ledger(self.socket, timeout=30)
         rng = random.Random(index)
         n = 0
