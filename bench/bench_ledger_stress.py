@@ -50,6 +50,8 @@ def main(argv=None) -> int:
     print(report.summary())
     for line in (report.violations + report.errors)[:20]:
         print("  ", line)
+    for line in report.slow_local[:10]:
+        print("   over 1 s only by process start:", line)
     ok = not report.violations and not report.errors
     print("no grant lost, nothing beyond capacity, squeue/sbatch within 1 s: "
           + ("met" if ok else "NOT met"))

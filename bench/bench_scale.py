@@ -23,7 +23,7 @@ ledger phase (slurmctld only), through the ledger's real socket:
 Pods per node: the admission phase creates --pods pods in all (not 30 per
 node): see docs/performance-scale.md.
 
-Writes bench/plots/*.png (matplotlib) and the figures as JSON (--json).
+Writes docs/img/scale-*.png (matplotlib; --plots elsewhere) and the figures as JSON (--json).
 
   nice python3 bench/bench_scale.py [--nodes 10,100,1000,3000,10000]
       [--kubernetes --kube-nodes 10,100,1000] [--ops 1000] [--pods 300]
@@ -351,7 +351,7 @@ def main(argv=None) -> int:
                    help="with --kubernetes: also run sync and the webhook from the pyk8sres "
                         "package under DIR (another build), each count right before this one's")
     p.add_argument("--json", help="write the figures here")
-    p.add_argument("--plots", default=os.path.join(HERE, "plots"))
+    p.add_argument("--plots", default=os.path.join(os.path.dirname(HERE), "docs", "img"))
     a = p.parse_args(argv)
     load = os.getloadavg()
     results: dict = {"loadavg_start": load}

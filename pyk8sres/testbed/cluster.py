@@ -89,11 +89,12 @@ def node_names(count: int) -> list[str]:
 SCALE_PARTITION = "scale"
 SCALE_PREFIX = "s"
 # Measured resident memory per node (bench/bench_scale.py, Debian 12, Slurm
-# 22.05.8; see docs/performance-scale.md): slurmctld per node record with its
-# k8s GRES and a ledger share; the Kubernetes control plane (etcd +
-# kube-apiserver + kwok + controller-manager + scheduler) per kwok node.
-SLURMCTLD_BYTES_PER_NODE = 2200          # 5,000 nodes with a share each: +10.6 MB
-KUBE_BYTES_PER_NODE = 400 << 10
+# 22.05.8, docs/performance-scale.md): slurmctld, 10 -> 10,000 node records
+# with a ledger share each (20.3 -> 62.6 MB); the Kubernetes control plane
+# (etcd, kube-apiserver, kcm, kube-scheduler, kwok), 10 -> 3,000 kwok nodes
+# without pods (593 -> 1,425 MB).
+SLURMCTLD_BYTES_PER_NODE = 4436
+KUBE_BYTES_PER_NODE = 285 << 10
 MEMORY_HEADROOM = 0.75          # never plan past this share of MemAvailable
 
 
@@ -124,7 +125,7 @@ def check_memory(count: int, bytes_per_node: int, available: int, what: str) -> 
         fits = int(available * MEMORY_HEADROOM // bytes_per_node)
         raise ClusterError(
             f"{count} nodes need ~{need / 2**30:.1f} GiB for {what} at the measured "
-            f"{bytes_per_node / 2**10:.0f} KiB per node, more than {MEMORY_HEADROOM:.0%} of the "
+            f"{bytes_per_node / 2**10:.1f} KiB per node, more than {MEMORY_HEADROOM:.0%} of the "
             f"{available / 2**30:.1f} GiB available: at most {fits} nodes fit on this machine")
 
 

@@ -166,7 +166,7 @@ def test_node_count_checked_against_measured_memory(count, per_node, available, 
     with pytest.raises(cluster.ClusterError) as e:
         cluster.check_memory(count, per_node, available, "x")
     text = str(e.value)
-    assert f"{count} nodes need" in text and f"{per_node / 1024:.0f} KiB per node" in text
+    assert f"{count} nodes need" in text and f"{per_node / 1024:.1f} KiB per node" in text
     assert f"at most {int(available * cluster.MEMORY_HEADROOM // per_node)} nodes fit" in text
 
 
