@@ -124,7 +124,7 @@ def _wait(done, what: str, log: str, c: cluster.Cluster, timeout: float) -> None
 
 def wait_generic_nodes(kube, names: list[str], c: cluster.Cluster, timeout: float = 30) -> None:
     def published() -> bool:
-        out = kube.kubectl("get", "genericnode", "-o", "name", check=False).stdout
+        out = set(kube.kubectl("get", "genericnode", "-o", "name", check=False).stdout.split())
         return all(f"genericnode.pyk8sres.io/{n}" in out for n in names)
     _wait(published, "the sync daemon did not publish GenericNodes", "sync.out", c, timeout)
 
