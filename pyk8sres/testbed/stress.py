@@ -98,7 +98,7 @@ class Report:
 
 
 class Stress:
-    def __init__(self, cluster, nodes: dict[str, tuple[int, int]], clients: int = 8,
+    def __init__(self, cluster, nodes: dict[str, tuple[int, int]], clients: int = 6,
                  max_answer_s: float = 1.0, seed: int = 27):
         """nodes: {name: (CPUs, RealMemory MB)} that run slurmd.  The
         ledger serves 8 connections per uid (ledger_server.c CONN_PER_UID):
