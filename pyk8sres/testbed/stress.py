@@ -103,7 +103,7 @@ class Stress:
         """nodes: {name: (CPUs, RealMemory MB)} that run slurmd.  The
         ledger serves 8 connections per uid (ledger_server.c CONN_PER_UID):
         the clients and the checker share them."""
-        if clients + 1 > 8:
+        if not 0 <= clients <= 7:
             raise ValueError(f"{clients} clients + the checker: the ledger serves 8 "
                              "connections per uid")
         self.c, self.nodes, self.clients = cluster, nodes, clients
