@@ -492,8 +492,13 @@ class Cluster:
 
     def wait_nodes_idle(self, nodes: list[str], timeout: float = 60) -> None:
         def ready():
-            out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True,
-                                 text=True, env=self.env, timeout=15).stdout
+            # Only these nodes: with thousands of scale nodes a full listing is slow.
+            try:
+                out = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t"],
+                                     capture_output=True, text=True, env=self.env,
+                                     timeout=15).stdout
+            except subprocess.TimeoutExpired:   # a loaded machine: ask again until the timeout
+                return False
             states = dict(line.split() for line in out.splitlines() if line.strip())
             return all(states.get(n, "").rstrip("*") in ("idle", "mix", "alloc") for n in nodes)
         self._wait(ready, f"nodes {','.join(nodes)} to be idle", timeout)
