@@ -185,7 +185,7 @@ def test_scale_nodes_in_their_own_partition_on_one_port():
     port = cluster.scale_port(22100, 2)
     assert port not in range(22100, 22103) and port not in cluster.service_ports(22100, 2).values()
     assert "PartitionName=debug Nodes=n[1-2] Default=YES" in text
-    assert f"NodeName=s[1-5000] " in text and f" Port={port} " in text
+    assert "NodeName=s[1-5000] " in text and f" Port={port} " in text
     assert "PartitionName=scale Nodes=s[1-5000] " in text
     assert "Nodes=ALL" not in cluster.slurm_conf_text(
         "/w", nodes=2, cpus=8, memory=16000, base_port=22100, node_features=True,
