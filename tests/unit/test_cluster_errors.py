@@ -150,3 +150,46 @@ def test_node_sizes_option(text, sizes):
 def test_node_sizes_must_match_nodes(tmp_path):
     with pytest.raises(cluster.ClusterError, match="2 node sizes for 3 nodes"):
         cluster.up(str(tmp_path), nodes=3, node_sizes=[(8, 16000), (4, 8000)])
+
+
+@pytest.mark.parametrize("count,per_node,available,fits", [
+    (10_000, 2200, 16 << 30, True),          # slurmctld alone: 22 MB
+    (10_000, 400 << 10, 16 << 30, True),     # ~3.8 GiB of 12 GiB usable
+    (40_000, 400 << 10, 16 << 30, False),    # ~15.3 GiB of 12 GiB usable
+    (100_000, 400 << 10, 16 << 30, False),
+    (1, 1 << 30, 1 << 30, False),            # one node past the headroom
+])
+def test_node_count_checked_against_measured_memory(count, per_node, available, fits):
+    if fits:
+        cluster.check_memory(count, per_node, available, "x")
+        return
+    with pytest.raises(cluster.ClusterError) as e:
+        cluster.check_memory(count, per_node, available, "x")
+    text = str(e.value)
+    assert f"{count} nodes need" in text and f"{per_node / 1024:.1f} KiB per node" in text
+    assert f"at most {int(available * cluster.MEMORY_HEADROOM // per_node)} nodes fit" in text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cluster up refuses non-root first")
+def test_too_many_scale_nodes_refused_before_anything_starts(tmp_path):
+    count = int(cluster.available_memory() / cluster.SLURMCTLD_BYTES_PER_NODE) + 1
+    with pytest.raises(cluster.ClusterError, match="KiB per node.*nodes fit on this machine"):
+        cluster.up(str(tmp_path / "c"), nodes=1, scale_nodes=count)
+    assert not os.path.exists(tmp_path / "c" / "run")
+
+
+def test_scale_nodes_in_their_own_partition_on_one_port():
+    text = cluster.slurm_conf_text("/w", nodes=2, cpus=8, memory=16000, base_port=22100,
+                                   node_features=True, def_mem_per_cpu=100, plugin_dir="/p",
+                                   scale_nodes=5000)
+    port = cluster.scale_port(22100, 2)
+    assert port not in range(22100, 22103) and port not in cluster.service_ports(22100, 2).values()
+    assert "PartitionName=debug Nodes=n[1-2] Default=YES" in text
+    assert "NodeName=s[1-5000] " in text and f" Port={port} " in text
+    assert "PartitionName=scale Nodes=s[1-5000] " in text
+    assert "Nodes=ALL" not in cluster.slurm_conf_text(
+        "/w", nodes=2, cpus=8, memory=16000, base_port=22100, node_features=True,
+        def_mem_per_cpu=100, plugin_dir="/p", scale_nodes=1)
+    assert "PartitionName=debug Nodes=ALL" in cluster.slurm_conf_text(
+        "/w", nodes=2, cpus=8, memory=16000, base_port=22100, node_features=True,
+        def_mem_per_cpu=100, plugin_dir="/p")
