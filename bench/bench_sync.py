@@ -51,14 +51,14 @@ TICK = os.sysconf("SC_CLK_TCK")
 # ----------------------------------------------------------------- Kubernetes
 
 def start_api(work):
-    """The control plane, the GenericNode CRD and the coordinator's RBAC; the
+    """The control plane, the GenericNode CRD and the coordinator's RBAC (the chart's); the
     sync daemon's kubeconfig (its ServiceAccount's token)."""
-    from pyk8sres import data
-    from pyk8sres.testbed import kubernetes
+    from pyk8sres.testbed import chart, kubernetes
     kube = kubernetes.ControlPlane(work, KUBE_PORT).start()
     try:
-        for manifest in ("crd-genericnode.yaml", "rbac.yaml"):
-            kube.apply(data.path("deploy", manifest))
+        kube.apply(chart.CRD)
+        kube.apply(chart.rbac_manifest(kube.bin.helm, kube.webhook_client_ca,
+                                       f"{work}/rbac.yaml"))
         return kube, kube.service_account_kubeconfig("pyk8sres-sync", "pyk8sres-system")
     except BaseException:
         kube.stop()

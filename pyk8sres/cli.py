@@ -69,8 +69,9 @@ def _cluster_up(args) -> int:
 
 def _print_kubernetes(c, kube) -> None:
     print(f"# Kubernetes {kube.url}: kube-apiserver, kube-controller-manager, kube-scheduler, "
-          f"kwok (logs under {kube.work}/log); pyk8sres sync and webhook running "
-          f"(logs: {c.work}/log/sync.out, webhook.out)")
+          f"kwok (logs under {kube.work}/log); pyk8sres sync and webhook running as uid "
+          f"pyk8sres (logs: {c.work}/log/sync.out, webhook.out; their files: "
+          f"{c.work}/coordinator)")
     print("# identities (kubeconfigs): admin (below), developer (namespace default only): "
           f"{kube.identity('developer')}")
     print(f"#   kubelets: {kube.node_identity('<node>')}; coordinator: "

@@ -8,6 +8,7 @@
 #     job_submit policy), the Kubernetes client, prometheus-client, pytest.
 #   - The exact source of the installed Slurm (node_features needs internals).
 #   - pyk8sres, built against the installed Slurm, into this Python.
+#   - The system user and group `pyk8sres` the coordinator runs as.
 #   - The Kubernetes control plane for tests and the demo (kube/build.sh:
 #     kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd
 #     and kwok from their Go modules; the first build takes ~6 min).
@@ -31,6 +32,18 @@ if [ -n "$missing" ]; then
     log "apt-get install $(echo $missing)"
     apt-get update -q >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null
+fi
+
+# The coordinator's own account (sync and webhook run as it, in the test
+# clusters as on a site: LedgerUsers=, never SlurmUser, no munge key).
+if ! getent group pyk8sres >/dev/null; then
+    log "groupadd --system pyk8sres"
+    groupadd --system pyk8sres
+fi
+if ! getent passwd pyk8sres >/dev/null; then
+    log "useradd --system pyk8sres"
+    useradd --system --gid pyk8sres --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin pyk8sres
 fi
 
 log "pip install build and test requirements"

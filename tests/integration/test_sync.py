@@ -41,7 +41,7 @@ from pyk8sres.testbed import hybrid  # noqa: E402
 from pyk8sres.testbed import kubernetes as controlplane  # noqa: E402
 from local_slurm import SLURM, port  # noqa: E402
 
-from conftest_kube import CRD_MANIFEST, RBAC_MANIFEST, pick_ports  # noqa: E402
+from conftest_kube import CRD_MANIFEST, pick_ports, rbac_manifest  # noqa: E402
 
 GROUP, VERSION, PLURAL = "pyk8sres.io", "v1alpha1", "genericnodes"
 BASE_PORT = port(27300)     # slurmctld, then one per slurmd
@@ -64,7 +64,7 @@ class Api:
         self.kube = controlplane.ControlPlane(work, pick_ports(*KUBE_PORTS), binaries).start()
         try:
             self.kube.apply(CRD_MANIFEST)
-            self.kube.apply(RBAC_MANIFEST)
+            self.kube.apply(rbac_manifest(self.kube))
             self.kubeconfig = self.kube.kubeconfig          # the admin's, for the test itself
             self.sync_kubeconfig = self.kube.service_account_kubeconfig(
                 hybrid.SYNC_ACCOUNT, hybrid.NAMESPACE)
