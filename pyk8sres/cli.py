@@ -75,8 +75,7 @@ def _print_kubernetes(c, kube) -> None:
     print("# identities (kubeconfigs): admin (below), developer (namespace default only): "
           f"{kube.identity('developer')}")
     print(f"#   kubelets: {kube.node_identity('<node>')}; coordinator: "
-          f"{kube.identity('sa-pyk8sres-system-pyk8sres-sync')}, "
-          f"{kube.identity('sa-pyk8sres-system-pyk8sres-webhook')}")
+          f"{c.work}/coordinator/pyk8sres-sync.kubeconfig, pyk8sres-webhook.kubeconfig")
     print(f"export KUBECONFIG={kube.kubeconfig}")
     print(f"export PATH={os.path.dirname(kube.bin.kubectl)}:$PATH  # kubectl")
     print(f"# metrics and health: http://127.0.0.1:{kube.ports.sync_metrics}/metrics (sync), "

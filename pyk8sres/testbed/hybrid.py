@@ -20,11 +20,12 @@ WORK (run/*.pid, kube/run/*.pid) and stopped by PID in `down`.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pwd
 import shutil
-import sys
+import subprocess
 import time
 
 from .. import install
@@ -173,8 +174,8 @@ def coordinator_config(c: cluster.Cluster, kube: kubernetes.ControlPlane, name: 
     server's client certificate; `settings`: more [sync] keys."""
     d = coordinator_dir(c)
     cert, key = chart.tls_files(kube)
-    for name, pem in (("tls.crt", cert), ("tls.key", key)):
-        with open(own(_touch(os.path.join(d, name))), "wb") as f:
+    for file, pem in (("tls.crt", cert), ("tls.key", key)):
+        with open(own(_touch(os.path.join(d, file))), "wb") as f:
             f.write(pem)
     client_ca = own(shutil.copyfile(kube.webhook_client_ca, os.path.join(d, "client-ca.crt")))
     from ..coordinator.slurm import ledger_socket_path
@@ -205,10 +206,66 @@ def run_as_coordinator(c: cluster.Cluster) -> tuple[int, int, list[int]]:
     return me.pw_uid, me.pw_gid, [g for g in groups if g != me.pw_gid]
 
 
+RUNTIME = os.path.join(os.environ.get("PYK8SRES_CACHE", "/var/cache/pyk8sres"),
+                       "coordinator-python")
+RUNTIME_PACKAGES = ("kubernetes", "prometheus-client", "cryptography", "PyYAML")
+
+
+def coordinator_python() -> str:
+    """An interpreter the coordinator's uid can run: a venv of Debian's
+    Python (this one may sit where only root can enter, e.g. /root/.pyenv)
+    with the coordinator's dependencies at the versions this Python has.
+    Made once (flock'd: shared by every cluster), kept under RUNTIME."""
+    from importlib import metadata
+    pins = [f"{p}=={metadata.version(p)}" for p in RUNTIME_PACKAGES]
+    python = os.path.join(RUNTIME, "bin", "python")
+    ready = os.path.join(RUNTIME, ".ready")
+    os.makedirs(os.path.dirname(RUNTIME), exist_ok=True)
+    with open(RUNTIME + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(ready) and open(ready).read() == " ".join(pins):
+            return python
+        if not os.path.exists("/usr/bin/python3"):
+            raise cluster.ClusterError("/usr/bin/python3 missing (apt-get install python3-venv)")
+        shutil.rmtree(RUNTIME, ignore_errors=True)
+        for argv in (["/usr/bin/python3", "-m", "venv", RUNTIME],
+                     [python, "-I", "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                      *pins]):
+            proc = subprocess.run(argv, capture_output=True, text=True, umask=0o022)
+            if proc.returncode != 0:
+                raise cluster.ClusterError(f"{' '.join(argv[:4])}: {proc.stderr.strip()[-2000:]}")
+        with open(ready, "w") as f:
+            f.write(" ".join(pins))
+    return python
+
+
+def coordinator_package(c: cluster.Cluster) -> str:
+    """WORK/python: a copy of the pyk8sres this process runs (and the files
+    it ships besides code), readable by the coordinator's uid wherever the
+    original lives; made once per cluster (a running daemon still imports
+    from it); returns the directory for PYTHONPATH."""
+    from .. import data
+    import pyk8sres
+    root = os.path.join(c.work, "python")
+    target = os.path.join(root, "pyk8sres")
+    if os.path.isdir(target):
+        return root
+    shutil.copytree(os.path.dirname(pyk8sres.__file__), target + ".tmp",
+                    ignore=shutil.ignore_patterns("__pycache__", "kube"))
+    os.rename(target + ".tmp", target)
+    if not os.path.isdir(os.path.join(target, "_data")):      # a source checkout
+        shutil.copytree(data.path("deploy"), os.path.join(target, "_data", "deploy"))
+    for d, dirs, files in os.walk(root):
+        os.chmod(d, 0o755)
+        for f in files:
+            os.chmod(os.path.join(d, f), 0o644)
+    return root
+
+
 def coordinator_argv(c: cluster.Cluster, kube: kubernetes.ControlPlane, name: str,
                      kubeconfig: str, config: str, *extra: str) -> list[str]:
     """`pyk8sres sync` / `pyk8sres webhook` as start_sync/start_webhook run them."""
-    argv = [sys.executable, "-m", "pyk8sres.cli", name, "--kubeconfig", kubeconfig,
+    argv = [coordinator_python(), "-m", "pyk8sres.cli", name, "--kubeconfig", kubeconfig,
             "--config", config]
     if name == "webhook":
         argv += ["--listen", f"127.0.0.1:{kube.ports.webhook}", "--url", webhook_url(kube)]
@@ -217,8 +274,9 @@ def coordinator_argv(c: cluster.Cluster, kube: kubernetes.ControlPlane, name: st
 
 def start_coordinator(c: cluster.Cluster, name: str, argv: list[str]) -> None:
     """One daemon as the coordinator's uid (cwd /: nothing of ours to read)."""
-    cluster.start_process(c.work, name, argv, env=dict(c.env, PYTHONUNBUFFERED="1"), cwd="/",
-                          user=run_as_coordinator(c))
+    env = dict(c.env, PYTHONUNBUFFERED="1", PYTHONPATH=coordinator_package(c),
+               PYTHONDONTWRITEBYTECODE="1")
+    cluster.start_process(c.work, name, argv, env=env, cwd="/", user=run_as_coordinator(c))
 
 
 def start_sync(c: cluster.Cluster, kube: kubernetes.ControlPlane, settings: str = "") -> None:
