@@ -45,6 +45,11 @@ if ! getent passwd pyk8sres >/dev/null; then
     useradd --system --gid pyk8sres --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin pyk8sres
 fi
+# slurmctld as SlurmUser gives the ledger socket to LedgerGroup=pyk8sres: a member.
+if getent passwd slurm >/dev/null && ! id -nG slurm | grep -qw pyk8sres; then
+    log "usermod -a -G pyk8sres slurm"
+    usermod -a -G pyk8sres slurm
+fi
 
 log "pip install build and test requirements"
 "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \

@@ -21,6 +21,7 @@ WORK (run/*.pid, kube/run/*.pid) and stopped by PID in `down`.
 from __future__ import annotations
 
 import fcntl
+import grp
 import json
 import os
 import pwd
@@ -47,12 +48,15 @@ def coordinator_user() -> pwd.struct_passwd:
 
 
 def _ledger_group(slurm_user: str) -> int:
-    """LedgerGroup=: the coordinator's group when slurmctld runs as root;
-    else SlurmUser's own group (slurmctld keeps no supplementary groups, and
-    it must be a member to give the socket that group)."""
-    if slurm_user == "root":
-        return coordinator_user().pw_gid
-    return pwd.getpwnam(slurm_user).pw_gid
+    """LedgerGroup=: the coordinator's group.  slurmctld gives the socket
+    that group, so a SlurmUser other than root must be a member (slurmctld
+    takes SlurmUser's groups from /etc/group: initgroups)."""
+    me = coordinator_user()
+    if slurm_user != "root" and slurm_user not in grp.getgrgid(me.pw_gid).gr_mem:
+        raise cluster.ClusterError(
+            f"SlurmUser {slurm_user} is not in group {COORDINATOR_USER} (LedgerGroup): "
+            f"usermod -a -G {COORDINATOR_USER} {slurm_user} (tools/install-deps.sh does)")
+    return me.pw_gid
 
 
 def ledger_conf(work: str, slurm_user: str = "root") -> str:
