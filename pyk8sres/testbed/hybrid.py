@@ -276,11 +276,16 @@ def coordinator_argv(c: cluster.Cluster, kube: kubernetes.ControlPlane, name: st
     return argv + list(extra)
 
 
+def coordinator_env(c: cluster.Cluster) -> dict:
+    """The environment a coordinator process gets (run it with cwd /)."""
+    return dict(c.env, PYTHONUNBUFFERED="1", PYTHONPATH=coordinator_package(c),
+                PYTHONDONTWRITEBYTECODE="1")
+
+
 def start_coordinator(c: cluster.Cluster, name: str, argv: list[str]) -> None:
     """One daemon as the coordinator's uid (cwd /: nothing of ours to read)."""
-    env = dict(c.env, PYTHONUNBUFFERED="1", PYTHONPATH=coordinator_package(c),
-               PYTHONDONTWRITEBYTECODE="1")
-    cluster.start_process(c.work, name, argv, env=env, cwd="/", user=run_as_coordinator(c))
+    cluster.start_process(c.work, name, argv, env=coordinator_env(c), cwd="/",
+                          user=run_as_coordinator(c))
 
 
 def start_sync(c: cluster.Cluster, kube: kubernetes.ControlPlane, settings: str = "") -> None:
