@@ -78,6 +78,24 @@ def install(kube, values: list[str]) -> None:
                           "-n", NAMESPACE, "--create-namespace", *values])
 
 
+def keep_ca_bundle(kube, configuration: str = "pyk8sres-admission") -> bool:
+    """As the admin: the webhook configuration's caBundle back to the chart's
+    CA (its Secret) if something else wrote it (a webhook with a CA of its
+    own, in a test).  True if it had to."""
+    import base64
+    ca = json.loads(kube.kubectl("get", "secret", "-n", NAMESPACE, TLS_SECRET, "-o",
+                                 "json").stdout)["data"]["ca.crt"]
+    vwc = json.loads(kube.kubectl("get", "validatingwebhookconfiguration", configuration,
+                                  "-o", "json").stdout)
+    patch = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": ca}
+             for i, hook in enumerate(vwc["webhooks"])
+             if base64.b64decode(hook["clientConfig"].get("caBundle", "")) != base64.b64decode(ca)]
+    if patch:
+        kube.kubectl("patch", "validatingwebhookconfiguration", configuration, "--type=json",
+                     "-p", json.dumps(patch))
+    return bool(patch)
+
+
 def tls_files(kube) -> tuple[bytes, bytes]:
     """(certificate, key) PEM of the webhook's serving certificate the chart
     made (its Secret), for a coordinator outside the cluster."""

@@ -297,7 +297,9 @@ def start_sync(c: cluster.Cluster, kube: kubernetes.ControlPlane, settings: str 
 
 def start_webhook(c: cluster.Cluster, kube: kubernetes.ControlPlane, *extra: str) -> None:
     """`pyk8sres webhook` as its ServiceAccount, serving the certificate the
-    chart made; extra: more of its options (e.g. --no-placeholders)."""
+    chart made (the configuration trusts the chart's CA again if a test's
+    webhook wrote its own); extra: more of its options (e.g. --no-placeholders)."""
+    chart.keep_ca_bundle(kube)
     start_coordinator(c, "webhook", coordinator_argv(
         c, kube, "webhook", coordinator_kubeconfig(c, kube, WEBHOOK_ACCOUNT),
         coordinator_config(c, kube, "webhook"),
