@@ -169,13 +169,10 @@ def recorded(world):
     """Strays for the daemons to clean up, then both daemons, each through
     its recording proxy with its ServiceAccount's token."""
     c, kube, direct = world
-    # A GenericNode of no Slurm node, a placeholder pod of no shared node ...
+    # A GenericNode of no Slurm node, and one with a stale spec the sync
+    # daemon must correct.
     direct.create_generic_node("ghost", {"alias": "ghost"}, {})
-    # ... and one with a stale spec the sync daemon must correct.
     direct.create_generic_node("n1", {"alias": "stale"}, {})
-    done(direct.core.create_namespaced_pod(PLACEHOLDERS, P.pod("ghost", PLACEHOLDERS, 100, 1 << 20,
-                                                       (1000, 1 << 30)),
-                                      _preload_content=False))
     proxies = {name: Recorder(kube.url, kube.ca_file) for name in ("sync", "webhook")}
     for p in proxies.values():
         threading.Thread(target=p.serve_forever, daemon=True).start()
@@ -193,6 +190,11 @@ def recorded(world):
                 c, kube, name, via, config, "--metrics-address", "127.0.0.1:0"))
         hybrid.wait_generic_nodes(kube, ["n1", "n2"], c)
         hybrid.wait_webhook(kube, c)
+        # A placeholder pod of no shared node (its namespace is checked by the
+        # webhook, which admits placeholders: made once the webhook answers).
+        done(direct.core.create_namespaced_pod(
+            PLACEHOLDERS, P.pod("ghost", PLACEHOLDERS, 100, 1 << 20, (1000, 1 << 30)),
+            _preload_content=False))
         yield proxies
     finally:
         for name in ("sync", "webhook"):
