@@ -9,7 +9,7 @@ For each cluster size (default 10, 100, 1000 nodes, ~30 pods per node):
     playing every kubelet) on --kube-port+ (9 ports), nodes n1..nN (Ready,
     leases renewed by kwok) and 30 bound pods each, which kwok runs;
   - the daemon as its own process (`python -m pyk8sres.coordinator.sync`),
-    with the pyk8sres-sync ServiceAccount's token (deploy/rbac.yaml).
+    with the pyk8sres-sync ServiceAccount's token (the Helm chart's RBAC).
 Measured: latency from a pod being bound (create with spec.nodeName) to the
 node's share being set in the ledger inside slurmctld (the daemon's "share
 set" log line, written after the ledger's answer; same clock), p50/p99; the daemon's CPU time (startup, idle resync, per sample)

@@ -390,7 +390,7 @@ def test_resize_denied_and_failure_policy_fail(core, ns, webhook, kube_server):
     assert e.value.status == 403 and "resize refused" in e.value.body
     assert core.read_namespaced_pod("big", ns).spec.containers[0].resources.requests["cpu"] == "500m"
 
-    # failurePolicy Fail (the default in deploy/webhook.yaml): webhook down,
+    # failurePolicy Fail (the Helm chart's, always): webhook down,
     # bindings to nodes not known unshared fail; the known-unshared are unaffected.
     srv.close()
     with pytest.raises(ApiException) as e:
