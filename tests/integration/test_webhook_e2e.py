@@ -96,7 +96,7 @@ def test_the_coordinator_runs_as_its_own_uid_with_the_ledger_and_nothing_else(wo
     for name in ("sync", "webhook"):
         pid = int(open(os.path.join(c.work, "run", f"proc-{name}.pid")).read())
         status = open(f"/proc/{pid}/status").read()
-        ids = {k: {int(v) for v in re.search(rf"^{k}:\s*(.*)$", status, re.M).group(1).split()}
+        ids = {k: {int(v) for v in re.search(rf"^{k}:[ \t]*(.*)$", status, re.M).group(1).split()}
                for k in ("Uid", "Gid", "Groups")}
         assert ids["Uid"] == {me.pw_uid} and ids["Gid"] == {me.pw_gid}, (name, ids)
         assert ids["Groups"] <= {me.pw_gid}, (name, ids)
