@@ -170,9 +170,10 @@ class Daemon:
     def start(self):
         # The admin's configuration: only namespace "slurm-workers" holds
         # Slurm's own worker pods (issue 8 item 9: nothing else exempts a pod).
-        conf = hybrid.own(f"{hybrid.coordinator_dir(self.slurm)}/sync-test.toml")
+        conf = f"{hybrid.coordinator_dir(self.slurm)}/sync-test.toml"
         with open(conf, "w") as f:
             f.write('slurm_workers = ["slurm-workers"]\n' + self.settings)
+        hybrid.own(conf)
         cmd = [hybrid.coordinator_python(), "-m", "pyk8sres.coordinator.sync",
                "--kubeconfig", coordinator_kubeconfig(self.slurm, self.api),
                "--config", conf, "--resync", "0.5", "--log-level", "DEBUG",
