@@ -263,15 +263,25 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded
              lambda: event_count("default", "n2", "Oversubscribed") >= 2)
     finally:
         ledger.set("n2", held, 0)
-    # A job: its placeholders grow, then shrink when it ends.
-    job = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "-c", "2",
-                                  "--wrap", "sleep 4"], capture_output=True, text=True,
-                                 env=c.env, check=True).stdout.strip()
+    # Two jobs on n1, released together (one placeholder pass sees both: one
+    # pod): the placeholders grow; the shorter job ends and the pod is
+    # downsized in place (then read back until the kubelet applied it); the
+    # other ends and it is deleted.
+    def sbatch(seconds):
+        return subprocess.run(["sbatch", "--parsable", "--hold", "-w", "n1", "-o", "/dev/null",
+                               "-c", "1", "--wrap", f"sleep {seconds}"], capture_output=True,
+                              text=True, env=c.env, check=True).stdout.strip()
 
-    wait("placeholders grown for the job",
-         lambda: max(placeholder_cpu().values(), default=0) >= 2000)
-    wait("job ended", lambda: not subprocess.run(
-        ["squeue", "-h", "-j", job], capture_output=True, text=True, env=c.env).stdout.strip())
+    def ended(job):
+        return not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True,
+                                  env=c.env).stdout.strip()
+    long_job, short_job = sbatch(12), sbatch(4)
+    subprocess.run(["scontrol", "release", f"{long_job},{short_job}"], env=c.env, check=True)
+    wait("placeholders grown for the jobs",
+         lambda: placeholder_cpu().get("n1", 0) >= 2000)
+    wait("the short job ended", lambda: ended(short_job))
+    wait("placeholders down to the long job", lambda: placeholder_cpu().get("n1", 0) == 1000)
+    wait("the long job ended", lambda: ended(long_job), timeout=30)
     wait("placeholders back to 0", lambda: max(placeholder_cpu().values(), default=0) == 0)
     K.delete_pod(direct, "default", "bound")
     # Someone edits the webhook configuration: the webhook puts its
