@@ -8,7 +8,8 @@
 #     job_submit policy), the Kubernetes client, prometheus-client, pytest.
 #   - The exact source of the installed Slurm (node_features needs internals).
 #   - pyk8sres, built against the installed Slurm, into this Python.
-#   - The system user and group `pyk8sres` the coordinator runs as.
+#   - The system user and group `pyk8sres` the coordinator runs as, and a
+#     venv of Debian's Python it runs (the test cluster's coordinator).
 #   - The Kubernetes control plane for tests and the demo (kube/build.sh:
 #     kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd
 #     and kwok from their Go modules; the first build takes ~6 min).
@@ -61,6 +62,9 @@ log "building pyk8sres against Slurm source $SRC"
 "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
     --no-build-isolation --force-reinstall --no-deps \
     -Csetup-args=-Dslurm_source="$SRC" -Csetup-args=-Dnode_features=enabled .
+
+log "the coordinator's Python (a venv of Debian's, which uid pyk8sres can run)"
+(cd / && "$PY" -c "from pyk8sres.testbed import hybrid; hybrid.coordinator_python()")
 
 if [ "${PYK8SRES_SKIP_KUBE:-0}" != 1 ]; then
     log "building the Kubernetes control plane (kube/build.sh)"
