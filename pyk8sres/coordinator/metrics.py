@@ -9,7 +9,7 @@ listener per daemon, `--metrics-address`, default on loopback):
 
 The metric objects live here; the daemons update them where things happen
 (webhook.py, sync.py, kube.py's Informer, slurm.py's Ledger, events.py).
-Labels are fixed words or node names, never pod names.  README "Operations"
+Labels are fixed words or node names, never pod names.  docs/operations.md
 says what to watch and alert on.
 """
 

@@ -453,7 +453,7 @@ class Webhook:
         if not wcfg.client_ca_file:
             raise sync.ConfigError(
                 "webhook: client_ca_file is required (the CA of the client certificate the "
-                "API server presents to webhooks; README, Security)")
+                "API server presents to webhooks; docs/security.md)")
         self.server = WebhookServer(self.addr, Admission(kube, ledger, self.scope, events),
                                     cert, key, wcfg.client_ca_file, wcfg.client_names)
         self.stop_event = threading.Event()

@@ -11,7 +11,7 @@ Why: a submission of a shape the plugin's C memo has not seen runs the
 policy with the CPU caches cold (slurmctld's own work evicts them between
 submissions); compiled, with no interpreted code left on that path, it
 costs less than job_submit/lua doing the same work, where interpreted it
-cost more (README, Performance).  Same source, same table tests.
+cost more (docs/performance.md).  Same source, same table tests.
 """
 import os
 import shutil

@@ -5,7 +5,7 @@ Pure functions only (no I/O): `complete(job, site)` is all the plugin calls.
 The promise: on every node, the k8scpu/k8smemory a job holds is at least the
 CPUs and memory Slurm allocates it there (`scontrol -d show job`: CPU_IDs,
 Mem), and a job plain Slurm would start is never made unrunnable.  Every rule
-follows Slurm 22.05's own code (README, "What a job requests", has the table):
+follows Slurm 22.05's own code (docs/job-requests.md has the table):
 
 CPUs on a node holding t tasks (cons_tres dist_tasks.c _block_sync_core_bitmap):
     cpus  = max(t x cpus_per_task, --mincpus, --cpus-per-gpu x GPUs)
@@ -602,7 +602,7 @@ def _per_task_figures(job: Job, site: Site, node: _NodeFigures) -> dict | None:
 def _most_plan(job: Job, node: _NodeFigures, per_task: dict | None) -> _Plan:
     """Per node: the most any node can get, capped at what the biggest node
     has (Slurm cannot allocate more there, so on nodes of one size this never
-    makes a job unrunnable; on smaller nodes it cannot run: README, Known limits)."""
+    makes a job unrunnable; on smaller nodes it cannot run: docs/job-requests.md, Known limits)."""
     most = _max_tasks(job)
     one = node.cpus(1)
     extra = 0

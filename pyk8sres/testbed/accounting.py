@@ -18,8 +18,12 @@ import pwd
 import secrets
 import socket
 import subprocess
+from typing import TYPE_CHECKING
 
-from . import cluster
+from . import daemons
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
 
 DATABASE = "slurm_acct_db"
 DB_USER = "slurm"
@@ -75,7 +79,7 @@ def _user(name: str, package: str) -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(name)
     except KeyError:
-        raise cluster.ClusterError(f"user {name} does not exist (apt-get install {package} "
+        raise daemons.ClusterError(f"user {name} does not exist (apt-get install {package} "
                                    "creates it)") from None
 
 
@@ -96,9 +100,9 @@ class Accounting:
         for binary, package in (("mariadbd", MARIADB_PACKAGE),
                                 ("mariadb-install-db", MARIADB_PACKAGE),
                                 ("mariadb", "mariadb-client")):
-            cluster._need(binary, package)
+            daemons.need(binary, package)
         for binary, package in (("slurmdbd", SLURMDBD_PACKAGE), ("sacctmgr", "slurm-client")):
-            cluster._need(binary, package, release)
+            daemons.need(binary, package, release)
         _user("mysql", MARIADB_PACKAGE)
         _user(DBD_USER, "slurmctld")
 
@@ -115,31 +119,30 @@ class Accounting:
         datadir = os.path.join(self.mysql_dir, "data")
         if not os.path.isdir(os.path.join(datadir, "mysql")):
             proc = subprocess.run(
-                [cluster._need("mariadb-install-db", MARIADB_PACKAGE), "--no-defaults",
+                [daemons.need("mariadb-install-db", MARIADB_PACKAGE), "--no-defaults",
                  f"--datadir={datadir}", "--user=mysql", "--skip-test-db",
                  "--auth-root-authentication-method=socket"],
                 capture_output=True, text=True, timeout=120, cwd="/")
             if proc.returncode:
-                raise cluster.ClusterError("mariadb-install-db failed: "
+                raise daemons.ClusterError("mariadb-install-db failed: "
                                            + (proc.stderr or proc.stdout)[-2000:])
         self.password = secrets.token_urlsafe(24)
-        cluster.write_private(self.conf, slurmdbd_conf_text(
+        daemons.write_private(self.conf, slurmdbd_conf_text(
             self.work, dbd_port=self.dbd_port, mysql_port=self.mysql_port,
             password=self.password, auth=auth, jwt_key=jwt_key).encode(), DBD_USER)
 
     def start_mariadb(self) -> None:
         d = self.mysql_dir
-        cluster.start_process(self.work, "mariadb", [
-            cluster._need("mariadbd", MARIADB_PACKAGE), "--no-defaults",
+        daemons.start_process(self.work, "mariadb", [
+            daemons.need("mariadbd", MARIADB_PACKAGE), "--no-defaults",
             f"--datadir={d}/data", f"--socket={self.socket}", f"--port={self.mysql_port}",
             "--bind-address=127.0.0.1", f"--pid-file={d}/mysqld.pid",
             f"--log-error={d}/error.log", "--user=mysql", "--skip-name-resolve",
             # What slurmdbd asks for at start (it warns below these).
             "--innodb-buffer-pool-size=64M", "--innodb-lock-wait-timeout=900",
             "--max-allowed-packet=16M"])
-        c = cluster.Cluster(self.work)
-        c._wait(lambda: self._sql("SELECT 1", check=False).returncode == 0 or
-                self._exited("mariadb", "mysql/error.log"), "MariaDB to answer", 60)
+        daemons.wait_until(lambda: self._sql("SELECT 1", check=False).returncode == 0 or
+                           self._exited("mariadb", "mysql/error.log"), "MariaDB to answer", 60)
         # The password only ever travels on the client's stdin.
         self._sql(f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' "
                   f"IDENTIFIED BY '{self.password}';\n"
@@ -147,15 +150,15 @@ class Accounting:
                   f"GRANT ALL ON {DATABASE}.* TO '{DB_USER}'@'127.0.0.1';\n")
 
     def _exited(self, name: str, log: str) -> bool:
-        if not cluster.Cluster(self.work)._running(name):
+        if not daemons.running(self.work, name):
             with open(os.path.join(self.work, log), errors="replace") as f:
                 tail = f.read()[-2000:]
-            raise cluster.ClusterError(f"{name} exited: {tail}")
+            raise daemons.ClusterError(f"{name} exited: {tail}")
         return False
 
     def _sql(self, sql: str, check: bool = True) -> subprocess.CompletedProcess:
         """SQL as MariaDB's root, over our socket (unix_socket auth: OS root only)."""
-        proc = subprocess.run([cluster._need("mariadb", "mariadb-client"), "--no-defaults",
+        proc = subprocess.run([daemons.need("mariadb", "mariadb-client"), "--no-defaults",
                                f"--socket={self.socket}", "-u", "root", "--batch"],
                               input=sql, capture_output=True, text=True, timeout=30, cwd="/")
         if check and proc.returncode:
@@ -163,12 +166,12 @@ class Accounting:
             text = proc.stderr.strip()
             if getattr(self, "password", None):
                 text = text.replace(self.password, "***")
-            raise cluster.ClusterError(f"MariaDB refused the setup: {text}")
+            raise daemons.ClusterError(f"MariaDB refused the setup: {text}")
         return proc
 
-    def start_slurmdbd(self, c: cluster.Cluster) -> None:
-        cluster.start_process(self.work, "slurmdbd",
-                              [cluster._need("slurmdbd", SLURMDBD_PACKAGE, c.release), "-D"],
+    def start_slurmdbd(self, c: Cluster) -> None:
+        daemons.start_process(self.work, "slurmdbd",
+                              [daemons.need("slurmdbd", SLURMDBD_PACKAGE, c.release), "-D"],
                               env=c.env)
 
         def ready():
@@ -178,10 +181,10 @@ class Accounting:
                 return s.connect_ex(("127.0.0.1", self.dbd_port)) == 0
         c._wait(ready, "slurmdbd to listen (see dbd/slurmdbd.log)", 60)
 
-    def register_cluster(self, c: cluster.Cluster, name: str = "pyk8sres") -> None:
-        proc = subprocess.run([cluster._need("sacctmgr", "slurm-client", c.release), "-i", "add",
+    def register_cluster(self, c: Cluster, name: str = "pyk8sres") -> None:
+        proc = subprocess.run([daemons.need("sacctmgr", "slurm-client", c.release), "-i", "add",
                                "cluster", name], capture_output=True,
                               text=True, env=c.env, timeout=60, cwd="/")
         if proc.returncode and "already exists" not in proc.stdout + proc.stderr:
-            raise cluster.ClusterError(f"sacctmgr add cluster {name} failed: "
+            raise daemons.ClusterError(f"sacctmgr add cluster {name} failed: "
                                        f"{(proc.stderr or proc.stdout).strip()}")

@@ -23,19 +23,13 @@ import subprocess
 import time
 
 from .. import install
-from . import releases
+from . import accounting as accounting_mod, releases, rest as rest_mod
+# Shared with accounting.py and rest.py; ClusterError, alive, start_process and
+# stop_process are also this module's API (cli.py, hybrid.py, kubernetes.py, tests).
+from .daemons import (ClusterError, alive, log_tail, need as _need,  # noqa: F401
+                      pid_path as _pid_path, running, start_process, stop_process,
+                      wait_until, write_file)
 from .releases import SLURM_PLUGIN_DIRS  # noqa: F401  (tests look for Slurm's plugins)
-
-
-class ClusterError(RuntimeError):
-    pass
-
-
-def _need(binary: str, package: str, release: releases.Release | None = None) -> str:
-    try:
-        return (release or releases.Release(releases.INSTALLED)).binary(binary, package)
-    except releases.ReleaseError as e:
-        raise ClusterError(str(e)) from None
 
 
 def slurm_plugin_dir() -> str:
@@ -205,69 +199,6 @@ def gres_conf_text(work: str, gpus: int = 0) -> str:
     return GRES_CONF + f"Name=gpu File={work}/dev/gpu[0-{gpus - 1}]\n"
 
 
-def _pid_path(work: str, name: str) -> str:
-    return os.path.join(work, "run", f"proc-{name}.pid")
-
-
-def start_process(work: str, name: str, argv: list[str], env: dict | None = None,
-                  cwd: str | None = None, user: tuple[int, int, list[int]] | None = None) -> int:
-    """Start a daemon in the background; its PID goes to WORK/run/proc-NAME.pid
-    (stop_process and down() stop it), its output to WORK/log/NAME.out.
-    user: (uid, gid, supplementary gids) it runs as, instead of ours."""
-    log = os.fdopen(os.open(os.path.join(work, "log", f"{name}.out"),
-                            os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), "ab")
-    os.fchmod(log.fileno(), 0o644)
-    # umask: what the daemons create (state, logs, sockets) never becomes
-    # writable by others, whatever the caller's umask.
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=env, umask=0o022, cwd=cwd,
-                            **({"user": user[0], "group": user[1], "extra_groups": user[2]}
-                               if user else {}))
-    log.close()
-    _write(_pid_path(work, name), str(proc.pid))
-    return proc.pid
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie we spawned (same process) still answers kill(0).
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][0] != "Z"
-    except OSError:
-        return False
-
-
-def stop_process(work: str, name: str, timeout: float = 15.0) -> bool:
-    """Stop one daemon we started, by its recorded PID. True if it was running."""
-    path = _pid_path(work, name)
-    try:
-        pid = int(open(path).read().strip())
-    except (OSError, ValueError):
-        return False
-    was_running = alive(pid)
-    if was_running:
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while alive(pid) and time.monotonic() < deadline:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            time.sleep(0.05)
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    os.unlink(path)
-    return was_running
-
-
 class Cluster:
     """Handle on a local cluster living in `work`."""
 
@@ -400,25 +331,13 @@ class Cluster:
         return self.ping().get("backup" if name == "slurmctld-backup" else "primary") == "UP"
 
     def _running(self, name: str) -> bool:
-        try:
-            return alive(int(open(_pid_path(self.work, name)).read()))
-        except (OSError, ValueError):
-            return False
+        return running(self.work, name)
 
     def _wait(self, ready, what: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if ready():
-                return
-            time.sleep(0.2)
-        raise ClusterError(f"timed out waiting for {what}")
+        wait_until(ready, what, timeout)
 
     def log_tail(self, name: str, lines: int = 20) -> str:
-        try:
-            with open(os.path.join(self.work, "log", name), errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.work, name, lines)
 
     def wait_nodes_idle(self, nodes: list[str], timeout: float = 60) -> None:
         def ready():
@@ -456,26 +375,6 @@ def _hand_to(work: str, user: str) -> None:
     if blocked:
         raise ClusterError(f"{blocked} cannot be entered by {user}: use a work directory "
                            "others can traverse")
-
-
-def write_private(path: str, data: bytes, owner: str) -> None:
-    """Write `data` to a new 0600 file owned by `owner` (never readable by
-    anyone else, not even for a moment): passwords and keys."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    pw = pwd.getpwnam(owner)
-    os.chown(path, pw.pw_uid, pw.pw_gid)
-
-
-def _write(path: str, text: str, mode: int = 0o644) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-    os.chmod(path, mode)
 
 
 def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_port: int = 17000,
@@ -519,6 +418,60 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     127.0.0.1, the backup on 127.0.0.2, both on the base port
     (Cluster.controller_argv); it takes over within SlurmctldTimeout=6.
     Their ports follow the slurmd ones (service_ports)."""
+    layout, sizes = _checked_layout(cpus, sockets, cores_per_socket, threads_per_core,
+                                    nodes, node_sizes, gpus)
+    release, auth = _checked_release_and_auth(slurm, auth, accounting, rest)
+    cluster = Cluster(work, release)
+    if cluster.names():
+        raise ClusterError(f"{cluster.work} already runs {', '.join(cluster.names())}: "
+                           "`pyk8sres cluster down` first")
+    services = service_ports(base_port, nodes)
+    _check_ports_free(base_port, nodes, services, slurmd=slurmd, accounting=accounting, rest=rest)
+    if node_features is None:
+        node_features = os.path.exists(os.path.join(plugin_lib or release.lib_dir, install.PLUGINS[1]))
+    work = cluster.work
+    _make_work_dirs(work, nodes, slurmd=slurmd, backup_controller=backup_controller)
+    _write_key(os.path.join(work, "munge", "munge.key"), 0o400)
+    acct = accounting_mod.Accounting(work, services["slurmdbd"], services["mariadb"]) \
+        if accounting else None
+    jwt_key = None
+    if rest:
+        # With accounting slurmdbd (as its SlurmUser) reads the key too;
+        # a root slurmctld reads it whoever owns it.
+        key_owner = accounting_mod.DBD_USER if acct and slurm_user == "root" else slurm_user
+        jwt_key = rest_mod.write_jwt_key(work, key_owner)
+        extra_conf += rest_mod.slurm_conf_lines(jwt_key)
+    _install_plugins(work, release, plugin_lib)
+    write_file(cluster.conf, slurm_conf_text(work, nodes=nodes, cpus=cpus, memory=memory,
+                                             base_port=base_port, node_features=node_features,
+                                             def_mem_per_cpu=def_mem_per_cpu,
+                                             plugin_dir=release.plugin_dir, extra=extra_conf,
+                                             auth=auth, slurm_user=slurm_user, layout=layout,
+                                             job_submit=job_submit, partitions=partitions,
+                                             gpus=gpus, sizes=sizes,
+                                             select_type_parameters=select_type_parameters,
+                                             backup_controller=backup_controller,
+                                             accounting=accounting_mod.slurm_conf_lines(
+                                                 work, services["slurmdbd"], auth) if acct else ""))
+    if auth == "slurm":
+        _write_key(os.path.join(work, "etc", "slurm.key"), 0o600)
+    _write_node_files(work, gpus, k8s_conf)
+    if slurm_user != "root":
+        _hand_to(work, slurm_user)
+    try:
+        _start_daemons(cluster, acct, auth=auth, nodes=nodes, slurmd=slurmd,
+                       backup_controller=backup_controller, jwt_key=jwt_key)
+        if rest:
+            cluster.rest_url = rest_mod.start(cluster, services["slurmrestd"], accounting)
+    except BaseException:
+        down(work)
+        raise
+    return cluster
+
+
+def _checked_layout(cpus, sockets, cores_per_socket, threads_per_core, nodes, node_sizes, gpus):
+    """The CPU layout of every node (and of each node of `node_sizes`), or a
+    ClusterError before anything is written."""
     layout = topology(cpus, sockets, cores_per_socket, threads_per_core)
     if node_sizes is not None and len(node_sizes) != nodes:
         raise ClusterError(f"{len(node_sizes)} node sizes for {nodes} nodes")
@@ -526,6 +479,13 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
              for n, m in node_sizes] if node_sizes else None
     if gpus < 0:
         raise ClusterError(f"--gpus {gpus}: a node has 0 or more GPUs")
+    return layout, sizes
+
+
+def _checked_release_and_auth(slurm: str | None, auth: str, accounting: bool,
+                              rest: bool) -> tuple[releases.Release, str]:
+    """The Slurm release and auth plugin to run, once every binary they need
+    is known to be installed (a ClusterError naming the package if not)."""
     if os.geteuid() != 0:
         raise ClusterError("the local cluster runs its daemons as root: run as root")
     release = release_of(slurm)
@@ -541,7 +501,6 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     for binary, package in (("slurmctld", "slurmctld"), ("slurmd", "slurmd"),
                             ("scontrol", "slurm-client")):
         _need(binary, package, release)
-    from . import accounting as accounting_mod, rest as rest_mod
     if accounting:
         if auth == "slurm":
             raise ClusterError("--accounting runs slurmdbd as slurm, which cannot read this "
@@ -549,21 +508,22 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
         accounting_mod.Accounting.check_installed(release)
     if rest:
         rest_mod.check_installed(release)
-    cluster = Cluster(work, release)
-    if cluster.names():
-        raise ClusterError(f"{cluster.work} already runs {', '.join(cluster.names())}: "
-                           "`pyk8sres cluster down` first")
+    return release, auth
+
+
+def _check_ports_free(base_port: int, nodes: int, services: dict[str, int], *, slurmd: bool,
+                      accounting: bool, rest: bool) -> None:
+    """slurmctld's port, one per slurmd, and the optional services' ports."""
     ports = list(range(base_port, base_port + (nodes + 1 if slurmd else 1)))
-    services = service_ports(base_port, nodes)
     ports += [services[s] for s, on in (("slurmdbd", accounting), ("mariadb", accounting),
                                         ("slurmrestd", rest)) if on]
     taken = [p for p in ports if not port_free(p)]
     if taken:
         raise ClusterError(f"port(s) {', '.join(map(str, taken))} already in use: "
                            "choose another --base-port")
-    if node_features is None:
-        node_features = os.path.exists(os.path.join(plugin_lib or release.lib_dir, install.PLUGINS[1]))
-    work = cluster.work
+
+
+def _make_work_dirs(work: str, nodes: int, *, slurmd: bool, backup_controller: bool) -> None:
     # Explicit modes whatever the caller's umask: root's slurmctld loads the
     # .so files under plugins/, so no other user may write anywhere here.
     _mkdir(work, 0o755)
@@ -577,76 +537,58 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
             _mkdir(os.path.join(work, sub), 0o755)
         with open("/etc/hosts", encoding="utf-8") as f:
             hosts = f.read()
-        _write(os.path.join(work, "etc", "hosts"),
-               "".join(f"{addr} {name}\n" for name, addr in CONTROLLERS) + hosts)
-    key = os.path.join(work, "munge", "munge.key")
-    if not os.path.exists(key):
-        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        write_file(os.path.join(work, "etc", "hosts"),
+                   "".join(f"{addr} {name}\n" for name, addr in CONTROLLERS) + hosts)
+
+
+def _write_key(path: str, mode: int) -> None:
+    """A new random 1024-byte key (munge's, auth/slurm's); an existing one is kept."""
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(secrets.token_bytes(1024))
 
-    acct = accounting_mod.Accounting(work, services["slurmdbd"], services["mariadb"]) \
-        if accounting else None
-    jwt_key = None
-    if rest:
-        # With accounting slurmdbd (as its SlurmUser) reads the key too;
-        # a root slurmctld reads it whoever owns it.
-        key_owner = accounting_mod.DBD_USER if acct and slurm_user == "root" else slurm_user
-        jwt_key = rest_mod.write_jwt_key(work, key_owner)
-        extra_conf += rest_mod.slurm_conf_lines(jwt_key)
-    _write(os.path.join(work, "etc", "release"),
-           f"{release.name}\n{os.pathsep.join(release.bin_dirs)}\n")
+
+def _install_plugins(work: str, release: releases.Release, plugin_lib: str | None) -> None:
+    """Our plugins into WORK/plugins, built for `release`; etc/release records
+    which release the cluster runs (Cluster reads it back)."""
+    write_file(os.path.join(work, "etc", "release"),
+               f"{release.name}\n{os.pathsep.join(release.bin_dirs)}\n")
     install.install_plugins(os.path.join(work, "plugins"), lib_dir=plugin_lib or release.lib_dir,
                             slurm_version=None if release.name == releases.INSTALLED else release.name)
-    _write(cluster.conf, slurm_conf_text(work, nodes=nodes, cpus=cpus, memory=memory,
-                                         base_port=base_port, node_features=node_features,
-                                         def_mem_per_cpu=def_mem_per_cpu,
-                                         plugin_dir=release.plugin_dir, extra=extra_conf,
-                                         auth=auth, slurm_user=slurm_user, layout=layout,
-                                         job_submit=job_submit, partitions=partitions,
-                                         gpus=gpus, sizes=sizes,
-                                         select_type_parameters=select_type_parameters,
-                                         backup_controller=backup_controller,
-                                         accounting=accounting_mod.slurm_conf_lines(
-                                             work, services["slurmdbd"], auth) if acct else ""))
-    if auth == "slurm":
-        key = os.path.join(work, "etc", "slurm.key")
-        if not os.path.exists(key):
-            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(secrets.token_bytes(1024))
-    _write(os.path.join(work, "etc", "gres.conf"), gres_conf_text(work, gpus))
+
+
+def _write_node_files(work: str, gpus: int, k8s_conf: str) -> None:
+    """gres.conf, the fake GPU device files it names, and k8s_resources.conf."""
+    write_file(os.path.join(work, "etc", "gres.conf"), gres_conf_text(work, gpus))
     if gpus:
         _mkdir(os.path.join(work, "dev"), 0o755)
         for i in range(gpus):
-            _write(os.path.join(work, "dev", f"gpu{i}"), "")
-    _write(os.path.join(work, "etc", "k8s_resources.conf"),
-           "# pyk8sres (slurm-conf/k8s_resources.conf); the ledger lives in state/\n" + k8s_conf)
-    if slurm_user != "root":
-        _hand_to(work, slurm_user)
+            write_file(os.path.join(work, "dev", f"gpu{i}"), "")
+    write_file(os.path.join(work, "etc", "k8s_resources.conf"),
+               "# pyk8sres (slurm-conf/k8s_resources.conf); the ledger lives in state/\n"
+               + k8s_conf)
 
-    try:
-        if acct:
-            acct.prepare(auth, jwt_key)
-        if auth == "munge":
-            cluster.start_munged()
-        if acct:
-            acct.start_mariadb()
-            acct.start_slurmdbd(cluster)
-            acct.register_cluster(cluster)
-        cluster.start_slurmctld()
-        if backup_controller:
-            cluster.start_slurmctld(backup=True)
-        if slurmd:
-            for node in node_names(nodes):
-                cluster.start_slurmd(node)
-            cluster.wait_nodes_idle(node_names(nodes))
-        if rest:
-            cluster.rest_url = rest_mod.start(cluster, services["slurmrestd"], accounting)
-    except BaseException:
-        down(work)
-        raise
-    return cluster
+
+def _start_daemons(cluster: Cluster, acct, *, auth: str, nodes: int, slurmd: bool,
+                   backup_controller: bool, jwt_key: str | None) -> None:
+    """munged, then accounting (MariaDB, slurmdbd), slurmctld (and its backup),
+    then the slurmd of every node, waiting until the nodes are idle."""
+    if acct:
+        acct.prepare(auth, jwt_key)
+    if auth == "munge":
+        cluster.start_munged()
+    if acct:
+        acct.start_mariadb()
+        acct.start_slurmdbd(cluster)
+        acct.register_cluster(cluster)
+    cluster.start_slurmctld()
+    if backup_controller:
+        cluster.start_slurmctld(backup=True)
+    if slurmd:
+        for node in node_names(nodes):
+            cluster.start_slurmd(node)
+        cluster.wait_nodes_idle(node_names(nodes))
 
 
 def down(work: str) -> list[str]:

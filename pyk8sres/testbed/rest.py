@@ -29,9 +29,13 @@ import socket
 import subprocess
 import urllib.error
 import urllib.request
+from typing import TYPE_CHECKING
 
 from .. import install
-from . import cluster
+from . import daemons
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
 
 REST_USER, REST_GROUP = "nobody", "nogroup"
 
@@ -54,7 +58,7 @@ def api_version(plugin_dir: str) -> tuple[str, str]:
     parser = newest("data_parser_v*.so")
     if parser and os.path.exists(os.path.join(plugin_dir, "openapi_slurmctld.so")):
         return "openapi/slurmctld", parser
-    raise cluster.ClusterError(f"no slurmctld REST API plugin (openapi_v*.so) in {plugin_dir}: "
+    raise daemons.ClusterError(f"no slurmctld REST API plugin (openapi_v*.so) in {plugin_dir}: "
                                "apt-get install slurmrestd")
 
 
@@ -72,10 +76,10 @@ def db_plugin(plugin_dir: str) -> str | None:
 
 
 def check_installed(release) -> None:
-    cluster._need("slurmrestd", "slurmrestd", release)
+    daemons.need("slurmrestd", "slurmrestd", release)
     for plugin in ("auth_jwt", "rest_auth_jwt"):
         if not release.has_plugin(plugin):
-            raise cluster.ClusterError(f"Slurm {release.name} has no {plugin}.so: "
+            raise daemons.ClusterError(f"Slurm {release.name} has no {plugin}.so: "
                                        "apt-get install slurm-wlm-jwt-plugin")
     api_version(release.plugin_dir)
 
@@ -84,7 +88,7 @@ def write_jwt_key(work: str, slurm_user: str) -> str:
     """A new random HS256 key, 0600 and owned by SlurmUser (slurmctld's, and
     slurmdbd's when it validates tokens too); returns its path."""
     path = os.path.join(os.path.abspath(work), "etc", "jwt_hs256.key")
-    cluster.write_private(path, secrets.token_bytes(32), slurm_user)
+    daemons.write_private(path, secrets.token_bytes(32), slurm_user)
     return path
 
 
@@ -92,11 +96,11 @@ def slurm_conf_lines(key: str) -> str:
     return f"AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key={key}\n"
 
 
-def start(c: cluster.Cluster, port: int, accounting: bool = False) -> str:
+def start(c: Cluster, port: int, accounting: bool = False) -> str:
     """Start slurmrestd for cluster `c` on 127.0.0.1:port; returns its URL.
     accounting: also serve slurmdbd's API (/slurmdb/...: jobs with their
     TRES, as sacct), where the release has it."""
-    binary = cluster._need("slurmrestd", "slurmrestd", c.release)
+    binary = daemons.need("slurmrestd", "slurmrestd", c.release)
     plugin_arg, _ = api_version(c.release.plugin_dir)
     db = db_plugin(c.release.plugin_dir) if accounting else None
     if db:
@@ -112,20 +116,20 @@ def start(c: cluster.Cluster, port: int, accounting: bool = False) -> str:
     os.chmod(conf, 0o644)
     blocked = install.unreadable_by_others(conf)
     if blocked:
-        raise cluster.ClusterError(f"{blocked} cannot be entered by {REST_USER} (slurmrestd "
+        raise daemons.ClusterError(f"{blocked} cannot be entered by {REST_USER} (slurmrestd "
                                    "reads slurm.conf as that user): use a work directory "
                                    "others can traverse (chmod 755)")
     # SLURM_JWT=daemon: slurmrestd talks to slurmctld with each caller's
     # token (auth/jwt) instead of munge.
     env = dict(c.env, SLURM_CONF=conf, SLURM_JWT="daemon")
-    cluster.start_process(c.work, "slurmrestd", [
+    daemons.start_process(c.work, "slurmrestd", [
         binary, "-f", conf, "-u", str(pwd.getpwnam(REST_USER).pw_uid),
         "-g", str(grp.getgrnam(REST_GROUP).gr_gid), "-s", plugin_arg,
         "-a", "rest_auth/jwt", f"127.0.0.1:{port}"], env=env, cwd="/")
 
     def listening():
         if not c._running("slurmrestd"):
-            raise cluster.ClusterError("slurmrestd exited: " + c.log_tail("slurmrestd.out"))
+            raise daemons.ClusterError("slurmrestd exited: " + c.log_tail("slurmrestd.out"))
         with socket.socket() as s:
             s.settimeout(0.5)
             return s.connect_ex(("127.0.0.1", port)) == 0
@@ -133,13 +137,13 @@ def start(c: cluster.Cluster, port: int, accounting: bool = False) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def token(c: cluster.Cluster, user: str = "root", lifespan: int = 3600) -> str:
+def token(c: Cluster, user: str = "root", lifespan: int = 3600) -> str:
     """A JWT from `scontrol token` (only root or SlurmUser may name another user)."""
     proc = subprocess.run(["scontrol", "token", f"username={user}", f"lifespan={lifespan}"],
                           capture_output=True, text=True, env=c.env, timeout=30, cwd="/")
     m = re.search(r"SLURM_JWT=(\S+)", proc.stdout)
     if proc.returncode or not m:
-        raise cluster.ClusterError(f"scontrol token failed: {proc.stderr.strip()}")
+        raise daemons.ClusterError(f"scontrol token failed: {proc.stderr.strip()}")
     return m.group(1)
 
 

@@ -3,7 +3,7 @@
 The cluster is started through the command line, as an admin would: a
 private MariaDB, slurmdbd as `slurm`, slurmctld with
 AccountingStorageTRES=gres/k8scpu,gres/k8smemory, slurmrestd with JWT.
-Jobs go through the job_submit plugin (sbatch, and the README's REST block
+Jobs go through the job_submit plugin (sbatch, and docs/test-cluster.md's REST block
 as it stands); sacct's AllocTRES must show, for every job, exactly the
 k8scpu/k8smemory `scontrol -d show job` shows allocated on its nodes, and at
 least the CPUs and memory Slurm gave it.  Secrets: slurmdbd.conf and the JWT
@@ -182,7 +182,7 @@ def test_sacct_shows_k8s_tres_of_every_job(up):
         over_rest = {t["name"]: t["count"] for t in record["tres"]["allocated"]
                      if t["type"] == "gres"}
         assert over_rest == truth[job]["gres"], (job, record["tres"])
-    # The README's form of the command shows the same.
+    # The docs' form of the command (docs/test-cluster.md) shows the same.
     readme_form = sh(env, "sacct", "-o", "JobID,AllocTRES%60", "-P", "-j", jobs[0])
     assert f"gres/k8scpu={truth[jobs[0]]['gres']['k8scpu']}," in readme_form
     # jobcomp/filetxt: one line per finished job, with the TRES it
@@ -197,7 +197,7 @@ def test_sacct_shows_k8s_tres_of_every_job(up):
 
 
 def _readme_rest_block():
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "test-cluster.md").read_text()
     return re.search(r"<!-- rest-example -->\n```sh\n(.*?)```", text, re.S).group(1)
 
 
@@ -213,7 +213,7 @@ def test_readme_rest_submission(up):
     # (written as 22.05 prints it: gres/k8scpu:2 from 23.02 on)
     expected = tres(re.search(r"(?m)^# (TresPerNode=\S+)$", block).group(1))
     assert proc.stdout.strip() == expected, proc.stdout
-    # Ground truth: the newest job is the README's, and once it runs its
+    # Ground truth: the newest job is the docs' block's, and once it runs its
     # node holds that GRES.
     job = sh(up.env, "squeue", "-h", "-o", "%i", "--sort=-i").split()[0]
     deadline = time.monotonic() + 30

@@ -18,7 +18,7 @@ an array whose tasks each start on an idle cluster but not all at once
 per-node over-hold of the policy's third mode), and, on nodes of different
 sizes, a shape that starts only without the plugin where plain Slurm's own
 layout gives one node more CPUs or memory than another node of the job has
-(no count per node covers it; README, Known limits).  And a node Slurm
+(no count per node covers it; docs/job-requests.md, Known limits).  And a node Slurm
 gives CPUs but no memory and no GRES (no tasks), as it does without the
 plugin too, is not counted short (taskless_nodes).
 Both on plain nodes and on SMT nodes (2 sockets x 2 cores x 2 threads, CR_Core),
@@ -30,7 +30,7 @@ the SMT nodes under CR_Socket_Memory (whole sockets) and CR_CPU_Memory
 
 CI runs PYK8SRES_DIFF_SHAPES shapes per topology (default 12, ~1 minute);
 the full run is `PYK8SRES_DIFF_SHAPES=200 python3 -m pytest
-integration/test_job_submit_differential.py` (README); PYK8SRES_DIFF_SEED
+integration/test_job_submit_differential.py` (docs/job-requests.md); PYK8SRES_DIFF_SEED
 draws other shapes (default 9).  Each run writes
 every outcome to diff-<topology>.json in the pytest tmp dir and prints a
 summary.  PYK8SRES_DIFF_BASELINE=<site-packages>/pyk8sres/_lib runs another
@@ -93,7 +93,7 @@ GPU_OPTIONS = [["--cpus-per-gpu=1"], ["--cpus-per-gpu=2"], ["--mem-per-gpu=1000"
 EXCLUSIVE_WITH = {"--cpus-per-gpu": ("-c",), "--mem-per-gpu": ("--mem=", "--mem-per-cpu=")}
 # Slurm 24.11.5 itself segfaults on --spread-job with a per-job GPU count
 # (`sbatch -n3 --spread-job --gpus=1` kills a slurmctld without any
-# job_submit plugin: topology/default eval_nodes, as in README row 23; the
+# job_submit plugin: topology/default eval_nodes, as in docs/job-requests.md row 23; the
 # plugin refuses it, the plain side would die), so such shapes ask their
 # GPUs per node.
 PER_NODE_GPU_REQUESTS = [["--gpus-per-node=1"], ["--gpus-per-node=2"], ["--gres=gpu:1"]]
@@ -274,7 +274,7 @@ def no_count_per_node_covers(plain_jobs: list[dict], sizes: dict) -> bool:
     of different sizes: plain Slurm's own layout gives one node of the job
     more CPUs (or memory) than another node of the same job has in all, so
     no count per node can both cover the one and fit the other; or it gives
-    the job all of a node's memory where nodes differ in memory (README,
+    the job all of a node's memory where nodes differ in memory (docs/job-requests.md,
     row 17: the plugin refuses that with the ways out)."""
     memories = {memory for _, memory in sizes.values()}
     for job in plain_jobs:

@@ -263,25 +263,19 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded
              lambda: event_count("default", "n2", "Oversubscribed") >= 2)
     finally:
         ledger.set("n2", held, 0)
-    # Two jobs on n1, released together (one placeholder pass sees both: one
-    # pod): the placeholders grow; the shorter job ends and the pod is
-    # downsized in place (then read back until the kubelet applied it); the
-    # other ends and it is deleted.
-    def sbatch(seconds):
-        return subprocess.run(["sbatch", "--parsable", "--hold", "-w", "n1", "-o", "/dev/null",
-                               "-c", "1", "--wrap", f"sleep {seconds}"], capture_output=True,
-                              text=True, env=c.env, check=True).stdout.strip()
-
-    def ended(job):
-        return not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True,
-                                  env=c.env).stdout.strip()
-    long_job, short_job = sbatch(12), sbatch(4)
-    subprocess.run(["scontrol", "release", f"{long_job},{short_job}"], env=c.env, check=True)
-    wait("placeholders grown for the jobs",
-         lambda: placeholder_cpu().get("n1", 0) >= 2000)
-    wait("the short job ended", lambda: ended(short_job))
-    wait("placeholders down to the long job", lambda: placeholder_cpu().get("n1", 0) == 1000)
-    wait("the long job ended", lambda: ended(long_job), timeout=30)
+    # Two 1-CPU jobs on n1 started in one scheduling pass (an array): one
+    # placeholder pod grows for both; when the first ends it is downsized in
+    # place (pods/resize, then read until the kubelet applied it); when the
+    # second ends it is deleted.
+    job = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "-w", "n1", "-c", "1",
+                          "--array=0-1", "--wrap", "sleep $((4 + 6 * SLURM_ARRAY_TASK_ID))"],
+                         capture_output=True, text=True, env=c.env, check=True).stdout.strip()
+    wait("placeholders grown for both jobs", lambda: placeholder_cpu().get("n1", 0) >= 2000)
+    wait("placeholders follow the first job's end",
+         lambda: placeholder_cpu().get("n1", 0) == 1000, timeout=30)
+    wait("jobs ended", lambda: not subprocess.run(
+        ["squeue", "-h", "-j", job], capture_output=True, text=True, env=c.env).stdout.strip(),
+        timeout=30)
     wait("placeholders back to 0", lambda: max(placeholder_cpu().values(), default=0) == 0)
     K.delete_pod(direct, "default", "bound")
     # Someone edits the webhook configuration: the webhook puts its

@@ -1,7 +1,7 @@
 """Compiled by mypyc (meson.build), the job_submit path runs no interpreted
 Python on a memo miss.  A dataclass's generated __init__ or __hash__, or a
 NamedTuple's __new__, would each enter the eval loop, its code cold inside
-slurmctld, on every job shape the memo has not seen (README, Performance)."""
+slurmctld, on every job shape the memo has not seen (docs/performance.md)."""
 import random
 import sys
 

@@ -336,7 +336,7 @@ def test_modify_without_current_job_is_refused_not_guessed():
     assert complete_modify(Job(), None, SITE).tres_per_node is None
 
 
-# --- The rules (README, "What a job requests"), one row each -----------------------------
+# --- The rules (docs/job-requests.md), one row each -----------------------------
 # (rule, site, job, per node, per task): what `required` asks.  8-CPU nodes, 16000 MB,
 # DefMemPerCPU=100; SMT = 4 cores x 2 threads under CR_Core.
 RULES = [
@@ -470,7 +470,7 @@ RULES = [
      Job(partition="a,n", num_tasks=4), {CPU: 4, MEM: 3000}, {}),
     ("unknown partition: cluster default", TWO, Job(partition="nope"), {CPU: 1, MEM: 100}, {}),
     # more tasks than fit at c CPUs each: plain Slurm packs them onto fewer
-    # CPUs, but with any GRES it refuses them (README, known limits): per task
+    # CPUs, but with any GRES it refuses them (docs/job-requests.md, Known limits): per task
     ("-n 8 -c 3 --mem=1000 on three 8-CPU nodes: per task", THREE,
      Job(num_tasks=8, cpus_per_task=3, mem_per_node=1000), {MEM: 1000}, {CPU: 3}),
     # --spread-job: a per-task GRES with it crashes slurmctld 24.11

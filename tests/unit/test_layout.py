@@ -1,4 +1,4 @@
-"""The package is arranged by where code runs (README, Layout): these tests
+"""The package is arranged by where code runs (docs/development.md, Layout): these tests
 keep the rooms apart."""
 import ast
 import json
@@ -84,3 +84,58 @@ def test_python_dash_m_is_the_command():
                          text=True, cwd="/")
     assert out.returncode == 0, out.stderr
     assert "install-plugins" in out.stdout and "cluster" in out.stdout and "sync" in out.stdout
+
+
+def _runtime_imports(path: Path) -> set:
+    """Modules of the package `path` imports when it runs (at the top or in
+    a function), leaving out what only a type checker reads."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = []
+    package = "pyk8sres." + path.parent.name
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            # `from . import x` names module x; `from .x import y` names module x.
+            names.update(f"{module}.{a.name}" for a in node.names)
+            names.add(module)
+    return {n for n in names if n.startswith("pyk8sres.")}
+
+
+def _import_graph() -> dict:
+    modules = {f"pyk8sres.{p.parent.name}.{p.stem}": p
+               for room in ("coordinator", "testbed", "policy", "slurmctld")
+               for p in (PACKAGE / room).glob("*.py") if p.stem != "__init__"}
+    return {name: {n for n in _runtime_imports(path) if n in modules and n != name}
+            for name, path in modules.items()}
+
+
+def _circles(graph: dict) -> list:
+    found = []
+
+    def walk(node, path):
+        for nxt in sorted(graph[node]):
+            if nxt in path:
+                found.append(path[path.index(nxt):] + [nxt])
+            elif len(path) < 8:
+                walk(nxt, path + [nxt])
+    for start in sorted(graph):
+        walk(start, [start])
+    return found
+
+
+def test_no_import_circles():
+    graph = _import_graph()
+    # testbed/daemons.py holds what accounting.py and rest.py share with
+    # cluster.py; coordinator/scope.py what placeholder.py and webhook.py share.
+    assert "pyk8sres.testbed.daemons" in graph["pyk8sres.testbed.accounting"]
+    assert "pyk8sres.coordinator.scope" in graph["pyk8sres.coordinator.placeholder"]
+    assert _circles(graph) == []
+    # The check can fail: a made-up edge back from daemons closes a circle.
+    graph["pyk8sres.testbed.daemons"] = {"pyk8sres.testbed.cluster"}
+    assert _circles(graph)
