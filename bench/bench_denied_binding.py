@@ -36,7 +36,7 @@ import uuid
 
 from pyk8sres.coordinator import kube as K
 from pyk8sres.policy import placeholder as P
-from pyk8sres.testbed import cluster, hybrid
+from pyk8sres.testbed import chart, cluster, hybrid
 
 NAMESPACE = "bench"
 
@@ -66,7 +66,7 @@ def wait(pred, timeout, every=0.01):
 
 
 def placeholders_on(kube, node):
-    return [p for p in K.list_namespace_pods(kube, hybrid.NAMESPACE)
+    return [p for p in K.list_namespace_pods(kube, chart.PLACEHOLDERS)
             if P.current(p) is not None and p["spec"]["nodeName"] == node]
 
 
@@ -128,8 +128,8 @@ def main():
         for case in ("baseline", "settled", "racing", "no-placeholders", "no-placeholders-tie"):
             if case == "no-placeholders":
                 cluster.stop_process(c.work, "webhook")
-                for p in K.list_namespace_pods(kube, hybrid.NAMESPACE):
-                    K.delete_pod(kube, hybrid.NAMESPACE, p["metadata"]["name"])
+                for p in K.list_namespace_pods(kube, chart.PLACEHOLDERS):
+                    K.delete_pod(kube, chart.PLACEHOLDERS, p["metadata"]["name"])
                 hybrid.start_webhook(c, cp, "--no-placeholders")
                 hybrid.wait_webhook(cp, c)
                 time.sleep(3)

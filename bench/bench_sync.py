@@ -9,7 +9,7 @@ For each cluster size (default 10, 100, 1000 nodes, ~30 pods per node):
     playing every kubelet) on --kube-port+ (9 ports), nodes n1..nN (Ready,
     leases renewed by kwok) and 30 bound pods each, which kwok runs;
   - the daemon as its own process (`python -m pyk8sres.coordinator.sync`),
-    with the pyk8sres-sync ServiceAccount's token (deploy/rbac.yaml).
+    with the pyk8sres-sync ServiceAccount's token (the Helm chart's RBAC).
 Measured: latency from a pod being bound (create with spec.nodeName) to the
 node's share being set in the ledger inside slurmctld (the daemon's "share
 set" log line, written after the ledger's answer; same clock), p50/p99; the daemon's CPU time (startup, idle resync, per sample)
@@ -51,14 +51,14 @@ TICK = os.sysconf("SC_CLK_TCK")
 # ----------------------------------------------------------------- Kubernetes
 
 def start_api(work):
-    """The control plane, the GenericNode CRD and the coordinator's RBAC; the
+    """The control plane, the GenericNode CRD and the coordinator's RBAC (the chart's); the
     sync daemon's kubeconfig (its ServiceAccount's token)."""
-    from pyk8sres import data
-    from pyk8sres.testbed import kubernetes
+    from pyk8sres.testbed import chart, kubernetes
     kube = kubernetes.ControlPlane(work, KUBE_PORT).start()
     try:
-        for manifest in ("crd-genericnode.yaml", "rbac.yaml"):
-            kube.apply(data.path("deploy", manifest))
+        kube.apply(chart.CRD)
+        kube.apply(chart.rbac_manifest(kube.bin.helm, kube.webhook_client_ca,
+                                       f"{work}/rbac.yaml"))
         return kube, kube.service_account_kubeconfig("pyk8sres-sync", "pyk8sres-system")
     except BaseException:
         kube.stop()

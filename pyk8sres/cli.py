@@ -75,13 +75,13 @@ def _cluster_up(args) -> int:
 
 def _print_kubernetes(c, kube) -> None:
     print(f"# Kubernetes {kube.url}: kube-apiserver, kube-controller-manager, kube-scheduler, "
-          f"kwok (logs under {kube.work}/log); pyk8sres sync and webhook running "
-          f"(logs: {c.work}/log/sync.out, webhook.out)")
+          f"kwok (logs under {kube.work}/log); pyk8sres sync and webhook running as uid "
+          f"pyk8sres (logs: {c.work}/log/sync.out, webhook.out; their files: "
+          f"{c.work}/coordinator)")
     print("# identities (kubeconfigs): admin (below), developer (namespace default only): "
           f"{kube.identity('developer')}")
     print(f"#   kubelets: {kube.node_identity('<node>')}; coordinator: "
-          f"{kube.identity('sa-pyk8sres-system-pyk8sres-sync')}, "
-          f"{kube.identity('sa-pyk8sres-system-pyk8sres-webhook')}")
+          f"{c.work}/coordinator/pyk8sres-sync.kubeconfig, pyk8sres-webhook.kubeconfig")
     print(f"export KUBECONFIG={kube.kubeconfig}")
     print(f"export PATH={os.path.dirname(kube.bin.kubectl)}:$PATH  # kubectl")
     print(f"# metrics and health: http://127.0.0.1:{kube.ports.sync_metrics}/metrics (sync), "

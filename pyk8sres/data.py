@@ -1,4 +1,4 @@
-"""Files pyk8sres ships besides code: deploy/ (manifests) and kube/ (the test
+"""Files pyk8sres ships besides code: deploy/ (the Helm chart, systemd units) and kube/ (the test
 API server's sources).  A source checkout has them at the top; an installed
 package carries copies under pyk8sres/_data (meson.build installs them)."""
 from __future__ import annotations

@@ -76,7 +76,7 @@ user kubectl get pods -o wide
 run kubectl get genericnode n1
 
 step "What kube-scheduler counts on n1: the job, through the coordinator's placeholder pods"
-run kubectl get pods -n pyk8sres-system -o wide
+run kubectl get pods -n pyk8sres-placeholders -o wide
 pipe "kubectl describe node n1 | sed -n '/^Allocated resources/,/^Events/p' | sed '\$d'"
 echo "Slurm's view of n1: the total stays 8; allocated = the job (3) + the pods' share (ceil(2.735) = 3):"
 pipe "scontrol -d show node n1 | grep -E 'Gres=|GresUsed'"

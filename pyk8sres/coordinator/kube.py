@@ -31,12 +31,13 @@ PLURAL = "genericnodes"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "pyk8sres-sync"}
 MERGE_PATCH = "application/merge-patch+json"
 
-CRD_MANIFEST = ("deploy", "crd-genericnode.yaml")  # the one definition of GenericNode
+# The one definition of GenericNode: the Helm chart's crds/.
+CRD_MANIFEST = ("deploy", "helm", "pyk8sres", "crds", "genericnode.yaml")
 
 
 def generic_node_crd() -> dict:
     """The GenericNode CRD, read from the manifest the package ships (the same
-    file admins apply), so code and deploy/ can never disagree."""
+    file Helm installs), so code and the chart can never disagree."""
     import yaml  # a dependency of the kubernetes client
     from .. import data
     return yaml.safe_load(data.path(*CRD_MANIFEST).read_text(encoding="utf-8"))
@@ -188,8 +189,8 @@ class Kube:
     def ensure_crd(self) -> None:
         """Create the GenericNode CRD if it is not there.
 
-        deploy/rbac.yaml grants no access to CRDs (the admin applies
-        deploy/crd-genericnode.yaml): a 403 here means "assume it is there".
+        The chart's RBAC grants no access to CRDs (Helm installs the chart's
+        crds/ as the admin): a 403 here means "assume it is there".
         """
         crd = generic_node_crd()
         try:
@@ -380,7 +381,7 @@ def list_pods(kube: Kube, namespace: str | None = None, field_selector: str | No
 
 
 def list_namespace_pods(kube: Kube, namespace: str, field_selector: str | None = None) -> list:
-    """One namespace only (all a Role in that namespace allows: deploy/rbac.yaml)."""
+    """One namespace only (all a Role in that namespace allows: the chart's RBAC)."""
     return _json(kube.core.list_namespaced_pod(
         namespace, field_selector=field_selector, _preload_content=False,
         _request_timeout=kube.timeout)).get("items") or []

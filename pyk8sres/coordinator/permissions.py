@@ -21,7 +21,7 @@ from . import metrics
 log = logging.getLogger("pyk8sres.coordinator.permissions")
 
 # Refused on purpose: Kube.ensure_crd takes a 403 as "the admin applied the
-# CRD" (deploy/rbac.yaml grants no CRD access).
+# CRD" (the chart's RBAC grants no CRD access).
 EXPECTED = {("apiextensions.k8s.io", "customresourcedefinitions")}
 
 
@@ -104,7 +104,7 @@ class Refusals:
                 # readiness is its own checks' (none yet means "starting").
                 metrics.HEALTH.check("permissions", self.not_ready)
                 log.error("Kubernetes RBAC refuses %s: %s; what needs it fails closed until "
-                          "it is granted (deploy/rbac.yaml)", describe(rule), message)
+                          "it is granted (the Helm chart's RBAC)", describe(rule), message)
         elif 200 <= status < 300:
             with self.lock:
                 granted = self.refused.pop(rule, None) is not None
@@ -118,7 +118,7 @@ class Refusals:
         if not rules:
             return None
         return ("forbidden by RBAC: " + "; ".join(describe(r) for r in rules)
-                + " (grant them: deploy/rbac.yaml)")
+                + " (grant them: the Helm chart's RBAC)")
 
 
 REFUSALS = Refusals()

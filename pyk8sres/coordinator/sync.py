@@ -65,7 +65,7 @@ class SyncConfig:
     # Pods that hold nothing (Slurm's own workers): "namespace" or
     # "namespace/serviceaccount" entries.  Nothing a pod creator sets counts.
     slurm_workers: list = dataclasses.field(default_factory=list)
-    placeholder_namespace: str = "pyk8sres-system"  # where slurm-share-<node> pods live
+    placeholder_namespace: str = "pyk8sres-placeholders"  # slurm-share-<node> pods (the chart's)
     cluster_name: str | None = None             # GenericNode spec.clusterName; None: Slurm's
     resync_seconds: float = 1.0     # compare desired vs Slurm even without events
     repair_seconds: float = 30.0    # re-send every node's share even if unchanged

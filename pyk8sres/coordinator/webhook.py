@@ -5,7 +5,7 @@ only after Slurm's ledger reserved its requests there, keyed by the pod's
 UID; otherwise the API server gets a denial naming the node and what Slurm
 holds.  The rules are pure (pyk8sres/policy/admission.py); this module does
 the I/O: the pod (a Binding carries no spec), the ledger, TLS, and keeping
-the ValidatingWebhookConfiguration (deploy/webhook.yaml) current.
+the ValidatingWebhookConfiguration (the Helm chart's) current.
 
 Fails closed: a ledger that does not answer, a pod we cannot read, anything
 unexpected is a denial.  The API server's failurePolicy Fail covers this
@@ -52,9 +52,6 @@ from ..policy import admission as A
 from ..policy import events as E
 
 log = logging.getLogger("pyk8sres.coordinator.webhook")
-
-WEBHOOK_MANIFEST = ("deploy", "webhook.yaml")
-
 
 @dataclasses.dataclass
 class WebhookConfig:
@@ -428,13 +425,6 @@ class WebhookServer(ThreadingHTTPServer):
 
 # ----------------------------------------------------------------- the daemon
 
-def webhook_template() -> dict:
-    import yaml
-    from .. import data
-    docs = yaml.safe_load_all(data.path(*WEBHOOK_MANIFEST).read_text(encoding="utf-8"))
-    return next(d for d in docs if d and d.get("kind") == "ValidatingWebhookConfiguration")
-
-
 class Webhook:
     """The webhook server plus its refresher (shared nodes, certificates,
     configuration).  start() returns once it serves; stop() ends both."""
@@ -484,7 +474,7 @@ class Webhook:
 
     def publish(self) -> None:
         """Write caBundle / shared-node condition / clientConfig if they differ.
-        The configuration itself is the admin's (deploy/webhook.yaml): this
+        The configuration itself is the admin's (the Helm chart's): this
         process may read and update that one object, never create one."""
         bundle = (base64.b64encode(self.certs.bundle()).decode()
                   if self.certs is not None else None)
@@ -494,7 +484,7 @@ class Webhook:
                 current = K.get_webhook_config(self.kube, self.wcfg.configuration)
                 if current is None:
                     self.missing = (f"ValidatingWebhookConfiguration {self.wcfg.configuration} "
-                                    "does not exist (apply deploy/webhook.yaml)")
+                                    "does not exist (install the Helm chart)")
                     log.warning("%s", self.missing)
                     return
                 self.missing = None

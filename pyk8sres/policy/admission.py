@@ -2,7 +2,7 @@
 ledger, and what we answer.  No I/O: the webhook (coordinator/webhook.py)
 fetches the pod and calls the ledger; everything it decides is here.
 
-Requests we see (deploy/webhook.yaml):
+Requests we see (the Helm chart's templates/webhook.yaml):
   CREATE pods/binding, CREATE bindings   a scheduler binds a pod to a node
   CREATE pods with spec.nodeName         a pod placed directly on a node
   UPDATE pods/resize                     in-place resize: an increase needs room

@@ -34,16 +34,19 @@ def pid_path(work: str, name: str) -> str:
 
 
 def start_process(work: str, name: str, argv: list[str], env: dict | None = None,
-                  cwd: str | None = None) -> int:
+                  cwd: str | None = None, user: tuple[int, int, list[int]] | None = None) -> int:
     """Start a daemon in the background; its PID goes to WORK/run/proc-NAME.pid
-    (stop_process and cluster.down() stop it), its output to WORK/log/NAME.out."""
+    (stop_process and cluster.down() stop it), its output to WORK/log/NAME.out.
+    user: (uid, gid, supplementary gids) it runs as, instead of ours."""
     log = os.fdopen(os.open(os.path.join(work, "log", f"{name}.out"),
                             os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), "ab")
     os.fchmod(log.fileno(), 0o644)
     # umask: what the daemons create (state, logs, sockets) never becomes
     # writable by others, whatever the caller's umask.
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=env, umask=0o022, cwd=cwd)
+                            start_new_session=True, env=env, umask=0o022, cwd=cwd,
+                            **({"user": user[0], "group": user[1], "extra_groups": user[2]}
+                               if user else {}))
     log.close()
     write_file(pid_path(work, name), str(proc.pid))
     return proc.pid

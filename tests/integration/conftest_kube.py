@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from pyk8sres.testbed import cluster, kubernetes
+from pyk8sres.testbed import chart, cluster, kubernetes
 
 REPO = Path(__file__).resolve().parents[2]
-CRD_MANIFEST = REPO / "deploy" / "crd-genericnode.yaml"
-RBAC_MANIFEST = REPO / "deploy" / "rbac.yaml"
+CRD_MANIFEST = chart.CRD
 BLOCK = len(kubernetes.Ports(0).all())
 
 
@@ -34,6 +33,16 @@ def http_get(url: str) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def rbac_manifest(kube) -> Path:
+    """The coordinator's RBAC as the Helm chart renders it (its namespace,
+    accounts, roles, the placeholders' namespace), one file under the
+    control plane's directory: what tests apply, and apply again to restore it."""
+    path = Path(kube.work) / "chart-rbac.yaml"
+    if not path.exists():
+        chart.rbac_manifest(kube.bin.helm, kube.webhook_client_ca, path)
+    return path
 
 
 def pick_ports(start: int = 26400, stop: int = 26990) -> int:
@@ -64,7 +73,7 @@ def kube_server(kube_binaries, tmp_path_factory):
     try:
         kube.register_nodes({"k1": (4, 8000), "k2": (4, 8000)})
         kube.apply(CRD_MANIFEST)
-        kube.apply(RBAC_MANIFEST)
+        kube.apply(rbac_manifest(kube))
         yield kube
     finally:
         kube.stop()

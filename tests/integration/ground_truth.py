@@ -15,7 +15,7 @@ from pyk8sres.coordinator import kube as K
 from pyk8sres.policy import placeholder as P
 from pyk8sres.policy import usage as U
 
-PLACEHOLDERS = "pyk8sres-system"     # Slurm's own share as kube-scheduler sees it
+PLACEHOLDERS = "pyk8sres-placeholders"   # Slurm's own share as kube-scheduler sees it
 
 
 def expand(hostlist: str) -> list[str]:

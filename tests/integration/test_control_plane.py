@@ -25,7 +25,7 @@ from kubernetes.client.rest import ApiException
 
 from pyk8sres.coordinator import webhook as W
 from pyk8sres.policy import admission as A
-from pyk8sres.testbed import kubernetes, pki
+from pyk8sres.testbed import chart, kubernetes, pki
 
 GN = dict(group="pyk8sres.io", version="v1alpha1", plural="genericnodes")
 NOBODY_SCHEDULES = "test-binds-it-itself"
@@ -255,7 +255,8 @@ def webhook(tmp_path, ns, kube_server):
     srv = W.WebhookServer(("127.0.0.1", port), rec, certs.cert_file, certs.key_file,
                           kube_server.webhook_client_ca, [kubernetes.WEBHOOK_CLIENT])
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    doc = W.webhook_template()
+    doc = chart.webhook_configuration(kube_server.bin.helm, kube_server.webhook_client_ca,
+                                      f"https://127.0.0.1:{port}/validate")
     hook = doc["webhooks"][0]
     doc["metadata"] = {"name": "test-" + ns}
     hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}/validate",
@@ -389,7 +390,7 @@ def test_resize_denied_and_failure_policy_fail(core, ns, webhook, kube_server):
     assert e.value.status == 403 and "resize refused" in e.value.body
     assert core.read_namespaced_pod("big", ns).spec.containers[0].resources.requests["cpu"] == "500m"
 
-    # failurePolicy Fail (the default in deploy/webhook.yaml): webhook down,
+    # failurePolicy Fail (the Helm chart's, always): webhook down,
     # bindings to nodes not known unshared fail; the known-unshared are unaffected.
     srv.close()
     with pytest.raises(ApiException) as e:

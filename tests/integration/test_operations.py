@@ -1,6 +1,6 @@
 """Operations, end to end: the coordinator's /metrics scraped by a real
 Prometheus (Debian's package) and queried through its HTTP API, /healthz and
-/readyz, the alert rules (deploy/prometheus-alerts.yaml) evaluated by that
+/readyz, the alert rules (the Helm chart's files/prometheus-alerts.yaml) evaluated by that
 Prometheus, and the Kubernetes Events the coordinator posts.
 
 The cluster is `pyk8sres cluster up --kubernetes` (testbed/hybrid.py): real
@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import uuid
@@ -34,10 +35,10 @@ from conftest_kube import http_get, pick_ports
 from local_slurm import SLURM, port, slurm_conf
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator import slurm as S
-from pyk8sres.testbed import hybrid
+from pyk8sres.testbed import chart, hybrid
 
 REPO = Path(__file__).resolve().parents[2]
-ALERTS = REPO / "deploy" / "prometheus-alerts.yaml"
+ALERTS = chart.ALERTS
 CPUS, MEMORY = 8, 16000
 KUBE_PORTS = (31000, 31990)
 NOBODY_SCHEDULES = "test-binds-it-itself"     # kube-scheduler leaves such pods to the test
@@ -50,8 +51,11 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Slurm dae
 # ----------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("ops")
+def root():
+    # Under /tmp, enterable by others: the coordinator runs as its own uid.
+    path = Path(tempfile.mkdtemp(prefix="pyk8sres-ops-"))
+    os.chmod(path, 0o755)
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The coordinator's Kubernetes permissions, live, on the real control plane
 (kube-apiserver enforcing RBAC; the daemons as their ServiceAccounts of
-deploy/rbac.yaml, with tokens).
+the Helm chart, with tokens, as the coordinator's uid).
 
 1. The requests the coordinator really makes.  tests/unit/test_rbac.py
    derives each daemon's (group, resource, verb) set from the code; here the
@@ -11,7 +11,7 @@ deploy/rbac.yaml, with tokens).
    and a stray placeholder pod removed, a pod bound (admission reads it), a
    job started and ended (placeholders follow it), pods coming and going.
    The requests seen, classified by the API server's rules, must be exactly
-   the set derived from the code, all granted by rbac.yaml (the API server
+   the set derived from the code, all granted by the chart (the API server
    answered none of them 403) except the CRD check, which the API server
    must refuse.
 2. A grant taken away (issue 25): the coordinator fails closed -- no pod is
@@ -43,19 +43,20 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from conftest_kube import RBAC_MANIFEST, http_get, pick_ports
+from conftest_kube import http_get, pick_ports, rbac_manifest
 from local_slurm import SLURM, port
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator import slurm as S
 from pyk8sres.policy import placeholder as P
-from pyk8sres.testbed import cluster, hybrid, kubernetes, pki
+from pyk8sres.testbed import cluster, hybrid, pki
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
-import test_rbac as R  # noqa: E402  (the static derivation and rbac.yaml's grants)
+import test_rbac as R  # noqa: E402  (the static derivation and the chart's grants)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Slurm daemons)")
 NAMESPACE = hybrid.NAMESPACE
+PLACEHOLDERS = R.PLACEHOLDERS
 KUBE_PORTS = (31000, 31990)
 
 
@@ -147,32 +148,20 @@ def wait(what, predicate, timeout=30):
 @pytest.fixture(scope="module")
 def world(kube_binaries):
     """Slurm (n1, n2: 4 CPUs, 4000 MB) and the control plane with the same
-    nodes registered by their kubelets, the CRD, rbac.yaml and the webhook
-    configuration applied by the admin; no coordinator yet."""
+    nodes registered by their kubelets, the chart installed (CRD, RBAC, the
+    webhook configuration); the ledger given to the coordinator's uid as
+    hybrid.up gives it; no coordinator yet."""
     root = tempfile.mkdtemp(prefix="pyk8sres-rbac-live-")
+    os.chmod(root, 0o755)          # the coordinator's uid reaches its files
     c = cluster.up(f"{root}/slurm", nodes=2, cpus=4, memory=4000, base_port=port(27900),
-                   synced=True, slurm=SLURM)
+                   synced=True, slurm=SLURM, k8s_conf=hybrid.ledger_conf(f"{root}/slurm"))
     try:
+        hybrid.confine(c)
         kube = hybrid.start_kubernetes(c.work, pick_ports(*KUBE_PORTS),
                                        {"n1": (4, 4000), "n2": (4, 4000)})
-        hybrid.apply_webhook_configuration(
-            kube, f"https://127.0.0.1:{kube.ports.webhook}/validate")
         yield c, kube, K.Kube(kube.kubeconfig)
     finally:
         hybrid.down(c.work)
-
-
-def _coordinator_args(c, kube, name, kubeconfig):
-    """`pyk8sres sync` / `pyk8sres webhook` as hybrid.start_* run them, with
-    another kubeconfig."""
-    if name == "sync":
-        return [sys.executable, "-m", "pyk8sres.cli", "sync", "--kubeconfig", kubeconfig,
-                "--config", f"{c.work}/rbac-live.toml", "--metrics-address", "127.0.0.1:0"]
-    port_ = kube.ports.webhook
-    return [sys.executable, "-m", "pyk8sres.cli", "webhook", "--kubeconfig", kubeconfig,
-            "--listen", f"127.0.0.1:{port_}", "--url", f"https://127.0.0.1:{port_}/validate",
-            "--cert-dir", f"{c.work}/webhook-tls", "--metrics-address", "127.0.0.1:0",
-            "--client-ca", kube.webhook_client_ca, "--client-name", kubernetes.WEBHOOK_CLIENT]
 
 
 @pytest.fixture
@@ -180,29 +169,32 @@ def recorded(world):
     """Strays for the daemons to clean up, then both daemons, each through
     its recording proxy with its ServiceAccount's token."""
     c, kube, direct = world
-    # A GenericNode of no Slurm node, a placeholder pod of no shared node ...
+    # A GenericNode of no Slurm node, and one with a stale spec the sync
+    # daemon must correct.
     direct.create_generic_node("ghost", {"alias": "ghost"}, {})
-    # ... and one with a stale spec the sync daemon must correct.
     direct.create_generic_node("n1", {"alias": "stale"}, {})
-    done(direct.core.create_namespaced_pod(NAMESPACE, P.pod("ghost", NAMESPACE, 100, 1 << 20,
-                                                       (1000, 1 << 30)),
-                                      _preload_content=False))
     proxies = {name: Recorder(kube.url, kube.ca_file) for name in ("sync", "webhook")}
     for p in proxies.values():
         threading.Thread(target=p.serve_forever, daemon=True).start()
-    env = dict(c.env, PYTHONUNBUFFERED="1")
-    with open(f"{c.work}/rbac-live.toml", "w") as f:   # node Events bumped within the scenario
-        f.write("event_update_seconds = 1.0\nmetrics_seconds = 1.0\n")
     try:
         for name, account in (("sync", hybrid.SYNC_ACCOUNT), ("webhook", hybrid.WEBHOOK_ACCOUNT)):
             token = json.loads(Path(kube.service_account_kubeconfig(account, NAMESPACE))
                                .read_text())["users"][0]["user"]["token"]
-            via = pki.kubeconfig(f"{c.work}/{name}-via-proxy.kubeconfig", proxies[name].url,
-                                 None, f"system:serviceaccount:{NAMESPACE}:{account}",
-                                 token=token)
-            cluster.start_process(c.work, name, _coordinator_args(c, kube, name, via), env=env)
+            via = hybrid.own(pki.kubeconfig(
+                f"{hybrid.coordinator_dir(c)}/{name}-via-proxy.kubeconfig", proxies[name].url,
+                None, f"system:serviceaccount:{NAMESPACE}:{account}", token=token))
+            # Node Events bumped within the scenario.
+            config = hybrid.coordinator_config(c, kube, name, "event_update_seconds = 1.0\n"
+                                               "metrics_seconds = 1.0\n")
+            hybrid.start_coordinator(c, name, hybrid.coordinator_argv(
+                c, kube, name, via, config, "--metrics-address", "127.0.0.1:0"))
         hybrid.wait_generic_nodes(kube, ["n1", "n2"], c)
         hybrid.wait_webhook(kube, c)
+        # A placeholder pod of no shared node (its namespace is checked by the
+        # webhook, which admits placeholders: made once the webhook answers).
+        done(direct.core.create_namespaced_pod(
+            PLACEHOLDERS, P.pod("ghost", PLACEHOLDERS, 100, 1 << 20, (1000, 1 << 30)),
+            _preload_content=False))
         yield proxies
     finally:
         for name in ("sync", "webhook"):
@@ -229,7 +221,7 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded
         """node -> millicores its placeholder pods ask (by node: one pod per
         node or several, however the placeholders are cut)."""
         out: dict[str, int] = {}
-        for p in K.list_namespace_pods(direct, NAMESPACE):
+        for p in K.list_namespace_pods(direct, PLACEHOLDERS):
             if P.current(p) is not None:
                 node = p["spec"]["nodeName"]
                 out[node] = out.get(node, 0) + P.current(p)[0]
@@ -302,7 +294,8 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded
     for name in ("sync", "webhook"):
         cluster.stop_process(c.work, name)
 
-    calls, grants = R.code_calls(), R.granted()
+    calls = R.code_calls()
+    grants = R.granted([d for d in yaml.safe_load_all(rbac_manifest(kas).read_text()) if d])
     for daemon, account in (("sync", "pyk8sres-sync"), ("webhook", "pyk8sres-webhook")):
         answered = classify(proxies[daemon].seen)
         denied = {r for a, r in R.DENIED_ON_PURPOSE if a == account}
@@ -316,16 +309,16 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded
         for group, resource, verb, ns in seen:
             rule = (group, resource, verb)
             assert rule in cluster_wide or rule in denied or \
-                (ns == NAMESPACE and rule in local), f"{account}: {rule} in {ns} not granted"
+                (ns == PLACEHOLDERS and rule in local), f"{account}: {rule} in {ns} not granted"
         code_cluster, code_local = calls[account]
         # The CRD check is refused (403: "the admin applied it"), so its
         # create never comes: leave those calls out on both sides.
         code_cluster = code_cluster - denied
         seen = {s for s in seen if s[:3] not in denied}
         seen_cluster = {(g, r, v) for g, r, v, ns in seen
-                        if not (ns == NAMESPACE and (g, r, v) in code_local)}
+                        if not (ns == PLACEHOLDERS and (g, r, v) in code_local)}
         seen_local = {(g, r, v) for g, r, v, ns in seen
-                      if ns == NAMESPACE and (g, r, v) in code_local}
+                      if ns == PLACEHOLDERS and (g, r, v) in code_local}
         # Both ways: the static derivation misses nothing that happens, and
         # this scenario took every call it derived.
         assert seen_cluster == code_cluster, (account, seen_cluster ^ code_cluster)
@@ -335,9 +328,9 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded
 # ----------------------------------------------------------------- a grant taken away
 
 def without_verb(kube, role: str, resource: str, verb: str) -> None:
-    """As the admin: ClusterRole `role` of deploy/rbac.yaml less `verb` on
+    """As the admin: ClusterRole `role` of the chart less `verb` on
     `resource` (as an admin's mistake or a stale manifest would leave it)."""
-    docs = [d for d in yaml.safe_load_all(RBAC_MANIFEST.read_text()) if d]
+    docs = [d for d in yaml.safe_load_all(rbac_manifest(kube).read_text()) if d]
     doc = copy.deepcopy(next(d for d in docs if d["kind"] == "ClusterRole"
                              and d["metadata"]["name"] == role))
     rules = []
@@ -386,7 +379,7 @@ def k8s_used(c, node) -> tuple[int, int]:
 @pytest.fixture
 def coordinator(world):
     """Both daemons as `cluster up --kubernetes` runs them (their
-    ServiceAccounts' tokens), ready; rbac.yaml as shipped again afterwards."""
+    ServiceAccounts' tokens), ready; the chart's RBAC as shipped again afterwards."""
     c, kube, direct = world
     os.environ["SLURM_CONF"] = c.conf
     for p in K.list_pods(direct, "default"):      # what an earlier test left
@@ -401,7 +394,7 @@ def coordinator(world):
     try:
         yield c, kube, direct
     finally:
-        kube.apply(RBAC_MANIFEST)
+        kube.apply(rbac_manifest(kube))
         for name in ("sync", "webhook"):
             cluster.stop_process(c.work, name)
         for p in K.list_pods(direct, "default"):
@@ -437,7 +430,7 @@ def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
     assert 'cannot get resource \\"pods\\"' not in text       # one line, not the raw body
     assert 'cannot get resource "pods"' in text
     # Given back: kube-scheduler's next retry binds it; the webhook is ready again.
-    kube.apply(RBAC_MANIFEST)
+    kube.apply(rbac_manifest(kube))
     wait("the pod bound once the grant is back",
          lambda: K.get_pod(direct, "default", "w")["spec"].get("nodeName"), 30)
     node = K.get_pod(direct, "default", "w")["spec"]["nodeName"]
@@ -466,7 +459,7 @@ def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
         assert k8s_used(c, node) == (before[node][0] + 1, before[node][1] + 100)
         time.sleep(0.2)
     assert "Kubernetes RBAC refuses list pods" in log_of(c, "sync")
-    kube.apply(RBAC_MANIFEST)
+    kube.apply(rbac_manifest(kube))
     wait("share lowered once sync may list pods again",
          lambda: uid not in share(ledger, node) and k8s_used(c, node) == before[node], 60)
     wait("sync ready again", lambda: readyz(sync) == (200, "ok\n"), 30)
@@ -486,7 +479,7 @@ def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
         return next(a["allocated"] for a in gn["status"]["allocatedResources"]
                     if a["type"] == "Kubernetes")
     assert kubernetes_side() == {"cpu": "0", "memory": "0"}
-    kube.apply(RBAC_MANIFEST)
+    kube.apply(rbac_manifest(kube))
     wait("GenericNode n2 current again",
          lambda: kubernetes_side() == {"cpu": "1", "memory": "100Mi"}, 30)
     wait("sync ready again", lambda: readyz(sync) == (200, "ok\n"), 30)

@@ -4,8 +4,10 @@ kube-controller-manager, kwok as the kubelets; no mocks).  We check the state
 of the world -- Slurm's counts, job states, the pods the API server has,
 GenericNode objects -- never which calls were made.
 
-The daemon runs as the ServiceAccount pyk8sres-sync of deploy/rbac.yaml
-(a token, never admin).  Nodes register as their kubelets do
+The daemon runs as the ServiceAccount pyk8sres-sync of the Helm chart's RBAC
+(a token, never admin), as the coordinator's own uid (hybrid.py: listed in
+LedgerUsers=, the ledger socket in a directory of its own, StateSaveLocation
+and the munge key out of its reach).  Nodes register as their kubelets do
 (ControlPlane.register_nodes: system:node:<name>, NodeRestriction); pods are
 placed by kube-scheduler unless the node a pod lands on is what a test is
 about (then spec.nodeName).  kwok runs them, applies resizes and keeps a
@@ -23,7 +25,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -41,7 +42,7 @@ from pyk8sres.testbed import hybrid  # noqa: E402
 from pyk8sres.testbed import kubernetes as controlplane  # noqa: E402
 from local_slurm import SLURM, port  # noqa: E402
 
-from conftest_kube import CRD_MANIFEST, RBAC_MANIFEST, pick_ports  # noqa: E402
+from conftest_kube import CRD_MANIFEST, pick_ports, rbac_manifest  # noqa: E402
 
 GROUP, VERSION, PLURAL = "pyk8sres.io", "v1alpha1", "genericnodes"
 BASE_PORT = port(27300)     # slurmctld, then one per slurmd
@@ -58,16 +59,14 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Slurm dae
 class Api:
     """The control plane of this module alone (its API server is stopped
     and restarted, its etcd compacted), plus clients: admin's, and the sync
-    daemon's ServiceAccount kubeconfig."""
+    daemon's ServiceAccount kubeconfig (coordinator_kubeconfig)."""
 
     def __init__(self, binaries, work):
         self.kube = controlplane.ControlPlane(work, pick_ports(*KUBE_PORTS), binaries).start()
         try:
             self.kube.apply(CRD_MANIFEST)
-            self.kube.apply(RBAC_MANIFEST)
+            self.kube.apply(rbac_manifest(self.kube))
             self.kubeconfig = self.kube.kubeconfig          # the admin's, for the test itself
-            self.sync_kubeconfig = self.kube.service_account_kubeconfig(
-                hybrid.SYNC_ACCOUNT, hybrid.NAMESPACE)
             admin = config.new_client_from_config(self.kubeconfig)
             self.core = client.CoreV1Api(admin)
             self.custom = client.CustomObjectsApi(admin)
@@ -123,14 +122,17 @@ class Api:
 def root():
     # Short paths (munge's socket path must stay under 108 bytes); kept
     # afterwards for the logs (slurm/log/sync.log is the daemon's).
-    return tempfile.mkdtemp(prefix="pyk8sres-sync-it-")
+    path = tempfile.mkdtemp(prefix="pyk8sres-sync-it-")
+    os.chmod(path, 0o755)      # the coordinator's uid reaches its files
+    return path
 
 
 @pytest.fixture(scope="module")
 def slurm(root):
     work = f"{root}/slurm"
     c = slurm_cluster.up(work, nodes=2, cpus=NODE_CPUS, memory=NODE_MEM, base_port=BASE_PORT,
-                         synced=True, slurm=SLURM)
+                         synced=True, slurm=SLURM, k8s_conf=hybrid.ledger_conf(work))
+    hybrid.confine(c)
     os.environ["SLURM_CONF"] = c.conf
     yield c
     subprocess.run(["scancel", "--full", "-u", "root"], env=c.env, capture_output=True)
@@ -142,6 +144,18 @@ def api(kube_binaries, root):
     a = Api(kube_binaries, f"{root}/kube")
     yield a
     a.stop()
+
+
+def coordinator_kubeconfig(slurm, api) -> str:
+    """pyk8sres-sync's token in a kubeconfig only the coordinator's uid reads."""
+    return hybrid.coordinator_kubeconfig(slurm, api.kube, hybrid.SYNC_ACCOUNT)
+
+
+def as_coordinator(slurm) -> dict:
+    """Popen arguments: the coordinator's uid, groups, environment."""
+    uid, gid, groups = hybrid.run_as_coordinator(slurm)
+    return {"user": uid, "group": gid, "extra_groups": groups,
+            "env": hybrid.coordinator_env(slurm), "cwd": "/"}
 
 
 class Daemon:
@@ -156,17 +170,17 @@ class Daemon:
     def start(self):
         # The admin's configuration: only namespace "slurm-workers" holds
         # Slurm's own worker pods (issue 8 item 9: nothing else exempts a pod).
-        conf = f"{self.slurm.work}/sync.toml"
+        conf = f"{hybrid.coordinator_dir(self.slurm)}/sync-test.toml"
         with open(conf, "w") as f:
             f.write('slurm_workers = ["slurm-workers"]\n' + self.settings)
-        cmd = [sys.executable, "-m", "pyk8sres.coordinator.sync",
-               "--kubeconfig", self.api.sync_kubeconfig,
+        hybrid.own(conf)
+        cmd = [hybrid.coordinator_python(), "-m", "pyk8sres.coordinator.sync",
+               "--kubeconfig", coordinator_kubeconfig(self.slurm, self.api),
                "--config", conf, "--resync", "0.5", "--log-level", "DEBUG",
                "--metrics-address", "127.0.0.1:0"]
-        env = dict(self.slurm.env)
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True, **as_coordinator(self.slurm))
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
@@ -657,10 +671,9 @@ def test_once(slurm, api, tmp_path):
     k8s_node(api, "n1")
     p = scheduled_pod(api, "1", "500Mi")
     try:
-        env = dict(slurm.env)
-        r = subprocess.run([sys.executable, "-m", "pyk8sres.coordinator.sync", "--once",
-                            "--kubeconfig", api.sync_kubeconfig],
-                           env=env, capture_output=True, text=True, timeout=60)
+        r = subprocess.run([hybrid.coordinator_python(), "-m", "pyk8sres.coordinator.sync",
+                            "--once", "--kubeconfig", coordinator_kubeconfig(slurm, api)],
+                           capture_output=True, text=True, timeout=60, **as_coordinator(slurm))
         assert r.returncode == 0, r.stderr
         assert used(slurm) == (1, 500)
         assert allocated(api, "n1")["Kubernetes"] == {"cpu": "1", "memory": "500Mi"}

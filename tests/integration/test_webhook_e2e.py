@@ -2,8 +2,9 @@
 between a real local Slurm cluster (the ledger inside slurmctld) and the
 real Kubernetes control plane (`pyk8sres cluster up --kubernetes`:
 kube-apiserver with RBAC, kube-scheduler, kube-controller-manager, kwok as
-the kubelets).  The coordinator runs as its ServiceAccounts; the API server
-calls the webhook with its client certificate.
+the kubelets).  The coordinator runs as its ServiceAccounts and its own uid
+(hybrid.py: LedgerUsers=, never SlurmUser); the API server calls the webhook
+with its client certificate.
 
 Ground truth only: Slurm's GresUsed (`scontrol -d show node`: jobs + the
 share the ledger holds), its running jobs' CPU_IDs and Mem (`scontrol -d
@@ -20,7 +21,11 @@ pick_ports(27700, 27790) (kubernetes.Ports).
 from __future__ import annotations
 
 import base64
+import json
+import os
+import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -38,6 +43,7 @@ from pyk8sres.coordinator import sync
 from pyk8sres.coordinator import webhook as W
 from pyk8sres.policy.admission import MIRROR_ANNOTATION as A_MIRROR
 from pyk8sres.testbed import cluster, hybrid, kubernetes
+from pyk8sres.testbed.faults import Caller
 
 NODE_CPUS, NODE_MEM = 8, 16000
 CAPACITY = {"n1": (NODE_CPUS, NODE_MEM), "n2": (NODE_CPUS, NODE_MEM)}
@@ -59,6 +65,53 @@ def world():
         subprocess.run(["scancel", "--full", "-u", "root"], env=c.env, capture_output=True)
         hybrid.down(work)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _probe(queue, stop, path, state, journal, key):
+    """As the coordinator's uid: the ledger answers; Slurm's state, the
+    journal and the munge key do not open."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+        s.sendall(b'{"op":"show"}\n')
+        shown = json.loads(s.makefile("rb").readline())
+    denied = []
+    for what, fn in (("state", lambda: os.listdir(state)), ("journal", lambda: open(journal)),
+                     ("munge key", lambda: open(key, "rb"))):
+        try:
+            fn()
+        except PermissionError:
+            denied.append(what)
+    queue.put(("done", (shown.get("ok"), sorted(shown.get("nodes", {})), sorted(denied))))
+
+
+def test_the_coordinator_runs_as_its_own_uid_with_the_ledger_and_nothing_else(world):
+    """Both daemons as uid pyk8sres (listed in LedgerUsers=, never root or
+    SlurmUser), admitting pods (the other tests here); that uid reaches the
+    ledger through its own directory and cannot read StateSaveLocation, the
+    journal or the munge key."""
+    c, _ = world
+    me = hybrid.coordinator_user()
+    conf = open(os.path.join(c.work, "etc", "k8s_resources.conf")).read()
+    assert f"LedgerUsers={me.pw_uid}\n" in conf
+    for name in ("sync", "webhook"):
+        pid = int(open(os.path.join(c.work, "run", f"proc-{name}.pid")).read())
+        status = open(f"/proc/{pid}/status").read()
+        ids = {k: {int(v) for v in re.search(rf"^{k}:[ \t]*(.*)$", status, re.M).group(1).split()}
+               for k in ("Uid", "Gid", "Groups")}
+        assert ids["Uid"] == {me.pw_uid} and ids["Gid"] == {me.pw_gid}, (name, ids)
+        assert ids["Groups"] <= {me.pw_gid}, (name, ids)
+    path = S.ledger_socket_path(c.conf)
+    assert os.path.dirname(path) == os.path.join(c.work, "ledger")
+    state = os.path.join(c.work, "state")
+    child = Caller(me.pw_uid, [me.pw_gid], _probe, path, state,
+                   os.path.join(state, "k8s_resources.ledger"),
+                   os.path.join(c.work, "munge", "munge.key"))
+    event = child.queue.get(timeout=30)
+    child.proc.join(10)
+    assert event[0] == "done", event
+    ok, nodes, denied = event[1]
+    assert (ok, nodes) == (True, ["n1", "n2"])
+    assert denied == ["journal", "munge key", "state"]
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,8 @@ def test_slurmctld_and_policy_import_nothing_from_the_coordinator_or_testbed():
 def test_generic_node_crd_has_one_definition():
     from pyk8sres.coordinator import kube
     import yaml
-    shipped = yaml.safe_load(data.path("deploy", "crd-genericnode.yaml").read_text())
+    shipped = yaml.safe_load(data.path("deploy", "helm", "pyk8sres", "crds",
+                                       "genericnode.yaml").read_text())
     assert kube.generic_node_crd() == shipped
     columns = [c["name"] for c in shipped["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert columns == ["ClusterName", "Alias", "Type", "AllocatedResources"]

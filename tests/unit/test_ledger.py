@@ -316,6 +316,6 @@ def test_status_counts_pods_as_the_ledger_does():
                 "spec": {"nodeName": node, "containers": [
                     {"name": "c", "resources": {"requests": {"cpu": cpu, "memory": "1Mi"}}}]}}
     pods = [pod("a", "n1", "500m"), pod("b", "n1", "500m"), pod("c", "n1", "1"),
-            pod("slurm-share-n1", "n1", "7", ns="pyk8sres-system"), pod("x", "kx", "3")]
+            pod("slurm-share-n1", "n1", "7", ns="pyk8sres-placeholders"), pod("x", "kx", "3")]
     nodes = [{"metadata": {"name": "n1"}}, {"metadata": {"name": "kx"}}]
     assert status.pods_share(pods, nodes, {"n1"}, SyncConfig()) == {"n1": (2, 3)}

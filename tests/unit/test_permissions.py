@@ -58,7 +58,7 @@ def test_refused_until_granted_and_said_in_readiness():
     assert "list nodes" in r.not_ready()
     r.answered("GET", nodes, 200)                                 # granted again
     assert r.not_ready() == ("forbidden by RBAC: patch genericnodes/status (API group "
-                             "pyk8sres.io) (grant them: deploy/rbac.yaml)")
+                             "pyk8sres.io) (grant them: the Helm chart's RBAC)")
     r.answered("PATCH", f"{S}/apis/pyk8sres.io/v1alpha1/genericnodes/n2/status", 200)
     assert r.not_ready() is None
 
@@ -78,7 +78,7 @@ def test_a_refusal_makes_the_daemon_not_ready(monkeypatch):
     assert health.ready() == []
     r.answered("GET", f"{S}/api/v1/namespaces/d/pods/x", 403, status("no"))
     assert health.ready() == ["permissions: forbidden by RBAC: get pods in namespace d "
-                              "(grant them: deploy/rbac.yaml)"]
+                              "(grant them: the Helm chart's RBAC)"]
 
 
 def test_error_text_is_one_line_naming_what_rbac_refused():

@@ -1,4 +1,6 @@
-"""deploy/rbac.yaml grants exactly the Kubernetes calls the coordinator makes.
+"""The RBAC the Helm chart renders (deploy/helm/pyk8sres, `helm template`
+with the real helm that kube/build.sh builds) grants exactly the Kubernetes
+calls the coordinator makes.
 
 The calls are derived from the code, not listed by hand: every module of
 pyk8sres/coordinator/ that calls into kube.py is assigned to the daemon that
@@ -7,22 +9,24 @@ Kube methods) name the official client's methods they use, and the client's
 own source says each method's HTTP method and path (its `_*_serialize`).
 The path and method give (API group, resource, verb) by the API server's
 request rules (GET on a collection is list, with watch=True watch; PUT is
-update; ...).  That set must equal what rbac.yaml grants each daemon's
+update; ...).  That set must equal what the chart grants each daemon's
 ServiceAccount, both ways: nothing missing, nothing extra.
 """
 import ast
+import functools
 import inspect
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
 
 kubernetes = pytest.importorskip("kubernetes")
 
 REPO = Path(__file__).resolve().parents[2]
 COORD = REPO / "pyk8sres" / "coordinator"
-NAMESPACE = "pyk8sres-system"
+NAMESPACE = "pyk8sres-system"                # the release's: the ServiceAccounts
+PLACEHOLDERS = "pyk8sres-placeholders"       # the placeholder pods' (a Role there)
 
 # Which daemon (ServiceAccount) runs which module's Kubernetes calls.
 DAEMONS = {
@@ -30,7 +34,7 @@ DAEMONS = {
     "pyk8sres-webhook": ["webhook.py", "placeholder.py", "events.py"],
 }
 # Modules whose namespaced calls stay in the coordinator's namespace (a Role
-# there, not a ClusterRole): the placeholder pods live in pyk8sres-system.
+# there, not a ClusterRole): the placeholder pods live in PLACEHOLDERS.
 OWN_NAMESPACE_ONLY = {"placeholder.py"}
 # Run by an admin with the admin's own credentials, never by a daemon.
 ADMIN_TOOLS = {"status.py"}
@@ -185,7 +189,7 @@ def _entry_methods(entry: str) -> set:
 
 
 def code_calls():
-    """{serviceaccount: (cluster-wide rules, rules in NAMESPACE)} the code needs."""
+    """{serviceaccount: (cluster-wide rules, rules in PLACEHOLDERS)} the code needs."""
     out = {sa: (set(), set()) for sa in DAEMONS}
     for sa, modules in DAEMONS.items():
         for module in modules:
@@ -199,9 +203,25 @@ def code_calls():
     return out
 
 
-def granted():
-    """{serviceaccount: (cluster-wide rules, rules in NAMESPACE)} rbac.yaml grants."""
-    docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()) if d]
+@functools.lru_cache(maxsize=1)
+def _rendered() -> tuple:
+    from pyk8sres.testbed import chart, kubernetes as controlplane, pki
+    with tempfile.TemporaryDirectory() as tmp:
+        ca = pki.Authority(tmp, "ca", "any CA").cert_file
+        return tuple(chart.render(controlplane.build().helm,
+                                  chart.host_values(ca, "https://127.0.0.1:1/validate"),
+                                  "rbac.yaml"))
+
+
+def chart_rbac() -> list[dict]:
+    """The chart's templates/rbac.yaml, rendered by helm."""
+    return list(_rendered())
+
+
+def granted(docs: list[dict] | None = None):
+    """{serviceaccount: (cluster-wide rules, rules in PLACEHOLDERS)} the chart
+    grants (docs: the RBAC objects; default: as the chart renders them)."""
+    docs = chart_rbac() if docs is None else docs
     roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]):
              {(g, r, v) for rule in d["rules"] for g in rule["apiGroups"]
               for r in rule["resources"] for v in rule["verbs"]}
@@ -219,7 +239,7 @@ def granted():
             if d["kind"] == "ClusterRoleBinding":
                 cluster |= rules
             else:
-                assert ns == NAMESPACE, d["metadata"]
+                assert ns == PLACEHOLDERS, d["metadata"]
                 local |= rules
     return out
 
@@ -229,7 +249,7 @@ def test_every_module_calling_kubernetes_belongs_to_a_daemon():
     calling = {p.name for p in COORD.glob("*.py")
                if p.name != "kube.py" and _module_entries(p.name)}
     assert calling - assigned == set(), \
-        "these modules call Kubernetes: add them to DAEMONS (and rbac.yaml) or ADMIN_TOOLS"
+        "these modules call Kubernetes: add them to DAEMONS (and the chart's RBAC) or ADMIN_TOOLS"
     assert assigned - ADMIN_TOOLS <= calling | {"placeholder.py"}
 
 
@@ -243,15 +263,15 @@ def test_the_extraction_sees_the_calls_we_know():
 
 def test_rbac_grants_exactly_what_the_code_calls():
     calls, grants = code_calls(), granted()
-    assert set(grants) == set(DAEMONS), "ServiceAccounts bound in rbac.yaml vs daemons"
+    assert set(grants) == set(DAEMONS), "ServiceAccounts bound by the chart vs daemons"
     for sa in DAEMONS:
         needed_cluster = calls[sa][0] - {r for s, r in DENIED_ON_PURPOSE if s == sa}
         assert sorted(needed_cluster - grants[sa][0]) == [], f"{sa}: missing cluster-wide"
         assert sorted(grants[sa][0] - needed_cluster) == [], f"{sa}: granted but never called"
         assert sorted(calls[sa][1] - grants[sa][1] - grants[sa][0]) == [], \
-            f"{sa}: missing in {NAMESPACE}"
+            f"{sa}: missing in {PLACEHOLDERS}"
         assert sorted(grants[sa][1] - calls[sa][1]) == [], \
-            f"{sa}: granted in {NAMESPACE} but never called"
+            f"{sa}: granted in {PLACEHOLDERS} but never called"
     for sa, rule in DENIED_ON_PURPOSE:        # the exemptions are still real calls
         assert rule in calls[sa][0], (sa, rule)
 
@@ -259,7 +279,7 @@ def test_rbac_grants_exactly_what_the_code_calls():
 def test_the_webhook_may_touch_only_its_own_configuration():
     """resourceNames: updating any other ValidatingWebhookConfiguration (e.g.
     to switch off another product's webhook) is not granted, nor creating one."""
-    docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()) if d]
+    docs = chart_rbac()
     rules = [r for d in docs if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]
              if "validatingwebhookconfigurations" in r["resources"]]
     assert rules and all(r.get("resourceNames") == ["pyk8sres-admission"] for r in rules)
