@@ -7,14 +7,22 @@ from __future__ import annotations
 import threading
 
 from . import sync
+from ..policy import ledger as L
 from ..policy import usage as U
+
+
+class LedgerNotReady(RuntimeError):
+    """The ledger answered "notready": keep the last known shared set."""
 
 
 def slurm_names(shown: dict) -> list[str]:
     """Slurm nodes with k8scpu/k8smemory, from the ledger's show() (every node).
-    Raises unless the answer says which nodes Slurm has: a refusal, or every
-    node unknown (slurmctld has not read its node table yet) is never taken
-    for "no shared nodes"."""
+    Raises unless the answer says which nodes Slurm has: "notready"
+    (LedgerNotReady), any other refusal, or every node unknown (slurmctld
+    has not read its node table yet) is never taken for "no shared nodes":
+    callers keep the last known set."""
+    if L.not_ready(shown):
+        raise LedgerNotReady(f"ledger show: {L.NOT_READY_TEXT}: {shown.get('error')}")
     if not shown.get("ok"):
         raise RuntimeError(f"ledger show: {shown.get('error')}")
     nodes = shown.get("nodes") or {}

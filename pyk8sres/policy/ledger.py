@@ -151,6 +151,18 @@ def parse_request(line: bytes | str) -> Request:
     return Request(op, node=node, entries=tuple(sorted(checked)), keep_younger_than=float(keep))
 
 
+def not_ready(reply) -> bool:
+    """Is this reply the server's "notready" (slurmctld still recovering, a
+    backup taking over)?  It says nothing about any node: the caller keeps
+    what it knew, admits nothing new and releases nothing, and retries."""
+    return isinstance(reply, Mapping) and reply.get("ok") is False and \
+        reply.get("code") == "notready"
+
+
+NOT_READY_TEXT = ("Slurm's ledger is not ready (slurmctld is starting, or a backup "
+                  "controller is taking over)")
+
+
 def encode(op: str, **fields) -> bytes:
     """A request line (the client side of parse_request)."""
     return json.dumps({"op": op, **fields}, separators=(",", ":")).encode() + b"\n"
