@@ -72,6 +72,7 @@ STALL_SECONDS = 90
 # FLOODER may use the ledger (LedgerUsers, in LedgerGroup), STRANGER may not.
 FLOODER, LEDGER_GROUP, STRANGER = 65533, 65531, 65534
 FLOOD_SECONDS = 5
+MIN_GAP = 3.0            # seconds between two faults at least
 STALL_MS = 1000          # a reply later than this: a caller held the others up
 
 
@@ -181,6 +182,8 @@ class Churn:
         self.ctld_restarted_at = 0.0
         self.faults: list[str] = []
         self.every_fault_done = threading.Event()   # the first cycle of faults is through
+        self.fault_errors: list[str] = []    # a fault that could not be carried out
+        self.revived: list[str] = []         # daemons found dead or hung after a fault
         self.ledger_path = ledger_socket_path(c.conf)
         self.flood_ms: list[float] = []      # root's `show` while a flood runs
 
@@ -346,7 +349,27 @@ class Churn:
             self._count("controller changes", 2)
             done.append(f"{how}: backup served after {took:.1f} s, primary again after "
                         f"{back:.1f} s")
+            self._backup_standing_by()
         return "; ".join(done)
+
+    def _backup_standing_by(self, timeout: float = 40):
+        """The backup must be back in standby (`scontrol ping`: UP) before it
+        can take over again.  Seen with 22.05: a backup handing control back
+        a few seconds after a kill -9 takeover hangs in its own shutdown (its
+        main thread joins slurmctld's purge-files thread forever; the
+        ledger's thread stands by in poll), and the primary logs "backup
+        not completely done relinquishing control".  Such a backup is
+        restarted, as its supervisor would, and reported."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.c.ping().get("backup") == "UP":
+                return
+            time.sleep(1)
+        self.c.stop("slurmctld-backup")
+        self.c.start_slurmctld(backup=True, wait=False)
+        with self.lock:
+            self.revived.append(f"{time.strftime('%T')} slurmctld-backup (not back in "
+                                f"standby {timeout:.0f} s after handing control back)")
 
     def _slurmctld_and_coordinator_restart(self):
         """kill -9 slurmctld, sync and the webhook at once; start them all
@@ -584,17 +607,37 @@ class Churn:
         while not self.stop.is_set():
             # Fault k of each cycle at k/(n+1) of SECONDS from its start:
             # a slow fault (an API server restart) delays the next, not all.
+            # At least MIN_GAP between two faults: a component restarted must
+            # be up before the next fault hits what it depends on.
             cycle = time.monotonic()
             for k, (name, fault) in enumerate(faults, 1):
                 due = cycle + SECONDS * k / (len(faults) + 1)
-                if self.stop.wait(max(0.5, due - time.monotonic())):
+                if self.stop.wait(max(MIN_GAP, due - time.monotonic())):
                     return
-                detail = fault()
+                try:
+                    detail = fault()
+                except Exception as e:
+                    with self.lock:
+                        self.fault_errors.append(f"{time.strftime('%T')} {name}: "
+                                                 f"{type(e).__name__}: {e}")
+                    continue
                 with self.lock:
                     self.faults.append(f"{time.strftime('%T')} {name}"
                                        + (f" ({detail})" if isinstance(detail, str) else ""))
                     self.counts["faults"] += 1
+                self._revive_control_plane()
             self.every_fault_done.set()
+
+    def _revive_control_plane(self):
+        """A control-plane component that died of a fault (kube-controller-
+        manager exits when kube-apiserver restarts while it builds its
+        controllers) is started again, as the kubelet or systemd would, and
+        reported."""
+        for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+            if not self.cp.running(name):
+                self.cp.restart(name)
+                with self.lock:
+                    self.revived.append(f"{time.strftime('%T')} {name} (had exited)")
 
 
 @pytest.fixture(scope="module")
@@ -607,7 +650,7 @@ def world():
     # with a kill -9'd slurmctld waits forever, its allocation ends at the limit.
     # A backup controller; the ledger's socket where LedgerGroup reaches it.
     c, cp = hybrid.up(work, nodes=NODES, cpus=CPUS, memory=MEMORY, base_port=port(17450),
-                      kube_port=pick_ports(27800, 27990), extra_conf="KillWait=5\n",
+                      kube_port=pick_ports(port(27800), port(27990)), extra_conf="KillWait=5\n",
                       slurm=SLURM, backup_controller=True,
                       k8s_conf=f"LedgerUsers={FLOODER}\nLedgerGroup={LEDGER_GROUP}\n"
                                f"LedgerSocket={ledger_dir}/k8s_resources.socket\n")
@@ -690,12 +733,15 @@ def test_churn_with_faults_never_double_books(world):
                                     "violations": len(churn.violations)})
     print("\nchurn summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
     print("faults: " + "; ".join(churn.faults))
+    print("daemons found dead or hung after a fault, started again: "
+          + ("; ".join(churn.revived) or "none"))
     if churn.flood_ms:
         ms = sorted(churn.flood_ms)
         print(f"root's ledger show during floods: {len(ms)} calls, median "
               f"{ms[len(ms) // 2]:.1f} ms, p99 {ms[int(len(ms) * 0.99)]:.1f} ms, "
               f"max {ms[-1]:.1f} ms")
     assert not churn.violations, churn.violations[:20]
+    assert not churn.fault_errors, churn.fault_errors
     if pending:
         ledger = subprocess.run([sys.executable, "-m", "pyk8sres", "ledger", "show"],
                                 capture_output=True, text=True, env=c.env).stdout
