@@ -354,12 +354,14 @@ class Churn:
 
     def _backup_standing_by(self, timeout: float = 40):
         """The backup must be back in standby (`scontrol ping`: UP) before it
-        can take over again.  Seen with 22.05: a backup handing control back
-        a few seconds after a kill -9 takeover hangs in its own shutdown (its
-        main thread joins slurmctld's purge-files thread forever; the
-        ledger's thread stands by in poll), and the primary logs "backup
-        not completely done relinquishing control".  Such a backup is
-        restarted, as its supervisor would, and reported."""
+        can take over again.  Slurm 22.05's own (seen without node_features
+        too): a backup that took over twice (`scontrol takeover`, handed
+        back, then the primary killed -9) hangs when it hands control back
+        the second time -- its main thread joins slurmctld's purge-files
+        thread forever, the backup log ends with "REQUEST_CONTROL reply but
+        backup not completely done relinquishing control", and `scontrol
+        ping` says it is DOWN.  Such a backup is restarted, as its supervisor
+        would, and reported."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.c.ping().get("backup") == "UP":
