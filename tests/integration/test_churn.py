@@ -13,8 +13,8 @@ webhook (no client certificate, one of another CA, one of the cluster's own
 CA that is not the API server's: each refused, the ledger unchanged), the
 ledger's socket flooded by an unprivileged uid (cannot connect) and by a
 permitted client that never reads (root's `show` keeps answering), a backup
-slurmctld taking over (`scontrol takeover`, then kill -9 of the primary) and
-handing back, and slurmctld killed together with the coordinator
+slurmctld taking over (the primary killed -9, or `scontrol takeover`: in turn)
+and handing back, and slurmctld killed together with the coordinator
 (sync and webhook), all restarted at once.  All along, the webhook
 configuration must never leave a shared node unchecked.
 
@@ -184,6 +184,7 @@ class Churn:
         self.every_fault_done = threading.Event()   # the first cycle of faults is through
         self.fault_errors: list[str] = []    # a fault that could not be carried out
         self.revived: list[str] = []         # daemons found dead or hung after a fault
+        self.takeover_how = ["kill -9", "takeover"]
         self.ledger_path = ledger_socket_path(c.conf)
         self.flood_ms: list[float] = []      # root's `show` while a flood runs
 
@@ -337,27 +338,26 @@ class Churn:
 
     def _fail_over_and_back(self):
         """The backup slurmctld takes control, runs the cluster a while, and
-        the primary takes it back: once handed over (`scontrol takeover`),
-        once with the primary killed -9."""
-        done = []
-        for how in ("takeover", "kill -9"):
-            self.ctld_restarted_at = time.time()
-            took = faults.fail_over(self.c, how)
-            time.sleep(3)
-            self.ctld_restarted_at = time.time()
-            back = faults.fail_back(self.c)
-            self._count("controller changes", 2)
-            done.append(f"{how}: backup served after {took:.1f} s, primary again after "
-                        f"{back:.1f} s")
-            self._backup_standing_by()
-        return "; ".join(done)
+        the primary takes it back: the primary killed -9 (the first cycle,
+        so the bounded run has it), then handing over (`scontrol takeover`),
+        in turn."""
+        how = self.takeover_how[0]
+        self.takeover_how.reverse()
+        self.ctld_restarted_at = time.time()
+        took = faults.fail_over(self.c, how)
+        time.sleep(3)
+        self.ctld_restarted_at = time.time()
+        back = faults.fail_back(self.c)
+        self._count("controller changes", 2)
+        self._backup_standing_by()
+        return f"{how}: backup served after {took:.1f} s, primary again after {back:.1f} s"
 
-    def _backup_standing_by(self, timeout: float = 40):
+    def _backup_standing_by(self, timeout: float = 20):
         """The backup must be back in standby (`scontrol ping`: UP) before it
         can take over again.  Slurm 22.05's own (seen without node_features
         too): a backup that took over twice (`scontrol takeover`, handed
-        back, then the primary killed -9) hangs when it hands control back
-        the second time -- its main thread joins slurmctld's purge-files
+        back, then the primary killed -9; in a soak) hangs when it hands
+        control back the second time -- its main thread joins slurmctld's purge-files
         thread forever, the backup log ends with "REQUEST_CONTROL reply but
         backup not completely done relinquishing control", and `scontrol
         ping` says it is DOWN.  Such a backup is restarted, as its supervisor
@@ -767,5 +767,5 @@ def test_churn_with_faults_never_double_books(world):
     # ... and so did the hostile ones.
     assert churn.every_fault_done.is_set(), churn.faults
     assert counts["forged reviews refused"] >= 6 and counts["flood connections"] >= 8
-    assert counts["stranger connects refused"] > 0 and counts["controller changes"] >= 6
+    assert counts["stranger connects refused"] > 0 and counts["controller changes"] >= 4
     assert counts["webhook scope samples"] > 50
