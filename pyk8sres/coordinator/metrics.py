@@ -51,7 +51,8 @@ RECONCILE_SECONDS = Histogram("pyk8sres_reconcile_duration_seconds",
                               "One sync cycle (Kubernetes cache -> ledger)",
                               buckets=FAST_BUCKETS)
 RECONCILE_ERRORS = Counter("pyk8sres_reconcile_errors", "Failures in the sync loop, by stage "
-                           "(slurm_read, ledger_set, ledger_refused, generic_nodes)", ["stage"])
+                           "(slurm_read, ledger_set, ledger_not_ready, ledger_refused, "
+                           "generic_nodes)", ["stage"])
 WATCH_RESTARTS = Counter("pyk8sres_watch_restarts", "Watches restarted with a relist, by kind "
                          "and reason (gone: 410, error: anything else)", ["kind", "reason"])
 LEDGER_CALLS = Counter("pyk8sres_ledger_calls", "Requests to the ledger in slurmctld", ["op"])

@@ -5,16 +5,25 @@ placeholders share.  Fed by a nodes Informer and by the ledger's show()."""
 from __future__ import annotations
 
 import threading
+import time
 
 from . import sync
+from ..policy import ledger as L
 from ..policy import usage as U
+
+
+class LedgerNotReady(RuntimeError):
+    """The ledger answered "notready": keep the last known shared set."""
 
 
 def slurm_names(shown: dict) -> list[str]:
     """Slurm nodes with k8scpu/k8smemory, from the ledger's show() (every node).
-    Raises unless the answer says which nodes Slurm has: a refusal, or every
-    node unknown (slurmctld has not read its node table yet) is never taken
-    for "no shared nodes"."""
+    Raises unless the answer says which nodes Slurm has: "notready"
+    (LedgerNotReady), any other refusal, or every node unknown (slurmctld
+    has not read its node table yet) is never taken for "no shared nodes":
+    callers keep the last known set."""
+    if L.not_ready(shown):
+        raise LedgerNotReady(f"ledger show: {L.NOT_READY_TEXT}: {shown.get('error')}")
     if not shown.get("ok"):
         raise RuntimeError(f"ledger show: {shown.get('error')}")
     nodes = shown.get("nodes") or {}
@@ -44,6 +53,8 @@ class Scope:
         self.version = 0          # bumped whenever a node we keep changes
         self.changed = threading.Event()   # set with each bump: publish the scope now
         self.slurm_names: frozenset | None = None   # None: not known yet
+        self.contacted = -1e9         # monotonic time the nodes watch last spoke
+        self.stale_after: float | None = None   # Informer.stale_after(); None: never stale
 
     def _bump(self) -> None:
         """Under self.lock: what the scope says changed."""
@@ -77,6 +88,18 @@ class Scope:
             if self.nodes_watched != ok:
                 self.nodes_watched = ok
                 self._bump()
+
+    def contact(self, kind: str) -> None:
+        """The server spoke (an event, a bookmark, a watch (re)opened)."""
+        with self.lock:
+            self.contacted = time.monotonic()
+
+    def _silent(self) -> bool:   # lock held
+        """The nodes watch has been quiet longer than a live one ever is:
+        it may be stuck while the API server moved on (a node joined or
+        was relabelled shared), so it is not trusted."""
+        return self.stale_after is not None and \
+            time.monotonic() - self.contacted > self.stale_after
 
     def update(self, k8s_nodes: list[dict] | None = None, slurm_names=None) -> None:
         if k8s_nodes is not None:
@@ -123,11 +146,13 @@ class Scope:
     def unshared(self) -> list[str] | None:
         """The Kubernetes nodes known NOT to be shared (the only ones the
         webhook is not called for); [] (every node checked) while the nodes
-        watch is broken, since a node may have been relabelled meanwhile;
-        None (keep what is published) before anything is known."""
+        watch is broken or silent, since a node may have been relabelled
+        meanwhile; None (keep what is published) before anything is known."""
         mapped = self._mapped()
         if mapped is None:
             return None
-        if not self.nodes_watched:
+        with self.lock:
+            trusted = self.nodes_watched and not self._silent()
+        if not trusted:
             return []
         return sorted(k for k, s in mapped.items() if not s)

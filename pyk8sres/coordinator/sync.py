@@ -488,6 +488,14 @@ class Reconciler:
                         f"({e}); the node keeps what the ledger last held, and no pod is "
                         "admitted on it until the ledger answers")
                 continue
+            if L.not_ready(reply):
+                # Nothing read or changed: the ledger replays what it acknowledged,
+                # so last_set stays true; any difference is sent again next cycle
+                # (every resync_seconds at the latest).
+                log.warning("cannot set the Kubernetes share of %s yet: %s (%s); kept, retried",
+                            name, L.NOT_READY_TEXT, reply.get("error"))
+                metrics.RECONCILE_ERRORS.labels("ledger_not_ready").inc()
+                continue
             if not reply.get("ok"):
                 log.warning("ledger refused the share of %s: %s", name, reply.get("error"))
                 metrics.RECONCILE_ERRORS.labels("ledger_refused").inc()
@@ -534,6 +542,8 @@ class Reconciler:
         """Node gauges and oversubscription from one ledger show() (the
         poller's own connection: never queued behind the loop's sets)."""
         shown = ledger.show()
+        if L.not_ready(shown):   # says nothing of any node: gauges and flags kept
+            raise RuntimeError(f"ledger show: {L.NOT_READY_TEXT}: {shown.get('error')}")
         if not shown.get("ok"):
             raise RuntimeError(f"ledger show: {shown.get('error')}")
         shared = self.shared

@@ -543,7 +543,9 @@ class Webhook:
         t.start()
         self.threads.append(t)
         # Not joined on stop: it only feeds the scope, and may sit in a watch.
-        K.Informer(self.kube, "nodes", self.scope, stop=self.stop_event).start()
+        informer = K.Informer(self.kube, "nodes", self.scope, stop=self.stop_event)
+        self.scope.stale_after = informer.stale_after()
+        informer.start()
         # The first configuration names the shared nodes: wait (briefly) for the list.
         deadline = time.monotonic() + self.wcfg.refresh_seconds
         while not self.scope.nodes_listed and time.monotonic() < deadline:

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
+from . import ledger as L
 from . import usage as U
 
 
@@ -39,8 +40,8 @@ class Deny:
 # fixed words, never names, so the series stay few.
 ALLOW_CODES = ("reserved", "not_shared", "exempt", "dry_run", "unbound", "not_checked",
                "no_growth", "static_over_capacity")
-DENY_CODES = ("nofit", "ledger_unreachable", "ledger_refused", "pod_unreadable",
-              "pod_not_found", "bad_request", "internal", "unauthenticated")
+DENY_CODES = ("nofit", "ledger_unreachable", "ledger_not_ready", "ledger_refused",
+              "pod_unreadable", "pod_not_found", "bad_request", "internal", "unauthenticated")
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,12 @@ def verdict(target: Target, r: Reserve, reply: Mapping) -> Allow | Deny:
                      "Oversubscribed until jobs leave room", "static_over_capacity")
     if code == "nofit":
         return Deny(f"{what} does not fit on node {target.node}: {err}", "nofit")
+    if L.not_ready(reply):
+        # Never allowed unreserved, not even a static pod: nothing was
+        # reserved, and the ledger says nothing about the node yet.
+        return Deny(f"{what} refused on node {target.node}: {L.NOT_READY_TEXT} ({err}); "
+                    "no pod is placed on a shared node until it answers: retry shortly",
+                    "ledger_not_ready")
     return Deny(f"{what} refused on node {target.node} ({code}): {err}",
                 "ledger_refused" if code in ("unknown_node", "denied", "badrequest") else "internal")
 

@@ -27,6 +27,7 @@ CREATE, UPDATE, DROP, SUPPRESS = "create", "update", "drop", "suppress"
 REFUSAL_REASONS = {
     "nofit": "InsufficientSharedCapacity",
     "ledger_unreachable": "LedgerUnreachable",
+    "ledger_not_ready": "LedgerUnreachable",
 }
 DEFAULT_REFUSAL_REASON = "AdmissionRefused"
 OVERSUBSCRIBED = "Oversubscribed"

@@ -62,9 +62,11 @@ class RequestError(ValueError):
 
 
 class Entry(NamedTuple):
-    """What one key (a pod) holds on a node, since when (epoch seconds), and
-    whether a `set` has listed it (the pod was seen bound): only a
-    reservation never seen bound gets a grace period in `set`."""
+    """What one key (a pod) holds on a node, since when (seconds on the
+    ledger process's monotonic clock: a wall-clock step neither ends nor
+    stretches a grace period), and whether a `set` has listed it (the pod
+    was seen bound): only a reservation never seen bound gets a grace period
+    in `set`."""
     cpu_m: int
     mem_bytes: int
     since: float
@@ -151,6 +153,18 @@ def parse_request(line: bytes | str) -> Request:
     return Request(op, node=node, entries=tuple(sorted(checked)), keep_younger_than=float(keep))
 
 
+def not_ready(reply) -> bool:
+    """Is this reply the server's "notready" (slurmctld still recovering, a
+    backup taking over)?  It says nothing about any node: the caller keeps
+    what it knew, admits nothing new and releases nothing, and retries."""
+    return isinstance(reply, Mapping) and reply.get("ok") is False and \
+        reply.get("code") == "notready"
+
+
+NOT_READY_TEXT = ("Slurm's ledger is not ready (slurmctld is starting, or a backup "
+                  "controller is taking over)")
+
+
 def encode(op: str, **fields) -> bytes:
     """A request line (the client side of parse_request)."""
     return json.dumps({"op": op, **fields}, separators=(",", ":")).encode() + b"\n"
@@ -228,6 +242,17 @@ def decide(entries: Mapping[str, Entry], req: Request, facts: Facts | None,
         f"{-(-req.mem_bytes // MIB)} MB; Slurm jobs hold {facts.jobs_cpu} of "
         f"{facts.capacity_cpu} CPUs and {facts.jobs_mem} of {facts.capacity_mem} MB, "
         f"pods already hold {others[0]} CPUs and {others[1]} MB")}
+
+
+def rebased(nodes: Mapping[str, Mapping[str, Entry]],
+            now: float) -> dict[str, dict[str, Entry]]:
+    """The entries as a new process takes them over from the journal: its
+    monotonic clock has another origin (a reboot, a backup on another host),
+    so every entry counts from `now`.  A reservation not seen bound gets a
+    fresh grace period (kept a little longer, never dropped early); what a
+    bound pod holds has no grace period to lose."""
+    return {node: {k: e._replace(since=now) for k, e in entries.items()}
+            for node, entries in nodes.items()}
 
 
 def node_view(entries: Mapping[str, Entry], facts: Facts | None, *,

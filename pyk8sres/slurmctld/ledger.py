@@ -19,7 +19,14 @@ control, holding an exclusive flock on k8s_resources.ledger.lock
 taking over with the same StateSaveLocation) and compacts it into one
 snapshot line then and now and then; any other process only reads it.
 
-Journal: JSON lines, each {"t": epoch, "op": ...} as in policy.ledger plus
+Time: every "t" and "since" is the owning process's time.monotonic(), so a
+wall-clock step never ends a reservation's grace period.  A process that
+loads the journal (its monotonic clock may have another origin: a reboot, a
+backup on another host) replays it in the writer's clock, then rebases every
+entry to its own "now" (policy.ledger.rebased: unbound reservations get a
+fresh grace period) and, as the owner, writes that down as the snapshot.
+
+Journal: JSON lines, each {"t": seconds, "op": ...} as in policy.ledger plus
 {"op": "undo", "node", "key", "entry": [cpu_m, mem_bytes, since, bound] | null}
 (a refused reserve), {"op": "undo", "node", "entries": {key: [...]}} (a
 refused set) and {"op": "snapshot", "nodes": {node: {key: [cpu_m, mem_bytes,
@@ -34,7 +41,7 @@ import time
 from typing import Callable, Iterable
 
 from ..policy.ledger import (Entry, Facts, Request, RequestError, decide, node_view,
-                             parse_request, share_units)
+                             parse_request, rebased, share_units)
 
 log = logging.getLogger("pyk8sres")
 
@@ -46,7 +53,7 @@ ShareFn = Callable[[str, int, int], None]
 
 
 class Ledger:
-    def __init__(self, directory: str, *, allowed_uids=(0,), clock=time.time):
+    def __init__(self, directory: str, *, allowed_uids=(0,), clock=time.monotonic):
         self.directory = directory
         self.path = os.path.join(directory, JOURNAL_NAME)
         self.allowed_uids = frozenset(allowed_uids)
@@ -67,7 +74,8 @@ class Ledger:
         only reads."""
         nodes, lines = self._read()
         self._close_journal()   # the file may have been replaced since we wrote
-        self.nodes, self.lines = nodes, lines
+        # Replayed in the writer's clock; from here on in ours.
+        self.nodes, self.lines = rebased(nodes, self.clock()), lines
         if compact:
             self._compact()
 

@@ -59,16 +59,17 @@ def _ledger_group(slurm_user: str) -> int:
     return me.pw_gid
 
 
-def ledger_conf(work: str, slurm_user: str = "root") -> str:
-    """k8s_resources.conf lines that give the coordinator's uid the ledger
-    and nothing else, and its socket directory (made here: SlurmUser's,
-    group pyk8sres, 0750)."""
+def ledger_conf(work: str, slurm_user: str = "root", more_users: tuple = ()) -> str:
+    """k8s_resources.conf lines that give the coordinator's uid (and
+    `more_users`: uids a test lets call too) the ledger and nothing else,
+    and its socket directory (made here: SlurmUser's, group pyk8sres, 0750)."""
     me = coordinator_user()
     directory = os.path.join(os.path.abspath(work), "ledger")
     os.makedirs(directory, exist_ok=True)
     os.chown(directory, pwd.getpwnam(slurm_user).pw_uid, me.pw_gid)
     os.chmod(directory, 0o750)
-    return (f"LedgerUsers={me.pw_uid}\nLedgerGroup={_ledger_group(slurm_user)}\n"
+    users = ",".join(str(u) for u in (me.pw_uid, *more_users))
+    return (f"LedgerUsers={users}\nLedgerGroup={_ledger_group(slurm_user)}\n"
             f"LedgerSocket={directory}/{LEDGER_SOCKET}\n")
 
 
@@ -76,12 +77,13 @@ def up(work: str, *, nodes: int, cpus: int, memory: int, base_port: int, kube_po
        node_features: bool | None = None, extra_conf: str = "", k8s_conf: str = "",
        slurm: str | None = None, auth: str = "auto", slurmd: bool = True,
        accounting: bool = False, rest: bool = False, coordinator: bool = True,
-       scale_nodes: int = 0, coordinator_path: str | None = None,
+       scale_nodes: int = 0, coordinator_path: str | None = None, ledger_users: tuple = (),
        **layout) -> tuple[cluster.Cluster, kubernetes.ControlPlane]:
     """slurmd=False: nodes in slurm.conf only (benchmarks); coordinator=False
     leaves sync and the webhook to the caller (start_sync, start_webhook);
     `layout`: sockets / cores_per_socket / threads_per_core / node_sizes /
-    gpus / slurm_user, as cluster.up.
+    gpus / slurm_user, as cluster.up.  ledger_users: more uids that may
+    call the ledger (in group pyk8sres to reach its socket).
     scale_nodes: N more Slurm nodes without slurmd (cluster.up), each also a
     kwok node of the same name and size (created in bulk; refused before
     the memory runs out, at the control plane's measured cost per node).
@@ -99,7 +101,7 @@ def up(work: str, *, nodes: int, cpus: int, memory: int, base_port: int, kube_po
         raise cluster.ClusterError(f"{blocked} cannot be entered by {COORDINATOR_USER}, whom the "
                                    "coordinator runs as: use a work directory others can "
                                    "traverse (e.g. under /tmp)")
-    k8s_conf = ledger_conf(work, slurm_user) + k8s_conf
+    k8s_conf = ledger_conf(work, slurm_user, ledger_users) + k8s_conf
     c = cluster.up(work, nodes=nodes, cpus=cpus, memory=memory, base_port=base_port,
                    node_features=node_features, synced=True, extra_conf=extra_conf,
                    k8s_conf=k8s_conf, slurm=slurm, auth=auth, slurmd=slurmd,

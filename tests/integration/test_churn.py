@@ -8,6 +8,16 @@ restarted, slurmctld reconfigured, a partition updated, the webhook made
 unreachable, and a node's kubelet (kwok) reports NotReady or is cut off
 until the node is NotReady, then comes back.
 
+Hostile faults join them: forged AdmissionReviews posted straight to the
+webhook (no client certificate, one of another CA, one of the cluster's own
+CA that is not the API server's: each refused, the ledger unchanged), the
+ledger's socket flooded by an unprivileged uid (cannot connect) and by a
+permitted client that never reads (root's `show` keeps answering), a backup
+slurmctld taking over (the primary killed -9, or `scontrol takeover`: in turn)
+and handing back, and slurmctld killed together with the coordinator
+(sync and webhook), all restarted at once.  All along, the webhook
+configuration must never leave a shared node unchecked.
+
 The invariant is checked all along from ground truth only
 (ground_truth.over_capacity): what slurmctld has really allocated to
 running jobs on each node (`scontrol -d show job`: CPU_IDs, Mem) and the
@@ -15,8 +25,9 @@ non-terminal pods the API server has bound there, Terminating ones
 included.  On every node, at every sample: jobs + pods <= capacity.  At the
 end nothing is stuck: with the pods gone every job starts.
 
-CI runs a bounded version (PYK8SRES_CHURN_SECONDS, default 60 s of churn); a soak by
-hand:  PYK8SRES_CHURN_SECONDS=1800 python3 -m pytest -s tests/integration/test_churn.py
+CI runs a bounded version (PYK8SRES_CHURN_SECONDS, default 60 s of churn, extended
+until every fault has happened once); a soak by hand:
+PYK8SRES_CHURN_SECONDS=1800 python3 -m pytest -s tests/integration/test_churn.py
 """
 import glob
 import json
@@ -25,11 +36,14 @@ import random
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from kubernetes import client as kclient
@@ -38,7 +52,9 @@ from conftest_kube import pick_ports
 from ground_truth import over_capacity
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.coordinator import kube as K
-from pyk8sres.testbed import cluster, hybrid
+from pyk8sres.coordinator.slurm import Ledger, LedgerError, ledger_socket_path
+from pyk8sres.policy import ledger as L
+from pyk8sres.testbed import cluster, faults, hybrid, pki
 
 pytestmark = requires_slurm
 NODES, CPUS, MEMORY = 3, 8, 16000
@@ -52,6 +68,12 @@ LOST_NODE = "n3"          # its kubelet goes away now and then
 # queue is stuck when no pending job starts for longer than a job can run:
 # each has a 1-minute limit (plus KillWait 5 s and a scheduling pass).
 STALL_SECONDS = 90
+# The ledger's callers (tests/integration/test_ledger_hostile.py has the same):
+# FLOODER may use the ledger (LedgerUsers, in the coordinator's group), STRANGER may not.
+FLOODER, STRANGER = 65533, 65534
+FLOOD_SECONDS = 5
+MIN_GAP = 3.0            # seconds between two faults at least
+STALL_MS = 1000          # a reply later than this: a caller held the others up
 
 
 def pending_jobs(env) -> list[str]:
@@ -152,10 +174,19 @@ class Churn:
         self.counts = {"pods admitted": 0, "pods refused": 0, "pod create errors": 0,
                        "pods deleted with a grace period": 0, "deployment scalings": 0,
                        "jobs submitted": 0, "sruns": 0, "faults": 0, "node outages": 0,
-                       "samples": 0, "most Terminating pods in a sample": 0}
+                       "samples": 0, "most Terminating pods in a sample": 0,
+                       "webhook scope samples": 0, "forged reviews refused": 0,
+                       "flood connections": 0, "flood connections dropped": 0,
+                       "stranger connects refused": 0, "controller changes": 0}
         self.violations: list[str] = []
         self.ctld_restarted_at = 0.0
         self.faults: list[str] = []
+        self.every_fault_done = threading.Event()   # the first cycle of faults is through
+        self.fault_errors: list[str] = []    # a fault that could not be carried out
+        self.revived: list[str] = []         # daemons found dead or hung after a fault
+        self.takeover_how = ["kill -9", "takeover"]
+        self.ledger_path = ledger_socket_path(c.conf)
+        self.flood_ms: list[float] = []      # root's `show` while a flood runs
 
     def _count(self, key, n=1):
         with self.lock:
@@ -254,6 +285,7 @@ class Churn:
                 pods = K.list_pods(self.kube, NAMESPACE)
             except Exception:
                 continue
+            unchecked = self.unchecked_shared_nodes()
             terminating = sum(1 for p in pods if p["metadata"].get("deletionTimestamp"))
             with self.lock:
                 for p in pods:
@@ -266,6 +298,23 @@ class Churn:
                 self.counts["most Terminating pods in a sample"] = max(
                     terminating, self.counts["most Terminating pods in a sample"])
                 self.violations += over
+                if unchecked is not None:
+                    self.counts["webhook scope samples"] += 1
+                if unchecked:
+                    self.violations.append(f"{time.strftime('%T')} the webhook configuration "
+                                           f"leaves shared nodes unchecked: {unchecked}")
+
+    def unchecked_shared_nodes(self) -> list[str] | None:
+        """Shared nodes the webhook's matchCondition names as unshared (it is
+        called for every node but those); None if it cannot be read now."""
+        try:
+            doc = K.get_webhook_config(self.kube, "pyk8sres-admission")
+        except Exception:
+            return None
+        if doc is None:
+            return ["(no ValidatingWebhookConfiguration)"]
+        text = json.dumps([w.get("matchConditions") for w in doc.get("webhooks") or []])
+        return [n for n in CAPACITY if f"'{n}': true" in text]
 
     # --- faults -------------------------------------------------------------
     def _restart(self, name: str, how=signal.SIGKILL, pause: float = 1.0):
@@ -284,8 +333,184 @@ class Churn:
 
     def _slurmctld_restart(self):
         self.ctld_restarted_at = time.time()
-        self._restart("slurmctld")
-        self.c._wait(self.c._ctld_up, "slurmctld", 30)
+        faults.kill_and_restart(self.c)
+        self._count("controller changes")
+
+    def _fail_over_and_back(self):
+        """The backup slurmctld takes control, runs the cluster a while, and
+        the primary takes it back: the primary killed -9 (the first cycle,
+        so the bounded run has it), then handing over (`scontrol takeover`),
+        in turn."""
+        how = self.takeover_how[0]
+        self.takeover_how.reverse()
+        self.ctld_restarted_at = time.time()
+        took = faults.fail_over(self.c, how)
+        time.sleep(3)
+        self.ctld_restarted_at = time.time()
+        back = faults.fail_back(self.c)
+        self._count("controller changes", 2)
+        self._backup_standing_by()
+        return f"{how}: backup served after {took:.1f} s, primary again after {back:.1f} s"
+
+    def _backup_standing_by(self, timeout: float = 20):
+        """The backup must be back in standby (`scontrol ping`: UP) before it
+        can take over again.  Slurm 22.05's own (seen without node_features
+        too): a backup that took over twice (`scontrol takeover`, handed
+        back, then the primary killed -9; in a soak) hangs when it hands
+        control back the second time -- its main thread joins slurmctld's purge-files
+        thread forever, the backup log ends with "REQUEST_CONTROL reply but
+        backup not completely done relinquishing control", and `scontrol
+        ping` says it is DOWN.  Such a backup is restarted, as its supervisor
+        would, and reported."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.c.ping().get("backup") == "UP":
+                return
+            time.sleep(1)
+        self.c.stop("slurmctld-backup")
+        self.c.start_slurmctld(backup=True, wait=False)
+        with self.lock:
+            self.revived.append(f"{time.strftime('%T')} slurmctld-backup (not back in "
+                                f"standby {timeout:.0f} s after handing control back)")
+
+    def _slurmctld_and_coordinator_restart(self):
+        """kill -9 slurmctld, sync and the webhook at once; start them all
+        again at once (the coordinator meets a ledger that is not there,
+        then not ready)."""
+        argv = {}
+        for name in ("sync", "webhook"):
+            pid = self.c.pid(name)
+            argv[name] = [a.decode() for a in open(f"/proc/{pid}/cmdline", "rb").read()
+                          .rstrip(b"\0").split(b"\0")]
+        self.ctld_restarted_at = time.time()
+        pids = [self.c.pid(n) for n in ("slurmctld", "sync", "webhook")]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            while cluster.alive(pid):
+                time.sleep(0.02)
+        time.sleep(0.3)
+        self.c.start_slurmctld(wait=False)
+        for name, args in argv.items():
+            cluster.start_process(self.c.work, name, args,
+                                  env=dict(self.c.env, PYTHONUNBUFFERED="1"))
+        took = faults.wait_ledger(self.c)
+        self._count("controller changes")
+        return f"ledger served again after {took:.1f} s"
+
+    def _post_review(self, body: dict, client_cert) -> tuple:
+        """POST an AdmissionReview straight to the webhook, as anyone on the
+        network could (server certificate not checked: curl -k)."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        if client_cert:
+            ctx.load_cert_chain(*client_cert)
+        req = urllib.request.Request(f"https://127.0.0.1:{self.cp.ports.webhook}/validate",
+                                     json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except (urllib.error.URLError, ssl.SSLError, ConnectionError) as e:
+            return "tls", str(e)
+
+    def _forged_reviews(self):
+        """Reviews forged to shrink a bound pod's reservation to nothing (its
+        UID, no requests) and to reserve 64 CPUs for a pod that does not
+        exist, each posted with no client certificate, one of another CA
+        and a user's of the cluster's own CA: every one refused, and the
+        ledger holds the same for both keys afterwards."""
+        pods = [p for p in K.list_pods(self.kube, NAMESPACE)
+                if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")]
+        victim = self.rnd.choice(pods) if pods else None
+        node = victim["spec"]["nodeName"] if victim else "n1"
+        uid = victim["metadata"]["uid"] if victim else "no-victim"
+        forged_uid = f"forged-{self.rnd.randrange(1 << 30)}"
+
+        def review(pod_uid, requests):
+            return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                    "request": {"uid": f"r-{pod_uid}", "operation": "CREATE",
+                                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                                "subResource": "", "namespace": NAMESPACE, "name": "forged",
+                                "userInfo": {"username": "system:kube-scheduler"},
+                                "object": {"metadata": {"name": "forged", "uid": pod_uid,
+                                                        "namespace": NAMESPACE},
+                                           "spec": {"nodeName": node, "containers": [
+                                               {"name": "c", "resources": {
+                                                   "requests": requests}}]}}}}
+
+        def held():
+            entries = Ledger(self.ledger_path).show(node)["nodes"][node].get("entries") or {}
+            return entries.get(uid), entries.get(forged_uid)
+        pki_dir = os.path.join(self.c.work, "forger")
+        certs = {"no client certificate": None,
+                 "a certificate of another CA": pki.Authority(
+                     pki_dir, "other-ca", "forger CA").issue("apiserver", "kube-apiserver"),
+                 "a user's certificate of the cluster's CA": pki.Authority(
+                     self.cp.pki_dir, "ca", "x").issue("forger", "forger")}
+        before = held()
+        for what, cert in certs.items():
+            for body in (review(uid, {}), review(forged_uid, {"cpu": "64", "memory": "1Gi"})):
+                status, text = self._post_review(body, cert)
+                if status in (401, 403, "tls") and '"allowed": true' not in text:
+                    self._count("forged reviews refused")
+                else:
+                    with self.lock:
+                        self.violations.append(f"{time.strftime('%T')} forged review with "
+                                               f"{what} answered {status}: {text[:200]}")
+        after = held()
+        still_bound = victim is not None and any(
+            p["metadata"]["uid"] == uid and not p["metadata"].get("deletionTimestamp")
+            for p in K.list_pods(self.kube, NAMESPACE))
+        if after[1] is not None or (still_bound and before[0] and after[0] != before[0]):
+            with self.lock:
+                self.violations.append(f"{time.strftime('%T')} forged reviews changed the "
+                                       f"ledger on {node}: {before} -> {after}")
+        return f"victim on {node}, ledger held {before[0]} -> {after[0]}"
+
+    def _timed_shows(self, seconds: float) -> None:
+        """Root's `show` every 50 ms for `seconds`: timed, and each must answer."""
+        ledger = Ledger(self.ledger_path, timeout=5)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            t0 = time.perf_counter()
+            try:
+                reply = ledger.show()
+                failed = None if reply.get("ok") or L.not_ready(reply) else reply
+            except LedgerError as e:
+                failed = e
+            ms = (time.perf_counter() - t0) * 1000
+            with self.lock:
+                self.flood_ms.append(ms)
+                if failed is not None or ms > STALL_MS:
+                    self.violations.append(f"{time.strftime('%T')} root's ledger show during "
+                                           f"a flood: {failed or f'{ms:.0f} ms'}")
+            time.sleep(0.05)
+
+    def _flood_permitted(self):
+        """A permitted client (LedgerUsers) floods `show` on as many
+        connections as it may open, never reading a reply."""
+        with faults.LedgerFlood(self.ledger_path, FLOODER, [hybrid.coordinator_user().pw_gid]) as flood:
+            self._timed_shows(FLOOD_SECONDS)
+            done = flood.stop()
+        self._count("flood connections", done["connected"])
+        self._count("flood connections dropped", done["dropped"])
+        return f"{done['connected']} connections, {done['dropped']} dropped by the server"
+
+    def _flood_stranger(self):
+        """A uid that may not use the ledger connects again and again."""
+        with faults.ConnectStorm(self.ledger_path, STRANGER, [STRANGER]) as storm:
+            self._timed_shows(FLOOD_SECONDS)
+            outcomes = storm.stop()
+        reached = {k: v for k, v in outcomes.items() if k not in ("PermissionError", "denied")}
+        if reached:
+            with self.lock:
+                self.violations.append(f"{time.strftime('%T')} uid {STRANGER} reached the "
+                                       f"ledger: {outcomes}")
+        self._count("stranger connects refused", sum(outcomes.values()) - sum(reached.values()))
+        return f"outcomes {outcomes}"
 
     def _webhook_unreachable(self):
         pid = int(open(os.path.join(self.c.work, "run", "proc-webhook.pid")).read())
@@ -363,6 +588,12 @@ class Churn:
             ("coordinator kill -9 + restart",
              lambda: (self._restart("sync"), self._restart("webhook"))),
             ("slurmctld kill -9 + restart", self._slurmctld_restart),
+            ("forged AdmissionReviews", self._forged_reviews),
+            ("ledger flood by a permitted client that never reads", self._flood_permitted),
+            ("backup slurmctld takes over, primary takes back", self._fail_over_and_back),
+            ("ledger connect storm by an unprivileged uid", self._flood_stranger),
+            ("slurmctld + coordinator kill -9, all restarted at once",
+             self._slurmctld_and_coordinator_restart),
             ("kube-scheduler restart", lambda: self.cp.restart("kube-scheduler")),
             ("scontrol reconfigure", lambda: subprocess.run(
                 ["scontrol", "reconfigure"], env=self.c.env, capture_output=True, timeout=60)),
@@ -378,25 +609,50 @@ class Churn:
         while not self.stop.is_set():
             # Fault k of each cycle at k/(n+1) of SECONDS from its start:
             # a slow fault (an API server restart) delays the next, not all.
+            # At least MIN_GAP between two faults: a component restarted must
+            # be up before the next fault hits what it depends on.
             cycle = time.monotonic()
             for k, (name, fault) in enumerate(faults, 1):
                 due = cycle + SECONDS * k / (len(faults) + 1)
-                if self.stop.wait(max(0.5, due - time.monotonic())):
+                if self.stop.wait(max(MIN_GAP, due - time.monotonic())):
                     return
-                fault()
+                try:
+                    detail = fault()
+                except Exception as e:
+                    with self.lock:
+                        self.fault_errors.append(f"{time.strftime('%T')} {name}: "
+                                                 f"{type(e).__name__}: {e}")
+                    continue
                 with self.lock:
-                    self.faults.append(f"{time.strftime('%T')} {name}")
+                    self.faults.append(f"{time.strftime('%T')} {name}"
+                                       + (f" ({detail})" if isinstance(detail, str) else ""))
                     self.counts["faults"] += 1
+                self._revive_control_plane()
+            self.every_fault_done.set()
+
+    def _revive_control_plane(self):
+        """A control-plane component that died of a fault (kube-controller-
+        manager exits when kube-apiserver restarts while it builds its
+        controllers) is started again, as the kubelet or systemd would, and
+        reported."""
+        for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+            if not self.cp.running(name):
+                self.cp.restart(name)
+                with self.lock:
+                    self.revived.append(f"{time.strftime('%T')} {name} (had exited)")
 
 
 @pytest.fixture(scope="module")
 def world():
     work = tempfile.mkdtemp(prefix="pyk8sres-churn-")
+    os.chmod(work, 0o755)       # the ledger's callers of other uids reach its socket
     # Time limits as a site has them: an srun whose allocation answer died
     # with a kill -9'd slurmctld waits forever, its allocation ends at the limit.
+    # A backup controller; FLOODER may call the ledger too (the coordinator's group reaches its socket).
     c, cp = hybrid.up(work, nodes=NODES, cpus=CPUS, memory=MEMORY, base_port=port(17450),
-                      kube_port=pick_ports(27800, 27990), extra_conf="KillWait=5\n",
-                      slurm=SLURM)
+                      kube_port=pick_ports(port(27800), port(27990)), extra_conf="KillWait=5\n",
+                      slurm=SLURM, backup_controller=True,
+                      ledger_users=(FLOODER,))
     kube = K.Kube(cp.kubeconfig, None, 10)
     try:
         kube.core.create_namespace({"metadata": {"name": NAMESPACE}})
@@ -419,6 +675,8 @@ def test_churn_with_faults_never_double_books(world):
     for w in workers:
         w.start()
     time.sleep(SECONDS)
+    # A short run goes on until each fault has happened once.
+    churn.every_fault_done.wait(600)
     churn.stop.set()
     for w in workers:
         w.join(180)
@@ -474,7 +732,15 @@ def test_churn_with_faults_never_double_books(world):
                                     "violations": len(churn.violations)})
     print("\nchurn summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
     print("faults: " + "; ".join(churn.faults))
+    print("daemons found dead or hung after a fault, started again: "
+          + ("; ".join(churn.revived) or "none"))
+    if churn.flood_ms:
+        ms = sorted(churn.flood_ms)
+        print(f"root's ledger show during floods: {len(ms)} calls, median "
+              f"{ms[len(ms) // 2]:.1f} ms, p99 {ms[int(len(ms) * 0.99)]:.1f} ms, "
+              f"max {ms[-1]:.1f} ms")
     assert not churn.violations, churn.violations[:20]
+    assert not churn.fault_errors, churn.fault_errors
     if pending:
         ledger = subprocess.run([sys.executable, "-m", "pyk8sres", "ledger", "show"],
                                 capture_output=True, text=True, env=c.env).stdout
@@ -495,3 +761,8 @@ def test_churn_with_faults_never_double_books(world):
     assert counts["pods admitted"] > 0 and counts["pods refused"] > 0
     assert len(churn.placed) > 5 and len(churn.deployed) > 5 and started > 10
     assert counts["pods admitted"] + len(churn.placed) + len(churn.deployed) > 30
+    # ... and so did the hostile ones.
+    assert churn.every_fault_done.is_set(), churn.faults
+    assert counts["forged reviews refused"] >= 6 and counts["flood connections"] >= 8
+    assert counts["stranger connects refused"] > 0 and counts["controller changes"] >= 4
+    assert counts["webhook scope samples"] > 50

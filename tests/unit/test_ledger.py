@@ -4,6 +4,7 @@ and a crash-replay check.  The real slurmctld side: tests/integration."""
 import json
 import os
 import random
+import time
 
 import pytest
 
@@ -148,6 +149,13 @@ def _serve(ledger, facts, line, uid=0):
     return reply, shares
 
 
+def _held(ledger):
+    """What each key holds and whether it was seen bound (`since` is the
+    owning process's own clock: a new process rebases it)."""
+    return {n: {k: (e.cpu_m, e.mem_bytes, e.bound) for k, e in entries.items()}
+            for n, entries in ledger.nodes.items()}
+
+
 def test_journal_replays_grants_not_denials(tmp_path):
     facts = {"n1": NODE}
     a = Ledger(str(tmp_path))
@@ -194,7 +202,7 @@ def test_journal_is_private_and_compacts(tmp_path, monkeypatch):
     assert len(lines) <= 51 and json.loads(lines[0])["op"] == "snapshot"
     b = Ledger(str(tmp_path))
     b.load()
-    assert b.nodes == a.nodes and set(b.nodes["n1"]) == {"p199"}
+    assert _held(b) == _held(a) and set(b.nodes["n1"]) == {"p199"}
 
 
 def test_only_the_owner_replaces_the_journal(tmp_path):
@@ -248,7 +256,7 @@ def test_a_request_that_changes_nothing_is_not_journaled(tmp_path):
     assert os.path.getsize(a.path) > size
     b = Ledger(str(tmp_path))
     b.load()
-    assert b.nodes == a.nodes
+    assert _held(b) == _held(a)
 
 
 def test_a_refused_set_is_undone_on_replay(tmp_path):
@@ -319,3 +327,89 @@ def test_status_counts_pods_as_the_ledger_does():
             pod("slurm-share-n1", "n1", "7", ns="pyk8sres-placeholders"), pod("x", "kx", "3")]
     nodes = [{"metadata": {"name": "n1"}}, {"metadata": {"name": "kx"}}]
     assert status.pods_share(pods, nodes, {"n1"}, SyncConfig()) == {"n1": (2, 3)}
+
+
+# ----------------------------------------------------------------- clocks
+
+class Clock:
+    def __init__(self, now):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def _keys(ledger, node="n1"):
+    return sorted(ledger.nodes.get(node, {}))
+
+
+def test_a_wall_clock_step_ends_no_grace_period(tmp_path, monkeypatch):
+    """The grace period runs on the monotonic clock: the wall clock jumping
+    an hour ahead (NTP, an admin) drops no reservation not yet seen bound."""
+    import pyk8sres.slurmctld.ledger as module
+    a = Ledger(str(tmp_path))
+    assert a.clock is time.monotonic
+    a.load()
+    facts = {"n1": NODE}
+    assert _serve(a, facts, L.encode("reserve", node="n1", key="admitted", cpu_m=1000,
+                                     mem_bytes=0))[0]["ok"]
+    wall = time.time()
+    monkeypatch.setattr(module.time, "time", lambda: wall + 3600)
+    assert _serve(a, facts, L.encode("set", node="n1", entries={"other": [500, 0]},
+                                     keep_younger_than=30))[0]["ok"]
+    assert _keys(a) == ["admitted", "other"]
+
+
+@pytest.mark.parametrize("case,writer_clock,reader_clock", [
+    ("monotonic clock reset (reboot, backup host booted later)", 1_000_000.0, 5.0),
+    ("monotonic clock ahead (backup host up for longer)", 5.0, 1_000_000.0),
+    ("same host, restarted", 100.0, 160.0),
+])
+def test_a_new_process_rebases_grace_periods_to_its_own_clock(tmp_path, case,
+                                                             writer_clock, reader_clock):
+    """Across a restart or a takeover the journal's times are another
+    clock's: every entry counts from the load.  A reservation not seen
+    bound gets a fresh grace period (never dropped early), a bound pod's is
+    held as long as it is listed, and the replay of what the new process
+    writes agrees with what it decided."""
+    facts = {"n1": NODE}
+    clock = Clock(writer_clock)
+    a = Ledger(str(tmp_path), clock=clock)
+    a.load()
+    _serve(a, facts, L.encode("set", node="n1", entries={"bound": [1000, 0]}))
+    _serve(a, facts, L.encode("reserve", node="n1", key="admitted", cpu_m=1000, mem_bytes=0))
+    clock.now += 20                                  # 20 s of its 30 s grace used
+    clock = Clock(reader_clock)
+    b = Ledger(str(tmp_path), clock=clock)
+    b.load()                                         # slurmctld restarts / a backup takes over
+    assert {k: e.since for k, e in b.nodes["n1"].items()} == {"bound": reader_clock,
+                                                              "admitted": reader_clock}, case
+    keep = L.encode("set", node="n1", entries={"bound": [1000, 0]}, keep_younger_than=30)
+    clock.now += 29
+    assert _serve(b, facts, keep)[0]["dropped"] == [], case
+    assert _keys(b) == ["admitted", "bound"], case
+    clock.now += 2                                   # 31 s after the load: its grace is over
+    assert _serve(b, facts, keep)[0]["dropped"] == ["admitted"], case
+    c = Ledger(str(tmp_path), clock=Clock(reader_clock + 100))
+    c.load(compact=False)
+    assert _held(c) == _held(b) == {"n1": {"bound": (1000, 0, True)}}, case
+
+
+def test_replay_across_owners_agrees_with_what_each_decided(tmp_path):
+    """Journal lines of two owners with unrelated clocks replay as each
+    decided: the second owner's snapshot is in its own clock."""
+    facts = {"n1": NODE}
+    a = Ledger(str(tmp_path), clock=Clock(10.0))
+    a.load()
+    _serve(a, facts, L.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
+    clock = Clock(5_000.0)
+    b = Ledger(str(tmp_path), clock=clock)
+    b.load()
+    clock.now += 10
+    _serve(b, facts, L.encode("reserve", node="n1", key="q", cpu_m=1000, mem_bytes=0))
+    clock.now += 25      # p: 35 s since b took over (dropped), q: 25 s (kept)
+    assert _serve(b, facts, L.encode("set", node="n1", entries={},
+                                     keep_younger_than=30))[0]["dropped"] == ["p"]
+    replayed = Ledger(str(tmp_path), clock=Clock(1.0))
+    replayed.load(compact=False)
+    assert _held(replayed) == _held(b) == {"n1": {"q": (1000, 0, False)}}
