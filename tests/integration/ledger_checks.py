@@ -7,7 +7,7 @@ import subprocess
 import threading
 import time
 
-from pyk8sres.coordinator.slurm import Ledger, LedgerError
+from pyk8sres.coordinator.slurm import Ledger, LedgerError, ledger_socket_path
 
 # slurmctld saves job state a few seconds after a change (controller.c's
 # state save thread, at most every 5 s): what a kill -9 comes earlier than
@@ -147,3 +147,14 @@ def raw_show(path: str) -> dict:
         s.connect(path)
         s.sendall(b'{"op":"show"}\n')
         return json.loads(s.makefile("rb").readline())
+
+
+def clean_after(c, nodes=("n1", "n2")):
+    """Fixture body: the ledger's socket path; afterwards whatever the test
+    left is gone (no job, no share), so a failure does not cascade."""
+    path = ledger_socket_path(c.conf)
+    yield path
+    c.cancel_all_jobs()
+    wait_serving(path)
+    for node in nodes:
+        Ledger(path).set(node, {}, 0)

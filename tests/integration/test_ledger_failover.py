@@ -14,11 +14,10 @@ import time
 import pytest
 
 from pyk8sres import install
-from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
+from pyk8sres.coordinator.slurm import Ledger
 from pyk8sres.testbed import faults
 from ledger_checks import (STATE_SAVED_WITHIN, ReserveStream, assert_durable,
-                           assert_never_booked_twice, sh,
-                           wait_serving)
+                           assert_never_booked_twice, clean_after, sh)
 from local_slurm import RELEASE, local_cluster, port, requires_slurm
 
 pytestmark = requires_slurm + [
@@ -37,13 +36,7 @@ def c(tmp_path_factory):
 
 @pytest.fixture
 def path(c):
-    path = ledger_socket_path(c.conf)
-    yield path
-    # Whatever a test left: no job, no share.
-    c.cancel_all_jobs()
-    wait_serving(path)
-    for node in ("n1", "n2"):
-        Ledger(path).set(node, {}, 0)
+    yield from clean_after(c)
 
 
 def _backup_log(c) -> str:

@@ -19,10 +19,10 @@ import time
 import pytest
 
 from pyk8sres import install
-from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
+from pyk8sres.coordinator.slurm import Ledger
 from pyk8sres.testbed import faults
 from ledger_checks import (STATE_SAVED_WITHIN, ReserveStream, assert_durable,
-                           assert_never_booked_twice, raw_show,
+                           assert_never_booked_twice, clean_after, raw_show,
                            sh, wait_serving)
 from local_slurm import BUILD, RELEASE, local_cluster, port, requires_slurm
 
@@ -42,13 +42,7 @@ def c(tmp_path_factory):
 
 @pytest.fixture
 def path(c):
-    path = ledger_socket_path(c.conf)
-    yield path
-    # Whatever a test left: no job, no share.
-    c.cancel_all_jobs()
-    wait_serving(path)
-    for node in ("n1", "n2"):
-        Ledger(path).set(node, {}, 0)
+    yield from clean_after(c)
 
 
 def _journal(c) -> str:
