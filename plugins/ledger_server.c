@@ -121,6 +121,7 @@ static volatile bool access_changed;
 static pthread_mutex_t own_lock = PTHREAD_MUTEX_INITIALIZER;
 static int lock_fd = -1;
 static volatile bool owner;
+static bool capacity_given;	/* since in control (the thread's own) */
 static time_t retry_load_at;
 static bool told_waiting;
 
@@ -190,7 +191,7 @@ static bool _should_own(void)
 
 static bool _ready(void)
 {
-	return owner && _in_control();
+	return owner && _in_control() && capacity_given;
 }
 
 /* --- The journal lock ------------------------------------------------------ */
@@ -702,6 +703,16 @@ static void _follow_control(void)
 			ops.carry_all();
 		unlock_slurmctld(write_lock);
 	}
+	/* Before the first answer: a node that has not registered yet must
+	 * not be shown, or reserved on, as empty. */
+	if (owner && !capacity_given && _in_control()) {
+		if (ops.give_capacity) {
+			lock_slurmctld(write_lock);
+			ops.give_capacity();
+			unlock_slurmctld(write_lock);
+		}
+		capacity_given = true;
+	}
 	if (owner && listen_fd < 0 && _should_own() &&
 	    time(NULL) >= listen_retry_at && (listen_fd = _listen()) < 0)
 		listen_retry_at = time(NULL) + RETRY_LOAD_S;
@@ -714,6 +725,7 @@ static void _follow_control(void)
 		slurm_mutex_lock(&own_lock);
 		_unlock_journal();
 		owner = false;
+		capacity_given = false;	/* the next control rebuilds the nodes */
 		slurm_mutex_unlock(&own_lock);
 		info("%s: %s: slurmctld is shutting down or handing over: let go of the journal and the socket",
 		     LOG_PREFIX, __func__);

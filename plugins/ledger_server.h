@@ -16,7 +16,9 @@ struct pyk8sres_core;
  * Python under slurmctld's job+node write locks (pyk8sres_core.h); remember
  * records a node's share without carrying it (a journal load: carry_all or
  * resync follows); resync puts shares back after Slurm rebuilt allocations
- * (node lock held); carry_all carries every node's share (write locks).
+ * (node lock held); carry_all carries every node's share (write locks);
+ * give_capacity, where slurmctld does not (25.11+), gives every node its
+ * capacity once in control (write locks), NULL elsewhere.
  * A read-only request (`show`) runs without slurmctld's locks on a copy:
  * copy_facts takes it (node lock held), copied_facts and copied_node_name
  * read it. */
@@ -28,6 +30,7 @@ struct ledger_plugin_ops {
 	pyk8sres_stats_fn stats;
 	void (*resync)(void);
 	void (*carry_all)(void);
+	void (*give_capacity)(void);
 	void (*copy_facts)(void);
 	pyk8sres_facts_fn copied_facts;
 	pyk8sres_node_name_fn copied_node_name;

@@ -464,6 +464,21 @@ static void _remember(const char *name, uint64_t cpu, uint64_t mem)
 	_want_set(name, cpu, mem);
 }
 
+#if !PYK8SRES_NF_GET_NODE
+static int _apply(node_record_t *node_ptr);
+
+/* 25.11+ calls no get_node(NULL) at startup: give every node its capacity
+ * here (slurmctld's write locks held), as registration would; a node that
+ * never registers keeps it, as on older releases. */
+static void _give_capacity(void)
+{
+	node_record_t *node_ptr;
+
+	for (int i = 0; (node_ptr = next_node(&i)); i++)
+		(void) _apply(node_ptr);
+}
+#endif
+
 static const struct ledger_plugin_ops ledger_ops = {
 	.facts = _facts,
 	.share = _share,
@@ -472,6 +487,9 @@ static const struct ledger_plugin_ops ledger_ops = {
 	.stats = _stats,
 	.resync = _resync_if_rebuilt,
 	.carry_all = _carry_all,
+#if !PYK8SRES_NF_GET_NODE
+	.give_capacity = _give_capacity,
+#endif
 	.copy_facts = _copy_facts,
 	.copied_facts = _copied_facts,
 	.copied_node_name = _copied_node_name,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import urllib.parse
 
@@ -23,6 +24,16 @@ log = logging.getLogger("pyk8sres.coordinator.permissions")
 # Refused on purpose: Kube.ensure_crd takes a 403 as "the admin applied the
 # CRD" (the chart's RBAC grants no CRD access).
 EXPECTED = {("apiextensions.k8s.io", "customresourcedefinitions")}
+
+# The API server's authorization refusal (responsewriters.forbiddenMessage).
+# Other 403s are admission's answers to one object (our own webhook
+# refusing a pod that does not fit, a quota, Pod Security), not a missing
+# grant: they must not make the daemon "not ready".
+AUTHORIZATION_REFUSAL = re.compile(r'\bforbidden: User "[^"]*" cannot ')
+
+
+def refused_by_authorization(status: int, message: str) -> bool:
+    return status == 403 and AUTHORIZATION_REFUSAL.search(message) is not None
 
 
 def request_rule(method: str, url: str) -> tuple[str, str, str, str] | None:
@@ -77,7 +88,7 @@ def error_text(e: Exception) -> str:
     if status is None:
         return f"{type(e).__name__}: {e}"
     msg = status_message(getattr(e, "body", None)) or getattr(e, "reason", "")
-    if status == 403:
+    if refused_by_authorization(status, msg):
         return f"forbidden by RBAC: {msg}"
     return f"{status} {getattr(e, 'reason', '')}: {msg}"
 
@@ -94,8 +105,8 @@ class Refusals:
         rule = request_rule(method, url)
         if rule is None or rule[1:3] in EXPECTED:
             return
-        if status == 403:
-            message = status_message(body)
+        message = status_message(body) if status == 403 else ""
+        if refused_by_authorization(status, message):
             with self.lock:
                 new = rule not in self.refused
                 self.refused[rule] = message

@@ -106,6 +106,15 @@ def held_after_a_refused_second_copy(c, pending: list[str]) -> list[str]:
     return out
 
 
+def drained_for_a_second_copy(c) -> list[str]:
+    """Nodes slurmctld drained in the same kill -9 window: slurmd reported
+    the first copy of a job it had launched again ("Duplicate jobid",
+    slurmctld's own reason).  An admin resumes them; so does the test."""
+    shown = subprocess.run(["scontrol", "-o", "show", "node"], capture_output=True, text=True,
+                           env=c.env, check=True).stdout
+    return re.findall(r"^NodeName=(\S+) .*\bReason=Duplicate jobid\b", shown, re.M)
+
+
 def drain(env) -> list[str]:
     """Wait while the queue drains.  Returns the jobs still pending when it
     stops draining (nothing started for STALL_SECONDS).  Nothing is submitted
@@ -159,6 +168,11 @@ def kubelet_cut_off(node: str) -> dict:
     return {"apiVersion": "v1", "kind": "List", "items": [policy, binding]}
 
 
+def argv_of(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [a.decode() for a in f.read().rstrip(b"\0").split(b"\0")]
+
+
 class Churn:
     def __init__(self, c, cp, kube, seed: int):
         self.c, self.cp, self.kube = c, cp, kube
@@ -187,6 +201,8 @@ class Churn:
         self.takeover_how = ["kill -9", "takeover"]
         self.ledger_path = ledger_socket_path(c.conf)
         self.flood_ms: list[float] = []      # root's `show` while a flood runs
+        # How sync and the webhook were started: they are started again so.
+        self.coordinator_argv = {name: argv_of(c.pid(name)) for name in ("sync", "webhook")}
 
     def _count(self, key, n=1):
         with self.lock:
@@ -318,10 +334,7 @@ class Churn:
 
     # --- faults -------------------------------------------------------------
     def _restart(self, name: str, how=signal.SIGKILL, pause: float = 1.0):
-        pid_file = os.path.join(self.c.work, "run", f"proc-{name}.pid")
-        pid = int(open(pid_file).read())
-        argv = open(f"/proc/{pid}/cmdline", "rb").read().rstrip(b"\0").split(b"\0")
-        env = dict(self.c.env, PYTHONUNBUFFERED="1")
+        pid = self.c.pid(name)
         os.kill(pid, how)
         try:
             os.waitpid(pid, 0)
@@ -329,7 +342,7 @@ class Churn:
             while cluster.alive(pid):
                 time.sleep(0.05)
         time.sleep(pause)
-        cluster.start_process(self.c.work, name, [a.decode() for a in argv], env=env)
+        hybrid.start_coordinator(self.c, name, self.coordinator_argv[name])
 
     def _slurmctld_restart(self):
         self.ctld_restarted_at = time.time()
@@ -377,11 +390,6 @@ class Churn:
         """kill -9 slurmctld, sync and the webhook at once; start them all
         again at once (the coordinator meets a ledger that is not there,
         then not ready)."""
-        argv = {}
-        for name in ("sync", "webhook"):
-            pid = self.c.pid(name)
-            argv[name] = [a.decode() for a in open(f"/proc/{pid}/cmdline", "rb").read()
-                          .rstrip(b"\0").split(b"\0")]
         self.ctld_restarted_at = time.time()
         pids = [self.c.pid(n) for n in ("slurmctld", "sync", "webhook")]
         for pid in pids:
@@ -391,9 +399,8 @@ class Churn:
                 time.sleep(0.02)
         time.sleep(0.3)
         self.c.start_slurmctld(wait=False)
-        for name, args in argv.items():
-            cluster.start_process(self.c.work, name, args,
-                                  env=dict(self.c.env, PYTHONUNBUFFERED="1"))
+        for name, argv in self.coordinator_argv.items():
+            hybrid.start_coordinator(self.c, name, argv)
         took = faults.wait_ledger(self.c)
         self._count("controller changes")
         return f"ledger served again after {took:.1f} s"
@@ -628,7 +635,18 @@ class Churn:
                                        + (f" ({detail})" if isinstance(detail, str) else ""))
                     self.counts["faults"] += 1
                 self._revive_control_plane()
+                self._coordinator_alive()
             self.every_fault_done.set()
+
+    def _coordinator_alive(self):
+        """sync and the webhook never exit of a fault; one that did is an
+        error of the run (nothing would shrink shares or admit pods)."""
+        for name in ("sync", "webhook"):
+            if self.c.pid(name) is None:
+                with self.lock:
+                    self.fault_errors.append(f"{time.strftime('%T')} {name} has exited; "
+                                             f"log/{name}.out ends:\n{self.c.log_tail(name + '.out')}")
+                hybrid.start_coordinator(self.c, name, self.coordinator_argv[name])
 
     def _revive_control_plane(self):
         """A control-plane component that died of a fault (kube-controller-
@@ -691,9 +709,13 @@ def test_churn_with_faults_never_double_books(world):
     for p in K.list_pods(kube, NAMESPACE):
         K.delete_pod(kube, NAMESPACE, p["metadata"]["name"])
     drain_started = time.monotonic()
+    # Jobs and nodes Slurm held itself after its kill -9 window hold nothing;
+    # released and resumed, they must run like every other job and node.
+    resumed = drained_for_a_second_copy(c)
+    if resumed:
+        subprocess.run(["scontrol", "update", f"NodeName={','.join(resumed)}", "State=RESUME"],
+                       env=c.env, check=True, capture_output=True)
     pending = drain(c.env)
-    # Jobs Slurm held itself after its kill -9 window hold nothing; released,
-    # they must run like every other job.
     refused_copies = held_after_a_refused_second_copy(c, pending)
     if refused_copies:
         subprocess.run(["scontrol", "release", *refused_copies], env=c.env, check=True,
@@ -728,6 +750,8 @@ def test_churn_with_faults_never_double_books(world):
                                     "sruns whose job died with slurmctld's kill -9": lost,
                                     "jobs Slurm held after slurmd refused a second copy "
                                     "(released, then ran)": len(refused_copies),
+                                    "nodes Slurm drained for such a copy (resumed)":
+                                        len(resumed),
                                     "seconds the backlog took to run": round(drained_in),
                                     "violations": len(churn.violations)})
     print("\nchurn summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))

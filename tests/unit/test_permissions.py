@@ -50,7 +50,9 @@ def test_refused_until_granted_and_said_in_readiness():
     r.answered("GET", nodes, 403, status('nodes is forbidden: User "sa" cannot list resource '
                                          '"nodes" in API group "" at the cluster scope'))
     r.answered("PATCH", f"{S}/apis/pyk8sres.io/v1alpha1/genericnodes/n1/status", 403,
-               status("genericnodes.pyk8sres.io \"n1\" is forbidden"))
+               status('genericnodes.pyk8sres.io "n1" is forbidden: User "sa" cannot patch '
+                      'resource "genericnodes/status" in API group "pyk8sres.io" at the '
+                      'cluster scope'))
     why = r.not_ready()
     assert why.startswith("forbidden by RBAC: list nodes; ")
     assert "patch genericnodes/status (API group pyk8sres.io)" in why
@@ -76,9 +78,29 @@ def test_a_refusal_makes_the_daemon_not_ready(monkeypatch):
     monkeypatch.setattr(metrics, "HEALTH", health)
     r = P.Refusals()
     assert health.ready() == []
-    r.answered("GET", f"{S}/api/v1/namespaces/d/pods/x", 403, status("no"))
+    r.answered("GET", f"{S}/api/v1/namespaces/d/pods/x", 403,
+               status('pods "x" is forbidden: User "sa" cannot get resource "pods" in API '
+                      'group "" in the namespace "d"'))
     assert health.ready() == ["permissions: forbidden by RBAC: get pods in namespace d "
                               "(grant them: the Helm chart's RBAC)"]
+
+
+@pytest.mark.parametrize("message", [
+    'admission webhook "admission.pyk8sres.io" denied the request: pod d/p (1000m CPU, 1Gi) '
+    'does not fit on node n1',
+    'pods "p" is forbidden: exceeded quota: q, requested: cpu=2, used: cpu=4, limited: cpu=4',
+    'pods "p" is forbidden: violates PodSecurity "restricted:latest": privileged',
+])
+def test_an_admission_refusal_is_not_a_missing_grant(message):
+    """A 403 that admission gives one object: the daemon still has its
+    permissions (our own webhook refusing a pod must not make it not ready)."""
+    r = P.Refusals()
+    r.answered("POST", f"{S}/api/v1/namespaces/d/pods", 403, status(message))
+    assert r.not_ready() is None
+    from kubernetes.client.exceptions import ApiException
+    e = ApiException(status=403, reason="Forbidden")
+    e.body = status(message).decode()
+    assert P.error_text(e) == "403 Forbidden: " + message
 
 
 def test_error_text_is_one_line_naming_what_rbac_refused():

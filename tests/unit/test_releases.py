@@ -83,6 +83,7 @@ def test_ensure_uses_a_finished_build_without_building(root, monkeypatch):
 
 
 def test_ensure_builds_what_is_missing_then_uses_it(root, monkeypatch, tmp_path):
+    monkeypatch.setattr(releases, "tools_dir", lambda: "/checkout/tools")
     tree = tmp_path / "src-26.05.3"
     tree.mkdir()
     (tree / "META").write_text("  Major:\t26\n  Minor:\t05\n  Micro:\t3\n")
@@ -113,7 +114,15 @@ def test_ensure_refuses_a_tree_that_is_not_the_release(root, tmp_path, meta, nam
 
 
 def test_ensure_says_how_when_debian_has_no_source(root, monkeypatch):
+    monkeypatch.setattr(releases, "tools_dir", lambda: "/checkout/tools")
     monkeypatch.setattr(releases.subprocess, "run",
                         lambda argv, **k: releases.subprocess.CompletedProcess(argv, 77))
     with pytest.raises(releases.ReleaseError, match="--slurm-source DIR"):
+        releases.ensure("26.05")
+
+
+def test_ensure_outside_a_checkout_says_where_to_build(root, monkeypatch):
+    monkeypatch.setattr(releases, "tools_dir", lambda: None)
+    monkeypatch.setattr(releases.subprocess, "run", lambda *a, **k: pytest.fail("nothing to run"))
+    with pytest.raises(releases.ReleaseError, match="not a checkout"):
         releases.ensure("26.05")
