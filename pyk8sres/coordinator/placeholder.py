@@ -26,12 +26,14 @@ from ..policy import placeholder as P
 from .scope import Scope, slurm_names
 
 log = logging.getLogger("pyk8sres.coordinator.placeholder")
+# Pods someone else made or deleted in our namespace are seen this late at most.
+RELIST_SECONDS = 30.0
 
 
 class Placeholders:
     def __init__(self, kube, ledger, scope: Scope, namespace: str,
                  priority_class: str = P.PRIORITY_CLASS, image: str = P.IMAGE,
-                 period: float = 0.5, relist_seconds: float = 30.0,
+                 period: float = 0.5, relist_seconds: float = RELIST_SECONDS,
                  max_pods: int = P.MAX_PODS):
         self.kube, self.ledger, self.scope = kube, ledger, scope
         self.namespace, self.priority_class, self.image = namespace, priority_class, image

@@ -83,6 +83,9 @@ JOB_SHARED_NONE = 0
 CR_CPU, CR_SOCKET, CR_CORE, CR_BOARD = 0x1, 0x2, 0x4, 0x8
 CR_MEMORY = 0x10
 CR_ONE_TASK_PER_CORE = 0x100
+# 23.02 (Site.per_task_pair_lost), seen with sbatch --tres-per-task=cpu:C,gres/k8scpu:C,
+# gres/k8smemory:M on nodes of 8 CPUs, with or without SMT: C = 1 or 2 runs, 3 and 4 are refused.
+PAIR_LOST_ABOVE_CPUS = 2
 TRES_SLASH_FROM = 0x170B00  # 23.11: gres/NAME:N (when the build did not detect it)
 PER_TASK_BREAKS_PLANE = 0x170000  # Slurm 23.00 on (SLURM_VERSION_NUMBER): see _per_task_figures
 SLURM_DIST_PLANE = 0x0004  # slurm.h task_dist_states_t, under SLURM_DIST_STATE_BASE
@@ -178,6 +181,11 @@ class Site:
     # --spread-job with a per-task or per-job GRES crashes slurmctld (24.11's
     # _eval_nodes_spread: SPREAD_PER_TASK_CRASHES=1; not 22.05, not 25.05 on).
     spread_per_task_crashes: bool = False
+    # A per-task k8scpu and k8smemory together with -c above
+    # PAIR_LOST_ABOVE_CPUS: 23.02's GRES filter loses the second count and
+    # refuses the job (gres_select_filter.c restores total_cnt from a
+    # total_cnt_before_filter never saved: PER_TASK_PAIR_LOST=1).
+    per_task_pair_lost: bool = False
     # TRES strings gres/NAME:N (TRES_SLASH=1, 23.11 on) or gres:NAME:N; None:
     # not detected, inferred from slurm_version.
     tres_slash: bool | None = None
@@ -595,6 +603,10 @@ def _per_task_figures(job: Job, site: Site, node: _NodeFigures) -> dict | None:
     per_task = {GRES_CPU: one}
     one_mem = node.memory(1, one)
     if one_mem and not node.mem_node:
+        if site.per_task_pair_lost and node.c > PAIR_LOST_ABOVE_CPUS:
+            # 23.02 refuses such a job ("Requested node configuration is not
+            # available"), even -n 1 -c 3 on an idle node: per node instead.
+            return None
         per_task[GRES_MEMORY] = one_mem
     return per_task
 

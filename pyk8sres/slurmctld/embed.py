@@ -109,6 +109,7 @@ def release_facts(path: str = BUILD_FACTS) -> dict:
     return dict(gres_fits_cores=detected.get("GRES_FITS_CORES") == "1",
                 ntasks_per_node_fills=detected.get("NTASKS_PER_NODE_FILLS", "1") == "1",
                 spread_per_task_crashes=detected.get("SPREAD_PER_TASK_CRASHES", "1") == "1",
+                per_task_pair_lost=detected.get("PER_TASK_PAIR_LOST", "1") == "1",
                 tres_slash=detected["TRES_SLASH"] == "1" if "TRES_SLASH" in detected else None)
 
 

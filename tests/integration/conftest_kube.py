@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from local_slurm import port
 from pyk8sres.testbed import chart, cluster, kubernetes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,9 +47,12 @@ def rbac_manifest(kube) -> Path:
 
 
 def pick_ports(start: int = 26400, stop: int = 26990) -> int:
-    """First port p with the control plane's whole block (kubernetes.Ports) free."""
+    """First port p with the control plane's whole block (kubernetes.Ports)
+    free, in start..stop moved as every test port (local_slurm.port), so that
+    a run on other ports never races this one for a block."""
     if os.environ.get("PYK8SRES_KUBE_PORT"):
         return int(os.environ["PYK8SRES_KUBE_PORT"])
+    start, stop = port(start), port(stop)
     for p in range(start, stop, BLOCK):
         if all(cluster.port_free(p + i) for i in range(BLOCK)):
             return p

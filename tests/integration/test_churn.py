@@ -668,7 +668,7 @@ def world():
     # with a kill -9'd slurmctld waits forever, its allocation ends at the limit.
     # A backup controller; FLOODER may call the ledger too (the coordinator's group reaches its socket).
     c, cp = hybrid.up(work, nodes=NODES, cpus=CPUS, memory=MEMORY, base_port=port(17450),
-                      kube_port=pick_ports(port(27800), port(27990)), extra_conf="KillWait=5\n",
+                      kube_port=pick_ports(27800, 27990), extra_conf="KillWait=5\n",
                       slurm=SLURM, backup_controller=True,
                       ledger_users=(FLOODER,))
     kube = K.Kube(cp.kubeconfig, None, 10)

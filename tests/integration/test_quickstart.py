@@ -109,7 +109,7 @@ def test_quickstart_runs_as_written(kube_binaries):
     tmp = tempfile.mkdtemp(prefix="pyk8sres-quickstart-")
     os.chmod(tmp, 0o755)
     work = os.path.join(tmp, "qs")
-    script, parts = _script(block, work, port(17900), pick_ports(port(28000), port(28190)))
+    script, parts = _script(block, work, port(17900), pick_ports(28000, 28190))
     assert sum(len(expected) for _, expected in parts) >= 10, parts
     env = {k: v for k, v in os.environ.items() if k not in ("SLURM_CONF", "KUBECONFIG")}
     try:

@@ -22,6 +22,7 @@ SMT = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=S
            partitions={"debug": Partition(nodes=SMT_NODES)}, default_partition="debug")
 SMT_2605 = dataclasses.replace(SMT, gres_fits_cores=False, ntasks_per_node_fills=True)
 SITE_2511 = dataclasses.replace(SITE, ntasks_per_node_fills=True)
+SMT_2302 = dataclasses.replace(SMT, slurm_version=0x170208, per_task_pair_lost=True)
 SMT_CR_CORE_UNKNOWN = Site(cluster_mem=MemDefault(per_cpu=100),
                            all_nodes=Nodes(threads_per_core=2, cpus=8, memory=16000))
 SMT_CR_CPU = Site(slurm_version=V2205, cluster_mem=MemDefault(per_cpu=100), all_nodes=SMT_NODES,
@@ -564,6 +565,18 @@ RULES = [
      SMT_2605, Job(num_tasks=12), {CPU: 8, MEM: 800}, {}),
     ("26.05.3 SMT: -n 6 -c 2, even c: per task as on every release", SMT_2605,
      Job(num_tasks=6, cpus_per_task=2), {}, {CPU: 2, MEM: 200}),
+    # 23.02: a per-task k8scpu and k8smemory together are refused (PER_TASK_PAIR_LOST)
+    ("23.02 SMT: -n 3 -c 3 (the differential test's): per node, the most", SMT_2302,
+     Job(num_tasks=3, cpus_per_task=3), {CPU: 8, MEM: 800}, {}),
+    ("23.02 SMT: -n 3 -c 3 --mem=900: a per-task k8scpu alone runs there", SMT_2302,
+     Job(num_tasks=3, cpus_per_task=3, mem_per_node=900), {MEM: 900}, {CPU: 4}),
+    ("23.02 SMT: -n 6 -c 2: the pair per task runs there", SMT_2302,
+     Job(num_tasks=6, cpus_per_task=2), {}, {CPU: 2, MEM: 200}),
+    ("23.02: -n 5 -N 2: the pair per task runs there", dataclasses.replace(
+        THREE, slurm_version=0x170208, per_task_pair_lost=True),
+     Job(num_tasks=5, min_nodes=2, max_nodes=2), {}, {CPU: 1, MEM: 100}),
+    ("22.05 SMT: -n 3 -c 3: per task, the rounded figure", SMT,
+     Job(num_tasks=3, cpus_per_task=3), {}, {CPU: 4, MEM: 400}),
     # 25.11 on: --ntasks-per-node=k puts k tasks on every node whatever -n (NTASKS_PER_NODE_FILLS)
     ("25.11: -n 1 --ntasks-per-node=4: 4 tasks' CPUs (seen on 26.05.3 with any GRES)", SITE_2511,
      Job(num_tasks=1, ntasks_per_node=4), {CPU: 4, MEM: 400}, {}),

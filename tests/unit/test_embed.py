@@ -204,19 +204,25 @@ def test_live_partition_gpu_defaults_override_slurm_conf():
 
 @pytest.mark.parametrize("text,facts", [
     ("SLURM_VERSION=22.5.8\nGRES_FITS_CORES=1\nNTASKS_PER_NODE_FILLS=0\n"
-     "SPREAD_PER_TASK_CRASHES=0\nTRES_SLASH=0\n", (True, False, False, False)),
+     "SPREAD_PER_TASK_CRASHES=0\nPER_TASK_PAIR_LOST=0\nTRES_SLASH=0\n",
+     (True, False, False, False, False)),
+    ("SLURM_VERSION=23.2.8\nGRES_FITS_CORES=1\nNTASKS_PER_NODE_FILLS=0\n"
+     "SPREAD_PER_TASK_CRASHES=0\nPER_TASK_PAIR_LOST=1\nTRES_SLASH=0\n",
+     (True, False, False, True, False)),
     ("SLURM_VERSION=24.11.5\nGRES_FITS_CORES=1\nNTASKS_PER_NODE_FILLS=0\n"
-     "SPREAD_PER_TASK_CRASHES=1\nTRES_SLASH=1\n", (True, False, True, True)),
+     "SPREAD_PER_TASK_CRASHES=1\nPER_TASK_PAIR_LOST=0\nTRES_SLASH=1\n",
+     (True, False, True, False, True)),
     ("SLURM_VERSION=26.5.3\nGRES_FITS_CORES=0\nNTASKS_PER_NODE_FILLS=1\n"
-     "SPREAD_PER_TASK_CRASHES=0\n", (False, True, False, None)),
+     "SPREAD_PER_TASK_CRASHES=0\nPER_TASK_PAIR_LOST=0\n", (False, True, False, False, None)),
     # no record: the answers that hold at least what any release allocates
     # and never hand slurmctld the job that crashes 24.11
-    (None, (False, True, True, None)),
+    (None, (False, True, True, True, None)),
 ])
 def test_release_facts_come_from_the_build(tmp_path, text, facts):
     path = tmp_path / "slurm_build.txt"
     if text is not None:
         path.write_text(text)
     assert embed.release_facts(str(path)) == dict(zip(
-        ("gres_fits_cores", "ntasks_per_node_fills", "spread_per_task_crashes", "tres_slash"),
+        ("gres_fits_cores", "ntasks_per_node_fills", "spread_per_task_crashes",
+         "per_task_pair_lost", "tres_slash"),
         facts))
