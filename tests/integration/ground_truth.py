@@ -4,6 +4,7 @@ node) and the pods the API server has bound (non-terminal, Terminating
 included: a Terminating pod runs until its grace period ends)."""
 from __future__ import annotations
 
+import glob
 import math
 import os
 import re
@@ -34,18 +35,15 @@ def count_ids(cpu_ids: str) -> int:
                (p.partition("-") if "-" in p else (p, "", p) for p in cpu_ids.split(",")))
 
 
-def stepd_jobs() -> set[str]:
-    """Job ids that have a slurmstepd on this host: jobs really running."""
-    out = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                m = re.match(rb"slurmstepd: \[(\d+)\.", f.read())
-        except OSError:
-            continue
-        if m:
-            out.add(m.group(1).decode())
-    return out
+def stepd_jobs(env) -> set[str]:
+    """Job ids that have a slurmstepd in this cluster: jobs really running.
+    A slurmstepd listens on SlurmdSpoolDir/<node>_<job>.<step> while it
+    lives; the command line ("slurmstepd: [7.batch]") would not do, since
+    another test cluster on this host (CI runs two) has job 7 too."""
+    with open(env["SLURM_CONF"]) as f:
+        spool = re.search(r"^SlurmdSpoolDir=(\S+)", f.read(), re.M | re.I).group(1)
+    return {m.group(1) for path in glob.glob(os.path.join(spool.replace("%n", "*"), "*_*.*"))
+            if (m := re.search(r"_(\d+)\.\d+$", path))}
 
 
 def slurm_jobs(env, nodes, restarted_at: float = 0.0) -> dict[str, list[int]]:
@@ -58,7 +56,7 @@ def slurm_jobs(env, nodes, restarted_at: float = 0.0) -> dict[str, list[int]]:
     (restarted_at, epoch seconds) and no slurmstepd of it exists."""
     out = subprocess.run(["scontrol", "-d", "-o", "show", "job"], capture_output=True, text=True,
                          env=env, timeout=30).stdout
-    alive = stepd_jobs() if restarted_at else set()
+    alive = stepd_jobs(env) if restarted_at else set()
     used = {n: [0, 0] for n in nodes}
     for line in out.splitlines():
         if "JobState=RUNNING" not in line:

@@ -61,6 +61,16 @@ class ReserveStream(threading.Thread):
             time.sleep(self.interval)
         ledger.close()
 
+    def wait_acked(self, more: int = 20, timeout: float = 60) -> None:
+        """Until `more` further reserves are acknowledged: whoever serves the
+        ledger now has granted some (a count, not a sleep: a loaded machine's
+        fsyncs are slower, not wrong)."""
+        goal, deadline = len(self.acked) + more, time.monotonic() + timeout
+        while len(self.acked) < goal:
+            assert time.monotonic() < deadline and self.is_alive(), \
+                f"{goal - len(self.acked)} of {more} reserves still unacknowledged: {self.refusals}"
+            time.sleep(0.05)
+
     def stop(self):
         self._halt.set()
         self.join(30)
