@@ -719,19 +719,20 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _unix_sockets_under(root: str) -> set[str]:
-    """Inodes of the unix sockets bound to a path under `root` (/proc/net/unix)."""
-    inodes = set()
+def unix_sockets_under(root: str) -> dict[str, str]:
+    """Path -> inode of the unix sockets bound to a path under `root` and
+    listening now (/proc/net/unix: a file left behind does not count)."""
+    bound = {}
     try:
         with open("/proc/net/unix") as f:
             next(f)
             for line in f:
                 fields = line.split()
                 if len(fields) >= 8 and fields[7].startswith(root + "/"):
-                    inodes.add(fields[6])
+                    bound[fields[7]] = fields[6]
     except OSError:
         pass
-    return inodes
+    return bound
 
 
 def cluster_processes(work: str) -> list[int]:
@@ -740,7 +741,7 @@ def cluster_processes(work: str) -> list[int]:
     holds a socket in the cluster's spool, and all their descendants (the
     jobs' own processes)."""
     root = os.path.abspath(work)
-    sockets = {f"socket:[{inode}]" for inode in _unix_sockets_under(root)}
+    sockets = {f"socket:[{inode}]" for inode in unix_sockets_under(root).values()}
     parents, roots = {}, set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():

@@ -4,7 +4,6 @@ node) and the pods the API server has bound (non-terminal, Terminating
 included: a Terminating pod runs until its grace period ends)."""
 from __future__ import annotations
 
-import glob
 import math
 import os
 import re
@@ -15,6 +14,7 @@ from fractions import Fraction
 from pyk8sres.coordinator import kube as K
 from pyk8sres.policy import placeholder as P
 from pyk8sres.policy import usage as U
+from pyk8sres.testbed import cluster
 
 PLACEHOLDERS = "pyk8sres-placeholders"   # Slurm's own share as kube-scheduler sees it
 
@@ -38,11 +38,13 @@ def count_ids(cpu_ids: str) -> int:
 def stepd_jobs(env) -> set[str]:
     """Job ids that have a slurmstepd in this cluster: jobs really running.
     A slurmstepd listens on SlurmdSpoolDir/<node>_<job>.<step> while it
-    lives; the command line ("slurmstepd: [7.batch]") would not do, since
-    another test cluster on this host (CI runs two) has job 7 too."""
+    lives (as cluster.cluster_processes finds them); the command line
+    ("slurmstepd: [7.batch]") would not do, since another test cluster on
+    this host (CI runs two) has job 7 too."""
     with open(env["SLURM_CONF"]) as f:
         spool = re.search(r"^SlurmdSpoolDir=(\S+)", f.read(), re.M | re.I).group(1)
-    return {m.group(1) for path in glob.glob(os.path.join(spool.replace("%n", "*"), "*_*.*"))
+    root = os.path.dirname(spool) if "%n" in spool else spool
+    return {m.group(1) for path in cluster.unix_sockets_under(root)
             if (m := re.search(r"_(\d+)\.\d+$", path))}
 
 

@@ -262,12 +262,13 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded
     # repair (every repair_seconds) sets n2 back to the pods bound there, so
     # the test holds n2 over again whenever the repair came first.
     ledger = S.Ledger(S.ledger_socket_path(c.conf))
-    held = {k: tuple(v) for k, v in ledger.show("n2")["nodes"]["n2"]["entries"].items()}
-    assert ledger.set("n2", {**held, "rbac-live-over": (8000, 1 << 20)}, 0)["oversubscribed"]
+    n2_entries = lambda: {k: tuple(v) for k, v in                   # noqa: E731
+                          ledger.show("n2")["nodes"]["n2"]["entries"].items()}
+    held = n2_entries()
 
     def bumped_while_held_over():
-        now = {k: tuple(v) for k, v in ledger.show("n2")["nodes"]["n2"]["entries"].items()}
-        if "rbac-live-over" not in now:
+        now = n2_entries()
+        if "rbac-live-over" not in now:     # at first, and after each repair
             assert ledger.set("n2", {**now, "rbac-live-over": (8000, 1 << 20)}, 0)["oversubscribed"]
         return event_count("default", "n2", "Oversubscribed") >= 2
     try:
