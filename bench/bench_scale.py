@@ -9,8 +9,9 @@ UNKNOWN; the node_features plugin gives them k8scpu/k8smemory; the ledger
 works on them as on any node).
 
 ledger phase (slurmctld only), through the ledger's real socket:
-  reserve and release on random nodes (p50/p99), `show` of one node and of
-  every node (p50/p99), a `set` that changes nothing; slurmctld's CPU per
+  reserve and release on random nodes (p50/p99), `show` of one node, of
+  every node, and since a token with one node changed (p50/p99, slurmctld
+  CPU per show), a `set` that changes nothing; slurmctld's CPU per
   reserve+release and its resident memory per node.
 --kubernetes phase: the real control plane (pyk8sres.testbed.hybrid: etcd,
   kube-apiserver, kcm, kube-scheduler, kwok with N nodes), sync and the
@@ -20,8 +21,9 @@ ledger phase (slurmctld only), through the ledger's real socket:
   alone) in the same cluster; CPU per admitted pod of every daemon; idle CPU
   of sync, the webhook and slurmctld over --idle seconds; the control
   plane's resident memory per node.
-Pods per node: the admission phase creates --pods pods in all (not 30 per
-node): see docs/performance-scale.md.
+Pods per node: --pods-per-node K first puts K pods on every shared node
+through admission (8 clients at once; the time it took is reported), then
+measures idle and admission with them there.
 
 Writes docs/img/scale-*.png (matplotlib; --plots elsewhere) and the figures as JSON (--json).
 
@@ -105,7 +107,11 @@ def ledger_phase(n: int, port: int, ops: int) -> dict:
         out["reserve_ms"], out["release_ms"] = stats(reserve), stats(release)
         out["show_one_ms"] = stats([timed(lambda: ledger.show(rng.choice(every)))
                                     for _ in range(200)])
-        out["show_all_ms"] = stats([timed(ledger.show) for _ in range(max(10, 2000 // n))])
+        shows = max(10, 2000 // n)
+        cpu0 = cpu_s(pid)
+        out["show_all_ms"] = stats([timed(ledger.show) for _ in range(shows)])
+        out["show_all_cpu_ms"] = (cpu_s(pid) - cpu0) * 1000 / shows
+        out["show_since_ms"], out["show_since_cpu_ms"] = since_polls(ledger, pid, rng, every)
         out["noop_set_ms"] = stats([timed(lambda node=rng.choice(every): ledger.set(
             node, {f"base-{node}": (1000, 1 << 30)}, 0)) for _ in range(200)])
         return out
@@ -114,9 +120,59 @@ def ledger_phase(n: int, port: int, ops: int) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def since_polls(ledger, pid: int, rng, every: list[str], polls: int = 200):
+    """A poller's `show` since its last token, one node changed before each
+    (a reserve): (ms per show, slurmctld CPU ms per show)."""
+    token = ledger.show()["token"]
+    took, cpu = [], 0.0
+    for i in range(polls):
+        assert ledger.reserve(rng.choice(every), f"poll-{i}", 100, 1 << 20)["ok"]
+        cpu0 = cpu_s(pid)
+        t0 = time.perf_counter()
+        reply = ledger.show(since=token)
+        took.append((time.perf_counter() - t0) * 1000)
+        cpu += cpu_s(pid) - cpu0
+        assert reply["ok"] and not reply["full"] and len(reply["nodes"]) == 1, reply
+        token = reply["token"]
+    return stats(took), cpu * 1000 / polls
+
+
 # -------------------------------------------------------------- Kubernetes
+def fill(kube, ns: str, nodes: list[str], per_node: int, threads: int = 8) -> dict:
+    """`per_node` pods of 1m CPU on every node, created through admission
+    by `threads` clients at once: {"pods", "seconds", "refused"}."""
+    from concurrent.futures import ThreadPoolExecutor
+    from kubernetes.client.exceptions import ApiException
+    from pyk8sres.coordinator import kube as K
+    refused = []
+
+    def create(i: int) -> None:
+        node = nodes[i % len(nodes)]
+        try:
+            K.create_pod(kube, ns, pod(f"f-{i}", node, "1m"))
+        except ApiException as e:
+            refused.append(f"{node}: {e.status} {e.reason}")
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(create, range(len(nodes) * per_node)))
+    return {"pods": len(nodes) * per_node - len(refused), "seconds": time.monotonic() - t0,
+            "refused": refused[:5], "refused_count": len(refused)}
+
+
+def settle(kube, ns: str, start: float, timeout: float = 900) -> float:
+    """Wait until kwok has every pod running (its status updates are most of
+    the control plane's work after a fill): seconds it took."""
+    while time.monotonic() - start < timeout:
+        pending = kube.core.list_namespaced_pod(ns, field_selector="status.phase!=Running",
+                                                limit=1, _request_timeout=60)
+        if not pending.items:
+            return time.monotonic() - start
+        time.sleep(5)
+    raise SystemExit(f"pods not all running after {timeout:.0f} s")
+
+
 def kube_phase(n: int, port: int, kube_port: int, pods: int, idle: float,
-               coordinator_path: str | None = None) -> dict:
+               coordinator_path: str | None = None, per_node: int = 0) -> dict:
     from kubernetes.client.exceptions import ApiException
     from pyk8sres.coordinator import kube as K
     from pyk8sres.testbed import hybrid
@@ -149,6 +205,14 @@ def kube_phase(n: int, port: int, kube_port: int, pods: int, idle: float,
                 raise SystemExit("the webhook refused nothing in 300 s")
             time.sleep(0.5)
         out["ready_s"] = time.monotonic() - t0
+        if per_node:
+            out["fill"] = fill(kube, ns, names(n), per_node)
+            print(f"  {out['fill']['pods']} pods on {n} nodes in {out['fill']['seconds']:.0f} s "
+                  f"({out['fill']['refused_count']} refused)", flush=True)
+            out["settle_s"] = settle(kube, ns, time.monotonic())
+            # Then sync's GenericNode writes (20 per second: 50 s for 1,000 nodes).
+            time.sleep(10 + n / 20)
+            out["filled_rss_bytes"] = {k: rss_bytes(pids[k]) for k in ("sync", "webhook")}
         time.sleep(5)
         before = {k: cpu_s(p) for k, p in pids.items()}
         time.sleep(idle)
@@ -169,7 +233,6 @@ def kube_phase(n: int, port: int, kube_port: int, pods: int, idle: float,
             out[f"{label}_cpu_ms_per_pod"] = {
                 k: max(0.0, (cpu_s(p) - before[k]) - out["idle_cpu_pct"][k] / 100 * wall)
                 * 1000 / pods for k, p in pids.items()}
-        kube.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
         return out
     finally:
         hybrid.down(work)
@@ -200,6 +263,15 @@ def report(results: dict) -> None:
                   f"{r['rss_bytes'] / 2**20:7.1f}  "
                   f"{r['reserve_ms']['p99'] / base['reserve_ms']['p99']:.2f}, "
                   f"{r['show_all_ms']['p50'] / base['show_all_ms']['p50']:.1f}")
+        print("\n`show` of every node against `show` since a token, one node changed "
+              "(a poller's refresh):")
+        print(f"{'nodes':>6} {'all p50':>8} {'p99':>7} {'since p50':>9} {'p99':>7} "
+              f"{'ctld CPU ms/show: all':>21} {'since':>6}  ratio all/since (CPU)")
+        for r in rows:
+            print(f"{r['nodes']:>6} {r['show_all_ms']['p50']:8.2f} {r['show_all_ms']['p99']:7.2f} "
+                  f"{r['show_since_ms']['p50']:9.2f} {r['show_since_ms']['p99']:7.2f} "
+                  f"{r['show_all_cpu_ms']:21.2f} {r['show_since_cpu_ms']:6.2f}  "
+                  f"{r['show_all_cpu_ms'] / max(r['show_since_cpu_ms'], 1e-3):.1f}")
         if len(rows) > 1:
             a, b = rows[0], rows[-1]
             print(f"slurmctld memory per node: "
@@ -227,6 +299,14 @@ def report(results: dict) -> None:
                   f"{r['idle_cpu_pct']['sync']:12.2f} {r['idle_cpu_pct']['webhook']:7.2f} "
                   f"{r['idle_cpu_pct']['slurmctld']:9.2f} {r['ready_s']:7.0f} "
                   f"{r['kube_rss_bytes'] / 2**20:8.0f}")
+        for r in rows:
+            if "fill" in r:
+                f, rss = r["fill"], r["filled_rss_bytes"]
+                print(f"{r['nodes']} nodes filled with {f['pods']} pods through admission in "
+                      f"{f['seconds']:.0f} s ({f['pods'] / f['seconds']:.0f} pods/s, "
+                      f"{f['refused_count']} refused), all running {r['settle_s']:.0f} s later; "
+                      f"then RSS sync {rss['sync'] / 2**20:.0f} MB, "
+                      f"webhook {rss['webhook'] / 2**20:.0f} MB")
         if len(rows) > 1:
             a, b = rows[0], rows[-1]
             print(f"control plane memory per kwok node: "
@@ -244,14 +324,22 @@ def baseline_report(results: dict) -> None:
           "same counts, one run (CPU incl. children such as scontrol):")
     print(f"{'nodes':>6} {'idle % sync base':>16} {'this':>6} {'ratio':>6} "
           f"{'sync ms/pod base':>16} {'this':>6} {'ratio':>6} {'idle % slurmctld base':>21} "
-          f"{'this':>6} {'allow p99 base':>14} {'this':>6}")
+          f"{'this':>6} {'allow p99 base':>14} {'this':>6} {'idle % apiserver+kwok base':>26} "
+          f"{'this':>6}")
     for b, r in rows:
         ib, ir = b["idle_cpu_pct"]["sync"], r["idle_cpu_pct"]["sync"]
         cb, cr = b["allow_cpu_ms_per_pod"]["sync"], r["allow_cpu_ms_per_pod"]["sync"]
         print(f"{r['nodes']:>6} {ib:16.2f} {ir:6.2f} {ir / ib if ib else float('nan'):6.2f} "
               f"{cb:16.2f} {cr:6.2f} {cr / cb if cb else float('nan'):6.2f} "
               f"{b['idle_cpu_pct']['slurmctld']:21.2f} {r['idle_cpu_pct']['slurmctld']:6.2f} "
-              f"{b['allow_ms']['p99']:14.1f} {r['allow_ms']['p99']:6.1f}")
+              f"{b['allow_ms']['p99']:14.1f} {r['allow_ms']['p99']:6.1f} "
+              f"{cp_idle(b):26.1f} {cp_idle(r):6.1f}")
+
+
+def cp_idle(r: dict) -> float:
+    """The control plane's own idle CPU (kwok's heartbeats): a run whose
+    control plane is busier than the other's is not comparable."""
+    return r["idle_cpu_pct"]["kube-apiserver"] + r["idle_cpu_pct"]["kwok"]
 
 
 def plot(results: dict, out_dir: str, load: str) -> list[str]:
@@ -274,6 +362,7 @@ def plot(results: dict, out_dir: str, load: str) -> list[str]:
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for key, label, color in (("reserve_ms", "reserve", "C0"), ("show_one_ms", "show one node", "C1"),
                                   ("show_all_ms", "show every node", "C2"),
+                                  ("show_since_ms", "show since a token", "C4"),
                                   ("noop_set_ms", "set, unchanged", "C3")):
             ax.plot(x, [r[key]["p50"] for r in rows], "o-", color=color, label=f"{label} p50")
             ax.plot(x, [r[key]["p99"] for r in rows], "s--", color=color, label=f"{label} p99")
@@ -343,6 +432,9 @@ def main(argv=None) -> int:
     p.add_argument("--ops", type=int, default=1000, help="reserve+release pairs per count")
     p.add_argument("--pods", type=int, default=300, help="pods created per case per count")
     p.add_argument("--idle", type=float, default=20, help="seconds of idle CPU sampling")
+    p.add_argument("--pods-per-node", type=int, default=0,
+                   help="pods (1m CPU) put on every shared node through admission before "
+                        "measuring (the goals are for 30)")
     off = int(os.environ.get("PYK8SRES_TEST_PORT_OFFSET", "0"))
     p.add_argument("--base-port", type=int, default=17100 + off)
     p.add_argument("--kube-port", type=int, default=17400 + off)
@@ -369,9 +461,10 @@ def main(argv=None) -> int:
         for n in [int(x) for x in a.kube_nodes.split(",") if x]:
             if a.baseline_pkg:
                 phases.append(("kubernetes_baseline", n, lambda n: kube_phase(
-                    n, a.base_port, a.kube_port, a.pods, a.idle, a.baseline_pkg)))
-            phases.append(("kubernetes", n, lambda n: kube_phase(n, a.base_port, a.kube_port,
-                                                                 a.pods, a.idle)))
+                    n, a.base_port, a.kube_port, a.pods, a.idle, a.baseline_pkg,
+                    a.pods_per_node)))
+            phases.append(("kubernetes", n, lambda n: kube_phase(
+                n, a.base_port, a.kube_port, a.pods, a.idle, per_node=a.pods_per_node)))
     failed = set()
     for phase, n, run in phases:
         if phase in failed:

@@ -50,8 +50,8 @@ struct pyk8sres_core {
 			       size_t);
 	int (*ledger_prepare)(uint32_t, const char *, int *, int *, char *, size_t);
 	int (*ledger_apply)(int, pyk8sres_facts_fn, pyk8sres_share_fn,
-			    pyk8sres_node_name_fn, pyk8sres_stats_fn, char *,
-			    size_t);
+			    pyk8sres_node_name_fn, pyk8sres_stats_fn,
+			    pyk8sres_changes_fn, char *, size_t);
 };
 
 /* Fills `core`; returns 0, or -1 after logging why (prefixed by `who`). */

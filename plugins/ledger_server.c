@@ -573,15 +573,15 @@ static void _handle(uid_t uid, const char *line)
 			ops.copy_facts();
 			unlock_slurmctld(read_lock);
 			core->ledger_apply(ticket, ops.copied_facts, ops.share,
-					   ops.copied_node_name, ops.stats, reply,
-					   REPLY_BYTES);
+					   ops.copied_node_name, ops.stats,
+					   ops.copied_changes, reply, REPLY_BYTES);
 		} else {
 			lock_slurmctld(write_lock);
 			to_lock = _ms_since(&prepared);
 			ops.resync();
 			core->ledger_apply(ticket, ops.facts, ops.share,
-					   ops.node_name, ops.stats, reply,
-					   REPLY_BYTES);
+					   ops.node_name, ops.stats,
+					   ops.copied_changes, reply, REPLY_BYTES);
 			unlock_slurmctld(write_lock);
 		}
 		/* Callers time out after 2 s: say where a slow answer waited. */

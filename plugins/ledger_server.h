@@ -20,8 +20,9 @@ struct pyk8sres_core;
  * give_capacity, where slurmctld does not (25.11+), gives every node its
  * capacity once in control (write locks), NULL elsewhere.
  * A read-only request (`show`) runs without slurmctld's locks on a copy:
- * copy_facts takes it (node lock held), copied_facts and copied_node_name
- * read it. */
+ * copy_facts takes it (node lock held), copied_facts, copied_node_name
+ * and copied_changes (which nodes' facts changed since a `show` token) read
+ * it. */
 struct ledger_plugin_ops {
 	pyk8sres_facts_fn facts;
 	pyk8sres_share_fn share;
@@ -34,6 +35,7 @@ struct ledger_plugin_ops {
 	void (*copy_facts)(void);
 	pyk8sres_facts_fn copied_facts;
 	pyk8sres_node_name_fn copied_node_name;
+	pyk8sres_changes_fn copied_changes;
 };
 
 /* init(): read the journal (owning it if this process should), start the

@@ -361,9 +361,8 @@ static void _carry_all(void)
 }
 
 /* Ledger callbacks (pyk8sres_core.h), called from Python under our locks. */
-static int _facts(const char *name, uint64_t *out)
+static int _node_facts(node_record_t *node_ptr, uint64_t *out)
 {
-	node_record_t *node_ptr = find_node_record((char *) name);
 	gres_node_state_t *cpu, *mem;
 
 	if (!(cpu = _gres_ns(node_ptr, 0)) ||
@@ -376,6 +375,11 @@ static int _facts(const char *name, uint64_t *out)
 	return 0;
 }
 
+static int _facts(const char *name, uint64_t *out)
+{
+	return _node_facts(find_node_record((char *) name), out);
+}
+
 /* A `show` runs without slurmctld's locks on a copy of every node's facts,
  * taken under the node lock (server thread only): the lock is held for a C
  * loop, not for building the reply in Python. */
@@ -383,40 +387,82 @@ struct fact_copy {
 	char *name;		/* first: _slot() reads it */
 	bool ok;		/* has k8s GRES */
 	uint64_t facts[4];
+	uint64_t gen;		/* copy_gen when these facts last changed */
 };
 static struct fact_copy *copies;
 static int copy_count, copy_size;
 static int *copy_slots;
 static uint32_t copy_slots_size;
 static bool copy_indexed;
+/* A `show` since a token lists only the nodes whose facts changed: each
+ * copy compares with the one before.  copy_layout moves when the node table
+ * itself changed (a node added or gone): then nothing can be listed as
+ * "changed since", and the caller gets every node. */
+static uint64_t copy_gen, copy_layout = 1;
 
 static void _copy_facts(void)
 {
 	node_record_t *node_ptr;
+	uint64_t layout = copy_layout;
+	int count = 0;
 
-	copy_count = 0;
-	copy_indexed = false;
 	for (int i = 0; (node_ptr = next_node(&i)); i++) {
 		struct fact_copy *c;
+		uint64_t facts[4] = { 0 };
+		bool ok;
 
-		if (copy_count == copy_size) {
+		if (count == copy_size) {
 			copy_size = copy_size ? copy_size * 2 : 64;
 			xrecalloc(copies, copy_size, sizeof(*copies));
 		}
-		c = &copies[copy_count++];
-		if (xstrcmp(c->name, node_ptr->name)) {
+		c = &copies[count++];
+		if (count > copy_count || xstrcmp(c->name, node_ptr->name)) {
 			xfree(c->name);
 			c->name = xstrdup(node_ptr->name);
+			c->ok = false;
+			copy_layout++;
 		}
-		c->ok = !_facts(node_ptr->name, c->facts);
+		ok = !_node_facts(node_ptr, facts);
+		if (ok != c->ok || memcmp(facts, c->facts, sizeof(facts))) {
+			memcpy(c->facts, facts, sizeof(facts));
+			c->ok = ok;
+			c->gen = ++copy_gen;
+		}
 	}
+	if (count != copy_count)
+		copy_layout++;
+	copy_count = count;
+	if (copy_layout != layout)	/* the same names keep their index */
+		copy_indexed = false;
+}
+
+/* Indices of the copied nodes whose facts changed after generation `since`
+ * of layout `layout` (at most `max`); -1 when that cannot be said (another
+ * layout, or more than `max`).  now[0..1] get the current layout and
+ * generation, the caller's next token. */
+static int _copied_changes(uint64_t layout, uint64_t since, uint64_t *now,
+			   int *indices, int max)
+{
+	int n = 0;
+
+	now[0] = copy_layout;
+	now[1] = copy_gen;
+	if (layout != copy_layout || since > copy_gen)
+		return -1;
+	for (int i = 0; i < copy_count && since < copy_gen; i++)
+		if (copies[i].gen > since) {
+			if (n == max)
+				return -1;
+			indices[n++] = i;
+		}
+	return n;
 }
 
 static int _copied_facts(const char *name, uint64_t *out)
 {
 	int inx;
 
-	if (!copy_indexed) {	/* outside slurmctld's locks, once per show */
+	if (!copy_indexed) {	/* outside slurmctld's locks, once per layout */
 		_index(&copy_slots, &copy_slots_size, copies, sizeof(*copies),
 		       copy_count, copy_count);
 		copy_indexed = true;
@@ -493,6 +539,7 @@ static const struct ledger_plugin_ops ledger_ops = {
 	.copy_facts = _copy_facts,
 	.copied_facts = _copied_facts,
 	.copied_node_name = _copied_node_name,
+	.copied_changes = _copied_changes,
 };
 
 /*

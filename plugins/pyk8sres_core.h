@@ -130,6 +130,12 @@ typedef const char *(*pyk8sres_node_name_fn)(int index);
 /* The plugin's counters: scheduling-attempt checks, ns spent in them,
  * rebuilds of allocations seen (for `show` and bench/bench_ledger.py). */
 typedef void (*pyk8sres_stats_fn)(uint64_t *stats3);
+/* A `show` since a token: the indices (for node_name) of the nodes whose
+ * facts changed after generation `since` of node-table layout `layout`, at
+ * most `max`; -1 if that cannot be said (the table changed, or too many).
+ * now2 gets the current layout and generation. */
+typedef int (*pyk8sres_changes_fn)(uint64_t layout, uint64_t since,
+				   uint64_t *now2, int *indices, int max);
 
 /* (Re)load the journal under `state_dir`: every node whose share is new or
  * changed since the last load goes to `share` (0, 0 for one that left).
@@ -157,7 +163,8 @@ int pyk8sres_ledger_prepare(uint32_t uid, const char *line, int *ticket,
  * apply; the reply line goes to `reply`. */
 int pyk8sres_ledger_apply(int ticket, pyk8sres_facts_fn facts,
 			  pyk8sres_share_fn share, pyk8sres_node_name_fn node_name,
-			  pyk8sres_stats_fn stats, char *reply, size_t replylen);
+			  pyk8sres_stats_fn stats, pyk8sres_changes_fn changes,
+			  char *reply, size_t replylen);
 /* CFFI-END */
 
 /* Plain C in the core library: same contract as pyk8sres_job_submit_py,

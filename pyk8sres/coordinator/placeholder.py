@@ -3,8 +3,9 @@ Slurm's jobs hold there, so a stock kube-scheduler sees it (rules, and why
 growth creates pods instead of resizing one: pyk8sres/policy/placeholder.py).
 
 Level-triggered: every period (0.5 s by default, so a job start or end
-shows within a second; a pass reads every node from slurmctld, so not more
-often) read the ledger's show(), compare with our pods, and per node create
+shows within a second) read the ledger's show() -- only the nodes changed
+since the last pass, every node each relist_seconds -- compare with our
+pods, and per node create
 (the shortfall), downsize in place (pods/resize) and delete (grace 0), in
 that order, so kube-scheduler never counts less than Slurm holds on the way.
 Kubernetes nodes come from the webhook's nodes Informer (the shared Scope);
@@ -24,6 +25,7 @@ import time
 from . import kube as K
 from ..policy import placeholder as P
 from .scope import Scope, slurm_names
+from .slurm import ShowFollower
 
 log = logging.getLogger("pyk8sres.coordinator.placeholder")
 # Pods someone else made or deleted in our namespace are seen this late at most.
@@ -42,6 +44,10 @@ class Placeholders:
         self.resizing: set[str] = set()   # downsized, not yet seen applied by the kubelet
         self.listed_at = -1e9
         self.planned_for = None   # (jobs per node, nodes version) the last complete pass followed
+        # Each pass asks slurmctld only for the nodes that changed; every
+        # relist_seconds for all of them.
+        self.follower = ShowFollower(ledger, full_seconds=relist_seconds)
+        self.moved: set[str] | None = None
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -72,9 +78,11 @@ class Placeholders:
         (node names for created, pod names otherwise).  The Kubernetes
         nodes come from the scope (the webhook's nodes Informer, or a list
         here when nothing feeds it)."""
-        shown = self.ledger.show()
-        names = slurm_names(shown)            # raises when the ledger says no
-        self.scope.update(slurm_names=names)
+        shown, changed = self.follower.refresh()
+        # The nodes changed since the last complete plan (None: maybe all).
+        self.moved = None if changed is None or self.moved is None else self.moved | changed
+        if self.moved is None or self.moved:  # else Slurm's node set is as it was
+            self.scope.update(slurm_names=slurm_names(shown))   # raises when the ledger says no
         relisted = time.monotonic() - self.listed_at >= self.relist_seconds
         if relisted:
             self._relist()
@@ -86,19 +94,31 @@ class Placeholders:
         # need: skip it while no job moved, no node changed and no resize
         # came back (our pods change only through our own writes and a relist).
         k8s_nodes, version = self.scope.snapshot()
-        followed = ({n: shown["nodes"][n].get("jobs") for n in names}, version)
-        if not relisted and not reread and followed == self.planned_for:
+        if not relisted and not reread and self._as_planned(shown["nodes"], version):
+            self.moved = set()      # the plan still holds for every node that moved
             return done
         self.planned_for = None
-        nodes = {n: shown["nodes"][n] for n in names}
+        names = self.scope.slurm_names or frozenset()
+        nodes = {n: shown["nodes"][n] for n in names if n in shown["nodes"]}
         plans = P.plan(self.scope.shared(), k8s_nodes, nodes, self.pods, self.max_pods)
         complete = True
         for k8s, node_plan in sorted(plans.items()):
             if not self._apply(k8s, node_plan, done):
                 complete = False
         if complete and self.listed_at > 0:   # nothing failed or asked for a relist
-            self.planned_for = followed
+            self.planned_for = ({n: v.get("jobs") for n, v in nodes.items()}, version)
+            self.moved = set()
         return done
+
+    def _as_planned(self, shown: dict, version: int) -> bool:
+        """Did no job move and no node change since the last complete plan?
+        Looks only at the nodes the ledger said changed, when it said."""
+        if self.planned_for is None or self.planned_for[1] != version:
+            return False
+        jobs = self.planned_for[0]
+        if self.moved is None:
+            return jobs == {n: shown[n].get("jobs") for n in self.scope.slurm_names or ()}
+        return all(jobs.get(n) == (shown.get(n) or {}).get("jobs") for n in self.moved)
 
     def _apply(self, k8s: str, plan: P.NodePlan, done: dict) -> bool:
         """Create, then downsize, then delete; nothing is deleted on a node

@@ -237,5 +237,37 @@ class Ledger:
         return self.call("set", node=node, keep_younger_than=keep_younger_than,
                          entries={k: [int(c), int(m)] for k, (c, m) in entries.items()})
 
-    def show(self, node: str | None = None) -> dict:
-        return self.call("show", **({"node": node} if node else {}))
+    def show(self, node: str | None = None, since: str | None = None) -> dict:
+        return self.call("show", **({"node": node} if node else {}),
+                         **({"since": since} if since else {}))
+
+
+class ShowFollower:
+    """Every node's `show` view, kept current by asking only for the nodes
+    that changed since the last reply (the "since" token), so a poller's
+    cost in slurmctld and here is the changes, not the cluster.  Every
+    `full_seconds` it asks for every node anyway: whatever went wrong, the
+    view is never wrong for longer than that."""
+
+    def __init__(self, ledger: Ledger, full_seconds: float = 30.0):
+        self.ledger, self.full_seconds = ledger, full_seconds
+        self.nodes: dict | None = None
+        self.token: str | None = None
+        self.full_at = -1e9
+
+    def refresh(self) -> tuple[dict, set | None]:
+        """(a `show` reply holding every node's current view, the names
+        whose view changed since the last refresh or None for "maybe all").
+        A refusal ("notready", ...) is returned as it came, with None."""
+        import time
+        from ..policy.ledger import merged_show
+        now = time.monotonic()
+        since = self.token if now - self.full_at < self.full_seconds else None
+        reply = self.ledger.show(since=since)
+        if not reply.get("ok"):
+            return reply, None
+        self.nodes, changed = merged_show(self.nodes if since else None, reply)
+        self.token = reply.get("token")
+        if changed is None:
+            self.full_at = now
+        return {**reply, "nodes": self.nodes}, changed

@@ -68,6 +68,9 @@ class SyncConfig:
     placeholder_namespace: str = "pyk8sres-placeholders"  # slurm-share-<node> pods (the chart's)
     cluster_name: str | None = None             # GenericNode spec.clusterName; None: Slurm's
     resync_seconds: float = 1.0     # compare desired vs Slurm even without events
+    # Read every Slurm node at least this often; each resync period in
+    # between only if the ledger saw a node change (a job, a capacity).
+    slurm_read_seconds: float = 10.0
     repair_seconds: float = 30.0    # re-send every node's share even if unchanged
     reservation_grace: float = 30.0  # keep an admitted pod's reservation this long before it
                                      # shows up bound (the webhook reserves before binding)
@@ -538,10 +541,9 @@ class Reconciler:
                 "(a pod bound without admission, or a static pod); no new job starts there "
                 "until they leave")
 
-    def observe_ledger(self, ledger) -> None:
-        """Node gauges and oversubscription from one ledger show() (the
-        poller's own connection: never queued behind the loop's sets)."""
-        shown = ledger.show()
+    def observe_ledger(self, shown: dict) -> None:
+        """Node gauges and oversubscription from the ledger's show() of
+        every node (the poller's, kept by a slurm.ShowFollower)."""
         if L.not_ready(shown):   # says nothing of any node: gauges and flags kept
             raise RuntimeError(f"ledger show: {L.NOT_READY_TEXT}: {shown.get('error')}")
         if not shown.get("ok"):
@@ -733,7 +735,7 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
     alive = max(60.0, 20 * cfg.resync_seconds)
     SlurmPoller(rec, cfg.resync_seconds, stop,
                 slurm.Ledger(cfg.ledger_socket, timeout=cfg.request_timeout),
-                cfg.metrics_seconds, alive).start()
+                cfg.metrics_seconds, alive, cfg.slurm_read_seconds).start()
     while not stop.is_set():
         metrics.HEALTH.beat("reconcile", alive)
         woke = cache.changed.wait(timeout=cfg.resync_seconds)
@@ -753,35 +755,65 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
 
 
 class SlurmPoller(threading.Thread):
-    """Re-reads every Slurm node each resync period, then wakes the loop.
+    """Re-reads every Slurm node when the ledger saw one change, and at
+    least every `read_period`, then wakes the loop.
 
-    Reading 1000 nodes takes ~150 ms (scontrol plus parsing); done here, it
-    never delays the reaction to a pod.  A view that differs from the last
-    one triggers a full cycle: that is what re-applies counts after a
-    slurmctld restart or reconfigure, and refreshes the Slurm side of the
+    Each resync period it asks the ledger which nodes changed (a `show`
+    since its last token: a job started or ended, a capacity moved, the
+    node table changed, slurmctld restarted).  Only then, or once
+    `read_period` has passed (for what the ledger does not follow), does it
+    read every node: ~150 ms at 1000 nodes (scontrol plus parsing), which
+    every second was most of this daemon's idle CPU.  Done here, it never
+    delays the reaction to a pod.  A view that differs from the last one
+    triggers a full cycle: that is what re-applies counts after a slurmctld
+    restart or reconfigure, and refreshes the Slurm side of the
     GenericNodes.  An unchanged view triggers one only when the repair is
-    due (repair_seconds): a full cycle costs O(cluster) (3000 nodes: ~10% of
-    a core idle when it ran every second; docs/performance-scale.md).
+    due (repair_seconds): a full cycle costs O(cluster).
     """
 
     def __init__(self, rec: Reconciler, period: float, stop: threading.Event,
-                 ledger=None, metrics_period: float = 5.0, alive: float = 60.0):
+                 ledger=None, metrics_period: float = 5.0, alive: float = 60.0,
+                 read_period: float = 10.0):
         super().__init__(name="slurm-poller", daemon=True)
         self.rec, self.period, self.stop_event = rec, period, stop
-        self.ledger, self.metrics_period, self.alive = ledger, metrics_period, alive
+        self.metrics_period, self.alive, self.read_period = metrics_period, alive, read_period
+        self.follower = _slurm().ShowFollower(ledger) if ledger is not None else None
+        self.shown: dict | None = None
+
+    def ledger_moved(self) -> bool:
+        """Did Slurm's side of a node change (its jobs, its capacity, the
+        node itself) since the last call, as far as the ledger saw?  Pods'
+        shares moving are not Slurm's.  True when the ledger cannot say (no
+        ledger, no answer, every node listed)."""
+        if self.follower is None:
+            return True
+        before = self.follower.nodes or {}
+        try:
+            self.shown, changed = self.follower.refresh()
+        except Exception as e:  # counted (ledger errors); /readyz says so
+            self.shown = {"ok": False, "error": str(e)}
+            return True
+        if changed is None:
+            return True
+        return any(_slurm_side(before.get(n)) != _slurm_side(self.shown["nodes"].get(n))
+                   for n in changed)
 
     def run(self) -> None:
-        shown_at = marked_at = -1e9
+        shown_at = marked_at = read_at = -1e9
         while True:
             metrics.HEALTH.beat("slurm-poller", self.alive)
-            if self.ledger is not None and time.monotonic() - shown_at >= self.metrics_period:
+            moved = self.ledger_moved()
+            if self.shown is not None and time.monotonic() - shown_at >= self.metrics_period:
                 shown_at = time.monotonic()
                 try:
-                    self.rec.observe_ledger(self.ledger)
-                except Exception as e:  # counted (ledger errors); /readyz says so
+                    self.rec.observe_ledger(self.shown)
+                except Exception as e:
                     log.warning("ledger show failed: %s", e)
             if self.stop_event.wait(self.period):
                 return
+            if not moved and time.monotonic() - read_at < self.read_period:
+                continue
+            read_at = time.monotonic()
             try:
                 nodes = self.rec.slurm.list_nodes()
             except Exception as e:  # slurmctld down: keep the old view, retry
@@ -795,6 +827,12 @@ class SlurmPoller(threading.Thread):
                 continue
             marked_at = time.monotonic()
             self.rec.cache.mark_all()
+
+
+def _slurm_side(view: dict | None) -> tuple:
+    """What a node's ledger view says of Slurm (not of the pods' share)."""
+    view = view or {}
+    return view.get("unknown"), view.get("capacity"), view.get("jobs")
 
 
 def parse_args(argv):

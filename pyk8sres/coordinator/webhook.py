@@ -48,6 +48,7 @@ from . import metrics
 from . import sync
 from .permissions import error_text
 from .scope import Scope, slurm_names
+from .slurm import ShowFollower
 from ..policy import admission as A
 from ..policy import events as E
 
@@ -458,13 +459,16 @@ class Webhook:
                                     cert, key, wcfg.client_ca_file, wcfg.client_names)
         self.stop_event = threading.Event()
         self.missing: str | None = None   # why the configuration cannot be kept current
+        self.follower = ShowFollower(ledger)   # Slurm's nodes, asking only for changes
         self.threads: list[threading.Thread] = []
 
     def refresh(self) -> None:
         """One pass: Slurm's nodes, certificates, configuration (the nodes
         Informer keeps the Kubernetes nodes current)."""
         try:
-            self.scope.update(slurm_names=slurm_names(self.ledger.show()))
+            shown, changed = self.follower.refresh()
+            if changed is None or changed:
+                self.scope.update(slurm_names=slurm_names(shown))
         except Exception as e:
             log.warning("ledger show failed: %s (shared node list kept)", e)
         if self.certs is not None and self.certs.ensure():

@@ -13,7 +13,13 @@ per request line.
     {"op": "release", "node": "n1", "key": "<pod uid>"}
     {"op": "set", "node": "n1", "entries": {"<uid>": [cpu_m, mem_bytes], ...},
      "keep_younger_than": 30}
-    {"op": "show"}  or  {"op": "show", "node": "n1"}
+    {"op": "show"}  or  {"op": "show", "node": "n1"}  or  {"op": "show", "since": TOKEN}
+
+A `show` of every node carries a "token".  Sent back as "since", the next
+reply lists only the nodes whose view changed after it ("full": false); the
+caller merges it into what it has.  A reply with "full": true lists every
+node and replaces it: the token was from another process or journal load,
+the node table changed, or too much changed to list.
 
 Replies: {"ok": true, ...} or {"ok": false, "code": CODE, "error": "why"}
 with CODE one of CODES:
@@ -81,6 +87,7 @@ class Request(NamedTuple):
     mem_bytes: int = 0
     entries: tuple = ()               # ((key, cpu_m, mem_bytes), ...) for set
     keep_younger_than: float = 0.0
+    since: str | None = None          # show: a token from an earlier show
 
 
 class Facts(NamedTuple):
@@ -119,13 +126,16 @@ def parse_request(line: bytes | str) -> Request:
     if op not in OPS:
         raise RequestError(f"op must be one of {', '.join(OPS)}, not {op!r}"[:300])
     allowed = {"reserve": {"node", "key", "cpu_m", "mem_bytes"}, "release": {"node", "key"},
-               "set": {"node", "entries", "keep_younger_than"}, "show": {"node"}}[op]
+               "set": {"node", "entries", "keep_younger_than"}, "show": {"node", "since"}}[op]
     unknown = sorted(set(doc) - allowed - {"op"})
     if unknown:
         raise RequestError(f"{op}: unknown field(s) {', '.join(map(str, unknown))}"[:300])
     if op == "show":
-        node = doc.get("node")
-        return Request(op, node=None if node is None else _name(node, "node"))
+        node, since = doc.get("node"), doc.get("since")
+        if node is not None and since is not None:
+            raise RequestError("show: since is for a show of every node, not of one")
+        return Request(op, node=None if node is None else _name(node, "node"),
+                       since=None if since is None else _name(since, "since"))
     missing = sorted(f for f in allowed if f not in doc and f != "keep_younger_than")
     if missing:
         raise RequestError(f"{op}: missing field(s) {', '.join(missing)}")
@@ -151,6 +161,39 @@ def parse_request(line: bytes | str) -> Request:
             not 0 <= keep <= MAX_KEEP_SECONDS:
         raise RequestError(f"set: keep_younger_than must be 0 to {MAX_KEEP_SECONDS} seconds")
     return Request(op, node=node, entries=tuple(sorted(checked)), keep_younger_than=float(keep))
+
+
+class ShowToken(NamedTuple):
+    """Where a `show` of every node stood: the ledger's journal load
+    (`epoch`), the plugin's node table and facts generation (`layout`,
+    `facts`), and the ledger's entries generation (`entries`)."""
+    epoch: str
+    layout: int
+    facts: int
+    entries: int
+
+    def __str__(self) -> str:
+        return f"{self.epoch}.{self.layout}.{self.facts}.{self.entries}"
+
+    @classmethod
+    def parse(cls, text: str | None) -> "ShowToken | None":
+        """The token, or None for one this cannot read (the caller then
+        gets every node)."""
+        try:
+            epoch, *numbers = (text or "").split(".")
+            return cls(epoch, *map(int, numbers))
+        except (TypeError, ValueError):
+            return None
+
+
+def merged_show(known: Mapping[str, dict] | None, reply: Mapping) -> tuple[dict, set[str] | None]:
+    """(every node's view, the names that changed or None for "all") after
+    a `show` reply: a full reply replaces what was known, a partial one is
+    merged into it.  The client side of the "since" token."""
+    nodes = reply.get("nodes") or {}
+    if known is None or reply.get("full", True):
+        return dict(nodes), None
+    return {**known, **nodes}, set(nodes)
 
 
 def not_ready(reply) -> bool:

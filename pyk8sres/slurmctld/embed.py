@@ -242,8 +242,10 @@ def bind(ffi, lib) -> None:
         return OK
 
     @ffi.def_extern(error=INTERNAL_ERROR)
-    def pyk8sres_ledger_apply(ticket, facts_fn, share, node_name, stats_fn, reply, replylen):
+    def pyk8sres_ledger_apply(ticket, facts_fn, share, node_name, stats_fn, changes_fn,
+                              reply, replylen):
         from ..policy.ledger import Facts
+        from .ledger import MAX_CHANGED
         out = ffi.new("uint64_t[4]")
 
         def facts(node: str):
@@ -259,9 +261,17 @@ def bind(ffi, lib) -> None:
             counters = ffi.new("uint64_t[3]")
             stats_fn(counters)
             return {"checks": counters[0], "check_ns": counters[1], "rebuilds": counters[2]}
+
+        def fact_changes(layout: int, since: int):
+            now = ffi.new("uint64_t[2]")
+            indices = ffi.new("int[]", MAX_CHANGED)
+            n = changes_fn(layout, since, now, indices, MAX_CHANGED)
+            changed = None if n < 0 else [ffi.string(node_name(indices[i])).decode()
+                                          for i in range(n)]
+            return now[0], now[1], changed
         try:
             answer = _ledger.apply(ticket, facts, lambda n, c, m: share(n.encode(), c, m),
-                                   names, stats)
+                                   names, stats, fact_changes)
         except BaseException as exc:
             log.exception("node_features/k8s_resources: ledger request failed")
             answer = _internal(exc)

@@ -40,8 +40,8 @@ import os
 import time
 from typing import Callable, Iterable
 
-from ..policy.ledger import (Entry, Facts, Request, RequestError, decide, node_view,
-                             parse_request, rebased, share_units)
+from ..policy.ledger import (Entry, Facts, Request, RequestError, ShowToken, decide,
+                             node_view, parse_request, rebased, share_units)
 
 log = logging.getLogger("pyk8sres")
 
@@ -50,6 +50,10 @@ COMPACT_AFTER = 20_000            # journal lines before a snapshot replaces the
 
 FactsFn = Callable[[str], "Facts | None"]
 ShareFn = Callable[[str, int, int], None]
+# (layout, facts generation) of a `show` token -> (layout, generation now,
+# the nodes whose facts changed since, or None when the plugin cannot say).
+FactChangesFn = Callable[[int, int], "tuple[int, int, list[str] | None]"]
+MAX_CHANGED = 4096                # a `show` since listing more sends every node
 
 
 class Ledger:
@@ -63,6 +67,12 @@ class Ledger:
         self._journal = None
         self._tickets: dict[int, Request] = {}
         self._next_ticket = 1
+        # For `show` since a token: a fresh epoch per load (a token from
+        # another process or load gets every node), and the nodes whose
+        # entries changed, oldest change first.
+        self.epoch = os.urandom(4).hex()
+        self.entries_gen = 0
+        self.entries_changed: dict[str, int] = {}
 
     # --- persistence -------------------------------------------------------
     def load(self, *, compact: bool = True) -> None:
@@ -76,6 +86,7 @@ class Ledger:
         self._close_journal()   # the file may have been replaced since we wrote
         # Replayed in the writer's clock; from here on in ours.
         self.nodes, self.lines = rebased(nodes, self.clock()), lines
+        self.epoch, self.entries_changed = os.urandom(4).hex(), {}
         if compact:
             self._compact()
 
@@ -139,6 +150,19 @@ class Ledger:
             self.nodes[node] = entries
         else:
             self.nodes.pop(node, None)
+        self.entries_gen += 1
+        self.entries_changed.pop(node, None)    # re-inserted last: newest change
+        self.entries_changed[node] = self.entries_gen
+
+    def _entries_changed_since(self, gen: int) -> list[str] | None:
+        changed = []
+        for node, at in reversed(self.entries_changed.items()):
+            if at <= gen:
+                break
+            if len(changed) == MAX_CHANGED:
+                return None
+            changed.append(node)
+        return changed
 
     def _close_journal(self) -> None:
         if self._journal is not None:
@@ -215,19 +239,15 @@ class Ledger:
 
     def apply(self, ticket: int, facts: FactsFn, set_share: ShareFn,
               node_names: Callable[[], Iterable[str]] = tuple,
-              stats: Callable[[], dict] = dict) -> dict:
+              stats: Callable[[], dict] = dict,
+              fact_changes: FactChangesFn | None = None) -> dict:
         """Under slurmctld's locks: decide, and hand changed shares to C.
-        `node_names` lists slurmctld's nodes and `stats` the plugin's
-        counters (for a `show` of all of them)."""
+        `node_names` lists slurmctld's nodes, `stats` the plugin's counters
+        and `fact_changes` which nodes' facts changed (for a `show` of all
+        of them)."""
         req, now, journaled = self._tickets.pop(ticket)
         if req.op == "show":
-            names = [req.node] if req.node else sorted({*self.nodes, *node_names()})
-            reply = {"ok": True, "nodes": {n: node_view(self.nodes.get(n, {}), facts(n),
-                                                        with_entries=bool(req.node))
-                                           for n in names}}
-            if not req.node:
-                reply["plugin"] = stats()
-            return reply
+            return self._show(req, facts, node_names, stats, fact_changes)
         entries = self.nodes.get(req.node, {})
         new, reply = decide(entries, req, facts(req.node), now)
         if new is not None:
@@ -249,6 +269,27 @@ class Ledger:
                       "leave (%s); no new job starts there until they leave", req.node,
                       share_units(new if new is not None else entries))
         return reply
+
+    def _show(self, req: Request, facts: FactsFn, node_names, stats,
+              fact_changes: FactChangesFn | None) -> dict:
+        if req.node:
+            return {"ok": True, "nodes": {req.node: node_view(
+                self.nodes.get(req.node, {}), facts(req.node), with_entries=True)}}
+        since = ShowToken.parse(req.since)
+        layout, facts_gen, changed = (fact_changes(since.layout if since else 0,
+                                                   since.facts if since else 0)
+                                      if fact_changes else (0, 0, None))
+        token = ShowToken(self.epoch, layout, facts_gen, self.entries_gen)
+        if since and since.epoch == self.epoch and changed is not None and \
+                since.entries <= self.entries_gen and \
+                (entries := self._entries_changed_since(since.entries)) is not None:
+            names, full = sorted({*changed, *entries}), False
+        else:
+            names, full = sorted({*self.nodes, *node_names()}), True
+        return {"ok": True, "full": full, "token": str(token),
+                "nodes": {n: node_view(self.nodes.get(n, {}), facts(n), with_entries=False)
+                          for n in names},
+                "plugin": stats()}
 
     def shares(self) -> dict[str, tuple[int, int]]:
         """Every node's share in Slurm units (C re-applies them after a wipe)."""

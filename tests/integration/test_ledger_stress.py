@@ -38,6 +38,40 @@ def test_scale_nodes_stay_unknown_with_capacity(c):
     assert shown["capacity"] == {"cpu": CPUS, "mem": MEMORY}
 
 
+def test_show_since_a_token_lists_what_changed_and_merges_to_the_truth(c):
+    """The plugin's per-node change numbers in slurmctld: a `show` since a
+    token lists the node a reserve touched and the node a job started on,
+    no other; merged, it says what a full `show` and Slurm itself say."""
+    import subprocess
+    import time
+    from ground_truth import slurm_jobs
+    from ledger_checks import sh
+    from pyk8sres.policy.ledger import merged_show
+    ledger = Ledger(ledger_socket_path(c.conf))
+    first = ledger.show()
+    assert first["full"] and len(first["nodes"]) == 52
+    quiet = ledger.show(since=first["token"])
+    assert quiet["ok"] and quiet["full"] is False and quiet["nodes"] == {}, quiet
+    assert ledger.reserve("s7", "since-pod", 1500, 1 << 20)["ok"]
+    job = sh(c, "sbatch", "--parsable", "-w", "n2", "-c", "3", "--mem=500", "-o", "/dev/null",
+             "--wrap", "sleep 300").strip()
+    try:
+        deadline = time.monotonic() + 30
+        while "R" != sh(c, "squeue", "-h", "-j", job, "-o", "%t").strip():
+            assert time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.2)
+        since = ledger.show(since=quiet["token"])
+        assert since["full"] is False and sorted(since["nodes"]) == ["n2", "s7"], since["nodes"]
+        assert since["nodes"]["s7"]["share"]["cpu"] == 2
+        truth = slurm_jobs(c.env, ["n2"])["n2"]
+        assert [since["nodes"]["n2"]["jobs"][k] for k in ("cpu", "mem")] == truth
+        merged, changed = merged_show(first["nodes"], since)
+        assert changed == {"n2", "s7"} and merged == ledger.show()["nodes"]
+    finally:
+        subprocess.run(["scancel", job], env=c.env)
+        ledger.release("s7", "since-pod")
+
+
 def test_no_grant_lost_nothing_beyond_capacity_slurmctld_answers(c):
     run = stress.Stress(c, {"n1": (CPUS, MEMORY), "n2": (CPUS, MEMORY)}, clients=6)
     report = run.run(SECONDS)

@@ -11,6 +11,7 @@ import pytest
 from pyk8sres.coordinator import scope as SC
 from pyk8sres.coordinator import sync
 from pyk8sres.coordinator.placeholder import Placeholders
+from pyk8sres.coordinator.slurm import ShowFollower
 from pyk8sres.coordinator.webhook import Admission, Webhook
 from pyk8sres.policy import admission as A
 from pyk8sres.policy import ledger as L
@@ -62,8 +63,8 @@ class ScriptedLedger:
     def set(self, node, entries, keep_younger_than):
         return self.call("set", node=node, entries=entries, keep=keep_younger_than)
 
-    def show(self, node=None):
-        return self.call("show", node=node)
+    def show(self, node=None, since=None):
+        return self.call("show", node=node, since=since)
 
 
 def _scope(names=("n1", "n2")):
@@ -108,7 +109,7 @@ def test_webhook_refresh_keeps_the_last_known_shared_set_while_not_ready():
     assert before == ({"n1": "n1", "n2": "n2"}, ["k8s-only"])
     published = []
     hook = types.SimpleNamespace(
-        scope=scope, ledger=ScriptedLedger(NOT_READY), certs=None,
+        scope=scope, follower=ShowFollower(ScriptedLedger(NOT_READY)), certs=None,
         server=types.SimpleNamespace(reload_if_changed=lambda: None),
         publish=lambda: published.append(scope.unshared()))
     Webhook.refresh(hook)
