@@ -567,9 +567,16 @@ static void _handle(uid_t uid, const char *line)
 
 		clock_gettime(CLOCK_MONOTONIC, &prepared);
 		if (read_only) {
+			/* After a rebuild, put the shares back first (so
+			 * scontrol agrees with this answer) under the write
+			 * locks: other readers may be packing those records. */
+			if (ops.resync_due()) {
+				lock_slurmctld(write_lock);
+				ops.resync();
+				unlock_slurmctld(write_lock);
+			}
 			lock_slurmctld(read_lock);
 			to_lock = _ms_since(&prepared);
-			ops.resync();	/* under the read lock: the plugin serialises */
 			ops.copy_facts();
 			unlock_slurmctld(read_lock);
 			core->ledger_apply(ticket, ops.copied_facts, ops.share,
@@ -707,9 +714,12 @@ static void _follow_control(void)
 	 * not be shown, or reserved on, as empty. */
 	if (owner && !capacity_given && _in_control()) {
 		if (ops.give_capacity) {
-			lock_slurmctld(write_lock);
+			slurmctld_lock_t rebuild_lock = { .job = WRITE_LOCK, .node = WRITE_LOCK,
+							  .part = READ_LOCK };
+
+			lock_slurmctld(rebuild_lock);
 			ops.give_capacity();
-			unlock_slurmctld(write_lock);
+			unlock_slurmctld(rebuild_lock);
 		}
 		capacity_given = true;
 	}
@@ -734,17 +744,26 @@ static void _follow_control(void)
 
 /* Idle: re-apply the share soon after a rebuild even when nothing is being
  * scheduled (slurmctld startup, a reconfigure), so `scontrol show node`
- * shows it.  Allocations never wait for this: user_update comes first. */
+ * shows it.  Allocations never wait for this: user_update comes first.
+ * The check is O(1) under the read lock; the resync takes the write locks,
+ * so no reader is packing a record while it changes. */
 static void _watch_rebuilds(void)
 {
 	slurmctld_lock_t read_lock = { .node = READ_LOCK };
+	slurmctld_lock_t write_lock = { .job = WRITE_LOCK, .node = WRITE_LOCK };
 	struct timespec start;
+	bool due;
 	long took;
 
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	lock_slurmctld(read_lock);
-	ops.resync();
+	due = ops.resync_due();
 	unlock_slurmctld(read_lock);
+	if (due) {
+		lock_slurmctld(write_lock);
+		ops.resync();
+		unlock_slurmctld(write_lock);
+	}
 	if ((took = _ms_since(&start)) >= 1000) /* requests waited as long */
 		info("%s: %s: waited %ld ms for slurmctld's node lock", LOG_PREFIX,
 		     __func__, took);

@@ -16,9 +16,11 @@ struct pyk8sres_core;
  * Python under slurmctld's job+node write locks (pyk8sres_core.h); remember
  * records a node's share without carrying it (a journal load: carry_all or
  * resync follows); resync puts shares back after Slurm rebuilt allocations
- * (node lock held); carry_all carries every node's share (write locks);
+ * (write locks, or user_update's), resync_due says whether one is needed
+ * (O(1)); carry_all carries every node's share (write locks);
  * give_capacity, where slurmctld does not (25.11+), gives every node its
- * capacity once in control (write locks), NULL elsewhere.
+ * capacity once in control and rebuilds allocations from the jobs (job and
+ * node write locks, partition read lock), NULL elsewhere.
  * A read-only request (`show`) runs without slurmctld's locks on a copy:
  * copy_facts takes it (node lock held), copied_facts, copied_node_name
  * and copied_changes (which nodes' facts changed since a `show` token) read
@@ -30,6 +32,7 @@ struct ledger_plugin_ops {
 	pyk8sres_node_name_fn node_name;
 	pyk8sres_stats_fn stats;
 	void (*resync)(void);
+	bool (*resync_due)(void);
 	void (*carry_all)(void);
 	void (*give_capacity)(void);
 	void (*copy_facts)(void);

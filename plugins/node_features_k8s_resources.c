@@ -48,6 +48,7 @@
 #include "src/common/xstring.h"
 #if PYK8SRES_INTERFACES_DIR /* detected by meson: src/interfaces/ (23.02+) */
 #include "src/interfaces/gres.h"
+#include "src/interfaces/select.h"
 #else
 #include "src/common/gres.h"
 #endif
@@ -235,27 +236,25 @@ static uint64_t _jobs(gres_node_state_t *ns)
 	return ns->gres_cnt_alloc >= carried ? ns->gres_cnt_alloc - carried : 0;
 }
 
-/*
- * Make one record carry `want` next to its jobs, clamped so that allocated
- * never exceeds the total (Slurm subtracts unsigned: alloc > avail would
- * look like a huge free count).  Needs the node write lock (or a read lock
- * plus sync_lock: see user_update).
- */
-static bool _carry(node_record_t *node_ptr, int g, uint64_t want)
+/* One record's new share (_carry), applied under its list's lock. */
+struct carry {
+	gres_node_state_t *ns;
+	uint64_t want;
+	bool clamped;
+};
+
+static int _carry_locked(void *x, void *arg)
 {
-	gres_node_state_t *ns = _gres_ns(node_ptr, g);
+	struct carry *c = arg;
+	gres_node_state_t *ns = c->ns;
 	uint64_t jobs, room, carry;
 
-	if (!ns)
-		return false; /* not registered yet: node_xlate will call us */
-	if (ns->topo_cnt) {
-		error("%s: %s: node %s: %s has File= topology; it must be CountOnly (gres.conf)",
-		      plugin_type, __func__, node_ptr->name, gres_names[g]);
-		return false;
-	}
+	if (((gres_state_t *) x)->gres_data != ns)
+		return 0;
 	jobs = _jobs(ns);
 	room = ns->gres_cnt_avail > jobs ? ns->gres_cnt_avail - jobs : 0;
-	carry = MIN(want, room);
+	carry = MIN(c->want, room);
+	c->clamped = carry < c->want;
 	if (!ns->topo_gres_cnt_alloc)
 		ns->topo_gres_cnt_alloc = xcalloc(1, sizeof(uint64_t));
 	if (ns->topo_gres_cnt_alloc[0] != carry || ns->gres_cnt_alloc != jobs + carry) {
@@ -263,7 +262,30 @@ static bool _carry(node_record_t *node_ptr, int g, uint64_t want)
 		ns->gres_cnt_alloc = jobs + carry;
 		xfree(ns->gres_used); /* cached GresUsed string, rebuilt on demand */
 	}
-	return carry < want;
+	return 0;
+}
+
+/*
+ * Make one record carry `want` next to its jobs, clamped so that allocated
+ * never exceeds the total (Slurm subtracts unsigned: alloc > avail would
+ * look like a huge free count).  Needs the node write lock, or a read lock
+ * plus sync_lock (see user_update): other readers then may be packing the
+ * node's GresUsed, so the record changes under its list's own lock, which
+ * Slurm's readers of that cached string take too (list_for_each).
+ */
+static bool _carry(node_record_t *node_ptr, int g, uint64_t want)
+{
+	struct carry c = { .ns = _gres_ns(node_ptr, g), .want = want };
+
+	if (!c.ns)
+		return false; /* not registered yet: node_xlate will call us */
+	if (c.ns->topo_cnt) {
+		error("%s: %s: node %s: %s has File= topology; it must be CountOnly (gres.conf)",
+		      plugin_type, __func__, node_ptr->name, gres_names[g]);
+		return false;
+	}
+	(void) list_for_each(node_ptr->gres_list, _carry_locked, &c);
+	return c.clamped;
 }
 
 static void _carry_node(node_record_t *node_ptr)
@@ -324,14 +346,21 @@ static bool _carry_every_node(void)
 	return true;
 }
 
+/* Has Slurm rebuilt allocations from jobs, or do pods wait for what jobs
+ * free?  O(1), no lock of ours. */
+static bool _resync_due(void)
+{
+	return !_intact() || clamped_nodes;
+}
+
 /* Put every node's share back if Slurm rebuilt allocations from jobs, and
  * top up nodes whose pods hold more than jobs left them. */
 static void _resync_if_rebuilt(void)
 {
 	node_record_t *node_ptr;
 
-	if (_intact() && !clamped_nodes)
-		return; /* the common case: O(1), no lock */
+	if (!_resync_due())
+		return; /* the common case */
 	slurm_mutex_lock(&sync_lock);
 	if (_intact()) {
 		/* Jobs may have ended on a clamped node: its freed capacity
@@ -513,15 +542,24 @@ static void _remember(const char *name, uint64_t cpu, uint64_t mem)
 #if !PYK8SRES_NF_GET_NODE
 static int _apply(node_record_t *node_ptr);
 
-/* 25.11+ calls no get_node(NULL) at startup: give every node its capacity
- * here (slurmctld's write locks held), as registration would; a node that
- * never registers keeps it, as on older releases. */
+/*
+ * 25.11+ calls no get_node(NULL) at startup: give every node its capacity
+ * here (job and node write locks, partition read lock held), as
+ * registration would; a node that never registers keeps it, as on older
+ * releases.  Slurm rebuilt allocations from the jobs before this, and
+ * dropped the k8scpu/k8smemory of every job that did not fit a node's count
+ * then ("overallocated resources": a node whose state file was lost or
+ * half rewritten comes back with none); rebuild once more now that every
+ * node has its count, or pods would be admitted onto those jobs' CPUs.
+ */
 static void _give_capacity(void)
 {
 	node_record_t *node_ptr;
 
 	for (int i = 0; (node_ptr = next_node(&i)); i++)
 		(void) _apply(node_ptr);
+	select_g_reconfigure();
+	_carry_all();
 }
 #endif
 
@@ -532,6 +570,7 @@ static const struct ledger_plugin_ops ledger_ops = {
 	.node_name = _node_name,
 	.stats = _stats,
 	.resync = _resync_if_rebuilt,
+	.resync_due = _resync_due,
 	.carry_all = _carry_all,
 #if !PYK8SRES_NF_GET_NODE
 	.give_capacity = _give_capacity,

@@ -7,8 +7,12 @@ StateSaveLocation; `pyk8sres cluster up --backup-controller`).
   acknowledged by either controller is held afterwards, and on every node
   what jobs hold (scontrol -d show job) plus the pods' share fits.
 - The primary comes back and takes journal and socket back the same way.
+  From 25.05 on Slurm itself may come back without its jobs (the backup
+  rewrites its state files while the primary reads them; it logs "Old
+  state possible"): the checks against what Slurm holds must pass either way.
 """
 import os
+import subprocess
 import time
 
 import pytest
@@ -51,6 +55,20 @@ def _job(c, cpus: int) -> str:
 
 def _state(c, job: str) -> list:
     return sh(c, "squeue", "-h", "-j", job, "-o", "%T %r").split()
+
+
+def _slurm_lost_jobs_on_failback(c, backup_said: int, *jobs: str) -> bool:
+    """Did the primary come back without these jobs?  Only Slurm's own loss
+    is allowed: from 25.05 on, a backup answers the primary's REQUEST_CONTROL
+    only when it times out (the backup waits for that very RPC to finish
+    before it saves: "Old state possible"), then rewrites its state files
+    while the primary reads them, and the primary may find none."""
+    known = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
+                           env=c.env, timeout=60, check=True).stdout.split()
+    if all(job in known for job in jobs):
+        return False
+    assert "Old state possible" in _backup_log(c)[backup_said:], (jobs, known)
+    return True
 
 
 def _wait_state(c, job: str, state: str, timeout: float = 30) -> None:
@@ -98,7 +116,9 @@ def test_backup_takes_over_under_a_stream_and_the_primary_comes_back(c, path, ho
         assert _state(c, pending)[0] == "PENDING", _state(c, pending)
         assert _state(c, running)[0] == "RUNNING"
         assert_never_booked_twice(c, path, CPUS, MEMORY)
+        time.sleep(STATE_SAVED_WITHIN)      # the backup's state file has both jobs
         # The primary comes back: the backup lets go, the primary takes over.
+        backup_said = len(_backup_log(c))
         took = faults.fail_back(c)
         print(f"{how}: the primary served the ledger again {took:.1f} s after it started")
         stream.wait_acked()                 # by the primary again
@@ -106,6 +126,15 @@ def test_backup_takes_over_under_a_stream_and_the_primary_comes_back(c, path, ho
         stream.stop()
     result = assert_durable(path, stream)
     print(f"{how} and back under a stream of reserves: {result}")
+    assert_never_booked_twice(c, path, CPUS, MEMORY)
+    if _slurm_lost_jobs_on_failback(c, backup_said, running, pending):
+        print(f"{how}: Slurm lost its jobs on failback (its backup logged 'Old state "
+              "possible'); the same two jobs again")
+        c.cancel_all_jobs()
+        running = _job(c, 3)
+        _wait_state(c, running, "RUNNING")
+        pending = _job(c, 2)
+        time.sleep(3)
     assert _state(c, pending)[0] == "PENDING"
     assert_never_booked_twice(c, path, CPUS, MEMORY)
     # The pods leave: the pending job starts.

@@ -127,6 +127,40 @@ def test_kill9_and_restart_under_a_stream_of_reserves(c, path):
     assert_never_booked_twice(c, path, CPUS, MEMORY)
 
 
+def test_a_restart_that_lost_node_state_still_counts_the_running_jobs(c, path):
+    """slurmctld starts with no node state file (a failback that read the
+    state while the backup was rewriting it, a damaged disk): the nodes come
+    back without their k8scpu/k8smemory until the plugin gives them, and
+    while Slurm rebuilds allocations from the jobs it drops the GRES of
+    every job that does not fit a node's count.  The running job must still
+    be counted once the ledger answers: by Slurm's GresUsed and by the
+    ledger's facts, so neither a job nor a pod is placed on its CPUs."""
+    job = sh(c, "sbatch", "--parsable", "-w", "n1", "-c", "3", "--mem=1000", "-o", "/dev/null",
+             "--wrap", "sleep 600").strip()
+    deadline = time.monotonic() + 30
+    while sh(c, "squeue", "-h", "-j", job, "-o", "%T").strip() != "RUNNING":
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.3)
+    assert Ledger(path).set("n1", {"held": (4000, 2000 << 20)}, 0)["ok"]
+    c.stop("slurmctld")                     # saves its state, then we lose the nodes'
+    for name in ("node_state", "node_state.old"):
+        lost = os.path.join(c.work, "state", name)
+        if os.path.exists(lost):
+            os.unlink(lost)
+    c.start_slurmctld()
+    wait_serving(path)
+    assert sh(c, "squeue", "-h", "-j", job, "-o", "%T").strip() == "RUNNING"
+    n1 = Ledger(path).show("n1")["nodes"]["n1"]
+    assert n1["jobs"] == {"cpu": 3, "mem": 1000}, n1
+    assert_never_booked_twice(c, path, CPUS, MEMORY)
+    # The pods' 4 CPUs and the job's 3 leave one: a job of 2 more pends.
+    pending = sh(c, "sbatch", "--parsable", "-w", "n1", "-c", "2", "--mem=100", "-o",
+                 "/dev/null", "--wrap", "sleep 600").strip()
+    time.sleep(3)
+    assert sh(c, "squeue", "-h", "-j", pending, "-o", "%T").strip() == "PENDING"
+    assert_never_booked_twice(c, path, CPUS, MEMORY)
+
+
 def test_a_live_owner_keeps_its_journal_and_socket(c, path):
     """The test holds the journal's lock and serves the socket, as a live
     owner would (24.11's re-exec parent while its child starts; a primary
