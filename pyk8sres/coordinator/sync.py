@@ -67,7 +67,10 @@ class SyncConfig:
     slurm_workers: list = dataclasses.field(default_factory=list)
     placeholder_namespace: str = "pyk8sres-placeholders"  # slurm-share-<node> pods (the chart's)
     cluster_name: str | None = None             # GenericNode spec.clusterName; None: Slurm's
-    resync_seconds: float = 1.0     # compare desired vs Slurm even without events
+    resync_seconds: float = 1.0     # check health and retry failures even without events
+    # Recompute every node at least this often even when nothing changed
+    # (events, Slurm's view and the watches' health recompute at once).
+    idle_full_seconds: float = 30.0
     # Read every Slurm node at least this often; each resync period in
     # between only if the ledger saw a node change (a job, a capacity).
     slurm_read_seconds: float = 10.0
@@ -304,6 +307,10 @@ class Cache:
     def _healthy(self) -> bool:   # lock held
         return not self._untrusted()
 
+    def healthy(self) -> bool:
+        with self.lock:
+            return self._healthy()
+
     @staticmethod
     def _node_usage(s: list) -> U.NodeUsage:
         return U.NodeUsage(s[0], s[1], tuple(s[2].values()))
@@ -372,6 +379,9 @@ class Reconciler:
         self.shared: dict[str, str] | None = None   # Slurm node -> Kubernetes node, last cycle
         self.over_lock = threading.Lock()
         self.last: U.Desired | None = None   # the last cycle's decision
+        self.last_full = -1e9      # monotonic time of the last cycle over every node
+        self.last_healthy: bool | None = None
+        self.failed = False        # the last cycle left a ledger or GenericNode write undone
 
     def _warn_new(self, warnings: list[str]) -> None:
         now = set(warnings)
@@ -404,6 +414,7 @@ class Reconciler:
         if dirty is not None and self.last is not None and not refresh:
             return self._cycle_pods(dirty, slurm_nodes)
         k8s_usage, knodes, healthy = self.cache.snapshot()
+        self.last_full, self.last_healthy, self.failed = time.monotonic(), healthy, False
         d = U.desired_state(
             k8s_usage, knodes, slurm_nodes,
             key=self.cfg.node_key, map_by_name=self.cfg.map_by_name, node_map=self.cfg.node_map)
@@ -413,6 +424,15 @@ class Reconciler:
         self._publish(d, slurm_nodes, healthy)
         self.last = d
         return d
+
+    def idle_cycle_due(self) -> bool:
+        """With no event since the last cycle: is a cycle over every node
+        due anyway?  Only if something changed that raises no event (a
+        watch went silent), a write failed, or idle_full_seconds passed;
+        O(1), so an idle daemon costs nothing per node each second."""
+        return (self.last is None or self.failed
+                or self.cache.healthy() != self.last_healthy
+                or time.monotonic() - self.last_full >= self.cfg.idle_full_seconds)
 
     def _cycle_pods(self, dirty: set[str], slurm_nodes) -> U.Desired:
         """The cycle for pod changes only: the Slurm nodes those pods count
@@ -484,6 +504,7 @@ class Reconciler:
                 log.warning("cannot set the Kubernetes share of %s: %s", name, e)
                 metrics.RECONCILE_ERRORS.labels("ledger_set").inc()
                 self.last_set.pop(name, None)
+                self.failed = True
                 if self.events is not None:
                     self.events.generic_node(
                         self.k8s_name(name), E.LEDGER_UNREACHABLE,
@@ -498,10 +519,12 @@ class Reconciler:
                 log.warning("cannot set the Kubernetes share of %s yet: %s (%s); kept, retried",
                             name, L.NOT_READY_TEXT, reply.get("error"))
                 metrics.RECONCILE_ERRORS.labels("ledger_not_ready").inc()
+                self.failed = True
                 continue
             if not reply.get("ok"):
                 log.warning("ledger refused the share of %s: %s", name, reply.get("error"))
                 metrics.RECONCILE_ERRORS.labels("ledger_refused").inc()
+                self.failed = True
                 continue
             share = reply.get("share") or {}
             if self.last_set.get(name) != entries:
@@ -566,6 +589,7 @@ class Reconciler:
         except Exception as e:  # API down, conflicts: retried on the next cycle
             log.warning("GenericNode update failed: %s", error_text(e))
             metrics.RECONCILE_ERRORS.labels("generic_nodes").inc()
+            self.failed = True
 
     def gn_refill_seconds(self) -> float:
         """How long until the GenericNode write budget has a token again."""
@@ -745,8 +769,11 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
             time.sleep(cfg.debounce_seconds)
         cache.changed.clear()
         # The poller keeps rec.slurm_view fresh (and marks everything dirty);
-        # a cycle only reads Slurm itself when it has no view yet.  A wake by
-        # timeout recomputes everything, as does any change but pods'.
+        # a cycle only reads Slurm itself when it has no view yet.  Any
+        # change but pods' recomputes everything, and so does a wake by
+        # timeout when a full cycle is due (rec.idle_cycle_due).
+        if not woke and not rec.idle_cycle_due():
+            continue
         dirty = cache.take_dirty()
         rec.cycle(refresh=False, dirty=dirty if woke else None)
     if rec.events is not None:
@@ -849,7 +876,7 @@ def parse_args(argv):
                                            "StateSaveLocation/k8s_resources.socket)")
     p.add_argument("--cluster-name", help="GenericNode spec.clusterName (default: Slurm's)")
     p.add_argument("--resync", type=float, dest="resync_seconds",
-                   help="seconds between full comparisons with Slurm")
+                   help="seconds between checks of the watches and retries of failed writes")
     p.add_argument("--no-generic-nodes", action="store_false", dest="generic_nodes",
                    default=None, help="do not write GenericNode objects")
     p.add_argument("--metrics-address", metavar="HOST:PORT",
