@@ -547,6 +547,25 @@ static bool _fill(struct client *c)
 	return true;
 }
 
+/* Put the shares back if Slurm rebuilt allocations: checked in O(1) under
+ * the node read lock (it reads the node table), done under the write locks
+ * so that no other reader is packing a record while it changes. */
+static void _resync_if_due(void)
+{
+	slurmctld_lock_t read_lock = { .node = READ_LOCK };
+	slurmctld_lock_t write_lock = { .job = WRITE_LOCK, .node = WRITE_LOCK };
+	bool due;
+
+	lock_slurmctld(read_lock);
+	due = ops.resync_due();
+	unlock_slurmctld(read_lock);
+	if (due) {
+		lock_slurmctld(write_lock);
+		ops.resync();
+		unlock_slurmctld(write_lock);
+	}
+}
+
 /* Decide one request: Python parses and journals outside slurmctld's locks,
  * then decides and applies under them. */
 static void _handle(uid_t uid, const char *line)
@@ -567,14 +586,7 @@ static void _handle(uid_t uid, const char *line)
 
 		clock_gettime(CLOCK_MONOTONIC, &prepared);
 		if (read_only) {
-			/* After a rebuild, put the shares back first (so
-			 * scontrol agrees with this answer) under the write
-			 * locks: other readers may be packing those records. */
-			if (ops.resync_due()) {
-				lock_slurmctld(write_lock);
-				ops.resync();
-				unlock_slurmctld(write_lock);
-			}
+			_resync_if_due();	/* so scontrol agrees with this answer */
 			lock_slurmctld(read_lock);
 			to_lock = _ms_since(&prepared);
 			ops.copy_facts();
@@ -744,26 +756,14 @@ static void _follow_control(void)
 
 /* Idle: re-apply the share soon after a rebuild even when nothing is being
  * scheduled (slurmctld startup, a reconfigure), so `scontrol show node`
- * shows it.  Allocations never wait for this: user_update comes first.
- * The check is O(1) under the read lock; the resync takes the write locks,
- * so no reader is packing a record while it changes. */
+ * shows it.  Allocations never wait for this: user_update comes first. */
 static void _watch_rebuilds(void)
 {
-	slurmctld_lock_t read_lock = { .node = READ_LOCK };
-	slurmctld_lock_t write_lock = { .job = WRITE_LOCK, .node = WRITE_LOCK };
 	struct timespec start;
-	bool due;
 	long took;
 
 	clock_gettime(CLOCK_MONOTONIC, &start);
-	lock_slurmctld(read_lock);
-	due = ops.resync_due();
-	unlock_slurmctld(read_lock);
-	if (due) {
-		lock_slurmctld(write_lock);
-		ops.resync();
-		unlock_slurmctld(write_lock);
-	}
+	_resync_if_due();
 	if ((took = _ms_since(&start)) >= 1000) /* requests waited as long */
 		info("%s: %s: waited %ld ms for slurmctld's node lock", LOG_PREFIX,
 		     __func__, took);

@@ -347,7 +347,7 @@ static bool _carry_every_node(void)
 }
 
 /* Has Slurm rebuilt allocations from jobs, or do pods wait for what jobs
- * free?  O(1), no lock of ours. */
+ * free?  O(1), no lock of ours; the node lock held (reads the node table). */
 static bool _resync_due(void)
 {
 	return !_intact() || clamped_nodes;

@@ -307,10 +307,6 @@ class Cache:
     def _healthy(self) -> bool:   # lock held
         return not self._untrusted()
 
-    def healthy(self) -> bool:
-        with self.lock:
-            return self._healthy()
-
     @staticmethod
     def _node_usage(s: list) -> U.NodeUsage:
         return U.NodeUsage(s[0], s[1], tuple(s[2].values()))
@@ -431,7 +427,7 @@ class Reconciler:
         watch went silent), a write failed, or idle_full_seconds passed;
         O(1), so an idle daemon costs nothing per node each second."""
         return (self.last is None or self.failed
-                or self.cache.healthy() != self.last_healthy
+                or (self.cache.not_ready() is None) != self.last_healthy
                 or time.monotonic() - self.last_full >= self.cfg.idle_full_seconds)
 
     def _cycle_pods(self, dirty: set[str], slurm_nodes) -> U.Desired:

@@ -12,7 +12,6 @@ StateSaveLocation; `pyk8sres cluster up --backup-controller`).
   state possible"): the checks against what Slurm holds must pass either way.
 """
 import os
-import subprocess
 import time
 
 import pytest
@@ -63,8 +62,7 @@ def _slurm_lost_jobs_on_failback(c, backup_said: int, *jobs: str) -> bool:
     only when it times out (the backup waits for that very RPC to finish
     before it saves: "Old state possible"), then rewrites its state files
     while the primary reads them, and the primary may find none."""
-    known = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
-                           env=c.env, timeout=60, check=True).stdout.split()
+    known = sh(c, "squeue", "-h", "-o", "%i").split()
     if all(job in known for job in jobs):
         return False
     assert "Old state possible" in _backup_log(c)[backup_said:], (jobs, known)

@@ -95,13 +95,19 @@ def test_while_recovering_it_says_notready_never_unknown(c, path):
     assert shown["share"]["cpu"] == 2 and not shown.get("unknown"), shown
 
 
-def test_kill9_and_restart_under_a_stream_of_reserves(c, path):
+def _running_job_on_n1(c) -> str:
+    """A job of 3 CPUs and 1000 MB on n1, once it runs."""
     job = sh(c, "sbatch", "--parsable", "-w", "n1", "-c", "3", "--mem=1000", "-o", "/dev/null",
              "--wrap", "sleep 600").strip()
     deadline = time.monotonic() + 30
     while sh(c, "squeue", "-h", "-j", job, "-o", "%T").strip() != "RUNNING":
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(0.3)
+    return job
+
+
+def test_kill9_and_restart_under_a_stream_of_reserves(c, path):
+    job = _running_job_on_n1(c)
     time.sleep(STATE_SAVED_WITHIN)
     Ledger(path).set("n1", {"held": (4000, 2000 << 20)}, 0)
     stream = ReserveStream(path, "k9")
@@ -135,12 +141,7 @@ def test_a_restart_that_lost_node_state_still_counts_the_running_jobs(c, path):
     every job that does not fit a node's count.  The running job must still
     be counted once the ledger answers: by Slurm's GresUsed and by the
     ledger's facts, so neither a job nor a pod is placed on its CPUs."""
-    job = sh(c, "sbatch", "--parsable", "-w", "n1", "-c", "3", "--mem=1000", "-o", "/dev/null",
-             "--wrap", "sleep 600").strip()
-    deadline = time.monotonic() + 30
-    while sh(c, "squeue", "-h", "-j", job, "-o", "%T").strip() != "RUNNING":
-        assert time.monotonic() < deadline, "the job did not start"
-        time.sleep(0.3)
+    job = _running_job_on_n1(c)
     assert Ledger(path).set("n1", {"held": (4000, 2000 << 20)}, 0)["ok"]
     c.stop("slurmctld")                     # saves its state, then we lose the nodes'
     for name in ("node_state", "node_state.old"):
