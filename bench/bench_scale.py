@@ -19,8 +19,9 @@ ledger phase (slurmctld only), through the ledger's real socket:
   admission latency of a pod created onto a shared node (p50/p99), against
   the same create onto a node outside the webhook's scope (the API server
   alone) in the same cluster; CPU per admitted pod of every daemon; idle CPU
-  of sync, the webhook and slurmctld over --idle seconds; the control
-  plane's resident memory per node.
+  of sync, the webhook and slurmctld over --idle seconds, once sync has
+  written every GenericNode ("GN s": when that was); the control plane's
+  resident memory per node.
 Pods per node: --pods-per-node K first puts K pods on every shared node
 through admission (8 clients at once; the time it took is reported), then
 measures idle and admission with them there.
@@ -210,8 +211,10 @@ def kube_phase(n: int, port: int, kube_port: int, pods: int, idle: float,
             print(f"  {out['fill']['pods']} pods on {n} nodes in {out['fill']['seconds']:.0f} s "
                   f"({out['fill']['refused_count']} refused)", flush=True)
             out["settle_s"] = settle(kube, ns, time.monotonic())
-            # Then sync's GenericNode writes (20 per second: 50 s for 1,000 nodes).
-            time.sleep(10 + n / 20)
+        # Idle means after sync's paced GenericNode writes (20 per second).
+        hybrid.wait_generic_nodes_current(cp, n, cp.ports.sync_metrics, c, 120 + n / 5)
+        out["current_s"] = time.monotonic() - t0
+        if per_node:
             out["filled_rss_bytes"] = {k: rss_bytes(pids[k]) for k in ("sync", "webhook")}
         time.sleep(5)
         before = {k: cpu_s(p) for k, p in pids.items()}
@@ -289,7 +292,8 @@ def report(results: dict) -> None:
               "(the API server alone), ms, sequential:")
         print(f"{'nodes':>6} {'allow p50':>9} {'p99':>7} {'alone p50':>9} {'p99':>7} "
               f"{'allow/alone p50':>15} {'CPU ms/pod all':>14} {'sync':>6} {'webhook':>7} "
-              f"{'idle %: sync':>12} {'webhook':>7} {'slurmctld':>9} {'ready s':>7} {'kube MB':>8}")
+              f"{'idle %: sync':>12} {'webhook':>7} {'slurmctld':>9} {'ready s':>7} {'GN s':>5} "
+              f"{'kube MB':>8}")
         for r in rows:
             cpu = r["allow_cpu_ms_per_pod"]
             print(f"{r['nodes']:>6} {r['allow_ms']['p50']:9.1f} {r['allow_ms']['p99']:7.1f} "
@@ -297,7 +301,7 @@ def report(results: dict) -> None:
                   f"{r['allow_ms']['p50'] / r['baseline_ms']['p50']:15.2f} "
                   f"{sum(cpu.values()):14.1f} {cpu['sync']:6.2f} {cpu['webhook']:7.2f} "
                   f"{r['idle_cpu_pct']['sync']:12.2f} {r['idle_cpu_pct']['webhook']:7.2f} "
-                  f"{r['idle_cpu_pct']['slurmctld']:9.2f} {r['ready_s']:7.0f} "
+                  f"{r['idle_cpu_pct']['slurmctld']:9.2f} {r['ready_s']:7.0f} {r['current_s']:5.0f} "
                   f"{r['kube_rss_bytes'] / 2**20:8.0f}")
         for r in rows:
             if "fill" in r:

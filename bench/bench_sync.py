@@ -35,7 +35,7 @@ import statistics
 import sys
 import time
 
-from pyk8sres.testbed import cluster  # the installed package (tools/install-deps.sh)
+from pyk8sres.testbed import cluster, hybrid  # the installed package (tools/install-deps.sh)
 
 ROOT = os.environ.get("PYK8SRES_BENCH_DIR", "/tmp/pyk8sres-bench-sync")
 SLURM_PORT = 27200 + int(os.environ.get("PYK8SRES_TEST_PORT_OFFSET", "0"))
@@ -150,6 +150,12 @@ class Daemon:
                 out.append((t, m.group(2), int(m.group(3)), int(m.group(4))))
         return out
 
+    def metrics_port(self) -> int | None:
+        """The port the daemon chose for /metrics (it logs it), or None yet."""
+        with open(self.log) as f:
+            m = re.search(r"metrics and health on http://127\.0\.0\.1:(\d+)/", f.read())
+        return int(m.group(1)) if m else None
+
     def stop(self):
         cluster.stop_process(self.slurm.work, "bench-sync")
 
@@ -196,15 +202,17 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
                 raise RuntimeError("initial sync took over 600 s")
             time.sleep(0.05)
         startup = time.monotonic() - t0
-        # GenericNodes are written by their own thread: wait for all of them
-        # so the idle figure is really idle.
+        # GenericNode writes are paced (generic_node_qps): wait until every
+        # one exists and shows its newest state, so the idle figure is idle.
         custom = client.CustomObjectsApi(core.api_client)
         while True:
             gns = custom.list_cluster_custom_object("pyk8sres.io", "v1alpha1", "genericnodes")
-            if len(gns.get("items", [])) >= nodes:
+            port = daemon.metrics_port()
+            if (len(gns.get("items", [])) >= nodes and port is not None
+                    and hybrid.generic_nodes_behind(port) == 0):
                 break
             if time.monotonic() - t0 > 900:
-                raise RuntimeError("GenericNodes not all created within 900 s")
+                raise RuntimeError("GenericNodes not all written within 900 s")
             time.sleep(0.5)
         gn_ready = time.monotonic() - t0
         time.sleep(2)

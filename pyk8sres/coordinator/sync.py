@@ -374,6 +374,7 @@ class Reconciler:
         self.events = None       # events.Recorder (None: no Events)
         self.shared: dict[str, str] | None = None   # Slurm node -> Kubernetes node, last cycle
         self.over_lock = threading.Lock()
+        self.over_flipped: set[str] = set()   # Slurm nodes whose flag changed since a GN pass
         self.last: U.Desired | None = None   # the last cycle's decision
         self.last_full = -1e9      # monotonic time of the last cycle over every node
         self.last_healthy: bool | None = None
@@ -398,7 +399,9 @@ class Reconciler:
             return self._cycle(slurm_nodes, refresh, dirty)
 
     def _cycle(self, slurm_nodes, refresh: bool, dirty: set[str] | None) -> U.Desired | None:
-        if slurm_nodes is None:
+        if slurm_nodes is not None:
+            view = {n.name: n for n in slurm_nodes}
+        else:
             if refresh or self.slurm_view is None:
                 try:
                     self.slurm_view = {n.name: n for n in self.slurm.list_nodes()}
@@ -406,18 +409,18 @@ class Reconciler:
                     log.warning("cannot read Slurm nodes: %s", e)
                     metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
                     return None
-            slurm_nodes = list(self.slurm_view.values())
+            view = self.slurm_view   # replaced, never changed in place: safe to share
         if dirty is not None and self.last is not None and not refresh:
-            return self._cycle_pods(dirty, slurm_nodes)
+            return self._cycle_pods(dirty, view)
         k8s_usage, knodes, healthy = self.cache.snapshot()
         self.last_full, self.last_healthy, self.failed = time.monotonic(), healthy, False
         d = U.desired_state(
-            k8s_usage, knodes, slurm_nodes,
+            k8s_usage, knodes, list(view.values()),
             key=self.cfg.node_key, map_by_name=self.cfg.map_by_name, node_map=self.cfg.node_map)
         self._warn_new(d.warnings)
         self.shared = {s: k for k, s in d.k8s_to_slurm.items()}
         self.set_shares(d, healthy)
-        self._publish(d, slurm_nodes, healthy)
+        self._publish(d, view, healthy)
         self.last = d
         return d
 
@@ -430,30 +433,32 @@ class Reconciler:
                 or (self.cache.not_ready() is None) != self.last_healthy
                 or time.monotonic() - self.last_full >= self.cfg.idle_full_seconds)
 
-    def _cycle_pods(self, dirty: set[str], slurm_nodes) -> U.Desired:
+    def _cycle_pods(self, dirty: set[str], view: dict) -> U.Desired:
         """The cycle for pod changes only: the Slurm nodes those pods count
         on are recomputed from the cache, the rest is the last decision
-        (nodes and mapping change only through a full cycle)."""
+        (nodes and mapping change only through a full cycle).  Costs
+        O(the nodes touched), whatever the size of the cluster."""
         last = self.last
-        names = {n.name for n in slurm_nodes}
         touched = {s for k in dirty
-                   if (s := U.slurm_node_of(k, last.mapping, names, self.cfg.map_by_name))}
+                   if (s := U.slurm_node_of(k, last.mapping, view, self.cfg.map_by_name))}
         if not touched:
             return last
-        part, healthy = self.cache.usage_of(U.counting_on(touched, last.mapping))
+        part, healthy = self.cache.usage_of(U.counting_on(touched, last.mapping, last.here))
         d = dataclasses.replace(last, usage=U.refreshed_usage(
-            last.usage, part, touched, last.mapping, names, self.cfg.map_by_name))
+            last.usage, part, touched, last.mapping, view, self.cfg.map_by_name))
         self.set_shares(d, healthy, only=touched)
-        self._publish(d, slurm_nodes, healthy)
+        self._publish(d, view, healthy, only={k for s in touched for k in d.here.get(s, ())})
         self.last = d
         return d
 
-    def _publish(self, d: U.Desired, slurm_nodes, healthy: bool) -> None:
+    def _publish(self, d: U.Desired, view: dict, healthy: bool,
+                 only: set[str] | None = None) -> None:
+        """GenericNodes: of every node, or only of these Kubernetes nodes."""
         if self.kube is not None and self.cfg.generic_nodes and healthy:
             if self.gn_thread is None:
-                self.sync_generic_nodes_safe(d, slurm_nodes)
+                self.sync_generic_nodes_safe(d, view, only)
             else:
-                self.gn_thread.offer(d, slurm_nodes)
+                self.gn_thread.offer(d, view, only)
 
     def wanted_shares(self, d: U.Desired, healthy: bool,
                       only: set[str] | None = None) -> dict[str, dict]:
@@ -463,11 +468,14 @@ class Reconciler:
         broken or silent watch, an unparsable pod there) it only gains
         entries: fail closed, never hand capacity back on missing data.
         only: just these Slurm nodes."""
-        wanted: dict[str, dict] = {name: {} for name in self.last_set
-                                   if only is None or name in only}
-        for k8s_name, slurm_name in d.k8s_to_slurm.items():
-            if only is None or slurm_name in only:
-                wanted.setdefault(slurm_name, {}).update(self.cache.entries(k8s_name))
+        if only is None:
+            wanted: dict[str, dict] = {name: {} for name in self.last_set}
+            pairs = d.k8s_to_slurm.items()
+        else:
+            wanted = {name: {} for name in only if name in self.last_set}
+            pairs = ((k, s) for s in only for k in d.here.get(s, ()))
+        for k8s_name, slurm_name in pairs:
+            wanted.setdefault(slurm_name, {}).update(self.cache.entries(k8s_name))
         if only is not None:
             for name in only:
                 wanted.setdefault(name, {})
@@ -545,6 +553,8 @@ class Reconciler:
         with self.over_lock:
             was = self.oversubscribed.get(name, False)
             self.oversubscribed[name] = over
+            if over != was:
+                self.over_flipped.add(name)
         metrics.NODE_OVERSUBSCRIBED.labels(name).set(1 if over else 0)
         if not over:
             return
@@ -579,9 +589,9 @@ class Reconciler:
                 f"{jobs['cpu']} CPUs and {jobs['mem']} MB, of {cap['cpu']} CPUs and "
                 f"{cap['mem']} MB")
 
-    def sync_generic_nodes_safe(self, d, slurm_nodes) -> None:
+    def sync_generic_nodes_safe(self, d, view, only=None) -> None:
         try:
-            self.sync_generic_nodes(d, slurm_nodes)
+            self.sync_generic_nodes(d, view, only)
         except Exception as e:  # API down, conflicts: retried on the next cycle
             log.warning("GenericNode update failed: %s", error_text(e))
             metrics.RECONCILE_ERRORS.labels("generic_nodes").inc()
@@ -594,8 +604,12 @@ class Reconciler:
     def gn_limits(self) -> E.Limits:
         return E.Limits(rate=self.cfg.generic_node_qps, burst=self.cfg.generic_node_burst)
 
-    def sync_generic_nodes(self, d: U.Desired, slurm_nodes) -> None:
-        """Make GenericNodes match (write only what changed)."""
+    def sync_generic_nodes(self, d: U.Desired, view: dict, only: set[str] | None = None) -> None:
+        """Make GenericNodes match (write only what changed).  view: Slurm
+        node name -> node.  only: look at just these Kubernetes nodes, the
+        ones still waiting for the write budget, and those whose
+        oversubscription flag flipped (a pod event: O(its node), not
+        O(cluster)); None: every node, and delete what is no longer shared."""
         from .kube import MANAGED_BY
         from kubernetes.client.exceptions import ApiException
         if self.cluster is None:
@@ -606,6 +620,7 @@ class Reconciler:
         if self.gn_written is not None and time.monotonic() - self.gn_listed > GN_RELIST_SECONDS:
             self.gn_written = None   # re-read now and then: heals edits/deletes by others
         if self.gn_written is None:
+            only = None     # after a (re-)list, look at every node
             if self.cfg.create_crd and not self.gn_listed:
                 self.kube.ensure_crd()
             existing = self.kube.list_generic_nodes()
@@ -616,12 +631,19 @@ class Reconciler:
                 n: (o.get("spec") or {}, o.get("status") or {}) for n, o in existing.items()
                 if all((o["metadata"].get("labels") or {}).get(k) == v
                        for k, v in MANAGED_BY.items())}
-        by_name = {n.name: n for n in slurm_nodes}
+        with self.over_lock:
+            flipped, self.over_flipped = self.over_flipped, set()
+        if only is None:
+            names = d.k8s_to_slurm
+        else:
+            names = set(only) | set(self.gn_waiting) | {
+                k for s in flipped for k in d.here.get(s, ())}
         # Building 1000 bodies every cycle is the costly part: skip nodes
         # whose inputs are the same as when we last wrote them.
         inputs = {}
-        for k, s in d.k8s_to_slurm.items():
-            n = by_name.get(s)
+        for k in names:
+            s = d.k8s_to_slurm.get(k)
+            n = view.get(s)
             if n is not None:
                 u = d.usage.get(s) or U.NodeUsage()
                 inputs[k] = (s, n.cpus, n.real_memory, n.alloc_cpus, n.alloc_memory,
@@ -634,7 +656,7 @@ class Reconciler:
         self.gn_behind = False
         for name in sorted(stale, key=lambda n: (self.gn_waiting[n], n)):
             key = inputs[name]
-            spec, status = U.generic_node_body(name, by_name[key[0]], d.usage.get(key[0]),
+            spec, status = U.generic_node_body(name, view[key[0]], d.usage.get(key[0]),
                                                self.cluster, oversubscribed=key[-1])
             old = self.gn_written.get(name)
             if old == (spec, status):
@@ -671,7 +693,7 @@ class Reconciler:
             del self.gn_waiting[name]
         metrics.GENERIC_NODES_BEHIND.set(len(self.gn_waiting))
         metrics.GENERIC_NODES_LAG.set(now - min(self.gn_waiting.values(), default=now))
-        for name in sorted(set(self.gn_written) - set(inputs)):
+        for name in sorted(set(self.gn_written) - set(inputs) if only is None else ()):
             self.kube.delete_generic_node(name)
             self.gn_written.pop(name)
             self.gn_inputs.pop(name, None)
@@ -690,17 +712,23 @@ class GenericNodeWriter(threading.Thread):
         self.pending = None
         self.wake = threading.Event()
 
-    def offer(self, d, slurm_nodes) -> None:
+    def offer(self, d, view, only: set[str] | None = None) -> None:
+        """The newest decision; only: the Kubernetes nodes it changed (None:
+        any).  Decisions not yet written fold into one: the newest, for
+        the nodes any of them changed."""
         with self.lock:
-            self.pending = (d, slurm_nodes)
+            if self.pending is not None:
+                before = self.pending[2]
+                only = None if only is None or before is None else only | before
+            self.pending = (d, view, only)
         self.wake.set()
 
     def run(self) -> None:
         last = None
         while not self.stop_event.is_set():
             # Out of write budget: the same decision again once a token is
-            # back, and not before (a pass looks at every node: at 1000 nodes
-            # one per pod event would cost more than the writes it saves).
+            # back, and not before; that pass looks only at the nodes still
+            # waiting.
             behind = self.rec.gn_behind and last is not None
             if behind:
                 self.stop_event.wait(min(1.0, self.rec.gn_refill_seconds()))
@@ -709,9 +737,11 @@ class GenericNodeWriter(threading.Thread):
             self.wake.clear()
             with self.lock:
                 job, self.pending = self.pending, None
-            last = job or last
-            if last is not None and (job is not None or behind):
-                self.rec.sync_generic_nodes_safe(*last)
+            if job is not None:
+                last = job
+                self.rec.sync_generic_nodes_safe(*job)
+            elif behind:
+                self.rec.sync_generic_nodes_safe(last[0], last[1], set())
 
 
 # ----------------------------------------------------------------- daemon

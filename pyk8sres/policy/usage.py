@@ -436,11 +436,22 @@ def slurm_node_of(k8s_name: str, mapping: Mapping[str, str | None], slurm_names,
     return k8s_name if (map_by_name and k8s_name in slurm_names) else None
 
 
-def counting_on(slurm_nodes: Iterable[str], mapping: Mapping[str, str | None]) -> set[str]:
+def mapped_here(mapping: Mapping[str, str | None]) -> dict[str, tuple[str, ...]]:
+    """Slurm node -> the Kubernetes nodes mapped to it (mapping reversed)."""
+    out: dict[str, list[str]] = {}
+    for k, s in mapping.items():
+        if s is not None:
+            out.setdefault(s, []).append(k)
+    return {s: tuple(ks) for s, ks in out.items()}
+
+
+def counting_on(slurm_nodes: Iterable[str], mapping: Mapping[str, str | None],
+                here: Mapping[str, tuple[str, ...]]) -> set[str]:
     """The Kubernetes nodes whose pods count on these Slurm nodes: those
-    mapped there, and a node we have no object for of the same name."""
+    mapped there (here: mapped_here(mapping)), and a node we have no object
+    for of the same name.  O(these nodes), not O(cluster)."""
     wanted = set(slurm_nodes)
-    return {k for k, s in mapping.items() if s in wanted} | {s for s in wanted if s not in mapping}
+    return {k for s in wanted for k in here.get(s, ())} | {s for s in wanted if s not in mapping}
 
 
 def refreshed_usage(usage: Mapping[str, NodeUsage], part: Mapping[str, NodeUsage],
@@ -450,8 +461,10 @@ def refreshed_usage(usage: Mapping[str, NodeUsage], part: Mapping[str, NodeUsage
     from `part`: the usage of the Kubernetes nodes counting_on() them.
     Equal to the full computation when nothing else changed (tested so)."""
     touched = set(touched)
-    out = {s: u for s, u in usage.items() if s not in touched}
-    fresh = usage_by_slurm_node(part, {k: v for k, v in mapping.items() if k in part},
+    out = dict(usage)       # a copy: the last decision may still be read elsewhere
+    for s in touched:
+        out.pop(s, None)
+    fresh = usage_by_slurm_node(part, {k: mapping[k] for k in part if k in mapping},
                                 slurm_names, map_by_name)
     out.update((s, u) for s, u in fresh.items() if s in touched)
     return out
@@ -497,6 +510,7 @@ class Desired:
     k8s_to_slurm: dict[str, str]            # mapped Kubernetes node -> Slurm node
     warnings: list[str]
     mapping: dict = dataclasses.field(default_factory=dict)  # every Kubernetes node -> Slurm node or None
+    here: dict = dataclasses.field(default_factory=dict)     # mapped_here(mapping)
 
 
 def desired_state(k8s_usage: Mapping[str, NodeUsage], k8s_nodes: Mapping[str, Mapping], slurm_nodes,
@@ -525,4 +539,5 @@ def desired_state(k8s_usage: Mapping[str, NodeUsage], k8s_nodes: Mapping[str, Ma
         if s is None and (k in (node_map or {})
                           or key in ((k8s_nodes[k].get("metadata") or {}).get("labels") or {})):
             warnings.append(f"kubernetes node {k}: {key} (or node_map) names no Slurm node")
-    return Desired(usage, {k: s for k, s in mapping.items() if s}, warnings, mapping)
+    return Desired(usage, {k: s for k, s in mapping.items() if s}, warnings, mapping,
+                   mapped_here(mapping))

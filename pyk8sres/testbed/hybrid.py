@@ -344,6 +344,35 @@ def wait_generic_nodes(kube, names: list[str], c: cluster.Cluster, timeout: floa
     _wait(published, "the sync daemon did not publish GenericNodes", "sync.out", c, timeout)
 
 
+def generic_nodes_behind(metrics_port: int) -> float | None:
+    """The sync daemon's pyk8sres_generic_nodes_behind (None: no answer yet)."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+            body = r.read().decode()
+    except OSError:
+        return None
+    for line in body.splitlines():
+        if line.startswith("pyk8sres_generic_nodes_behind "):
+            return float(line.split()[1])
+    return None
+
+
+def wait_generic_nodes_current(kube, count: int, metrics_port: int, c: cluster.Cluster,
+                               timeout: float) -> None:
+    """Until `count` GenericNodes exist and sync has written the newest state
+    of each: its writes are paced (generic_node_qps), so a new cluster keeps
+    it busy for a while.  (The gauge reads 0 before sync's first pass too,
+    hence the count.)"""
+    def current() -> bool:
+        if generic_nodes_behind(metrics_port) != 0:
+            return False
+        out = kube.kubectl("get", "genericnode", "-o", "name", check=False).stdout
+        return len(out.split()) >= count
+    _wait(current, "the sync daemon's GenericNode writes did not catch up", "sync.out", c,
+          timeout)
+
+
 def wait_webhook(kube, c: cluster.Cluster, timeout: float = 30) -> None:
     """Until the coordinator has published its scope: the chart's
     matchCondition "true" (every node checked) replaced by the nodes known

@@ -422,6 +422,22 @@ class GenericNodeStore:
         o["status"] = {**o["status"], **{k: v for k, v in (status or {}).items() if v is not None}}
 
 
+def publishing(tmp_path, count, **settings):
+    """A Reconciler over `count` nodes without pods that writes GenericNodes
+    to a GenericNodeStore: (slurm, cache, store, rec), after its first cycle."""
+    names = [f"n{i}" for i in range(1, count + 1)]
+    slurm = SlurmWorld(str(tmp_path), *names)
+    cfg = sync.SyncConfig(ledger_socket="unused", **settings)
+    cache = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
+    cache.replace("nodes", [knode(n) for n in names])
+    cache.replace("pods", [])
+    store = GenericNodeStore()
+    rec = sync.Reconciler(cfg, cache, slurm, kube=store, ledger=slurm.ledger)
+    rec.cluster = "c1"
+    rec.cycle()
+    return slurm, cache, store, rec
+
+
 def test_generic_node_writes_keep_a_budget_oldest_change_first(tmp_path, monkeypatch):
     """A burst of pod changes on many nodes costs at most generic_node_burst
     writes at once and generic_node_qps after; the nodes left behind are
@@ -430,15 +446,8 @@ def test_generic_node_writes_keep_a_budget_oldest_change_first(tmp_path, monkeyp
     now = [1000.0]
     monkeypatch.setattr(sync.time, "monotonic", lambda: now[0])
     names = [f"n{i}" for i in range(1, 11)]
-    slurm = SlurmWorld(str(tmp_path), *names)
-    cfg = sync.SyncConfig(ledger_socket="unused", generic_node_qps=2.0, generic_node_burst=3)
-    cache = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
-    cache.replace("nodes", [knode(n) for n in names])
-    cache.replace("pods", [])
-    store = GenericNodeStore()
-    rec = sync.Reconciler(cfg, cache, slurm, kube=store, ledger=slurm.ledger)
-    rec.cluster = "c1"
-    rec.cycle()                                       # creating is not budgeted
+    slurm, cache, store, rec = publishing(tmp_path, 10, generic_node_qps=2.0,
+                                          generic_node_burst=3)   # creating is not budgeted
     assert len(store.writes) == 10 and not rec.gn_behind
     for i, n in enumerate(reversed(names)):           # a burst: every node changes, n1 last
         now[0] += 0.001
@@ -461,6 +470,60 @@ def test_generic_node_writes_keep_a_budget_oldest_change_first(tmp_path, monkeyp
     now[0] += 100.0
     rec.cycle()
     assert len(store.writes) == writes                # nothing changed: nothing written
+
+
+class LookedUp(dict):
+    """A Slurm view that records which nodes a GenericNode pass looked at."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.looked = set()
+
+    def get(self, name, default=None):
+        self.looked.add(name)
+        return super().get(name, default)
+
+
+def test_pod_cycles_write_the_generic_nodes_of_their_nodes_only(tmp_path):
+    """After a pod event the GenericNode pass looks at the node the pod is
+    on, not at every node (O(its node) at 10,000 nodes), plus any node
+    whose oversubscription flag flipped meanwhile without a pod event; and
+    a full pass afterwards finds nothing left to write."""
+    names = [f"n{i}" for i in range(1, 7)]
+    slurm, cache, store, rec = publishing(tmp_path, 6)
+    assert sorted(store.writes) == names
+    cache.take_dirty()                                      # what the daemon's loop does
+    rec.slurm_view = LookedUp(rec.slurm_view)
+
+    cache.event("pods", "ADDED", pod("a", "n2", "1", "1Gi"))
+    rec.cycle(refresh=False, dirty=cache.take_dirty())
+    assert rec.slurm_view.looked == {"n2"} and store.writes[6:] == ["n2"]
+
+    rec.slurm_view.looked.clear()
+    rec.note_oversubscribed("n5", True, "a static pod")     # from the ledger's poller
+    cache.event("pods", "ADDED", pod("b", "n2", "1", "1Gi"))
+    rec.cycle(refresh=False, dirty=cache.take_dirty())
+    assert rec.slurm_view.looked == {"n2", "n5"} and sorted(store.writes[7:]) == ["n2", "n5"]
+    assert (store.objects["n5"]["spec"], store.objects["n5"]["status"]) == U.generic_node_body(
+        "n5", slurm.nodes["n5"], None, "c1", oversubscribed=True)
+
+    writes = len(store.writes)
+    rec.cycle(refresh=False)                                # a full pass over every node
+    assert rec.slurm_view.looked >= set(names) and len(store.writes) == writes
+
+
+@pytest.mark.parametrize("offers, want", [
+    ([{"a"}], {"a"}),
+    ([{"a"}, {"b"}], {"a", "b"}),       # not yet written: the nodes of both
+    ([{"a"}, None], None),              # a full pass covers any node
+    ([None, {"b"}], None),
+])
+def test_generic_node_writer_folds_waiting_decisions(offers, want):
+    import threading
+    w = sync.GenericNodeWriter(None, threading.Event())
+    for i, only in enumerate(offers):
+        w.offer(f"decision {i}", {}, only)
+    assert w.pending == (f"decision {len(offers) - 1}", {}, want)
 
 
 class ScriptedServer:

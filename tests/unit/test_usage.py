@@ -426,8 +426,10 @@ def test_slurm_node_of(k8s, expect):
 def test_counting_on_and_refreshed_usage():
     mapping = {"k8s-a": "n1", "k8s-b": "n1", "k8s-c": "n3", "gpu-1": None}
     # and pods on a Kubernetes node named n1 we have no object for
-    assert u.counting_on({"n1"}, mapping) == {"k8s-a", "k8s-b", "n1"}
-    assert u.counting_on({"n2"}, mapping) == {"n2"}      # pods on an unknown node named n2
+    here = u.mapped_here(mapping)
+    assert here == {"n1": ("k8s-a", "k8s-b"), "n3": ("k8s-c",)}
+    assert u.counting_on({"n1"}, mapping, here) == {"k8s-a", "k8s-b", "n1"}
+    assert u.counting_on({"n2"}, mapping, here) == {"n2"}   # pods on an unknown node named n2
     usage = {"n1": u.NodeUsage(1, 1), "n3": u.NodeUsage(5, 5)}
     part = {"k8s-a": u.NodeUsage(2, 20), "k8s-b": u.NodeUsage(3, 30)}
     assert u.refreshed_usage(usage, part, {"n1"}, mapping, {"n1", "n3"}) == {
