@@ -124,11 +124,13 @@ class NodeGauges:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.nodes: set[str] = set()
+        self.exported: dict[str, dict] = {}   # node -> the view its series show
 
     def update(self, shown: dict, only: set[str] | None = None) -> None:
         """only: the nodes to export (the shared ones); None: every node the
-        ledger knows with k8scpu/k8smemory."""
+        ledger knows with k8scpu/k8smemory.  Sets the series of a node only
+        when its view changed: at 10,000 nodes, setting every series each
+        time was most of an idle coordinator's work."""
         if not shown.get("ok"):
             return
         seen = set()
@@ -137,20 +139,23 @@ class NodeGauges:
                 if v.get("unknown") or (only is not None and name not in only):
                     continue
                 seen.add(name)
+                if self.exported.get(name) == v:
+                    continue
+                self.exported[name] = v
                 for res, key, scale in (("cpu", "cpu", 1), ("memory", "mem", MIB)):
                     NODE_CAPACITY.labels(name, res).set(v["capacity"][key] * scale)
                     NODE_ALLOCATED.labels(name, res, "slurm").set(v["jobs"][key] * scale)
                     NODE_ALLOCATED.labels(name, res, "kubernetes").set(v["share"][key] * scale)
                     NODE_FREE.labels(name, res).set(v["free"][key] * scale)
                 NODE_OVERSUBSCRIBED.labels(name).set(1 if v.get("oversubscribed") else 0)
-            for name in self.nodes - seen:
+            for name in set(self.exported) - seen:
                 for res in ("cpu", "memory"):
                     for g in (NODE_CAPACITY, NODE_FREE):
                         _remove(g, name, res)
                     for side in ("slurm", "kubernetes"):
                         _remove(NODE_ALLOCATED, name, res, side)
                 _remove(NODE_OVERSUBSCRIBED, name)
-            self.nodes = seen
+                del self.exported[name]
 
 
 def _remove(gauge, *labels) -> None:

@@ -582,9 +582,12 @@ class Reconciler:
         for name, v in (shown.get("nodes") or {}).items():
             if v.get("unknown") or (shared is not None and name not in shared):
                 continue
+            over = bool(v.get("oversubscribed"))
+            if not over and not self.oversubscribed.get(name, False):
+                continue     # nothing to record, the common case: no message built
             share, jobs, cap = v["share"], v["jobs"], v["capacity"]
             self.note_oversubscribed(
-                name, bool(v.get("oversubscribed")),
+                name, over,
                 f"pods hold {share['cpu']} CPUs and {share['mem']} MB, Slurm jobs "
                 f"{jobs['cpu']} CPUs and {jobs['mem']} MB, of {cap['cpu']} CPUs and "
                 f"{cap['mem']} MB")

@@ -71,6 +71,21 @@ def test_node_gauges_from_show_and_stale_nodes_removed():
     assert sample("pyk8sres_node_oversubscribed", node="gx2") is None
 
 
+def test_node_gauges_set_only_the_nodes_whose_view_changed():
+    g = M.NodeGauges()
+    before = {"ok": True, "nodes": {"gy1": view(8, 16000, (3, 4000), (2, 1000))}}
+    g.update(before)
+    M.NODE_FREE.labels("gy1", "cpu").set(99)     # marks the series: was it set again?
+    g.update({"ok": True, "nodes": {"gy1": view(8, 16000, (3, 4000), (2, 1000))}})
+    assert sample("pyk8sres_node_free", node="gy1", resource="cpu") == 99    # same view
+    g.update({"ok": True, "nodes": {"gy1": view(8, 16000, (4, 4000), (2, 1000))}})
+    assert sample("pyk8sres_node_free", node="gy1", resource="cpu") == 2
+    g.update({"ok": True, "nodes": {}})
+    assert sample("pyk8sres_node_free", node="gy1", resource="cpu") is None  # gone
+    g.update(before)
+    assert sample("pyk8sres_node_free", node="gy1", resource="cpu") == 3     # back
+
+
 @pytest.mark.parametrize("text,addr", [
     ("127.0.0.1:9710", ("127.0.0.1", 9710)), (":9710", ("0.0.0.0", 9710)),
     ("0.0.0.0:0", ("0.0.0.0", 0)),
