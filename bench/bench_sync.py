@@ -204,12 +204,9 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
         startup = time.monotonic() - t0
         # GenericNode writes are paced (generic_node_qps): wait until every
         # one exists and shows its newest state, so the idle figure is idle.
-        custom = client.CustomObjectsApi(core.api_client)
         while True:
-            gns = custom.list_cluster_custom_object("pyk8sres.io", "v1alpha1", "genericnodes")
             port = daemon.metrics_port()
-            if (len(gns.get("items", [])) >= nodes and port is not None
-                    and hybrid.generic_nodes_behind(port) == 0):
+            if port is not None and hybrid.generic_nodes_current(server, nodes, port):
                 break
             if time.monotonic() - t0 > 900:
                 raise RuntimeError("GenericNodes not all written within 900 s")

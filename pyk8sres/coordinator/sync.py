@@ -386,30 +386,26 @@ class Reconciler:
             log.warning("%s", w)
         self.warned = now
 
-    def cycle(self, slurm_nodes=None, refresh: bool = True,
-              dirty: set[str] | None = None) -> U.Desired | None:
+    def cycle(self, refresh: bool = True, dirty: set[str] | None = None) -> U.Desired | None:
         """One reconcile.  refresh=False reuses the Slurm view of the last
-        refresh (kept current with what we applied since): pod events then
-        cost no `scontrol show node`; the periodic refresh still catches
+        read (the poller replaces it when Slurm's side changed): pod events
+        then cost no `scontrol show node`; the periodic refresh still catches
         anything Slurm changed on its own (restart, reconfigure, jobs).
         dirty: when only pods changed, the Kubernetes nodes they are on
         (Cache.take_dirty): only their Slurm nodes are recomputed, so a pod
         costs O(its node), not O(cluster); None recomputes everything."""
         with metrics.RECONCILE_SECONDS.time():
-            return self._cycle(slurm_nodes, refresh, dirty)
+            return self._cycle(refresh, dirty)
 
-    def _cycle(self, slurm_nodes, refresh: bool, dirty: set[str] | None) -> U.Desired | None:
-        if slurm_nodes is not None:
-            view = {n.name: n for n in slurm_nodes}
-        else:
-            if refresh or self.slurm_view is None:
-                try:
-                    self.slurm_view = {n.name: n for n in self.slurm.list_nodes()}
-                except Exception as e:  # slurmctld down: nothing we can do this cycle
-                    log.warning("cannot read Slurm nodes: %s", e)
-                    metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
-                    return None
-            view = self.slurm_view   # replaced, never changed in place: safe to share
+    def _cycle(self, refresh: bool, dirty: set[str] | None) -> U.Desired | None:
+        if refresh or self.slurm_view is None:
+            try:
+                self.slurm_view = {n.name: n for n in self.slurm.list_nodes()}
+            except Exception as e:  # slurmctld down: nothing we can do this cycle
+                log.warning("cannot read Slurm nodes: %s", e)
+                metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
+                return None
+        view = self.slurm_view   # replaced, never changed in place: safe to share
         if dirty is not None and self.last is not None and not refresh:
             return self._cycle_pods(dirty, view)
         k8s_usage, knodes, healthy = self.cache.snapshot()

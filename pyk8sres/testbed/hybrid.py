@@ -358,19 +358,21 @@ def generic_nodes_behind(metrics_port: int) -> float | None:
     return None
 
 
+def generic_nodes_current(kube, count: int, metrics_port: int) -> bool:
+    """Do `count` GenericNodes exist, each showing its newest state?  Sync's
+    writes are paced (generic_node_qps), so a new cluster keeps it busy for
+    a while.  (The gauge reads 0 before sync's first pass too, hence the
+    count.)"""
+    if generic_nodes_behind(metrics_port) != 0:
+        return False
+    out = kube.kubectl("get", "genericnode", "-o", "name", check=False).stdout
+    return len(out.split()) >= count
+
+
 def wait_generic_nodes_current(kube, count: int, metrics_port: int, c: cluster.Cluster,
                                timeout: float) -> None:
-    """Until `count` GenericNodes exist and sync has written the newest state
-    of each: its writes are paced (generic_node_qps), so a new cluster keeps
-    it busy for a while.  (The gauge reads 0 before sync's first pass too,
-    hence the count.)"""
-    def current() -> bool:
-        if generic_nodes_behind(metrics_port) != 0:
-            return False
-        out = kube.kubectl("get", "genericnode", "-o", "name", check=False).stdout
-        return len(out.split()) >= count
-    _wait(current, "the sync daemon's GenericNode writes did not catch up", "sync.out", c,
-          timeout)
+    _wait(lambda: generic_nodes_current(kube, count, metrics_port),
+          "the sync daemon's GenericNode writes did not catch up", "sync.out", c, timeout)
 
 
 def wait_webhook(kube, c: cluster.Cluster, timeout: float = 30) -> None:
