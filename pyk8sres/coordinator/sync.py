@@ -8,9 +8,9 @@ shows both sides' allocations.
 Level-triggered: watches keep an in-memory cache current and wake the loop;
 every cycle recomputes which node is which and what pods hold there from
 the cache and Slurm's current view (pure: usage.desired_state), then sets
-only the shares that differ (all of them every repair_seconds, which also
-expires reservations that never became bound pods).  A pod event recomputes
-only the Slurm nodes its pods count on.
+only the shares that differ (every repair_seconds also those the ledger may
+hold otherwise, which expires reservations that never became bound pods).
+A pod event recomputes only the Slurm nodes its pods count on.
 
 Threads: one informer per kind (pods, nodes) fills the cache; a poller
 re-reads Slurm's nodes every resync period; the main thread reconciles and
@@ -74,7 +74,9 @@ class SyncConfig:
     # Read every Slurm node at least this often; each resync period in
     # between only if the ledger saw a node change (a job, a capacity).
     slurm_read_seconds: float = 10.0
-    repair_seconds: float = 30.0    # re-send every node's share even if unchanged
+    # Re-send unchanged shares this often where the ledger's show says it
+    # may hold something else (reservations not seen bound, another share).
+    repair_seconds: float = 30.0
     reservation_grace: float = 30.0  # keep an admitted pod's reservation this long before it
                                      # shows up bound (the webhook reserves before binding)
     debounce_seconds: float = 0.005  # let a burst of pod events land in one cycle
@@ -370,6 +372,7 @@ class Reconciler:
         self.cluster = cfg.cluster_name
         self.applied_total = 0
         self.slurm_view = None   # name -> SlurmNode as of the last refresh
+        self.ledger_nodes = None  # name -> the ledger's view of it (the poller's last show)
         self.gn_thread: GenericNodeWriter | None = None  # None: write inline
         self.events = None       # events.Recorder (None: no Events)
         self.shared: dict[str, str] | None = None   # Slurm node -> Kubernetes node, last cycle
@@ -488,15 +491,19 @@ class Reconciler:
         return out
 
     def set_shares(self, d: U.Desired, healthy: bool, only: set[str] | None = None) -> None:
-        """Apply the differences to the ledger (all of it now and then, so
-        reservations that never became bound pods expire); only: just
-        these Slurm nodes (no repair then: the next full cycle does it)."""
+        """Apply the differences to the ledger; only: just these Slurm nodes.
+        Every repair_seconds a full cycle also re-sends the unchanged
+        shares the ledger may hold otherwise (L.repair_needed: reservations
+        never seen bound expire that way), or all of them when the poller
+        has no `show` of the ledger."""
         if self.ledger is None:
             return
         now = time.monotonic()
         repair = only is None and now - self.last_repair >= self.cfg.repair_seconds
+        shown = self.ledger_nodes or {}
         for name, (entries, keep) in sorted(self.wanted_shares(d, healthy, only).items()):
-            if not repair and self.last_set.get(name) == entries:
+            if self.last_set.get(name) == entries and not (
+                    repair and L.repair_needed(shown.get(name), entries)):
                 continue
             try:
                 reply = self.ledger.set(name, entries, keep)
@@ -844,6 +851,8 @@ class SlurmPoller(threading.Thread):
             self.shown, changed = self.follower.refresh()
         except Exception as e:  # counted (ledger errors); /readyz says so
             self.shown = {"ok": False, "error": str(e)}
+        self.rec.ledger_nodes = self.shown["nodes"] if self.shown.get("ok") else None
+        if not self.shown.get("ok"):
             return True
         if changed is None:
             return True

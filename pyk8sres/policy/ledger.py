@@ -15,6 +15,10 @@ per request line.
      "keep_younger_than": 30}
     {"op": "show"}  or  {"op": "show", "node": "n1"}  or  {"op": "show", "since": TOKEN}
 
+Each node's view in a `show` reply has its "share" (CPUs, MB), "reserved"
+(how many entries are reservations not yet seen bound by a `set`) and,
+for a node slurmctld knows, "capacity", "jobs", "free" and "oversubscribed".
+
 A `show` of every node carries a "token".  Sent back as "since", the next
 reply lists only the nodes whose view changed after it ("full": false); the
 caller merges it into what it has.  A reply with "full": true lists every
@@ -287,6 +291,20 @@ def decide(entries: Mapping[str, Entry], req: Request, facts: Facts | None,
         f"pods already hold {others[0]} CPUs and {others[1]} MB")}
 
 
+def repair_needed(view: Mapping | None, entries: Mapping[str, tuple[int, int]]) -> bool:
+    """Must a `set` of `entries` (key -> (cpu_m, mem_bytes)), unchanged since
+    the last one, be sent again to the node whose `show` view is `view`?
+    Only if the ledger may hold something else there: reservations not
+    seen bound (the `set` expires the stale ones), or another share than
+    these entries' (a `release` by hand, a journal lost).  Yes whenever the
+    view cannot say: no view, an unknown node, a server without "reserved"."""
+    if not view or view.get("unknown") or view.get("reserved", 1):
+        return True
+    cpu_m = sum(cpu for cpu, _ in entries.values())
+    mem = sum(m for _, m in entries.values())
+    return view.get("share") != {"cpu": -(-cpu_m // 1000), "mem": -(-mem // MIB)}
+
+
 def rebased(nodes: Mapping[str, Mapping[str, Entry]],
             now: float) -> dict[str, dict[str, Entry]]:
     """The entries as a new process takes them over from the journal: its
@@ -302,7 +320,8 @@ def node_view(entries: Mapping[str, Entry], facts: Facts | None, *,
               with_entries: bool) -> dict:
     """One node of a `show` reply."""
     share = share_units(entries)
-    view = {"share": {"cpu": share[0], "mem": share[1]}}
+    view = {"share": {"cpu": share[0], "mem": share[1]},
+            "reserved": sum(not e.bound for e in entries.values())}
     if facts is not None:
         carried = applied(share, facts)
         view.update(

@@ -667,6 +667,29 @@ def test_share_is_in_the_ledger_and_survives_the_daemon(slurm, api, daemon):
     assert used(slurm) == (2, 1000)
 
 
+@pytest.mark.parametrize("daemon", ["reservation_grace = 6.0\nwatch_timeout = 2\n"
+                                    "request_timeout = 3.0\nrepair_seconds = 1.0\n"
+                                    "idle_full_seconds = 1.0\n"], indirect=True)
+def test_a_reservation_never_bound_expires_and_bound_pods_stay(slurm, api, daemon):
+    """A pod admitted (reserved in the ledger) but never bound, e.g. its
+    create failed after the webhook: the repair drops it once its grace
+    period is over, also on a node whose pods did not change; what bound
+    pods hold stays, and so does a fresh reservation."""
+    from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
+    k8s_node(api, "n1")
+    k8s_node(api, "n2")
+    bound_pod(api, "n1", "1", "1000Mi")
+    wait_used(slurm, (1, 1000))
+    ledger = Ledger(ledger_socket_path(slurm.conf))
+    assert ledger.reserve("n1", "admitted-never-bound", 2000, 500 << 20)["ok"]
+    assert ledger.reserve("n2", "admitted-never-bound-2", 3000, 0)["ok"]
+    assert used(slurm) == (3, 1500) and used(slurm, "n2") == (3, 0)
+    held(slurm, (3, 1500), seconds=3.0)             # within its grace period: kept
+    wait_used(slurm, (1, 1000), timeout=15.0)       # then dropped, the bound pod kept
+    wait_used(slurm, (0, 0), node="n2", timeout=5.0)
+    assert ledger.show("n1")["nodes"]["n1"]["reserved"] == 0
+
+
 def test_once(slurm, api, tmp_path):
     k8s_node(api, "n1")
     p = scheduled_pod(api, "1", "500Mi")

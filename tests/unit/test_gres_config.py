@@ -158,3 +158,18 @@ def test_slurm_conf_gpu_defaults_and_counts(tmp_path):
     assert gpu.gpu == completion.GpuDefault(cpus=2, mem=8000)
     assert cpu.gpu == completion.GpuDefault(cpus=0)
     assert (gpu.nodes.gpus, cpu.nodes.gpus, conf.all_nodes.gpus) == (4, None, 4)
+
+
+def test_list_nodes_parses_only_the_lines_that_changed(monkeypatch):
+    lines = {"n1": "NodeName=n1 CPUTot=4 RealMemory=8000 State=IDLE",
+             "n2": "NodeName=n2 CPUTot=8 RealMemory=16000 State=IDLE"}
+    monkeypatch.setattr(slurm, "run", lambda *a, **k: "\n".join(lines.values()) + "\n")
+    monkeypatch.setattr(slurm, "_last_read", {})
+    first = {n.name: n for n in slurm.list_nodes()}
+    lines["n2"] = "NodeName=n2 CPUTot=8 RealMemory=16000 AllocMem=100 State=MIXED"
+    second = {n.name: n for n in slurm.list_nodes()}
+    assert second["n1"] is first["n1"]                      # unchanged: not parsed again
+    assert (second["n2"].state, second["n2"].alloc_memory) == ("MIXED", 100)
+    del lines["n1"]
+    assert [n.name for n in slurm.list_nodes()] == ["n2"]
+    assert set(slurm._last_read) == {lines["n2"]}           # a gone node is not kept

@@ -413,3 +413,22 @@ def test_replay_across_owners_agrees_with_what_each_decided(tmp_path):
     replayed = Ledger(str(tmp_path), clock=Clock(1.0))
     replayed.load(compact=False)
     assert _held(replayed) == _held(b) == {"n1": {"q": (1000, 0, False)}}
+
+
+@pytest.mark.parametrize("view,entries,needed", [
+    (None, {}, True),                                                  # no show yet
+    ({"unknown": True, "share": {"cpu": 0, "mem": 0}, "reserved": 0}, {}, True),
+    ({"share": {"cpu": 0, "mem": 0}}, {}, True),                       # server without "reserved"
+    ({"share": {"cpu": 0, "mem": 0}, "reserved": 0}, {}, False),
+    ({"share": {"cpu": 2, "mem": 1}, "reserved": 0}, {"a": (1500, 1)}, False),
+    ({"share": {"cpu": 2, "mem": 1}, "reserved": 1}, {"a": (1500, 1)}, True),   # may expire
+    ({"share": {"cpu": 1, "mem": 1}, "reserved": 0}, {"a": (1500, 1)}, True),   # released by hand
+    ({"share": {"cpu": 2, "mem": 2}, "reserved": 0}, {"a": (1500, 1)}, True),
+])
+def test_repair_needed(view, entries, needed):
+    assert L.repair_needed(view, entries) is needed
+
+
+def test_node_view_counts_reservations_not_seen_bound():
+    entries = {"r": L.Entry(500, 0, 1.0, False), "b": L.Entry(500, 0, 1.0, True)}
+    assert L.node_view(entries, NODE, with_entries=False)["reserved"] == 1

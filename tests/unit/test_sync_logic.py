@@ -53,8 +53,8 @@ class SlurmWorld:
 
             def call(self, op, **fields):
                 ticket, reply = world.core.prepare(0, L.encode(op, **fields))
-                return reply if not ticket else world.core.apply(ticket, world.facts,
-                                                                 lambda *a: None)
+                return reply if not ticket else world.core.apply(
+                    ticket, world.facts, lambda *a: None, node_names=lambda: world.nodes)
         self.ledger = WorldLedger()
 
     def facts(self, name):
@@ -217,6 +217,34 @@ def test_api_loss_never_hands_capacity_back(world):
     cache.replace("pods", [])                          # relist: in sync again
     rec.cycle()
     assert slurm.counts("n1") == (4, 8000)
+
+
+def test_repair_resends_only_the_shares_the_ledger_may_hold_otherwise(world):
+    slurm, cache, rec, cfg = world
+    clock = [1000.0]
+    slurm.core.clock = lambda: clock[0]
+    cache.event("pods", "ADDED", pod("a", "n1", "1", "0"))
+    rec.cycle()
+    sent = []
+    real_set = slurm.ledger.set
+    slurm.ledger.set = lambda node, *a: sent.append(node) or real_set(node, *a)
+
+    def repair(shown=True):
+        sent.clear()
+        rec.ledger_nodes = slurm.ledger.show()["nodes"] if shown else None
+        rec.last_repair = -1e9
+        rec.cycle()
+        return sorted(sent)
+
+    assert repair() == []                        # the ledger holds what we set
+    assert repair(shown=False) == ["n1", "n2"]   # no show to tell: every node
+    slurm.ledger.reserve("n2", "admitted-never-bound", 1000, 0)
+    clock[0] += cfg.reservation_grace + 1
+    assert slurm.counts("n2") == (3, 8000)
+    assert repair() == ["n2"] and slurm.counts("n2") == (4, 8000)   # expired
+    slurm.ledger.release("n1", "uid-a")          # by hand, or a journal lost
+    assert repair() == ["n1"] and slurm.counts("n1") == (3, 8000)   # put back
+    assert repair() == []
 
 
 def test_malformed_pod_holds_its_node_only(world):
