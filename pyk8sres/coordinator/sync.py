@@ -851,10 +851,9 @@ class SlurmPoller(threading.Thread):
             self.shown, changed = self.follower.refresh()
         except Exception as e:  # counted (ledger errors); /readyz says so
             self.shown = {"ok": False, "error": str(e)}
-        self.rec.ledger_nodes = self.shown["nodes"] if self.shown.get("ok") else None
-        if not self.shown.get("ok"):
-            return True
-        if changed is None:
+        ok = bool(self.shown.get("ok"))
+        self.rec.ledger_nodes = self.shown["nodes"] if ok else None
+        if not ok or changed is None:
             return True
         return any(_slurm_side(before.get(n)) != _slurm_side(self.shown["nodes"].get(n))
                    for n in changed)

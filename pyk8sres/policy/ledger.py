@@ -217,11 +217,12 @@ def encode(op: str, **fields) -> bytes:
     return json.dumps({"op": op, **fields}, separators=(",", ":")).encode() + b"\n"
 
 
-def share_units(entries: Mapping[str, Entry]) -> tuple[int, int]:
-    """Whole CPUs and MB (MiB, as Slurm counts) that `entries` hold together:
-    requests add up exactly, then round up once (two 500m pods = 1 CPU)."""
-    cpu_m = sum(e.cpu_m for e in entries.values())
-    mem = sum(e.mem_bytes for e in entries.values())
+def share_units(entries: Mapping[str, tuple]) -> tuple[int, int]:
+    """Whole CPUs and MB (MiB, as Slurm counts) that `entries` (Entry, or
+    (cpu_m, mem_bytes) as a `set` sends them) hold together: requests add
+    up exactly, then round up once (two 500m pods = 1 CPU)."""
+    cpu_m = sum(e[0] for e in entries.values())
+    mem = sum(e[1] for e in entries.values())
     return -(-cpu_m // 1000), -(-mem // MIB)
 
 
@@ -300,9 +301,8 @@ def repair_needed(view: Mapping | None, entries: Mapping[str, tuple[int, int]]) 
     view cannot say: no view, an unknown node, a server without "reserved"."""
     if not view or view.get("unknown") or view.get("reserved", 1):
         return True
-    cpu_m = sum(cpu for cpu, _ in entries.values())
-    mem = sum(m for _, m in entries.values())
-    return view.get("share") != {"cpu": -(-cpu_m // 1000), "mem": -(-mem // MIB)}
+    cpu, mem = share_units(entries)
+    return view.get("share") != {"cpu": cpu, "mem": mem}
 
 
 def rebased(nodes: Mapping[str, Mapping[str, Entry]],
