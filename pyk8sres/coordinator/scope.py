@@ -55,6 +55,7 @@ class Scope:
         self.slurm_names: frozenset | None = None   # None: not known yet
         self.contacted = -1e9         # monotonic time the nodes watch last spoke
         self.stale_after: float | None = None   # Informer.stale_after(); None: never stale
+        self._mapped_at: tuple[int, dict] = (-1, {})   # (version, _mapped() at that version)
 
     def _bump(self) -> None:
         """Under self.lock: what the scope says changed."""
@@ -131,13 +132,20 @@ class Scope:
 
     def _mapped(self) -> dict[str, str | None] | None:
         """Every Kubernetes node -> its Slurm node (None: not shared), or
-        None while either side is not known."""
+        None while either side is not known.  Kept until the version moves:
+        the placeholders ask every period, and mapping 10,000 nodes each
+        time was most of an idle webhook's CPU.  Callers must not change it."""
         with self.lock:
             if not self.nodes_listed or self.slurm_names is None:
                 return None
-            nodes, names = dict(self.nodes), self.slurm_names
-        return {k: U.slurm_node_for(n, self.cfg.node_key, names, self.cfg.map_by_name,
-                                    self.cfg.node_map) for k, n in nodes.items()}
+            if self._mapped_at[0] == self.version:
+                return self._mapped_at[1]
+            version, nodes, names = self.version, dict(self.nodes), self.slurm_names
+        mapped = {k: U.slurm_node_for(n, self.cfg.node_key, names, self.cfg.map_by_name,
+                                      self.cfg.node_map) for k, n in nodes.items()}
+        with self.lock:
+            self._mapped_at = (version, mapped)
+        return mapped
 
     def shared(self) -> dict[str, str]:
         """Kubernetes node -> Slurm node, for the nodes known to be shared."""

@@ -44,7 +44,11 @@ from ..policy import ledger as L
 from ..policy import usage as U
 
 log = logging.getLogger("pyk8sres.coordinator.sync")
-GN_RELIST_SECONDS = 60.0
+# GenericNodes edited or deleted by someone else are put back within this
+# long (our own writes check as they go).  A list of 10,000 is ~7 MB of JSON:
+# every minute it was a third of an idle sync's CPU; 5 minutes is also how
+# often a kubelet reports an unchanged node.
+GN_RELIST_SECONDS = 300.0
 
 
 # ----------------------------------------------------------------- config

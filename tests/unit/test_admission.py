@@ -271,3 +271,23 @@ def test_scope_fed_by_the_nodes_informer_keeps_mapping_and_capacity_only():
     assert not s.nodes_watched and s.shared() == {"n2": "n2"}     # kept while reconnecting
     s.update(k8s_nodes=[node("n3")])                             # a list of our own
     assert s.shared() == {} and not s.nodes_watched              # n3 is no Slurm node
+
+
+def test_scope_maps_the_nodes_again_only_when_its_version_moves(monkeypatch):
+    """The placeholders ask for the scope every period: an unchanged scope
+    is not mapped again, and any change (a node, Slurm's names) is."""
+    from pyk8sres.coordinator import scope as S, sync
+    calls = []
+    real = S.U.slurm_node_for
+    monkeypatch.setattr(S.U, "slurm_node_for", lambda n, *a: calls.append(1) or real(n, *a))
+    s = S.Scope(sync.SyncConfig())
+    s.replace_slim("nodes", [(n, {"metadata": {"name": n}}) for n in ("n1", "n2", "k8s-only")])
+    s.update(slurm_names=["n1", "n2"])
+    assert s.unshared() == ["k8s-only"] and s.shared() == {"n1": "n1", "n2": "n2"}
+    assert len(calls) == 3
+    s.event("nodes", "MODIFIED", {"metadata": {"name": "n3"}})
+    assert s.unshared() == ["k8s-only", "n3"] and len(calls) == 7
+    s.update(slurm_names=["n1", "n2", "n3"])
+    assert s.shared() == {"n1": "n1", "n2": "n2", "n3": "n3"} and len(calls) == 11
+    s.update(slurm_names=["n1", "n2", "n3"])          # the same names: nothing moved
+    assert s.unshared() == ["k8s-only"] and len(calls) == 11
