@@ -500,6 +500,27 @@ def test_generic_node_writes_keep_a_budget_oldest_change_first(tmp_path, monkeyp
     assert len(store.writes) == writes                # nothing changed: nothing written
 
 
+def test_generic_nodes_edited_or_deleted_by_hand_are_put_back_by_the_relist(tmp_path, monkeypatch):
+    """sync owns its GenericNodes: one deleted or edited by someone else is
+    put back once GN_RELIST_SECONDS have passed since the last list (not
+    before: listing 10,000 of them is the costly part), and nothing else
+    is written."""
+    now = [1000.0]
+    monkeypatch.setattr(sync.time, "monotonic", lambda: now[0])
+    slurm, cache, store, rec = publishing(tmp_path, 3)
+    want = {n: dict(o) for n, o in store.objects.items()}
+    del store.objects["n1"]
+    store.objects["n2"] = {"spec": {"edited": True}, "status": {}}
+    writes = len(store.writes)
+    now[0] += sync.GN_RELIST_SECONDS - 1
+    rec.cycle()
+    assert len(store.writes) == writes and "n1" not in store.objects
+    now[0] += 2
+    rec.cycle()
+    assert sorted(store.writes[writes:]) == ["n1", "n2"]
+    assert store.objects == want
+
+
 class LookedUp(dict):
     """A Slurm view that records which nodes a GenericNode pass looked at."""
 
