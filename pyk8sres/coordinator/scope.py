@@ -133,8 +133,8 @@ class Scope:
     def _mapped(self) -> dict[str, str | None] | None:
         """Every Kubernetes node -> its Slurm node (None: not shared), or
         None while either side is not known.  Kept until the version moves:
-        the placeholders ask every period, and mapping 10,000 nodes each
-        time was most of an idle webhook's CPU.  Callers must not change it."""
+        the placeholders ask every period, and mapping every node each time
+        was half of an idle webhook's CPU.  Callers must not change it."""
         with self.lock:
             if not self.nodes_listed or self.slurm_names is None:
                 return None
