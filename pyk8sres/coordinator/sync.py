@@ -45,8 +45,9 @@ from ..policy import usage as U
 
 log = logging.getLogger("pyk8sres.coordinator.sync")
 # GenericNodes edited or deleted by someone else are put back within this
-# long (our own writes check as they go).  One list costs 0.2 s of CPU at
-# 3,000 nodes (2 MB of JSON), ~7 MB at 10,000: too much for every minute.
+# long (sooner for one deleted whose node changes: that write gets 404 and
+# the next pass creates it).  One list costs 0.2 s of CPU at 3,000 nodes
+# (2 MB of JSON), ~7 MB at 10,000: too much for every minute.
 # 5 minutes is also how often a kubelet reports an unchanged node.
 GN_RELIST_SECONDS = 300.0
 
