@@ -4,7 +4,7 @@
 
 A local TLS server on 127.0.0.1 streams node status events the way the API
 server does (one HTTP chunk per event, one event every 1/--rate s, each a
-node object of the size kwok's nodes have, ~3.8 KB).  The client is
+node object of 3.2 KB; kwok's are 3.8 KB).  The client is
 Kube._events, the code every Informer reads with, first with no pause, then
 with the nodes watch's pause.  Only the read path is measured: the cost of
 waking up for every event, which was most of an idle coordinator's CPU at
@@ -35,7 +35,7 @@ from pyk8sres.coordinator import kube as K   # the installed package (tools/inst
 
 
 def node_event(i: int) -> bytes:
-    """A MODIFIED node event shaped like kwok's heartbeat (~3.8 KB)."""
+    """A MODIFIED node event shaped like kwok's heartbeat (3.2 KB)."""
     stamp = "2026-12-04T19:38:48Z"
     conditions = [{"type": t, "status": "False", "lastHeartbeatTime": stamp,
                    "lastTransitionTime": stamp, "reason": "Kubelet" + t, "message": "x" * 30}
@@ -76,7 +76,8 @@ def serve(listener: socket.socket, ctx: ssl.SSLContext, rate: float) -> None:
 
 
 def cpu_per_event(port: int, events: int, pause: float) -> tuple[float, float]:
-    """(ms of this process's CPU per event, seconds behind the stream at the end)."""
+    """(ms of this process's CPU per event, wall seconds it took: the
+    stream's pace if the reader kept up)."""
     pool = urllib3.PoolManager(cert_reqs="CERT_NONE")
     resp = pool.request("GET", f"https://127.0.0.1:{port}/", preload_content=False,
                         timeout=urllib3.Timeout(connect=5, read=30))
