@@ -70,7 +70,8 @@ def wait_state(job_id, state, timeout=30):
         if info.get("JobState") == state:
             return info
         time.sleep(0.3)
-    raise AssertionError(f"job {job_id} not {state}: {job(job_id)}")
+    nodes = run("sinfo", "-N", "-h", "-o", "%N %T %E", check=False).stdout.strip()
+    raise AssertionError(f"job {job_id} not {state}: {job(job_id)}; nodes: {nodes!r}")
 
 
 @pytest.fixture(autouse=True)
