@@ -38,7 +38,7 @@ CRD_MANIFEST = ("deploy", "helm", "pyk8sres", "crds", "genericnode.yaml")
 # Seconds a watch waits, once it has read all that has arrived, before it
 # reads again.  Every node reports its status every few minutes (kwok and
 # kubelets alike): ~30 events a second at 10,000 nodes.  Waking up for each
-# cost 0.36 ms of CPU, read in batches 0.08 ms (bench_watch_read.py), and
+# cost 0.18 ms of CPU, read in batches 0.045 ms (bench_watch_read.py), and
 # the nodes watches were most of an idle coordinator's CPU.  A node change
 # may wait half a second; pod events are read at once (their latency is what
 # admission and sync are measured by).
