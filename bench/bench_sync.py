@@ -17,7 +17,13 @@ and memory (peak RSS).  Compared with the 30 s polling interval of Slinky
 slurm-bridge, the nearest open-source peer.
 
   python bench/bench_sync.py [--nodes 10,100,1000] [--pods-per-node 30] [--samples 100]
-                             [--base-port P] [--kube-port K]
+                             [--base-port P] [--kube-port K] [--json FILE] [--plots DIR]
+
+--json merges this run's rows into FILE by (nodes, pods per node), so
+counts measured in separate runs (a large count can take most of an
+hour) draw one curve; each row keeps its date and load average.
+--plots DIR writes sync-latency.png from every row of FILE with this run's
+pods per node.
 
 Goal: p99 < 1 s at 1000 nodes, memory < 200 MB.
 """
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import datetime as dt
+import json
 import os
 import random
 import re
@@ -170,6 +177,7 @@ def pct(values, p):
 def bench(nodes: int, per_node: int, samples: int) -> dict:
     from kubernetes import client, config
     work = f"{ROOT}/{nodes}"
+    load_start = os.getloadavg()[0]
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     # munged + slurmctld only: nodes exist in slurm.conf (Gres= lines), no
@@ -246,7 +254,9 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
             time.sleep(0.05)
         sample_cpu = (daemon.cpu() - c0) / samples
         rss, hwm = daemon.mem_mb()
-        return {"nodes": nodes, "pods": nodes * per_node, "samples": samples,
+        return {"nodes": nodes, "pods": nodes * per_node, "per_node": per_node, "samples": samples,
+                "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "load": [round(load_start, 1), round(os.getloadavg()[0], 1)],
                 "p50": statistics.median(lat), "p99": pct(lat, 99), "max": max(lat),
                 "startup_s": startup, "genericnodes_s": gn_ready, "startup_cpu_s": cpu_start,
                 "idle_cpu_pct": 100 * idle_cpu, "cpu_ms_per_event": 1000 * sample_cpu,
@@ -259,6 +269,55 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
         cluster.down(slurm.work)
 
 
+def merge(path: str, rows: list[dict]) -> list[dict]:
+    """The rows of `path` with this run's put in by (nodes, pods per node);
+    written back, sorted by node count."""
+    try:
+        with open(path) as f:
+            kept = json.load(f)
+    except FileNotFoundError:
+        kept = []
+    new = {(r["nodes"], r["per_node"]) for r in rows}
+    merged = sorted([r for r in kept if (r["nodes"], r.get("per_node")) not in new] + rows,
+                    key=lambda r: (r.get("per_node", 0), r["nodes"]))
+    with open(path, "w") as f:
+        json.dump(merged, f, indent=1)
+    return merged
+
+
+def plot(rows: list[dict], per_node: int, out_dir: str) -> str:
+    """sync-latency.png: pod bound -> share set p50/p99 (left) and sync's CPU
+    per pod (right) against node count, for `per_node` pods per node."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in rows if r.get("per_node") == per_node]
+    x = [r["nodes"] for r in rows]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
+    ax.plot(x, [1000 * r["p50"] for r in rows], "o-", color="C0", label="p50")
+    ax.plot(x, [1000 * r["p99"] for r in rows], "s--", color="C0", label="p99")
+    ax.axhline(100, color="C3", lw=0.8, ls=":", label="goal at 1,000 nodes (100 ms)")
+    ax.set_xlabel("nodes (Slurm records = kwok nodes)")
+    ax.set_ylabel("ms, pod created -> share set in the ledger")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"pod bound -> ledger share set, {per_node} pods per node")
+    ax2.plot(x, [r["cpu_ms_per_event"] for r in rows], "o-", color="C1", label="sync CPU per pod")
+    ax2.set_xlabel("nodes")
+    ax2.set_ylabel("CPU ms per pod")
+    ax2.set_ylim(bottom=0)
+    loads = ", ".join(f"{r['nodes']}: {r['load'][0]}->{r['load'][1]}" for r in rows if "load" in r)
+    ax2.set_title(f"sync CPU per pod (load avg {loads})", fontsize=8)
+    for a in (ax, ax2):
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=8)
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "sync-latency.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--nodes", default="10,100,1000")
@@ -268,7 +327,11 @@ def main(argv=None):
                    help="slurmctld's port (the nodes' follow)")
     p.add_argument("--kube-port", type=int, default=KUBE_PORT,
                    help="the control plane's first port (kubernetes.Ports: 9 in a row)")
+    p.add_argument("--json", help="merge this run's rows into this file")
+    p.add_argument("--plots", help="write sync-latency.png here (from --json's rows)")
     a = p.parse_args(argv)
+    if a.plots and not a.json:
+        p.error("--plots draws from --json's file: give both")
     globals().update(SLURM_PORT=a.base_port, KUBE_PORT=a.kube_port)
     results = []
     for n in [int(x) for x in a.nodes.split(",")]:
@@ -285,6 +348,10 @@ def main(argv=None):
               f"{r['cpu_ms_per_event']:>8.1f}ms {r['peak_rss_mb']:>7.0f}MB")
     print("vs 30s poll = Slinky slurm-bridge's 30 s polling interval / our p99 "
           "(its average wait is 15 s: / p50 gives that ratio x0.5).")
+    if a.json:
+        rows = merge(a.json, results)
+        if a.plots:
+            print(f"wrote {plot(rows, a.pods_per_node, a.plots)}")
     return 0
 
 
