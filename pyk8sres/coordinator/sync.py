@@ -38,7 +38,9 @@ import tomllib
 from typing import Mapping
 
 from . import metrics
+from .holds import Holds
 from .permissions import error_text
+from ..policy import departures as D
 from ..policy import events as E
 from ..policy import ledger as L
 from ..policy import usage as U
@@ -84,6 +86,11 @@ class SyncConfig:
     repair_seconds: float = 30.0
     reservation_grace: float = 30.0  # keep an admitted pod's reservation this long before it
                                      # shows up bound (the webhook reserves before binding)
+    # A pod that left the API server before its containers were seen gone (a
+    # forced delete, pod GC after its Node went) keeps its share for what is
+    # left of its grace period plus this long: the kubelet's own delay in
+    # noticing and killing (policy/departures.py).
+    departed_margin_seconds: float = 30.0
     debounce_seconds: float = 0.005  # let a burst of pod events land in one cycle
     request_timeout: float = 10.0   # client-side timeout of every API call
     watch_timeout: int = 15         # server-side watch duration: a watch silent for this
@@ -200,6 +207,9 @@ class Cache:
         # Kubernetes nodes whose pods changed since take_dirty(); None: anything
         # may have changed (a list, a node, the watches' health, Slurm's view).
         self.dirty: set[str] | None = None
+        # Pods that left without their containers seen gone, (PodUsage, wall
+        # time), for the reconcile loop to hold (take_departures).
+        self.departed: list[tuple[U.PodUsage, float]] = []
 
     # -- reducing objects
     @staticmethod
@@ -238,7 +248,7 @@ class Cache:
         """Reduce one listed object to what we keep: (key, value or None)."""
         if kind == "pods":
             return self._key(obj), self._pod(obj)
-        return (obj.get("metadata") or {}).get("name"), U.slim_node(obj, self.node_key)
+        return (obj.get("metadata") or {}).get("name"), U.slim_node(obj, self.node_key, state=True)
 
     def replace(self, kind: str, items: list[dict]) -> None:
         self.replace_slim(kind, [self.slim(kind, o) for o in items])
@@ -247,6 +257,10 @@ class Cache:
         new = {k: v for k, v in items if v is not None}
         with self.lock:
             if kind == "pods":
+                # Gone while we were not watching: nobody saw their containers stop.
+                uids = {pu.uid for pu in new.values()}
+                self.departed += [(pu, time.time()) for pu in self.pods.values()
+                                  if pu.uid not in uids and not pu.error]
                 self.pods, self.sums = new, {}
                 for k, pu in new.items():
                     self._account(k, pu, +1)
@@ -260,12 +274,14 @@ class Cache:
     def event(self, kind: str, typ: str, obj: dict) -> None:
         key = self._key(obj) if kind == "pods" else (obj.get("metadata") or {}).get("name")
         table = self.pods if kind == "pods" else self.nodes
+        gone = False    # a deleted pod's last object shows nothing of it runs
         if typ == "DELETED":
             new = None
+            gone = kind == "pods" and D.containers_gone(obj)
         elif kind == "pods":
             new = self._pod(obj)
         else:
-            new = U.slim_node(obj, self.node_key)
+            new = U.slim_node(obj, self.node_key, state=True)
         with self.lock:
             old = table.get(key)
             if old == new:      # status-only pod updates change nothing we count
@@ -277,6 +293,8 @@ class Cache:
             if kind == "pods":
                 if old is not None:
                     self._account(key, old, -1)
+                    if new is None and typ == "DELETED" and not gone and not old.error:
+                        self.departed.append((old, time.time()))
                 if new is not None:
                     self._account(key, new, +1)
             else:
@@ -349,6 +367,22 @@ class Cache:
             s = self.sums.get(k8s_node)
             return dict(s[3]) if s else {}
 
+    def has_pods(self, k8s_node: str) -> bool:
+        with self.lock:
+            return k8s_node in self.sums
+
+    def take_departures(self) -> list[tuple[U.PodUsage, float]]:
+        """The pods that left without their containers seen gone since the
+        last call, each with the wall time it was seen leaving."""
+        with self.lock:
+            out, self.departed = self.departed, []
+            return out
+
+    def node_states(self) -> dict[str, str]:
+        """Kubernetes node -> its departures state (Ready, unreachable, fenced)."""
+        with self.lock:
+            return {k: n.get("state", D.READY) for k, n in self.nodes.items()}
+
 
 # ----------------------------------------------------------------- reconcile
 
@@ -387,6 +421,8 @@ class Reconciler:
         self.last_full = -1e9      # monotonic time of the last cycle over every node
         self.last_healthy: bool | None = None
         self.failed = False        # the last cycle left a ledger or GenericNode write undone
+        self.holds = Holds(cfg.departed_margin_seconds)
+        self.seeded: set[str] = set()   # Slurm nodes whose ledger entries this process has read
 
     def _warn_new(self, warnings: list[str]) -> None:
         now = set(warnings)
@@ -423,6 +459,9 @@ class Reconciler:
             key=self.cfg.node_key, map_by_name=self.cfg.map_by_name, node_map=self.cfg.node_map)
         self._warn_new(d.warnings)
         self.shared = {s: k for k, s in d.k8s_to_slurm.items()}
+        before = self.last.mapping if self.last else {}
+        self._hold_departures((before, d.mapping), view)
+        self.holds.keep_mappings(before, d.mapping, self.cache.has_pods)
         self.set_shares(d, healthy)
         self._publish(d, view, healthy)
         self.last = d
@@ -431,11 +470,35 @@ class Reconciler:
     def idle_cycle_due(self) -> bool:
         """With no event since the last cycle: is a cycle over every node
         due anyway?  Only if something changed that raises no event (a
-        watch went silent), a write failed, or idle_full_seconds passed;
-        O(1), so an idle daemon costs nothing per node each second."""
+        watch went silent), a write failed, a held share's time is up, or
+        idle_full_seconds passed; O(holds), so an idle daemon costs nothing
+        per node each second."""
+        now = time.monotonic()
+        due = self.holds.next_due()
         return (self.last is None or self.failed
                 or (self.cache.not_ready() is None) != self.last_healthy
-                or time.monotonic() - self.last_full >= self.cfg.idle_full_seconds)
+                or (due is not None and now >= due)
+                or now - self.last_full >= self.cfg.idle_full_seconds)
+
+    def _hold_departures(self, mappings: tuple, view: dict) -> set[str]:
+        """Hold the shares of the pods that left since the last cycle
+        (policy/departures.py) on every Slurm node their Kubernetes node
+        counted on (under any of `mappings`, or kept), and move every hold
+        on as its node stands; returns the Slurm nodes whose held entries
+        changed."""
+        now, states = time.monotonic(), self.cache.node_states()
+        changed = set()
+        for pu, wall in self.cache.take_departures():
+            where = {s for m in mappings
+                     if (s := U.slurm_node_of(pu.node, m, view, self.cfg.map_by_name))}
+            where |= self.holds.kept_for(pu.node)
+            cpu_m, mem = U.ledger_entry(pu)
+            held = D.first_hold(cpu_m, mem, pu.node, pu.grace, pu.kill_by,
+                                states.get(pu.node, D.ABSENT), now=now, wall=wall,
+                                margin=self.cfg.departed_margin_seconds)
+            self.holds.add(where, pu.uid, held)
+            changed |= where
+        return changed | self.holds.advance(states, now)
 
     def _cycle_pods(self, dirty: set[str], view: dict) -> U.Desired:
         """The cycle for pod changes only: the Slurm nodes those pods count
@@ -445,6 +508,8 @@ class Reconciler:
         last = self.last
         touched = {s for k in dirty
                    if (s := U.slurm_node_of(k, last.mapping, view, self.cfg.map_by_name))}
+        touched |= {s for k in dirty for s in self.holds.kept_for(k)}
+        touched |= self._hold_departures((last.mapping,), view)
         if not touched:
             return last
         part, healthy = self.cache.usage_of(U.counting_on(touched, last.mapping, last.here))
@@ -474,12 +539,18 @@ class Reconciler:
         only: just these Slurm nodes."""
         if only is None:
             wanted: dict[str, dict] = {name: {} for name in self.last_set}
-            pairs = d.k8s_to_slurm.items()
+            pairs = list(d.k8s_to_slurm.items())
         else:
             wanted = {name: {} for name in only if name in self.last_set}
-            pairs = ((k, s) for s in only for k in d.here.get(s, ()))
+            pairs = [(k, s) for s in only for k in d.here.get(s, ())]
+        # A node that lost its mapping keeps counting its pods where it was.
+        pairs += [(k, s) for k, kept in self.holds.sticky.items() for s in kept
+                  if only is None or s in only]
         for k8s_name, slurm_name in pairs:
             wanted.setdefault(slurm_name, {}).update(self.cache.entries(k8s_name))
+        for name in self.holds.nodes():
+            if only is None or name in only:
+                wanted[name] = {**self.holds.entries(name), **wanted.get(name, {})}
         if only is not None:
             for name in only:
                 wanted.setdefault(name, {})
@@ -507,6 +578,11 @@ class Reconciler:
         repair = only is None and now - self.last_repair >= self.cfg.repair_seconds
         shown = self.ledger_nodes or {}
         for name, (entries, keep) in sorted(self.wanted_shares(d, healthy, only).items()):
+            if name not in self.seeded and keep != L.MAX_KEEP_SECONDS:
+                if not self._seed(name, entries, now):
+                    self.failed = True
+                    continue
+                entries = {**self.holds.entries(name), **entries}
             if self.last_set.get(name) == entries and not (
                     repair and L.repair_needed(shown.get(name), entries)):
                 continue
@@ -549,6 +625,28 @@ class Reconciler:
             self.last_set[name] = entries
         if repair:
             self.last_repair = now
+
+    def _seed(self, name: str, entries: dict, now: float) -> bool:
+        """Before this process first replaces what the ledger holds on a node:
+        hold every entry there with no bound pod behind it (a pod that left
+        while no sync ran) as a forced delete would be.  False: the ledger
+        could not say, so nothing is set there this cycle."""
+        try:
+            reply = self.ledger.show(name)
+        except Exception as e:
+            log.warning("cannot read the ledger's entries on %s: %s", name, e)
+            return False
+        if not reply.get("ok"):
+            return False
+        view = (reply.get("nodes") or {}).get(name) or {}
+        k8s = self.k8s_name(name)
+        for uid, (cpu_m, mem) in (view.get("entries") or {}).items():
+            if uid not in entries:
+                self.holds.add([name], uid, D.Held(
+                    cpu_m, mem, k8s, D.DEFAULT_GRACE,
+                    now + D.DEFAULT_GRACE + self.cfg.departed_margin_seconds))
+        self.seeded.add(name)
+        return True
 
     def k8s_name(self, slurm_name: str) -> str:
         """The Kubernetes node (and GenericNode) a Slurm node is shared as."""

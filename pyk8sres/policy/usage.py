@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable, Mapping
 
+from . import departures
+
 CPU_GRES = "k8scpu"
 MEM_GRES = "k8smemory"
 MI = 1024 * 1024
@@ -118,6 +120,10 @@ class PodUsage:
     memory: int = 0
     error: str | None = None
     uid: str = ""          # the pod's UID: its key in the ledger
+    # For when it leaves (policy/departures.py): its terminationGracePeriodSeconds,
+    # and its deletionTimestamp (seconds since the epoch) once Terminating.
+    grace: float = departures.DEFAULT_GRACE
+    kill_by: float | None = None
 
 
 def ledger_entry(pu: PodUsage) -> tuple[int, int]:
@@ -330,13 +336,14 @@ def pod_usage(pod: Mapping, exempt: Exemptions = Exemptions()) -> PodUsage | Non
         return None
     meta = pod.get("metadata") or {}
     uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+    leaving = {"grace": departures.grace_of(pod), "kill_by": departures.kill_by(pod)}
     try:
         req = pod_requests(pod)
     except (QuantityError, AttributeError, TypeError, ValueError) as e:
         return PodUsage(node=node, uid=uid, error=(
-            f"pod {meta.get('namespace')}/{meta.get('name')}: {e}"))
+            f"pod {meta.get('namespace')}/{meta.get('name')}: {e}"), **leaving)
     return PodUsage(node=node, cpu=math.ceil(req["cpu"] * NANO), memory=math.ceil(req["memory"]),
-                    uid=uid)
+                    uid=uid, **leaving)
 
 
 # --------------------------------------------------------------------------
@@ -362,12 +369,16 @@ def slurm_node_for(k8s_node: Mapping, key: str, slurm_names: set[str] | frozense
     return None
 
 
-def slim_node(obj: Mapping, key: str, offered: bool = False) -> dict:
+def slim_node(obj: Mapping, key: str, offered: bool = False, state: bool = False) -> dict:
     """What a node cache keeps of a Kubernetes Node: its name and the mapping
     label ``key`` (what slurm_node_for reads); with offered, also its
-    allocatable (else capacity) cpu and memory, what placeholders cap at."""
+    allocatable (else capacity) cpu and memory, what placeholders cap at;
+    with state, whether it is Ready (departures.node_state: how long the
+    shares of pods that left it are held)."""
     m = obj.get("metadata") or {}
     slim: dict = {"metadata": {"name": m.get("name")}}
+    if state and (st := departures.node_state(obj)) != departures.READY:
+        slim["state"] = st
     label = (m.get("labels") or {}).get(key)
     if label is not None:
         slim["metadata"]["labels"] = {key: label}

@@ -140,7 +140,7 @@ def test_sync_keeps_shares_while_not_ready_and_sends_them_again(tmp_path):
     held = dict(rec.last_set)
 
     rec.ledger = ScriptedLedger(NOT_READY)      # slurmctld restarting
-    cache.event("pods", "DELETED", bound_pod("a", "n1"))
+    cache.event("pods", "DELETED", bound_pod("a", "n1", phase="Succeeded"))
     cache.event("pods", "ADDED", bound_pod("b", "n2", "1", "0"))
     rec.cycle()
     assert {c[1]["node"] for c in rec.ledger.calls if c[0] == "set"} == {"n1", "n2"}

@@ -5,6 +5,7 @@ disk) -- we check what the 'cluster' ends up leaving to jobs, not the calls.
 The real slurmctld is tested in tests/integration."""
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from fractions import Fraction as F
 
@@ -120,8 +121,8 @@ def test_cache_tracks_watch_events():
     c.event("pods", "ADDED", pod("w", "n1", ns="slurm"))
     c.event("pods", "ADDED", pod("l", "n1", labels={"pyk8sres.io/slurm-worker": "true"}))
     assert c.pods["ns/l"].cpu == 10**9       # a label exempts nothing
-    c.event("pods", "DELETED", pod("l", "n1"))
-    c.event("pods", "DELETED", pod("a", "n1"))
+    c.event("pods", "DELETED", pod("l", "n1", phase="Succeeded"))
+    c.event("pods", "DELETED", pod("a", "n1", phase="Succeeded"))
     usage, nodes, healthy = c.snapshot()
     assert usage == {} and c.pods == {} and healthy
 
@@ -193,19 +194,19 @@ def test_reconcile_walkthrough(world):
     rec.cycle()
     assert slurm.counts("n1") == (1, 4583)
 
-    cache.event("pods", "DELETED", pod("a", "n1"))
-    cache.event("pods", "DELETED", pod("b", "n1"))
+    cache.event("pods", "DELETED", pod("a", "n1", phase="Succeeded"))
+    cache.event("pods", "DELETED", pod("b", "n1", phase="Succeeded"))
     rec.cycle()
     assert slurm.counts("n1") == (4, 8000)
 
 
-def test_api_loss_never_hands_capacity_back(world):
+def test_api_loss_never_hands_capacity_back(world, monkeypatch):
     slurm, cache, rec, _ = world
     cache.event("pods", "ADDED", pod("a", "n1", "2", "0"))
     rec.cycle()
     assert slurm.counts("n1") == (2, 8000)
     cache.health("pods", False)
-    cache.event("pods", "DELETED", pod("a", "n1"))   # e.g. stale data before the loss
+    cache.event("pods", "DELETED", pod("a", "n1", phase="Succeeded"))   # e.g. stale data before the loss
     rec.cycle()
     assert slurm.counts("n1") == (2, 8000)
     slurm.restart()                                   # and slurmctld restarts meanwhile
@@ -215,6 +216,11 @@ def test_api_loss_never_hands_capacity_back(world):
     rec.cycle()
     assert slurm.counts("n1") == (0, 8000)   # a (unconfirmed gone) + c: clamped at 4
     cache.replace("pods", [])                          # relist: in sync again
+    rec.cycle()
+    assert slurm.counts("n1") == (1, 8000)   # c left unseen: held for its grace period
+    later = time.monotonic() + 30 + rec.cfg.departed_margin_seconds
+    monkeypatch.setattr(sync.time, "monotonic", lambda: later)
+    assert rec.idle_cycle_due()
     rec.cycle()
     assert slurm.counts("n1") == (4, 8000)
 
@@ -253,13 +259,13 @@ def test_malformed_pod_holds_its_node_only(world):
     cache.event("pods", "ADDED", pod("x", "k8s-b", "1", "0"))
     rec.cycle()
     assert slurm.counts("n1") == (3, 8000) and slurm.counts("n2") == (3, 8000)
-    cache.event("pods", "DELETED", pod("a", "n1"))
+    cache.event("pods", "DELETED", pod("a", "n1", phase="Succeeded"))
     cache.event("pods", "ADDED", pod("bad", "n1", "lots", "0"))
-    cache.event("pods", "DELETED", pod("x", "k8s-b"))
+    cache.event("pods", "DELETED", pod("x", "k8s-b", phase="Succeeded"))
     rec.cycle()
     assert slurm.counts("n1") == (3, 8000)     # held at last applied
     assert slurm.counts("n2") == (4, 8000)     # other nodes unaffected
-    cache.event("pods", "DELETED", pod("bad", "n1"))
+    cache.event("pods", "DELETED", pod("bad", "n1", phase="Succeeded"))
     rec.cycle()
     assert slurm.counts("n1") == (4, 8000)
 
@@ -342,7 +348,7 @@ def test_cache_sums_match_a_full_recount():
     for _ in range(2000):
         name = f"p{rnd.randrange(40)}"
         if rnd.random() < 0.25:
-            c.event("pods", "DELETED", pod(name, "n1"))
+            c.event("pods", "DELETED", pod(name, "n1", phase="Succeeded"))
             continue
         cpu = rnd.choice(["100m", "1", "1.5", "bad", "250m"])
         phase = rnd.choice(["Running", "Running", "Pending", "Succeeded"])
@@ -384,7 +390,7 @@ def test_pod_cycles_touch_only_their_nodes_and_equal_a_full_cycle(world):
         for _ in range(rnd.randrange(1, 4)):
             name = f"p{rnd.randrange(12)}"
             if rnd.random() < 0.3:
-                cache.event("pods", "DELETED", pod(name, "n1"))
+                cache.event("pods", "DELETED", pod(name, "n1", phase="Succeeded"))
             else:
                 node = rnd.choice(["n1", "k8s-b", "n3", "elsewhere", None])
                 cache.event("pods", "MODIFIED", pod(name, node, rnd.choice(["100m", "1", "2"]),
@@ -685,7 +691,7 @@ def test_a_silent_watch_is_not_trusted_and_releases_nothing(world):
     assert slurm.counts("n1") == (2, 8000)
     cache.contacted["pods"] = now - 26.0      # no event, bookmark or reopen for 26 s
     assert cache.not_ready() and "pods" in cache.not_ready()
-    cache.event("pods", "DELETED", pod("a", "n1"))
+    cache.event("pods", "DELETED", pod("a", "n1", phase="Succeeded"))
     rec.cycle()
     assert slurm.counts("n1") == (2, 8000)    # held: the data may be stale
     cache.contact("pods")                     # the watch speaks again

@@ -1,0 +1,118 @@
+"""The shares sync keeps in the ledger after their pods left the API server,
+and the node mappings it keeps after a Kubernetes node lost its own.
+
+policy/departures.py says how long a departed pod's share is held; this is
+the bookkeeping around it, owned by the reconcile loop (one thread):
+
+* Holds: Slurm node -> {pod UID: departures.Held}.  The loop adds a hold for
+  each pod the cache saw vanish without its containers seen gone, puts the
+  held entries into each `set` next to the pods still bound, and drops them
+  when departures.next_hold says so.
+* Sticky mappings: a Kubernetes node whose Node object was deleted, or
+  whose mapping label or node_map entry went away or changed, keeps
+  counting its pods on the Slurm node it was mapped to for as long as it
+  has pods (then their departures are held there as above).  The mapping
+  may change; the pods' containers did not move.
+* After a restart this process knows no departures: the first `set` of a
+  node replaces what the ledger holds there, so each ledger entry with no
+  bound pod behind it is held as a forced delete would be (the default
+  grace period plus the margin) before it goes.
+
+No I/O here: the loop passes in node states and clocks.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterable, Mapping
+
+from ..policy import departures as D
+
+log = logging.getLogger("pyk8sres.coordinator.holds")
+
+
+class Holds:
+    def __init__(self, margin: float):
+        self.margin = margin
+        self.by_node: dict[str, dict[str, D.Held]] = {}
+        self.sticky: dict[str, set[str]] = {}     # Kubernetes node -> Slurm nodes kept
+
+    # -- departures
+    def add(self, slurm_nodes: Iterable[str], uid: str, held: D.Held | None) -> None:
+        for s in slurm_nodes:
+            if held is None:
+                self.by_node.get(s, {}).pop(uid, None)
+                continue
+            old = self.by_node.setdefault(s, {}).get(uid)
+            if old is None or old.until is not None and (held.until is None or
+                                                         held.until > old.until):
+                self.by_node[s][uid] = held
+                log.info("node %s: pod %s left %s before its containers were seen gone; its "
+                         "share (%dm CPU, %d bytes) is held %s", s, uid, held.k8s_node,
+                         held.cpu_m, held.mem_bytes,
+                         "until the node is Ready again" if held.until is None else
+                         "for what is left of its grace period plus a margin")
+
+    def entries(self, slurm_node: str) -> dict[str, tuple[int, int]]:
+        return {uid: (h.cpu_m, h.mem_bytes) for uid, h in self.by_node.get(slurm_node, {}).items()}
+
+    def nodes(self) -> set[str]:
+        return set(self.by_node)
+
+    def advance(self, states: Mapping[str, str], now: float) -> set[str]:
+        """Move every hold on as its Kubernetes node stands (states: node ->
+        departures state; a node not in it is ABSENT); returns the Slurm
+        nodes whose held entries changed."""
+        changed = set()
+        for s, held in list(self.by_node.items()):
+            for uid, h in list(held.items()):
+                new = D.next_hold(h, states.get(h.k8s_node, D.ABSENT), now=now, margin=self.margin)
+                if new == h:
+                    continue
+                changed.add(s)
+                if new is None:
+                    del held[uid]
+                    log.info("node %s: the held share of pod %s is released", s, uid)
+                else:
+                    held[uid] = new
+            if not held:
+                del self.by_node[s]
+        return changed
+
+    def next_due(self) -> float | None:
+        """The earliest time a hold runs out (None: none is counting down)."""
+        times = [h.until for held in self.by_node.values() for h in held.values()
+                 if h.until is not None]
+        return min(times, default=None)
+
+    # -- sticky mappings
+    def keep_mappings(self, before: Mapping[str, str | None], after: Mapping[str, str | None],
+                      has_pods) -> set[str]:
+        """Note the Kubernetes nodes that lost or changed their mapping
+        (before/after: Kubernetes node -> Slurm node or None; a node
+        missing from `after` was deleted) and forget those that no longer
+        have pods (has_pods(k8s node) -> bool).  Returns the Slurm nodes
+        whose kept mappings changed."""
+        changed = set()
+        for k, s in before.items():
+            if s is not None and after.get(k) != s and has_pods(k):
+                if s not in self.sticky.setdefault(k, set()):
+                    log.info("kubernetes node %s is no longer mapped to Slurm node %s: its pods "
+                             "keep counting there until they are gone", k, s)
+                    self.sticky[k].add(s)
+                    changed.add(s)
+        for k in list(self.sticky):
+            kept = {s for s in self.sticky[k] if after.get(k) != s}
+            if not has_pods(k) or not kept:
+                changed |= self.sticky.pop(k)
+            else:
+                changed |= self.sticky[k] - kept
+                self.sticky[k] = kept
+        return changed
+
+    def kept_for(self, k8s_node: str) -> set[str]:
+        return self.sticky.get(k8s_node, set())
+
+    def kept_on(self, slurm_nodes: Iterable[str]) -> set[str]:
+        """The Kubernetes nodes kept counting on any of these Slurm nodes."""
+        wanted = set(slurm_nodes)
+        return {k for k, ss in self.sticky.items() if ss & wanted}

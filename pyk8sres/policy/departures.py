@@ -1,0 +1,129 @@
+"""How long a pod that left the API server still holds its share.
+
+A pod's API object can vanish before its containers stop: a forced delete
+(`--grace-period=0 --force`) removes it at once and the kubelet kills the
+containers afterwards, at its own pace, up to the pod's
+terminationGracePeriodSeconds; pod garbage collection force-deletes the
+pods of a deleted Node; a partitioned kubelet learns of nothing until it is
+back.  Until then those CPUs and that memory are still in use, so the share
+stays held:
+
+  the last object seen says its containers are gone   -> released at once
+  (phase Succeeded/Failed, or every container terminated)
+  its node carries the out-of-service taint           -> released at once
+  (the admin's word that the node is shut down: upstream's non-graceful
+  node shutdown)
+  its node is NotReady or Unknown                      -> held until the node
+                                                          is Ready again, then
+                                                          as below
+  otherwise (node Ready, or its Node object deleted)   -> held for what is left
+                                                          of its grace period,
+                                                          plus a margin
+
+What is left of the grace period: if the pod was seen Terminating before it
+vanished, the kubelet was told then and kills it by deletionTimestamp; if
+not (a forced delete), the kubelet hears of it only now and may take the
+whole terminationGracePeriodSeconds.  The margin covers the kubelet's own
+delay in noticing and killing.  Pure: no I/O, times passed in.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Mapping, NamedTuple
+
+DEFAULT_GRACE = 30.0   # the API server's default terminationGracePeriodSeconds
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+
+# A node's state as far as held shares care.
+READY, UNREACHABLE, FENCED, ABSENT = "ready", "unreachable", "fenced", "absent"
+
+
+def grace_of(pod: Mapping) -> float:
+    """The pod's terminationGracePeriodSeconds (the API server's default if unset)."""
+    value = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        return DEFAULT_GRACE
+    return float(value)
+
+
+def kill_by(pod: Mapping) -> float | None:
+    """deletionTimestamp as seconds since the epoch, or None (not Terminating)."""
+    stamp = (pod.get("metadata") or {}).get("deletionTimestamp")
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def containers_gone(pod: Mapping) -> bool:
+    """Does this object show that nothing of the pod runs any more?  A
+    terminal phase, or a status for every container and each terminated."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return True
+    spec = pod.get("spec") or {}
+    names = {c.get("name") for c in (spec.get("containers") or [])}
+    names |= {c.get("name") for c in (spec.get("initContainers") or [])
+              if c.get("restartPolicy") == "Always"}
+    seen = {c.get("name"): c for c in (status.get("containerStatuses") or [])
+            + (status.get("initContainerStatuses") or []) if isinstance(c, Mapping)}
+    if not names or not names <= set(seen):
+        return False
+    return all("terminated" in ((seen[n].get("state") or {})) and
+               not (seen[n].get("state") or {}).get("running") for n in names)
+
+
+def node_state(node: Mapping | None) -> str:
+    """READY, UNREACHABLE, FENCED or ABSENT for a Node object (or None)."""
+    if node is None:
+        return ABSENT
+    spec = node.get("spec") or {}
+    if any(t.get("key") == OUT_OF_SERVICE_TAINT for t in spec.get("taints") or []):
+        return FENCED
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return READY if c.get("status") == "True" else UNREACHABLE
+    # No Ready condition yet: its kubelet has never reported, so nothing of
+    # any pod runs there.
+    return READY
+
+
+class Held(NamedTuple):
+    """A departed pod's share: what it held, where, and until when (seconds
+    on the caller's clock; None: until its node is Ready again)."""
+    cpu_m: int
+    mem_bytes: int
+    k8s_node: str
+    grace: float
+    until: float | None
+
+
+def first_hold(cpu_m: int, mem_bytes: int, k8s_node: str, grace: float,
+               was_terminating_until: float | None, state: str, *, now: float,
+               wall: float, margin: float) -> Held | None:
+    """The hold of a pod that just vanished without its containers seen
+    gone, or None when nothing needs holding (its node is fenced).
+    was_terminating_until: the deletionTimestamp seen BEFORE it vanished
+    (None for a pod never seen Terminating, e.g. a forced delete)."""
+    if state == FENCED:
+        return None
+    if state == UNREACHABLE:
+        return Held(cpu_m, mem_bytes, k8s_node, grace, None)
+    left = grace if was_terminating_until is None else max(0.0, was_terminating_until - wall)
+    return Held(cpu_m, mem_bytes, k8s_node, grace, now + min(left, grace) + margin)
+
+
+def next_hold(h: Held, state: str, *, now: float, margin: float) -> Held | None:
+    """The hold as its node stands now: None once released (fenced, or its
+    time is up on a node that is not unreachable); waiting while the node
+    is unreachable; a full grace period and margin from the moment a
+    waited-for node is back (its kubelet kills the pod only then)."""
+    if state == FENCED:
+        return None
+    if state == UNREACHABLE:
+        return h if h.until is None else h._replace(until=None)
+    if h.until is None:
+        return h._replace(until=now + h.grace + margin)
+    return None if now >= h.until else h
