@@ -89,8 +89,11 @@ class SyncConfig:
     # A pod that left the API server before its containers were seen gone (a
     # forced delete, pod GC after its Node went) keeps its share for what is
     # left of its grace period plus this long: the kubelet's own delay in
-    # noticing and killing (policy/departures.py).
-    departed_margin_seconds: float = 30.0
+    # noticing and killing (policy/departures.py).  At least
+    # kube-controller-manager's node-monitor-grace-period, so that a node
+    # partitioned as the pod went is seen NotReady (and waited for) before
+    # the hold ends.
+    departed_margin_seconds: float = 60.0
     debounce_seconds: float = 0.005  # let a burst of pod events land in one cycle
     request_timeout: float = 10.0   # client-side timeout of every API call
     watch_timeout: int = 15         # server-side watch duration: a watch silent for this

@@ -47,9 +47,15 @@ def grace_of(pod: Mapping) -> float:
 
 
 def kill_by(pod: Mapping) -> float | None:
-    """deletionTimestamp as seconds since the epoch, or None (not Terminating)."""
-    stamp = (pod.get("metadata") or {}).get("deletionTimestamp")
-    if not isinstance(stamp, str):
+    """When the kubelet must have killed the pod, as seconds since the epoch
+    (its deletionTimestamp), or None: not Terminating, or deleted with grace
+    period 0.  A forced delete sets deletionTimestamp to now and removes the
+    object in the same breath; the kubelet hears of it only afterwards and
+    may take the pod's whole terminationGracePeriodSeconds."""
+    meta = pod.get("metadata") or {}
+    stamp, period = meta.get("deletionTimestamp"), meta.get("deletionGracePeriodSeconds")
+    if not isinstance(stamp, str) or isinstance(period, bool) or \
+            not isinstance(period, int) or period <= 0:
         return None
     try:
         return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()

@@ -187,6 +187,9 @@ def coordinator_kubeconfig(c: cluster.Cluster, kube: kubernetes.ControlPlane,
                                 f"system:serviceaccount:{NAMESPACE}:{account}", token=token))
 
 
+KWOK_MARGIN = 2.0   # departed_margin_seconds of the test cluster's sync
+
+
 def coordinator_config(c: cluster.Cluster, kube: kubernetes.ControlPlane, name: str,
                        settings: str = "") -> str:
     """WORK/coordinator/NAME.toml (NAME: sync, webhook): the ledger socket, the webhook's
@@ -199,6 +202,10 @@ def coordinator_config(c: cluster.Cluster, kube: kubernetes.ControlPlane, name: 
             f.write(pem)
     client_ca = own(shutil.copyfile(kube.webhook_client_ca, os.path.join(d, "client-ca.crt")))
     from ..coordinator.slurm import ledger_socket_path
+    if "departed_margin_seconds" not in settings:
+        # kwok kills a pod's "containers" the moment it is told to: a
+        # kubelet's own delay, which the margin covers on a site, is nil here.
+        settings = f"departed_margin_seconds = {KWOK_MARGIN}\n{settings}"
     path = os.path.join(d, f"{name}.toml")
     with open(own(_touch(path)), "w", encoding="utf-8") as f:
         f.write(f"[sync]\nledger_socket = {json.dumps(ledger_socket_path(c.conf))}\n{settings}"

@@ -172,7 +172,10 @@ class Daemon:
         # Slurm's own worker pods (issue 8 item 9: nothing else exempts a pod).
         conf = f"{hybrid.coordinator_dir(self.slurm)}/sync-test.toml"
         with open(conf, "w") as f:
-            f.write('slurm_workers = ["slurm-workers"]\n' + self.settings)
+            # kwok kills a pod's "containers" the moment it is told to: the
+            # margin for a kubelet's own delay (departed_margin_seconds) is short.
+            f.write('slurm_workers = ["slurm-workers"]\ndeparted_margin_seconds = 2.0\n'
+                    + self.settings)
         hybrid.own(conf)
         cmd = [hybrid.coordinator_python(), "-m", "pyk8sres.coordinator.sync",
                "--kubeconfig", coordinator_kubeconfig(self.slurm, self.api),
@@ -198,12 +201,24 @@ class Daemon:
 
 
 def clean(slurm, api):
-    """No pods, no jobs, no nodes: what the next test starts from."""
+    """No pods, no jobs, no nodes, an empty ledger: what the next test starts
+    from.  The pods go while no sync runs, so the ledger is emptied by hand
+    (as root); a sync started next would hold what they held for a grace
+    period, not knowing whether their containers stopped."""
+    from pyk8sres.coordinator import slurm as S
     subprocess.run(["scancel", "-u", "root"], env=slurm.env, capture_output=True)
     for p in api.core.list_pod_for_all_namespaces().items:
         _delete_pod(api, p.metadata.name, p.metadata.namespace)
     for n in api.core.list_node().items:
         done(api.core.delete_node(n.metadata.name, _preload_content=False))
+    ledger = S.Ledger(S.ledger_socket_path(slurm.conf))
+    try:
+        for node in ("n1", "n2"):
+            view = ledger.show(node)["nodes"][node]
+            for key in view.get("entries") or {}:
+                assert ledger.release(node, key)["ok"]
+    finally:
+        ledger.close()
 
 
 @pytest.fixture
@@ -262,8 +277,9 @@ def new_pod(api, cpu, mem, node=None, name=None, labels=None, ns="default", anno
         spec["nodeName"] = node
     if node_selector:
         spec["nodeSelector"] = node_selector
-    if grace is not None:
-        spec["terminationGracePeriodSeconds"] = grace
+    # Containers that stop at once unless a test says otherwise: a pod deleted
+    # with grace 0 is then really gone once its kubelet is told.
+    spec["terminationGracePeriodSeconds"] = 0 if grace is None else grace
     done(api.core.create_namespaced_pod(ns, {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
@@ -350,8 +366,8 @@ def allocated(api, name):
     return {a["type"]: a["allocated"] for a in gn.get("status", {}).get("allocatedResources", [])}
 
 
-def sbatch(slurm, *args):
-    out = subprocess.run(["sbatch", "--parsable", "-w", "n1", *args, "--wrap", "sleep 300"],
+def sbatch(slurm, *args, node="n1"):
+    out = subprocess.run(["sbatch", "--parsable", "-w", node, *args, "--wrap", "sleep 300"],
                          env=slurm.env, capture_output=True, text=True, check=True).stdout
     return out.strip().split(";")[0]
 
@@ -571,6 +587,10 @@ def test_slurmctld_restart_reapplies(slurm, api, daemon):
 
 
 def test_daemon_restart_keeps_and_recovers(slurm, api, daemon):
+    """A pod deleted while no sync ran may still run (nobody saw its
+    containers stop): a restarted sync holds its share for the default
+    grace period and margin, then lets it go."""
+    from pyk8sres.policy import departures as D
     k8s_node(api, "n1")
     p = scheduled_pod(api, "2", "1000Mi")
     wait_used(slurm, (2, 1000))
@@ -579,8 +599,11 @@ def test_daemon_restart_keeps_and_recovers(slurm, api, daemon):
     q = scheduled_pod(api, "1", "0")
     time.sleep(1.5)
     assert used(slurm) == (2, 1000)   # nobody raced ahead
+    t0 = time.monotonic()
     daemon.start()
-    wait_used(slurm, (1, 0))
+    wait_used(slurm, (3, 1000))       # q counted, p held
+    wait_used(slurm, (1, 0), timeout=D.DEFAULT_GRACE + 15)
+    assert time.monotonic() - t0 >= D.DEFAULT_GRACE
     _delete_pod(api, q)
     wait_used(slurm, (0, 0))
 
@@ -726,3 +749,53 @@ def test_pods_beyond_what_jobs_leave_are_clamped_and_reported(slurm, api, daemon
     _delete_pod(api, pod)
     wait_for(lambda: condition() == "False", what="condition cleared")
     wait_for(lambda: job_state(slurm, small)[0] == "RUNNING", 30, "the job starts")
+
+
+def pending_while(slurm, api, job, pod, seconds, node="n1"):
+    """For `seconds`: job stays PENDING (Resources) and the pod, if named, is
+    what the API server says (gone, or still bound to its node)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        state = job_state(slurm, job)
+        assert state[0] == "PENDING", f"job {job} {state} while the pod's containers may run"
+        if pod is not None:
+            p = exists(api, pod)
+            assert p is not None and p.spec.node_name == node
+        time.sleep(0.3)
+
+
+def test_a_forced_delete_holds_the_share_for_the_pods_grace_period(slurm, api, daemon):
+    """`kubectl delete --grace-period=0 --force`: the object goes at once, the
+    kubelet kills the containers only afterwards, within the pod's grace
+    period.  No job starts on those CPUs until it has run out."""
+    k8s_node(api, "n1")
+    p = bound_pod(api, "n1", "6", "100Mi", grace=8)
+    running(api, p)
+    wait_used(slurm, (6, 100))
+    _delete_pod(api, p, grace=0)
+    t0 = time.monotonic()
+    wait_for(lambda: exists(api, p) is None, 10, "the forced delete")
+    job = sbatch(slurm, "-c", "8")
+    pending_while(slurm, api, job, None, 7.0 - (time.monotonic() - t0))
+    wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "the job, once the grace ran out")
+    assert time.monotonic() - t0 >= 8.0
+
+
+@pytest.mark.parametrize("how", ["Node deleted", "mapping label removed"])
+def test_a_node_that_loses_its_mapping_keeps_its_pods_share(slurm, api, daemon, how):
+    """The Node object deleted (an admin, an autoscaler, a re-registering
+    node) or its mapping label removed under a running pod: the pod is still
+    bound and runs, so its share stays until it is gone and its grace is up."""
+    k8s_node(api, "k8s-b", slurm_node="n2")
+    p = bound_pod(api, "k8s-b", "6", "100Mi")
+    running(api, p)
+    wait_used(slurm, (6, 100), node="n2")
+    if how == "Node deleted":
+        done(api.core.delete_node("k8s-b", _preload_content=False))
+    else:
+        api.core.patch_node("k8s-b", {"metadata": {"labels": {
+            "node-restriction.kubernetes.io/pyk8sres-slurm-node": None}}})
+    job = sbatch(slurm, "-c", "8", node="n2")
+    pending_while(slurm, api, job, p, 6.0, node="k8s-b")
+    _delete_pod(api, p)        # grace 0: gone once its kubelet is told
+    wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "the job, once the pod is gone")

@@ -88,10 +88,16 @@ def test_node_state(case, node, want):
 
 
 def test_grace_and_kill_by_read_from_the_pod():
-    p = {"metadata": {"deletionTimestamp": "2026-12-06T21:00:30Z"},
+    p = {"metadata": {"deletionTimestamp": "2026-12-06T21:00:30Z",
+                      "deletionGracePeriodSeconds": 7},
          "spec": {"terminationGracePeriodSeconds": 7}}
     assert D.grace_of(p) == 7.0 and D.grace_of({}) == D.DEFAULT_GRACE
     assert D.kill_by(p) == 1796590830.0 and D.kill_by({}) is None
+    # A forced delete: deletionTimestamp now and period 0, the object gone at
+    # once; the kubelet was told nothing yet.
+    forced = {"metadata": {"deletionTimestamp": "2026-12-06T21:00:30Z",
+                           "deletionGracePeriodSeconds": 0}}
+    assert D.kill_by(forced) is None
     assert D.grace_of({"spec": {"terminationGracePeriodSeconds": True}}) == D.DEFAULT_GRACE
 
 
@@ -109,9 +115,11 @@ def ready_node(name, ready="True", **labels):
     return n
 
 
-def terminating(p, seconds_from_now):
+def terminating(p, seconds_from_now, period=None):
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + seconds_from_now))
     p["metadata"]["deletionTimestamp"] = stamp
+    p["metadata"]["deletionGracePeriodSeconds"] = period if period is not None else \
+        p["spec"].get("terminationGracePeriodSeconds", 30)
     return p
 
 
@@ -137,7 +145,9 @@ def test_forced_delete_holds_for_the_grace_period_and_margin(world):
     cache.event("pods", "ADDED", with_grace(pod("a", "n1", "3", "0"), 20))
     rec.cycle()
     assert slurm.counts("n1") == (1, 8000)
-    cache.event("pods", "DELETED", with_grace(pod("a", "n1", "3", "0"), 20))  # --force
+    # --force: the API server sets deletionTimestamp (period 0), then deletes.
+    cache.event("pods", "MODIFIED", terminating(with_grace(pod("a", "n1", "3", "0"), 20), 0, 0))
+    cache.event("pods", "DELETED", with_grace(pod("a", "n1", "3", "0"), 20))
     rec.cycle(refresh=False, dirty=cache.take_dirty())
     assert slurm.counts("n1") == (1, 8000)
     clock.t += 20 + MARGIN - 0.1

@@ -70,6 +70,7 @@ map_by_name = {{ .Values.sync.mapByName }}
 slurm_workers = [{{ range $i, $w := .Values.sync.slurmWorkers }}{{ if $i }}, {{ end }}{{ $w | quote }}{{ end }}]
 placeholder_namespace = {{ .Values.placeholders.namespace | quote }}
 reservation_grace = {{ .Values.sync.reservationGraceSeconds | float64 }}
+departed_margin_seconds = {{ .Values.sync.departedMarginSeconds | float64 }}
 generic_node_qps = {{ .Values.sync.genericNodeQPS | float64 }}
 generic_node_burst = {{ .Values.sync.genericNodeBurst | int }}
 create_crd = false
