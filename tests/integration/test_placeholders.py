@@ -70,6 +70,10 @@ def ns(world):
         K.delete_pod(kube, name, p["metadata"]["name"])
     # Slurm's jobs gone: no placeholder left anywhere.
     wait_for(lambda: not placeholders(kube), 30, "placeholders gone")
+    # The pods' shares released too (a pod deleted outright is held for its
+    # grace period, 0 here, plus the test cluster's margin).
+    wait_for(lambda: not any(S.get_node(n).gres_used.get("k8scpu") for n in CAPACITY), 60,
+             "the pods' shares released")
 
 
 # ----------------------------------------------------------------- helpers

@@ -334,6 +334,11 @@ def exists(api, name, ns="default"):
         raise
 
 
+def node_ready(api, name):
+    conds = api.core.read_node(name).status.conditions or []
+    return any(c.type == "Ready" and c.status == "True" for c in conds)
+
+
 def used(slurm, node="n1"):
     """Slurm's own word (scontrol -d show node): k8scpu/k8smemory allocated
     on the node = Slurm jobs + Kubernetes' share.  The totals never move."""
@@ -645,6 +650,10 @@ def test_410_relist(slurm, api, daemon):
         api.compact()
     finally:
         os.kill(daemon.proc.pid, signal.SIGCONT)
+    # p went while the daemon was not looking, and n1 may have gone Unknown
+    # while the API server was away: p's share is held until n1 is Ready
+    # again, then its grace period (0) and the margin.
+    wait_for(lambda: node_ready(api, "n1"), 60, "n1 Ready again")
     wait_used(slurm, (3, 0), timeout=30)
     _delete_pod(api, q)
     wait_used(slurm, (0, 0))
