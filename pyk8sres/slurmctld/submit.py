@@ -75,7 +75,7 @@ def parse_part_mem(text: str) -> dict:
     for item in text.split(","):
         name, _, values = item.partition("=")
         fields = values.split(":")
-        if not name or len(fields) != 4 or not all(f.isdigit() for f in fields):
+        if not name or len(fields) != 4 or not all(f.isascii() and f.isdigit() for f in fields):
             continue
         def_mem, max_mem, gpu_cpus, gpu_mem = (int(f) for f in fields)
         per_node, per_cpu = completion.decode_memory(def_mem)
