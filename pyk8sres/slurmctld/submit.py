@@ -32,7 +32,6 @@ log = logging.getLogger("pyk8sres")
 _site = Site()
 _site_key: tuple | None = None
 _with_parts: dict = {}  # part_mem string -> Site (the live partition settings applied)
-_accept_internal_errors = False
 _forget_answers: typing.Callable[[], object] | None = None  # clears the C memo
 
 
@@ -47,11 +46,11 @@ def _forget() -> None:
         _forget_answers()
 
 
-def use_site(site: Site, accept_internal_errors: bool = False) -> None:
+def use_site(site: Site) -> None:
     """Answer against `site` from now on (reconfigure; tests)."""
-    global _site, _site_key, _accept_internal_errors
+    global _site, _site_key
     _forget()
-    _site, _site_key, _accept_internal_errors = site, None, accept_internal_errors
+    _site, _site_key = site, None
     _with_parts.clear()
 
 
@@ -133,14 +132,15 @@ def answer(result: completion.Result) -> tuple:
 
 def refusal(exc: BaseException) -> tuple:
     """The answer for an exception: the user's error, or a bug that must never
-    reach slurmctld (logged; the job accepted unchanged or refused, as configured)."""
+    reach slurmctld (logged).  A bug is always INTERNAL_ERROR, even with
+    OnInternalError=accept: the C side accepts the job and logs that it did
+    (plugins/job_submit_k8s_resource_completion.c), and the core's memo never
+    keeps such an answer, so each job accepted that way is seen and logged."""
     if isinstance(exc, ValueError):  # PolicyError, GresError
         return USER_ERROR, 0, "", "", str(exc)
     log.error("job_submit/k8s_resource_completion: internal error", exc_info=exc)
-    if _accept_internal_errors:
-        return OK, 0, "", "", ""
-    return (INTERNAL_ERROR, 0, "", "", f"internal error ({type(exc).__name__}); the job "
-            "was not submitted, please tell your administrator")
+    return (INTERNAL_ERROR, 0, "", "", f"internal error ({type(exc).__name__}) in "
+            "job_submit/k8s_resource_completion, please tell your administrator")
 
 
 def job_submit_values(slurm_version: int, def_mem_per_cpu: int, select_type_param: int,
