@@ -15,6 +15,11 @@ per request line.
      "keep_younger_than": 30}
     {"op": "show"}  or  {"op": "show", "node": "n1"}  or  {"op": "show", "since": TOKEN}
 
+A `set` makes the node's entries what the sync daemon sees bound, but for
+keep_younger_than seconds after a key's last `reserve` it neither shrinks
+that key's entry nor (never seen bound) drops it: its view may predate the
+reserve (see decide).
+
 Each node's view in a `show` reply has its "share" (CPUs, MB), "reserved"
 (how many entries are reservations not yet seen bound by a `set`) and,
 for a node slurmctld knows, "capacity", "jobs", "free" and "oversubscribed".
