@@ -502,6 +502,27 @@ def test_on_internal_error_accept_is_never_silent(tmp_path):
         cluster.down(work)
 
 
+@pytest.mark.parametrize("setting", ["ReserveCPUs=\u00b2", "ReserveMemory=\u0661\u0662"])
+def test_a_setting_with_other_digits_is_refused_by_name(tmp_path, setting):
+    """k8s_resources.conf numbers are 0-9: another script's digits (which
+    Python's int() reads, or raises on) are refused as any bad value is at
+    start: slurmctld stops with one line naming the file, key and value,
+    not an internal error."""
+    work = str(tmp_path / "digits")
+    try:
+        with pytest.raises(cluster.ClusterError, match="slurmctld exited"):
+            cluster.up(work, nodes=1, cpus=2, memory=2000, base_port=BASE_PORT + 40,
+                       slurm=SLURM, k8s_conf=setting + "\n")
+        with open(os.path.join(work, "log", "slurmctld.log"), errors="replace") as f:
+            log = f.read()
+        key, _, value = setting.partition("=")
+        assert f"k8s_resources.conf:2: {key} needs a non-negative integer (digits 0-9), " \
+            f"not {value!r}" in log, log[-2000:]
+        assert "invalid literal" not in log and "Traceback" not in log
+    finally:
+        cluster.down(work)
+
+
 def test_ordinary_batch_script_with_steps_keeps_working(c, tmp_path):
     """#SBATCH lines and srun steps inside the job, unchanged by the completion."""
     out = tmp_path / "steps.out"
