@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import typing
 
 from . import completion
@@ -33,6 +34,11 @@ _site = Site()
 _site_key: tuple | None = None
 _with_parts: dict = {}  # part_mem string -> Site (the live partition settings applied)
 _forget_answers: typing.Callable[[], object] | None = None  # clears the C memo
+# A bug that hits every job must not write a traceback per job into
+# slurmctld's log: one per TRACEBACK_SECONDS, with a count of the others.
+TRACEBACK_SECONDS = 10.0
+_traceback_at: float | None = None
+_tracebacks_held = 0
 
 
 def bind(forget_answers: typing.Callable[[], object]) -> None:
@@ -138,9 +144,21 @@ def refusal(exc: BaseException) -> tuple:
     keeps such an answer, so each job accepted that way is seen and logged."""
     if isinstance(exc, ValueError):  # PolicyError, GresError
         return USER_ERROR, 0, "", "", str(exc)
-    log.error("job_submit/k8s_resource_completion: internal error", exc_info=exc)
+    log_bug(exc, time.monotonic())
     return (INTERNAL_ERROR, 0, "", "", f"internal error ({type(exc).__name__}) in "
             "job_submit/k8s_resource_completion, please tell your administrator")
+
+
+def log_bug(exc: BaseException, now: float) -> None:
+    """The traceback of an internal error, at most one per TRACEBACK_SECONDS
+    (the next one says how many were not shown)."""
+    global _traceback_at, _tracebacks_held
+    if _traceback_at is not None and 0 <= now - _traceback_at < TRACEBACK_SECONDS:
+        _tracebacks_held += 1
+        return
+    held, _tracebacks_held, _traceback_at = _tracebacks_held, 0, now
+    log.error("job_submit/k8s_resource_completion: internal error%s",
+              f" ({held} more since the last one logged)" if held else "", exc_info=exc)
 
 
 def job_submit_values(slurm_version: int, def_mem_per_cpu: int, select_type_param: int,
