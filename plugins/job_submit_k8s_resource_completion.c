@@ -33,11 +33,43 @@ extern slurm_conf_t slurm_conf;
 
 static struct pyk8sres_core core;
 static int accept_on_error; /* OnInternalError=accept in k8s_resources.conf */
+/* Jobs accepted uncounted under OnInternalError=accept: all of them, and
+ * those not yet named in the log (one line per ACCEPT_LOG_SECONDS at most,
+ * so a bug that hits every job cannot flood the log). */
+#define ACCEPT_LOG_SECONDS 10
+static uint64_t accepted_total, accepted_unlogged;
+static time_t accepted_logged;
 /* The slurm.conf we configured Python for: its load time (whole seconds)
  * and its hash, so that a reconfigure within the second of the previous
  * load is not missed when slurm.conf changed. */
 static time_t conf_seen;
 static uint32_t conf_hash_seen;
+
+/* OnInternalError=accept bypasses the invariant for the jobs it lets
+ * through: say so whenever it is switched on. */
+static void warn_accept(int was_on)
+{
+	if (!accept_on_error || was_on)
+		return;
+	slurm_error("%s: OnInternalError=accept in k8s_resources.conf: a job this plugin fails on (a bug) is accepted WITHOUT k8scpu/k8smemory, so Kubernetes pods may be placed on the CPUs and memory it uses; every such job is logged as \"OnInternalError=accept: job ... accepted UNCOUNTED\". Set OnInternalError=reject (the default) unless you must keep jobs flowing while a plugin bug is fixed",
+		    plugin_type);
+}
+
+/* The job is accepted unchanged after an internal error: log it, at most
+ * one line per ACCEPT_LOG_SECONDS, each counting the jobs since the last. */
+static void log_accepted(uint32_t uid, const char *err)
+{
+	time_t now = time(NULL);
+
+	accepted_total++;
+	accepted_unlogged++;
+	if (accepted_logged && now - accepted_logged < ACCEPT_LOG_SECONDS)
+		return;
+	slurm_error("%s: OnInternalError=accept: job from uid %u accepted UNCOUNTED (no k8scpu/k8smemory: pods may use its CPUs and memory) after an internal error (%s) [%" PRIu64 " such job(s) since the last such line, %" PRIu64 " since slurmctld started]",
+		    plugin_type, uid, err, accepted_unlogged, accepted_total);
+	accepted_logged = now;
+	accepted_unlogged = 0;
+}
 
 int init(void)
 {
@@ -50,6 +82,7 @@ int init(void)
 		slurm_error("%s: %s: %s", plugin_type, __func__, err);
 		return SLURM_ERROR;
 	}
+	warn_accept(0);
 	conf_seen = slurm_conf.last_update;
 	conf_hash_seen = slurm_conf.hash_val;
 	slurm_verbose("%s: %s: loaded (Slurm %d.%d.%d)", plugin_type, __func__,
@@ -254,12 +287,15 @@ static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
 	 * follow `scontrol reconfigure` (partition defaults, our conf) here. */
 	if (slurm_conf.last_update != conf_seen ||
 	    slurm_conf.hash_val != conf_hash_seen) {
+		int was_on = accept_on_error;
+
 		conf_seen = slurm_conf.last_update;
 		conf_hash_seen = slurm_conf.hash_val;
 		if (core.reconfigure(slurm_conf.slurm_conf, &accept_on_error,
 				     err, sizeof(err)))
 			slurm_error("%s: %s: reconfigure: %s (keeping the previous settings)",
 				    plugin_type, __func__, err);
+		warn_accept(was_on);
 		err[0] = '\0';
 	}
 	fill_request(&req, d, uid, is_modify);
@@ -271,8 +307,7 @@ static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
 	rc = core.job_submit(&req, &changed, node_tres, sizeof(node_tres),
 			     task_tres, sizeof(task_tres), err, sizeof(err));
 	if (rc == PYK8SRES_INTERNAL_ERROR && accept_on_error) {
-		slurm_error("%s: %s: %s (job from uid %u accepted unchanged)",
-			    plugin_type, __func__, err, uid);
+		log_accepted(uid, err);
 		return SLURM_SUCCESS;
 	}
 	if (rc) {

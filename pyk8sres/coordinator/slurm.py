@@ -171,31 +171,58 @@ class Ledger:
     """A client of the ledger (pyk8sres.policy.ledger has the protocol).
 
     One connection, kept open and re-made once when it breaks; one request
-    at a time (a lock), so threads (the webhook) may share it."""
+    at a time (a lock), so threads (the webhook) may share it.  Both the
+    wait for that lock and the request itself are bounded by `timeout`
+    each, a reserve, release or set as a whole (connect, send, the reply
+    line; a `show`, whose reply grows with the cluster, may take longer as
+    long as its reply keeps coming): a ledger that hangs makes each caller
+    fail closed (LedgerError) after at most twice `timeout`, and never
+    queues every thread behind it."""
 
     def __init__(self, socket_path: str, timeout: float = 2.0):
         import threading
         self.socket_path, self.timeout = socket_path, timeout
         self._sock = None
-        self._file = None
+        self._buf = b""
         self._lock = threading.Lock()
 
-    def _connect(self):
+    def _connect(self, deadline: float):
         import socket
+        import time
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
         try:
             sock.connect(self.socket_path)
         except OSError as exc:
             sock.close()
             raise LedgerError(f"cannot reach the ledger at {self.socket_path}: {exc}") from None
-        self._sock, self._file = sock, sock.makefile("rb")
+        self._sock, self._buf = sock, b""
 
     def close(self) -> None:
         if self._sock is not None:
-            self._file.close()
             self._sock.close()
-        self._sock = self._file = None
+        self._sock, self._buf = None, b""
+
+    def _readline(self, deadline: float, flowing: bool) -> bytes:
+        """One reply line, whole, by `deadline` (TimeoutError otherwise);
+        `flowing`: the deadline moves on with each part of it that comes."""
+        import time
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no whole reply within {self.timeout:g}s")
+            self._sock.settimeout(left)
+            try:
+                chunk = self._sock.recv(1 << 16)
+            except TimeoutError:
+                raise TimeoutError(f"no whole reply within {self.timeout:g}s") from None
+            if not chunk:
+                raise OSError("connection closed")
+            self._buf += chunk
+            if flowing:
+                deadline = time.monotonic() + self.timeout
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line + b"\n"
 
     def call(self, op: str, **fields) -> dict:
         """One request; the reply dict ({"ok": ...}).  LedgerError if unreachable.
@@ -213,17 +240,22 @@ class Ledger:
 
     def _call(self, op: str, **fields) -> dict:
         import json
+        import time
         from ..policy.ledger import encode
         line = encode(op, **fields)
-        with self._lock:
+        if not self._lock.acquire(timeout=self.timeout):
+            raise LedgerError(
+                f"ledger at {self.socket_path}: busy: an earlier request on this connection "
+                f"has had no answer for {self.timeout:g}s; failing closed")
+        try:
+            deadline = time.monotonic() + self.timeout
             for attempt in (1, 2):
                 try:
                     if self._sock is None:
-                        self._connect()
+                        self._connect(deadline)
+                    self._sock.settimeout(max(0.001, deadline - time.monotonic()))
                     self._sock.sendall(line)
-                    reply = self._file.readline()
-                    if not reply.endswith(b"\n"):
-                        raise OSError("connection closed")
+                    reply = self._readline(deadline, flowing=op == "show")
                     break
                 except OSError as exc:
                     self.close()
@@ -231,6 +263,8 @@ class Ledger:
                     # lost mid-way is safe to ask again (requests are idempotent).
                     if attempt == 2 or isinstance(exc, TimeoutError):
                         raise LedgerError(f"ledger at {self.socket_path}: {exc}") from None
+        finally:
+            self._lock.release()
         try:
             answer = json.loads(reply)
         except ValueError:

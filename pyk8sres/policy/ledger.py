@@ -15,6 +15,11 @@ per request line.
      "keep_younger_than": 30}
     {"op": "show"}  or  {"op": "show", "node": "n1"}  or  {"op": "show", "since": TOKEN}
 
+A `set` makes the node's entries what the sync daemon sees bound, but for
+keep_younger_than seconds after a key's last `reserve` it neither shrinks
+that key's entry nor (never seen bound) drops it: its view may predate the
+reserve (see decide).
+
 Each node's view in a `show` reply has its "share" (CPUs, MB), "reserved"
 (how many entries are reservations not yet seen bound by a `set`) and,
 for a node slurmctld knows, "capacity", "jobs", "free" and "oversubscribed".
@@ -58,7 +63,9 @@ MAX_CPU_M = 1 << 40               # 1e9 CPUs: anything above is a caller bug
 MAX_MEM_BYTES = 1 << 60
 MAX_ENTRIES = 100_000
 MAX_KEEP_SECONDS = 86_400
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,252}\Z")
+# Slurm node names may hold "_" (NodeName=gpu_01); Kubernetes names cannot,
+# but a node_map or the mapping label can point at such a Slurm node.
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:@/+-]{0,252}\Z", re.ASCII)
 CODES = ("nofit", "badrequest", "unknown_node", "denied", "busy", "notready", "internal")
 OPS = ("reserve", "release", "set", "show")
 
@@ -74,13 +81,16 @@ class RequestError(ValueError):
 class Entry(NamedTuple):
     """What one key (a pod) holds on a node, since when (seconds on the
     ledger process's monotonic clock: a wall-clock step neither ends nor
-    stretches a grace period), and whether a `set` has listed it (the pod
+    stretches a grace period), whether a `set` has listed it (the pod
     was seen bound): only a reservation never seen bound gets a grace period
-    in `set`."""
+    in `set`, and when a `reserve` last asked for it (None: never, or a
+    journal written before this was kept): for that long a `set` may not
+    make it smaller (see decide)."""
     cpu_m: int
     mem_bytes: int
     since: float
     bound: bool = False
+    reserved_at: float | None = None
 
 
 class Request(NamedTuple):
@@ -104,7 +114,7 @@ class Facts(NamedTuple):
 
 def _name(value, what: str) -> str:
     if not isinstance(value, str) or not NAME.match(value):
-        raise RequestError(f"{what} must be a name of 1-253 letters, digits or ._:@/+-, "
+        raise RequestError(f"{what} must be a name of 1-253 ASCII letters, digits or _._:@/+-, "
                            f"not {value!r}"[:300])
     return value
 
@@ -257,30 +267,22 @@ def decide(entries: Mapping[str, Entry], req: Request, facts: Facts | None,
         new = {k: e for k, e in entries.items() if k != req.key}
         return new, {"ok": True}
     if req.op == "set":
-        wanted = {key: Entry(cpu, mem, entries[key].since if key in entries else now, True)
-                  for key, cpu, mem in req.entries}
-        # A pod admitted a moment ago may not be seen bound yet: keep its
-        # reservation for a while.  One seen bound before and gone now is gone.
-        kept = {k: e for k, e in entries.items()
-                if k not in wanted and not e.bound and now - e.since < req.keep_younger_than}
-        new = {**kept, **wanted}
-        share = share_units(new)
-        reply = {"ok": True, "dropped": sorted(set(entries) - set(new)),
-                 "share": {"cpu": share[0], "mem": share[1]}}
-        if not _fits(share, facts):
-            reply["oversubscribed"] = True
-        return (None if new == dict(entries) else new), reply
+        return _set(entries, req, facts, now)
     # reserve: idempotent per key, and it only ever grows a reservation (a
     # resize asks for more): whoever sends it can never hand capacity back.
     # Shrinking and releasing are the repair's (`set`, from the pods the API
-    # server really has).
+    # server really has).  Even one that asks for no more renews
+    # reserved_at: a `set` computed from an older view of the pod must not
+    # shrink it below what was just admitted.
     old = entries.get(req.key)
     if old is not None and req.cpu_m <= old.cpu_m and req.mem_bytes <= old.mem_bytes:
-        return None, {"ok": True}
+        if old.reserved_at == now:
+            return None, {"ok": True}
+        return {**entries, req.key: old._replace(reserved_at=now)}, {"ok": True}
     new = dict(entries)
     new[req.key] = Entry(max(req.cpu_m, old.cpu_m if old else 0),
                          max(req.mem_bytes, old.mem_bytes if old else 0),
-                         old.since if old else now, old.bound if old else False)
+                         old.since if old else now, old.bound if old else False, now)
     share = share_units(new)
     if _fits(share, facts):
         return new, {"ok": True}
@@ -290,6 +292,43 @@ def decide(entries: Mapping[str, Entry], req: Request, facts: Facts | None,
         f"{-(-req.mem_bytes // MIB)} MB; Slurm jobs hold {facts.jobs_cpu} of "
         f"{facts.capacity_cpu} CPUs and {facts.jobs_mem} of {facts.capacity_mem} MB, "
         f"pods already hold {others[0]} CPUs and {others[1]} MB")}
+
+
+def _reserved_lately(e: Entry, now: float, keep: float) -> bool:
+    return e.reserved_at is not None and now - e.reserved_at < keep
+
+
+def _set(entries: Mapping[str, Entry], req: Request, facts: Facts,
+         now: float) -> tuple[dict[str, Entry] | None, dict]:
+    """A `set`: the node's entries become what the sync daemon sees bound,
+    with two holds, both for keep_younger_than seconds:
+    * a reservation never seen bound is kept that long after its last
+      reserve (a pod admitted a moment ago may not be seen bound yet);
+    * a listed entry is never made smaller than it was at its last reserve
+      that long ago: the sync daemon may have computed this `set` from a
+      view of the pod older than that reserve (a resize admitted meanwhile).
+    One seen bound before and not listed now is gone: its pod object is."""
+    keep = req.keep_younger_than
+    wanted = {}
+    for key, cpu, mem in req.entries:
+        old = entries.get(key)
+        if old is None:
+            wanted[key] = Entry(cpu, mem, now, True)
+        elif _reserved_lately(old, now, keep):
+            wanted[key] = old._replace(cpu_m=max(cpu, old.cpu_m),
+                                       mem_bytes=max(mem, old.mem_bytes), bound=True)
+        else:
+            wanted[key] = old._replace(cpu_m=cpu, mem_bytes=mem, bound=True)
+    kept = {k: e for k, e in entries.items()
+            if k not in wanted and not e.bound and
+            now - max(e.since, e.reserved_at or e.since) < keep}
+    new = {**kept, **wanted}
+    share = share_units(new)
+    reply = {"ok": True, "dropped": sorted(set(entries) - set(new)),
+             "share": {"cpu": share[0], "mem": share[1]}}
+    if not _fits(share, facts):
+        reply["oversubscribed"] = True
+    return (None if new == dict(entries) else new), reply
 
 
 def repair_needed(view: Mapping | None, entries: Mapping[str, tuple[int, int]]) -> bool:
@@ -305,14 +344,24 @@ def repair_needed(view: Mapping | None, entries: Mapping[str, tuple[int, int]]) 
     return view.get("share") != {"cpu": cpu, "mem": mem}
 
 
-def rebased(nodes: Mapping[str, Mapping[str, Entry]],
-            now: float) -> dict[str, dict[str, Entry]]:
+def rebased(nodes: Mapping[str, Mapping[str, Entry]], now: float,
+            written_at: float | None = None) -> dict[str, dict[str, Entry]]:
     """The entries as a new process takes them over from the journal: its
     monotonic clock has another origin (a reboot, a backup on another host),
     so every entry counts from `now`.  A reservation not seen bound gets a
     fresh grace period (kept a little longer, never dropped early); what a
-    bound pod holds has no grace period to lose."""
-    return {node: {k: e._replace(since=now) for k, e in entries.items()}
+    bound pod holds has no grace period to lose.  A reserve's age is kept as
+    it was at `written_at` (the writer's clock at its last journal line):
+    the time the ledger had no owner is not counted, so its hold on the
+    entry's size lasts longer, never shorter.  Without `written_at` every
+    reserve counts as made `now`."""
+    def moved(e: Entry) -> Entry:
+        reserved_at = e.reserved_at
+        if reserved_at is not None:
+            age = max(0.0, written_at - reserved_at) if written_at is not None else 0.0
+            reserved_at = now - age if age < MAX_KEEP_SECONDS else None
+        return e._replace(since=now, reserved_at=reserved_at)
+    return {node: {k: moved(e) for k, e in entries.items()}
             for node, entries in nodes.items()}
 
 

@@ -16,6 +16,13 @@ class ConfigError(ValueError):
     pass
 
 
+def _digits(value: str) -> bool:
+    """ASCII digits only: str.isdigit() is true for "²" (which int() refuses)
+    and for other scripts' digits (which int() reads): neither is a number
+    Slurm would read, so neither is one here."""
+    return value.isascii() and value.isdigit()
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     # What a job_submit internal failure (a bug, not bad user input) does:
@@ -72,19 +79,19 @@ def parse(text: str, *, source: str = CONF_NAME, base: Config = Config()) -> Con
                                   f"{'/'.join(_CHOICES[field])}, not {value!r}")
         elif field == "ledger_users":
             uids = [u.strip() for u in value.split(",") if u.strip()]
-            if not all(u.isdigit() and int(u) < 1 << 32 for u in uids):
+            if not all(_digits(u) and int(u) < 1 << 32 for u in uids):
                 raise ConfigError(f"{source}:{lineno}: {key.strip()} takes numeric uids "
                                   f"separated by commas, not {value!r}")
             value = tuple(int(u) for u in uids)
         elif field == "ledger_group":
-            if not value.isdigit() or int(value) >= 1 << 32:
+            if not _digits(value) or int(value) >= 1 << 32:
                 raise ConfigError(f"{source}:{lineno}: {key.strip()} takes a numeric gid, "
                                   f"not {value!r}")
             value = int(value)
         elif isinstance(getattr(base, field), int):
-            if not value.isdigit():
+            if not _digits(value):
                 raise ConfigError(f"{source}:{lineno}: {key.strip()} needs a "
-                                  f"non-negative integer, not {value!r}")
+                                  f"non-negative integer (digits 0-9), not {value!r}")
             value = int(value)
         values[field] = value
     return dataclasses.replace(base, **values)

@@ -120,8 +120,7 @@ def reconfigure(slurm_conf_path: str) -> None:
         _ledger.allowed_uids = _allowed_uids()
     submit.use_site(dataclasses.replace(submit.current_site(),
                                         **conf_facts(slurm_conf_path, _config),
-                                        **release_facts()),
-                    _config.on_internal_error == "accept")
+                                        **release_facts()))
 
 
 _ffi = None

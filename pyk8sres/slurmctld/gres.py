@@ -12,7 +12,7 @@ from .. import GRES_CPU, GRES_MEMORY
 OURS = (GRES_CPU, GRES_MEMORY)
 # Slurm's count suffixes (gres.c): binary multiples.
 _SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
-_COUNT = re.compile(r"^(\d+)([kmgtp]?)$", re.I)
+_COUNT = re.compile(r"^([0-9]+)([kmgtp]?)$", re.I)   # ASCII digits, as Slurm reads them
 # Slurm keeps GRES counts in uint64; anything near that is a typo or an attack.
 MAX_COUNT = 1 << 62
 

@@ -27,10 +27,13 @@ entry to its own "now" (policy.ledger.rebased: unbound reservations get a
 fresh grace period) and, as the owner, writes that down as the snapshot.
 
 Journal: JSON lines, each {"t": seconds, "op": ...} as in policy.ledger plus
-{"op": "undo", "node", "key", "entry": [cpu_m, mem_bytes, since, bound] | null}
-(a refused reserve), {"op": "undo", "node", "entries": {key: [...]}} (a
-refused set) and {"op": "snapshot", "nodes": {node: {key: [cpu_m, mem_bytes,
-since, bound]}}}.  A request that changes nothing is not written at all.
+{"op": "undo", "node", "key", "entry": [cpu_m, mem_bytes, since, bound,
+reserved_at] | null} (a refused reserve), {"op": "undo", "node", "entries":
+{key: [...]}} (a refused set) and {"op": "snapshot", "nodes": {node: {key:
+[cpu_m, mem_bytes, since, bound, reserved_at]}}}; reserved_at is null when
+no reserve asked for the entry, and journals from before it was kept have
+the first four only (read as null).  A request that changes nothing is not
+written at all.
 """
 from __future__ import annotations
 
@@ -82,17 +85,18 @@ class Ledger:
         journal's lock (node_features' ledger_server.c): it alone may replace
         the file; a reader (a standby backup, a process waiting for the lock)
         only reads."""
-        nodes, lines = self._read()
+        nodes, lines, written_at = self._read()
         self._close_journal()   # the file may have been replaced since we wrote
         # Replayed in the writer's clock; from here on in ours.
-        self.nodes, self.lines = rebased(nodes, self.clock()), lines
+        self.nodes, self.lines = rebased(nodes, self.clock(), written_at), lines
         self.epoch, self.entries_changed = os.urandom(4).hex(), {}
         if compact:
             self._compact()
 
-    def _read(self) -> tuple[dict, int]:
+    def _read(self) -> tuple[dict, int, float | None]:
+        """(the nodes' entries, whole lines, the "t" of the last one)."""
         nodes: dict[str, dict[str, Entry]] = {}
-        lines = 0
+        lines, written_at = 0, None
         try:
             with open(self.path, "rb") as f:
                 raw = f.read().split(b"\n")
@@ -103,7 +107,9 @@ class Ledger:
             if not line.strip():
                 continue
             try:
-                nodes = self._replay(nodes, json.loads(line))
+                doc = json.loads(line)
+                nodes = self._replay(nodes, doc)
+                written_at = float(doc.get("t", 0))
             except (ValueError, KeyError, TypeError, AttributeError, RequestError) as exc:
                 if number == last:  # every whole line ends with a newline
                     log.error("node_features/k8s_resources: ledger %s: ignoring a torn last "
@@ -111,7 +117,7 @@ class Ledger:
                     break
                 raise ValueError(f"{self.path}:{number + 1}: bad ledger line: {exc}") from None
             lines += 1
-        return nodes, lines
+        return nodes, lines, written_at
 
     def _replay(self, nodes: dict, doc: dict) -> dict:
         op, t = doc["op"], float(doc.get("t", 0))
@@ -297,7 +303,10 @@ class Ledger:
 
 
 def _entry(v: list) -> Entry:
-    return Entry(int(v[0]), int(v[1]), float(v[2]), bool(v[3]) if len(v) > 3 else False)
+    """[cpu_m, mem_bytes, since, bound, reserved_at] as the journal has it;
+    older journals wrote the first three or four (no reserve time known)."""
+    return Entry(int(v[0]), int(v[1]), float(v[2]), bool(v[3]) if len(v) > 3 else False,
+                 float(v[4]) if len(v) > 4 and v[4] is not None else None)
 
 
 def _as_doc(req: Request) -> dict:

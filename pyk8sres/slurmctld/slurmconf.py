@@ -68,16 +68,22 @@ def expand_hostlist(text: str) -> list[str]:
         for item in ranges.split(","):
             lo, _, hi = item.partition("-")
             width = len(lo) if lo.startswith("0") else 0
-            if not lo.isdigit() or (hi and not hi.isdigit()):
+            if not _digits(lo) or (hi and not _digits(hi)):
                 continue
             for i in range(int(lo), int(hi or lo) + 1):
                 names += [f"{prefix}{i:0{width}d}{tail}" for tail in expand_hostlist(rest) or [""]]
     return names
 
 
+def _digits(value: str) -> bool:
+    """ASCII digits only, as Slurm reads numbers: str.isdigit() alone is
+    true for "²", which int() refuses."""
+    return value.isascii() and value.isdigit()
+
+
 def _int(pairs: dict, key: str) -> int | None:
     value = pairs.get(key)
-    return int(value) if value and value.isdigit() else None
+    return int(value) if value and _digits(value) else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import typing
 
 from . import completion
@@ -32,8 +33,12 @@ log = logging.getLogger("pyk8sres")
 _site = Site()
 _site_key: tuple | None = None
 _with_parts: dict = {}  # part_mem string -> Site (the live partition settings applied)
-_accept_internal_errors = False
 _forget_answers: typing.Callable[[], object] | None = None  # clears the C memo
+# A bug that hits every job must not write a traceback per job into
+# slurmctld's log: one per TRACEBACK_SECONDS, with a count of the others.
+TRACEBACK_SECONDS = 10.0
+_traceback_at: float | None = None
+_tracebacks_held = 0
 
 
 def bind(forget_answers: typing.Callable[[], object]) -> None:
@@ -47,11 +52,11 @@ def _forget() -> None:
         _forget_answers()
 
 
-def use_site(site: Site, accept_internal_errors: bool = False) -> None:
+def use_site(site: Site) -> None:
     """Answer against `site` from now on (reconfigure; tests)."""
-    global _site, _site_key, _accept_internal_errors
+    global _site, _site_key
     _forget()
-    _site, _site_key, _accept_internal_errors = site, None, accept_internal_errors
+    _site, _site_key = site, None
     _with_parts.clear()
 
 
@@ -75,7 +80,7 @@ def parse_part_mem(text: str) -> dict:
     for item in text.split(","):
         name, _, values = item.partition("=")
         fields = values.split(":")
-        if not name or len(fields) != 4 or not all(f.isdigit() for f in fields):
+        if not name or len(fields) != 4 or not all(f.isascii() and f.isdigit() for f in fields):
             continue
         def_mem, max_mem, gpu_cpus, gpu_mem = (int(f) for f in fields)
         per_node, per_cpu = completion.decode_memory(def_mem)
@@ -133,14 +138,27 @@ def answer(result: completion.Result) -> tuple:
 
 def refusal(exc: BaseException) -> tuple:
     """The answer for an exception: the user's error, or a bug that must never
-    reach slurmctld (logged; the job accepted unchanged or refused, as configured)."""
+    reach slurmctld (logged).  A bug is always INTERNAL_ERROR, even with
+    OnInternalError=accept: the C side accepts the job and logs that it did
+    (plugins/job_submit_k8s_resource_completion.c), and the core's memo never
+    keeps such an answer, so each job accepted that way is seen and logged."""
     if isinstance(exc, ValueError):  # PolicyError, GresError
         return USER_ERROR, 0, "", "", str(exc)
-    log.error("job_submit/k8s_resource_completion: internal error", exc_info=exc)
-    if _accept_internal_errors:
-        return OK, 0, "", "", ""
-    return (INTERNAL_ERROR, 0, "", "", f"internal error ({type(exc).__name__}); the job "
-            "was not submitted, please tell your administrator")
+    log_bug(exc, time.monotonic())
+    return (INTERNAL_ERROR, 0, "", "", f"internal error ({type(exc).__name__}) in "
+            "job_submit/k8s_resource_completion, please tell your administrator")
+
+
+def log_bug(exc: BaseException, now: float) -> None:
+    """The traceback of an internal error, at most one per TRACEBACK_SECONDS
+    (the next one says how many were not shown)."""
+    global _traceback_at, _tracebacks_held
+    if _traceback_at is not None and 0 <= now - _traceback_at < TRACEBACK_SECONDS:
+        _tracebacks_held += 1
+        return
+    held, _tracebacks_held, _traceback_at = _tracebacks_held, 0, now
+    log.error("job_submit/k8s_resource_completion: internal error%s",
+              f" ({held} more since the last one logged)" if held else "", exc_info=exc)
 
 
 def job_submit_values(slurm_version: int, def_mem_per_cpu: int, select_type_param: int,

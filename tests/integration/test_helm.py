@@ -103,6 +103,7 @@ def test_every_variant_is_accepted_by_the_api_server(kube, variant):
     (["--set", "sync.nodeKey=example.com/slurm-node"], "node-restriction.kubernetes.io/"),
     (["--set", "coordinator.mode=daemonset"], "coordinator/mode"),       # values.schema.json
     (["--set", "webhook.replicas=0"], "webhook/replicas"),
+    (["--set", "ledger.timeoutSeconds=3"], "must be under half of webhook.timeoutSeconds"),
 ])
 def test_contradictions_are_refused_at_render_time(kube, values, message):
     ca = ca_args(kube) if values else []

@@ -8,6 +8,7 @@ Ports: PYK8SRES_TEST_JS_PORT (default 17100) .. +3.
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -408,6 +409,116 @@ def test_plugin_refuses_to_load_without_its_python_core(tmp_path):
             log = f.read()
         assert "job_submit/k8s_resource_completion: cannot load the Python core" in log
         assert "run `pyk8sres install-plugins`" in log
+    finally:
+        cluster.down(work)
+
+
+# A bug for the test below, in a copy of the package only its cluster loads:
+# the policy raises for a job asking --mem=777.
+INJECTED_BUG = """
+
+_complete_for_real = complete
+
+
+def complete(job, site):
+    if job.mem_per_node == 777:
+        raise RuntimeError("a bug injected by the test")
+    return _complete_for_real(job, site)
+"""
+
+
+def _package_with_a_bug(root) -> str:
+    """A copy of the installed package, its job_submit path interpreted
+    (the compiled modules removed) with INJECTED_BUG; its _lib directory."""
+    import pyk8sres
+    copy = os.path.join(root, "pyk8sres")
+    shutil.copytree(os.path.dirname(pyk8sres.__file__), copy, symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    here = os.path.join(copy, "slurmctld")
+    for name in os.listdir(here):
+        if name.endswith(".so") and name.split(".")[0] in ("completion", "gres", "submit"):
+            os.unlink(os.path.join(here, name))
+    with open(os.path.join(here, "completion.py"), "a") as f:
+        f.write(INJECTED_BUG)
+    return os.path.join(copy, "_lib")
+
+
+def test_on_internal_error_accept_is_never_silent(tmp_path):
+    """OnInternalError=accept lets a job the plugin fails on run WITHOUT
+    k8scpu/k8smemory (pods may then use its CPUs): slurmctld says so when
+    the setting is on, and names every job it lets through (at most one
+    line per 10 s, counting the jobs since the last), also for a job of
+    the same shape as one before (the memo must not hide it)."""
+    work = str(tmp_path / "accept")
+    c2 = cluster.up(work, nodes=1, cpus=2, memory=2000, base_port=BASE_PORT + 30,
+                    node_features=False, slurm=SLURM, k8s_conf="OnInternalError=accept\n",
+                    plugin_lib=_package_with_a_bug(str(tmp_path / "site")))
+    logfile = os.path.join(c2.work, "log", "slurmctld.log")
+
+    def submit(*opts):
+        return subprocess.run(["sbatch", "--parsable", "-H", "--output=/dev/null", *opts,
+                               "--wrap", "sleep 60"], capture_output=True, text=True,
+                              env=c2.env, timeout=60, cwd="/tmp")
+
+    def uncounted_lines():
+        with open(logfile, errors="replace") as f:
+            return [line for line in f if "OnInternalError=accept: job from uid" in line]
+    try:
+        with open(logfile, errors="replace") as f:
+            assert "OnInternalError=accept in k8s_resources.conf: a job this plugin fails " \
+                "on (a bug) is accepted WITHOUT k8scpu/k8smemory" in f.read()
+        ids = []
+        for _ in range(3):
+            proc = submit("--mem=777")
+            assert proc.returncode == 0, proc.stderr
+            ids.append(proc.stdout.strip().split(";")[0])
+        for job_id in ids:       # ground truth: Slurm holds nothing for pods' sake
+            out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
+                                 text=True, env=c2.env, timeout=30).stdout
+            assert "JobId=" in out and "k8scpu" not in out and "k8smemory" not in out, out
+        lines = uncounted_lines()
+        assert len(lines) == 1 and "accepted UNCOUNTED" in lines[0], lines
+        assert "RuntimeError" in lines[0] and "[1 such job(s) since the last such line, " \
+            "1 since slurmctld started]" in lines[0], lines
+        time.sleep(10.5)
+        assert submit("--mem=777").returncode == 0
+        lines = uncounted_lines()
+        assert len(lines) == 2 and "[3 such job(s) since the last such line, 4 since " \
+            "slurmctld started]" in lines[1], lines
+        normal = submit("--mem=500")                  # the policy still runs for the rest
+        assert normal.returncode == 0, normal.stderr
+        out = subprocess.run(["scontrol", "show", "job", normal.stdout.strip()],
+                             capture_output=True, text=True, env=c2.env, timeout=30).stdout
+        assert "k8smemory:500" in out, out
+        # The default (reject): the same job is refused, saying why.
+        with open(os.path.join(c2.work, "etc", "k8s_resources.conf"), "w") as f:
+            f.write("OnInternalError=reject\n")
+        subprocess.run(["scontrol", "reconfigure"], env=c2.env, check=True, timeout=60)
+        time.sleep(1)
+        refused = submit("--mem=777")
+        assert refused.returncode != 0 and "internal error (RuntimeError)" in refused.stderr
+        assert len(uncounted_lines()) == 2
+    finally:
+        cluster.down(work)
+
+
+@pytest.mark.parametrize("setting", ["ReserveCPUs=\u00b2", "ReserveMemory=\u0661\u0662"])
+def test_a_setting_with_other_digits_is_refused_by_name(tmp_path, setting):
+    """k8s_resources.conf numbers are 0-9: another script's digits (which
+    Python's int() reads, or raises on) are refused as any bad value is at
+    start: slurmctld stops with one line naming the file, key and value,
+    not an internal error."""
+    work = str(tmp_path / "digits")
+    try:
+        with pytest.raises(cluster.ClusterError, match="slurmctld exited"):
+            cluster.up(work, nodes=1, cpus=2, memory=2000, base_port=BASE_PORT + 40,
+                       slurm=SLURM, k8s_conf=setting + "\n")
+        with open(os.path.join(work, "log", "slurmctld.log"), errors="replace") as f:
+            log = f.read()
+        key, _, value = setting.partition("=")
+        assert f"k8s_resources.conf:2: {key} needs a non-negative integer (digits 0-9), " \
+            f"not {value!r}" in log, log[-2000:]
+        assert "invalid literal" not in log and "Traceback" not in log
     finally:
         cluster.down(work)
 

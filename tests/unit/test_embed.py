@@ -226,3 +226,37 @@ def test_release_facts_come_from_the_build(tmp_path, text, facts):
         ("gres_fits_cores", "ntasks_per_node_fills", "spread_per_task_crashes",
          "per_task_pair_lost", "tres_slash"),
         facts))
+
+
+@pytest.mark.parametrize("setting", ["reject", "accept"])
+def test_a_bug_is_an_internal_error_whatever_on_internal_error_says(tmp_path, setting):
+    """OnInternalError=accept is the C side's to apply (and to log for every
+    job it lets through): Python never answers "ok" for a bug, or the
+    core's memo would keep that answer and accept the next jobs of the same
+    shape silently."""
+    (tmp_path / "slurm.conf").write_text("ClusterName=x\n")
+    (tmp_path / "k8s_resources.conf").write_text(f"OnInternalError={setting}\n")
+    site = submit.current_site()
+    try:
+        embed.reconfigure(str(tmp_path / "slurm.conf"))
+        rc, changed, node, task, message = submit.refusal(RuntimeError("a bug"))
+    finally:
+        submit.use_site(site)
+    assert rc == submit.INTERNAL_ERROR and (changed, node, task) == (0, "", "")
+    assert "internal error (RuntimeError)" in message and "administrator" in message
+    assert submit.refusal(ValueError("bad gres"))[0] == submit.USER_ERROR
+
+
+def test_internal_error_tracebacks_are_rate_limited(caplog, monkeypatch):
+    """A bug that hits every job logs one traceback per 10 s, the next one
+    counting those not shown: slurmctld's log is not flooded."""
+    monkeypatch.setattr(submit, "_traceback_at", None)
+    monkeypatch.setattr(submit, "_tracebacks_held", 0)
+    caplog.set_level("ERROR", logger="pyk8sres")
+    for now in (100.0, 101.0, 105.0, 109.9, 110.0, 111.0):
+        submit.log_bug(RuntimeError("a bug"), now)
+    lines = [r.getMessage() for r in caplog.records if "internal error" in r.getMessage()]
+    assert lines == ["job_submit/k8s_resource_completion: internal error",
+                     "job_submit/k8s_resource_completion: internal error "
+                     "(3 more since the last one logged)"]
+    assert all(r.exc_info for r in caplog.records if "internal error" in r.getMessage())

@@ -47,6 +47,48 @@ def test_config_errors(text, message):
         config.parse(text)
 
 
+@pytest.mark.parametrize("text", [
+    "ReserveCPUs=\u00b2",            # superscript two: isdigit() says yes, int() raises
+    "ReserveCPUs=\u0661\u0662",      # Arabic-Indic 12: int() would read it
+    "ReserveMemory=\U0001d7d7",      # mathematical bold 9
+    "LedgerUsers=990,\u0663", "LedgerGroup=\u00b2", "LedgerGroup=\u0969\u0669\u0966",
+])
+def test_config_integers_are_ascii_digits(tmp_path, text):
+    """Only 0-9: any other digit is refused as a ConfigError that names the
+    key and the value (the plugin reports it as a bad setting, not a bug),
+    the same through the plugin's own entry point."""
+    key, _, value = text.partition("=")
+    with pytest.raises(config.ConfigError) as e:
+        config.parse(text)
+    assert key in str(e.value) and repr(value) in str(e.value)
+    (tmp_path / "slurm.conf").write_text("ClusterName=x\n")
+    (tmp_path / "k8s_resources.conf").write_text(text + "\n", encoding="utf-8")
+    from pyk8sres.slurmctld import embed
+    with pytest.raises(config.ConfigError, match=key):
+        embed.reconfigure(str(tmp_path / "slurm.conf"))
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("n[1-3]", ["n1", "n2", "n3"]), ("n[\u00b2-3]", []), ("n[\u0661-3]", []),
+])
+def test_slurm_conf_hostlists_read_ascii_digits_only(text, expected):
+    assert slurmconf.expand_hostlist(text) == expected
+
+
+def test_slurm_conf_numbers_read_ascii_digits_only(tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\nPartitionName=p Nodes=ALL DefMemPerCPU=\u00b2\n"
+                    "PartitionName=q Nodes=ALL DefMemPerCPU=\u0661\u0662\n", encoding="utf-8")
+    parts = slurmconf.load(str(conf)).partitions
+    assert parts["p"].mem == parts["q"].mem == MemDefault()
+
+
+@pytest.mark.parametrize("text", ["gres:k8scpu:\u00b2", "gres:k8scpu:\u0661\u0662"])
+def test_gres_counts_are_ascii_digits(text):
+    with pytest.raises(gres.GresError):
+        gres.parse(text)
+
+
 def test_partition_memory(tmp_path):
     (tmp_path / "parts.conf").write_text(
         "PartitionName=big Nodes=ALL DefMemPerCPU=2000 Default=YES\n")

@@ -42,6 +42,9 @@ def test_parse_request(line, expected):
     ('{"op":"reserve","node":"n1","key":"k","cpu_m":1}', "missing field(s) mem_bytes"),
     ('{"op":"reserve","node":"","key":"k","cpu_m":1,"mem_bytes":1}', "node must be"),
     ('{"op":"reserve","node":"n1;rm","key":"k","cpu_m":1,"mem_bytes":1}', "node must be"),
+    ('{"op":"reserve","node":"n\u00e9","key":"k","cpu_m":1,"mem_bytes":1}', "node must be"),
+    ('{"op":"reserve","node":"n\u0661","key":"k","cpu_m":1,"mem_bytes":1}', "node must be"),
+    ('{"op":"reserve","node":"-n1","key":"k","cpu_m":1,"mem_bytes":1}', "node must be"),
     ('{"op":"release","node":"n1","key":"k","extra":1}', "unknown field(s) extra"),
     ('{"op":"set","node":"n1","entries":[]}', "entries must be"),
     ('{"op":"set","node":"n1","entries":{"k":[1]}}', "must be [cpu_m, mem_bytes]"),
@@ -77,27 +80,35 @@ def test_parser_fuzz_only_ever_raises_request_error():
             pass
 
 
-def e(cpu_m, mem_mb=0, since=0.0, bound=False):
-    return Entry(cpu_m, mem_mb * MIB, since, bound)
+def e(cpu_m, mem_mb=0, since=0.0, bound=False, reserved_at=None):
+    return Entry(cpu_m, mem_mb * MIB, since, bound, reserved_at)
 
 
 @pytest.mark.parametrize("entries, req, facts, new, reply_ok", [
     # Fits next to jobs (3) and other pods: 3 + 2 + 3 = 8.
     ({"a": e(2000)}, Request("reserve", "n1", "b", 2100, 0), NODE,
-     {"a": e(2000), "b": e(2100, 0, 100.0)}, True),
+     {"a": e(2000), "b": e(2100, 0, 100.0, reserved_at=100.0)}, True),
     # One millicore too many: 2000m + 3001m = 6 CPUs, 3 + 6 > 8.
     ({"a": e(2000)}, Request("reserve", "n1", "b", 3001, 0), NODE, None, False),
     # Memory decides too: 4000 + 12001 > 16000.
     ({}, Request("reserve", "n1", "b", 0, 12001 * MIB), NODE, None, False),
-    # Idempotent: the same key and amount again changes nothing, and is ok.
-    ({"a": e(2000)}, Request("reserve", "n1", "a", 2000, 0), NODE, None, True),
+    # Idempotent: the same key and amount again holds the same, and is ok;
+    # it only renews when it was last reserved (a `set` may not shrink it
+    # for a while), even on a node pods oversubscribe.
+    ({"a": e(2000)}, Request("reserve", "n1", "a", 2000, 0), NODE,
+     {"a": e(2000, reserved_at=100.0)}, True),
+    ({"a": e(2000, reserved_at=100.0)}, Request("reserve", "n1", "a", 2000, 0), NODE, None, True),
+    ({"a": e(9000, bound=True)}, Request("reserve", "n1", "a", 9000, 0), NODE,
+     {"a": e(9000, bound=True, reserved_at=100.0)}, True),
     # A reserve never shrinks a reservation (a forged review naming a bound
-    # pod's UID with no requests): ok, nothing changes; only `set` shrinks.
-    ({"a": e(9000)}, Request("reserve", "n1", "a", 1000, 0), NODE, None, True),
-    ({"a": e(6000, 100)}, Request("reserve", "n1", "a", 0, 0), NODE, None, True),
+    # pod's UID with no requests): ok, the amounts stay; only `set` shrinks.
+    ({"a": e(9000)}, Request("reserve", "n1", "a", 1000, 0), NODE,
+     {"a": e(9000, reserved_at=100.0)}, True),
+    ({"a": e(6000, 100)}, Request("reserve", "n1", "a", 0, 0), NODE,
+     {"a": e(6000, 100, reserved_at=100.0)}, True),
     # It grows what is asked for more and keeps the rest: max of each.
-    ({"a": e(2000, 100)}, Request("reserve", "n1", "a", 1000, 200 * MIB), NODE,
-     {"a": e(2000, 200)}, True),
+    ({"a": e(2000, 100, bound=True)}, Request("reserve", "n1", "a", 1000, 200 * MIB), NODE,
+     {"a": e(2000, 200, bound=True, reserved_at=100.0)}, True),
     # Unknown node: refused, nothing changes.
     ({}, Request("reserve", "n9", "a", 1, 1), None, None, False),
     # Release of what is not held is fine (the API server retries).
@@ -121,6 +132,66 @@ def test_set_keeps_only_young_reservations_never_seen_bound():
     assert set(new) == {"kept", "new", "young"} and new["new"].bound and new["kept"].since == 0.0
     assert reply == {"ok": True, "dropped": ["bound-gone", "stale"],
                      "share": {"cpu": 3, "mem": 0}}
+
+
+# A `set` from a view of the pods older than a reserve made since (the sync
+# daemon's pass racing an admitted resize) may not shrink what that reserve
+# holds for keep_younger_than (30 s here); now = 100.
+@pytest.mark.parametrize("case, old, listed, held", [
+    ("resize admitted 5 s ago, set from the view before it: held",
+     e(4000, 400, bound=True, reserved_at=95.0), (1000, 100 * MIB), (4000, 400 * MIB)),
+    ("each size by itself: the larger of each",
+     e(4000, 100, bound=True, reserved_at=95.0), (1000, 400 * MIB), (4000, 400 * MIB)),
+    ("a set asking for more grows it as before",
+     e(4000, 400, bound=True, reserved_at=95.0), (6000, 500 * MIB), (6000, 500 * MIB)),
+    ("reserved 31 s ago: the set shrinks it",
+     e(4000, 400, bound=True, reserved_at=69.0), (1000, 100 * MIB), (1000, 100 * MIB)),
+    ("reserved exactly 30 s ago: no longer held",
+     e(4000, 400, bound=True, reserved_at=70.0), (1000, 100 * MIB), (1000, 100 * MIB)),
+    ("never reserved (a set made it, or an older journal): the set decides",
+     e(4000, 400, bound=True), (1000, 100 * MIB), (1000, 100 * MIB)),
+    ("a reservation not seen bound yet, shrunk by its first set: held",
+     e(4000, 400, since=95.0, reserved_at=95.0), (1000, 100 * MIB), (4000, 400 * MIB)),
+])
+def test_a_stale_set_never_shrinks_a_recent_reserve(case, old, listed, held):
+    req = Request("set", "n1", entries=(("p", *listed),), keep_younger_than=30)
+    new, reply = L.decide({"p": old}, req, NODE, now=100.0)
+    got = (new or {"p": old})["p"]
+    assert (got.cpu_m, got.mem_bytes, got.bound) == (*held, True), case
+    assert got.since == old.since and got.reserved_at == old.reserved_at, case
+    assert reply["ok"] and reply["share"] == {"cpu": -(-held[0] // 1000),
+                                              "mem": -(-held[1] // MIB)}, case
+
+
+@pytest.mark.parametrize("case, old, kept", [
+    ("bound, reserved 5 s ago, not listed: its pod object is gone, so is its share",
+     e(4000, bound=True, reserved_at=95.0), False),
+    ("never seen bound, admitted 40 s ago, resized 5 s ago: the grace runs from the resize",
+     e(4000, since=60.0, reserved_at=95.0), True),
+    ("never seen bound, last reserved 31 s ago", e(4000, since=60.0, reserved_at=69.0), False),
+    ("never seen bound, from an older journal (no reserve time): by its age",
+     e(4000, since=80.0), True),
+])
+def test_set_drops_what_it_does_not_list(case, old, kept):
+    req = Request("set", "n1", entries=(), keep_younger_than=30)
+    new, reply = L.decide({"p": old}, req, NODE, now=100.0)
+    assert ("p" in (new if new is not None else {"p": old})) is kept, case
+    assert reply["dropped"] == ([] if kept else ["p"]), case
+
+
+def test_the_sync_daemons_next_set_shrinks_it_once_the_hold_is_over():
+    """The race end to end: bound at 1 CPU, a resize to 4 admitted, the
+    daemon's set from its older view (1 CPU) arrives: 4 stay held; its sets
+    shrink the entry only once the hold is over (it would have seen the
+    resize long before; a pod really shrunk by then is shrunk then)."""
+    held = {"p": e(1000, bound=True)}
+    held, _ = L.decide(held, Request("reserve", "n1", "p", 4000, 0), NODE, now=10.0)
+    stale = Request("set", "n1", entries=(("p", 1000, 0),), keep_younger_than=30)
+    new, reply = L.decide(held, stale, NODE, now=10.5)
+    assert new is None and reply["share"]["cpu"] == 4     # unchanged: nothing journaled
+    assert L.repair_needed({"share": reply["share"], "reserved": 0}, {"p": (1000, 0)})
+    new, reply = L.decide(held, stale, NODE, now=40.0)
+    assert new["p"].cpu_m == 1000 and reply["share"]["cpu"] == 1
 
 
 def test_set_reports_more_than_jobs_leave():
@@ -230,8 +301,9 @@ def test_only_the_owner_replaces_the_journal(tmp_path):
 
 def test_a_request_that_changes_nothing_is_not_journaled(tmp_path):
     """No fsync for the sync daemon's `set` of an unchanged node every
-    second, a repeated reserve, or a release of what is not held; the replay
-    is the same without them."""
+    second or a release of what is not held; the replay is the same without
+    them.  A repeated reserve is written: it renews the entry's hold against
+    a shrinking `set`, which must outlive a restart."""
     clock = iter(range(100, 1000)).__next__
     a = Ledger(str(tmp_path), clock=clock)
     a.load()
@@ -245,12 +317,15 @@ def test_a_request_that_changes_nothing_is_not_journaled(tmp_path):
     assert _serve(a, facts, bound)[0]["ok"]                 # r is seen bound: a change
     size = os.path.getsize(a.path)
     for line in (bound,
-                 L.encode("reserve", node="n1", key="r", cpu_m=250, mem_bytes=0),
                  L.encode("release", node="n1", key="absent"),
                  L.encode("release", node="n9", key="absent"),
                  L.encode("show")):
         assert _serve(a, facts, line)[0]["ok"], line
     assert os.path.getsize(a.path) == size
+    assert _serve(a, facts, L.encode("reserve", node="n1", key="r", cpu_m=250,
+                                     mem_bytes=0))[0]["ok"]
+    assert os.path.getsize(a.path) > size
+    size = os.path.getsize(a.path)
     # A change is journaled as before.
     assert _serve(a, facts, L.encode("set", node="n1", entries=entries))[0]["ok"]
     assert os.path.getsize(a.path) > size
@@ -413,6 +488,72 @@ def test_replay_across_owners_agrees_with_what_each_decided(tmp_path):
     replayed = Ledger(str(tmp_path), clock=Clock(1.0))
     replayed.load(compact=False)
     assert _held(replayed) == _held(b) == {"n1": {"q": (1000, 0, False)}}
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_a_reserves_hold_outlives_a_restart_with_its_age(tmp_path, compact):
+    """The hold a reserve puts on an entry's size is journaled: a new
+    process (another clock) keeps it for what was left of it when the last
+    journal line was written, then a `set` may shrink the entry."""
+    facts = {"n1": NODE, "n2": NODE}
+    clock = Clock(1_000.0)
+    a = Ledger(str(tmp_path), clock=clock)
+    a.load()
+    _serve(a, facts, L.encode("set", node="n1", entries={"p": [1000, 0]}))
+    _serve(a, facts, L.encode("reserve", node="n1", key="p", cpu_m=4000, mem_bytes=0))
+    clock.now += 10
+    _serve(a, facts, L.encode("set", node="n2", entries={"x": [500, 0]}))   # the last line
+    if compact:
+        a._compact()
+    clock = Clock(7.0)
+    b = Ledger(str(tmp_path), clock=clock)
+    b.load()
+    assert b.nodes["n1"]["p"].reserved_at == 7.0 - 10
+    stale = L.encode("set", node="n1", entries={"p": [1000, 0]}, keep_younger_than=30)
+    clock.now += 19
+    assert _serve(b, facts, stale)[0]["share"]["cpu"] == 4
+    clock.now += 2                                   # 31 s after the reserve
+    assert _serve(b, facts, stale)[0]["share"]["cpu"] == 1
+    c = Ledger(str(tmp_path), clock=Clock(1.0))
+    c.load(compact=False)
+    assert _held(c) == _held(b)
+
+
+def test_a_journal_from_before_reserve_times_is_read(tmp_path):
+    """Snapshot entries of three or four fields (older releases): no reserve
+    time, the `set` decides their size as before; reserve lines replay with
+    theirs."""
+    with open(tmp_path / "k8s_resources.ledger", "w") as f:
+        f.write(json.dumps({"t": 50.0, "op": "snapshot", "nodes": {
+            "n1": {"old": [4000, 0, 10.0, True], "older": [1000, 0, 10.0]}}}) + "\n")
+        f.write(json.dumps({"t": 60.0, "op": "reserve", "node": "n1", "key": "r",
+                            "cpu_m": 2000, "mem_bytes": 0}) + "\n")
+    clock = Clock(500.0)
+    a = Ledger(str(tmp_path), clock=clock)
+    a.load()
+    held = a.nodes["n1"]
+    assert (held["old"].bound, held["old"].reserved_at) == (True, None)
+    assert (held["older"].bound, held["older"].reserved_at) == (False, None)
+    assert held["r"].reserved_at == 500.0
+    reply = _serve(a, {"n1": NODE}, L.encode("set", node="n1", keep_younger_than=30, entries={
+        "old": [1000, 0], "r": [1000, 0]}))[0]
+    assert reply["dropped"] == [] and reply["share"]["cpu"] == 1 + 2 + 1   # old shrunk, r held
+    with open(a.path) as f:                           # written back in the new form
+        assert all(len(v) == 5 for v in json.loads(f.readline())["nodes"]["n1"].values())
+
+
+@pytest.mark.parametrize("node", ["gpu_01", "rack_1-n_2", "_x", "n1.example.com"])
+def test_slurm_node_names_with_underscores(tmp_path, node):
+    """Slurm allows "_" in NodeName (a node_map or the mapping label points
+    at one); the ledger serves such a node like any other."""
+    assert L.parse_request(L.encode("reserve", node=node, key="k", cpu_m=1, mem_bytes=1)).node == node
+    a = Ledger(str(tmp_path))
+    a.load()
+    reply, shares = _serve(a, {node: NODE}, L.encode("set", node=node, entries={"p": [1500, 0]}))
+    assert reply["ok"] and shares == {node: (2, 0)}
+    b = Ledger(str(tmp_path))
+    b.load()
+    assert b.shares() == {node: (2, 0)}
 
 
 @pytest.mark.parametrize("view,entries,needed", [

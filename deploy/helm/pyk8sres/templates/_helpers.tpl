@@ -46,6 +46,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- fail (printf "sync.nodeMap: %q -> %q names no node (both sides must be node names)" $k8s $slurm) }}
 {{- end }}
 {{- end }}
+{{- if ge (mulf 2 (float64 .Values.ledger.timeoutSeconds)) (float64 .Values.webhook.timeoutSeconds) }}
+{{- fail (printf "ledger.timeoutSeconds (%v) must be under half of webhook.timeoutSeconds (%v): a review may wait the ledger's timeout for its turn and again for its reply, and must be refused with that reason before the API server gives up" .Values.ledger.timeoutSeconds .Values.webhook.timeoutSeconds) }}
+{{- end }}
 {{- if not (hasPrefix "node-restriction.kubernetes.io/" .Values.sync.nodeKey) }}
 {{- fail (printf "sync.nodeKey: %q must be under node-restriction.kubernetes.io/ (a label kubelets cannot set)" .Values.sync.nodeKey) }}
 {{- end }}
