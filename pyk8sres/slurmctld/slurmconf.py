@@ -116,7 +116,9 @@ def _node(pairs: dict) -> tuple[int, int | None, int | None, int, int]:
     return threads, cpus, _int(pairs, "realmemory"), _gpus(pairs.get("gres")), cores
 
 
-def _most(nodes: list[tuple]) -> Nodes:
+def summarize(nodes: list[tuple]) -> Nodes:
+    """What the policy needs of a set of nodes, each (ThreadsPerCore, CPUs,
+    RealMemory or None, GPUs, CoresPerSocket)."""
     if not nodes:
         return Nodes()
     memory = [n[2] for n in nodes if n[2]]
@@ -196,10 +198,10 @@ def parse(lines: list[str]) -> SlurmConf:
             mem=MemDefault(per_cpu=None if per_node else _int(pairs, "defmempercpu"),
                            per_node=per_node),
             max_mem_per_cpu=_int(pairs, "maxmempercpu"),
-            nodes=_most(held) if held else _most(list(nodes.values())),
+            nodes=summarize(held) if held else summarize(list(nodes.values())),
             gpu=_gpu_default(pairs))
     return SlurmConf(partitions, default, _select_type_param(select), max_mpc,
-                     _most(list(nodes.values())), _gpu_default(cluster_gpu))
+                     summarize(list(nodes.values())), _gpu_default(cluster_gpu))
 
 
 def partition_memory(lines: list[str]) -> tuple[dict, str | None]:
