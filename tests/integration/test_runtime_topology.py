@@ -6,7 +6,7 @@ Nodes=n1,n2`), or brings up a dynamic node.  A job then sent to that bigger
 node must hold k8scpu/k8smemory covering what Slurm allocates there: checked
 from `scontrol -d show job` (CPU_IDs and Mem per node, and the GRES Slurm
 allocated per node), never from what the plugin says it asked.
-Ports: PYK8SRES_TEST_TOPO_PORT (default 17500) .. +4.
+Ports: PYK8SRES_TEST_TOPO_PORT (default 17500) .. +4 (+4: the dynamic node's slurmd).
 """
 import os
 import re
@@ -18,7 +18,7 @@ from local_slurm import SLURM, local_cluster, port, requires_slurm
 from test_job_submit_differential import allocations, held_short
 
 BASE_PORT = int(os.environ.get("PYK8SRES_TEST_TOPO_PORT", port(17500)))
-SIZES = {"n1": (8, 8000), "n2": (32, 32000)}
+SIZES = {"n1": (8, 8000), "n2": (32, 32000), "n3": (64, 64000)}  # n3: dynamic
 PARTITIONS = ("PartitionName=small Nodes=n1 MaxTime=INFINITE State=UP\n"
               "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
 
@@ -29,7 +29,9 @@ pytestmark = requires_slurm
 def c(tmp_path_factory):
     yield from local_cluster(tmp_path_factory, "topo", nodes=2, base_port=BASE_PORT,
                              node_features=False, def_mem_per_cpu=100,
-                             node_sizes=list(SIZES.values()), partitions=PARTITIONS)
+                             node_sizes=[SIZES["n1"], SIZES["n2"]], partitions=PARTITIONS,
+                             # a dynamic slurmd takes SlurmdPort (no Port= in --conf)
+                             extra_conf=f"MaxNodeCount=8\nSlurmdPort={BASE_PORT + 4}\n")
 
 
 def run(*args, check=True, timeout=60):
@@ -137,3 +139,17 @@ def test_runtime_partition_is_counted(c):
         run("scancel", "--user=root", check=False)
         time.sleep(1)
         run("scontrol", "delete", "PartitionName=late", check=False)
+
+
+def test_dynamic_node_in_a_nodes_all_partition(c):
+    """`slurmd -Z` brings n3 (64 CPUs) into `debug` (Nodes=ALL), which
+    slurm.conf sizes by n1 and n2 alone.  Last in the module: n3 stays."""
+    cpus, memory = SIZES["n3"]
+    os.makedirs(os.path.join(c.work, "spool", "n3"), exist_ok=True)
+    c.start_slurmd("n3", dynamic_conf=f"CPUs={cpus} RealMemory={memory} "
+                                      f"Gres=k8scpu:{cpus},k8smemory:{memory}")
+    c.wait_nodes_idle(["n3"])
+    job_id, err = submit("-p", "debug", "-w", "n3", "-n", "40", "--mincpus=2")
+    assert job_id, err
+    job = covered(job_id)
+    assert job["nodes"]["n3"]["cpus"] == 40, job
