@@ -208,11 +208,10 @@ static struct {
 	uint64_t hash;
 } topo;
 
+/* One multiply per value: the walk runs whenever a node changed state. */
 static uint64_t fnv(uint64_t h, uint64_t v)
 {
-	for (int i = 0; i < 8; i++, v >>= 8)
-		h = (h ^ (v & 0xff)) * 0x100000001b3ULL;
-	return h;
+	return (h ^ v) * 0x100000001b3ULL;
 }
 
 /* GPUs in a node's Gres= ("gpu:2,gpu:a100:1(S:0),k8scpu:8"), as slurm.conf
@@ -221,7 +220,9 @@ static uint64_t gres_gpus(const char *gres)
 {
 	uint64_t total = 0;
 
-	while (gres && *gres) {
+	if (!gres || !strstr(gres, "gpu"))
+		return 0;
+	while (*gres) {
 		const char *end = strchr(gres, ','), *colon;
 		size_t len = end ? (size_t) (end - gres) : strlen(gres);
 		char item[128];
@@ -248,7 +249,9 @@ static uint64_t gres_gpus(const char *gres)
 				}
 			}
 		}
-		gres = end ? end + 1 : NULL;
+		if (!end)
+			break;
+		gres = end + 1;
 	}
 	return total;
 }

@@ -14,7 +14,7 @@ import subprocess
 import time
 
 import pytest
-from local_slurm import SLURM, local_cluster, port, requires_slurm
+from local_slurm import local_cluster, port, requires_slurm
 from test_job_submit_differential import allocations, held_short
 
 BASE_PORT = int(os.environ.get("PYK8SRES_TEST_TOPO_PORT", port(17500)))
@@ -42,7 +42,7 @@ def run(*args, check=True, timeout=60):
 
 
 def small_nodes(nodes: str) -> None:
-    run("scontrol", "update", f"PartitionName=small", f"Nodes={nodes}")
+    run("scontrol", "update", "PartitionName=small", f"Nodes={nodes}")
     shown = run("scontrol", "show", "partition", "small").stdout
     assert re.search(rf"\sNodes={re.escape(nodes)}\s", shown), shown
 
