@@ -44,7 +44,7 @@ def run(*args, check=True, timeout=60):
 def small_nodes(nodes: str) -> None:
     run("scontrol", "update", "PartitionName=small", f"Nodes={nodes}")
     shown = run("scontrol", "show", "partition", "small").stdout
-    assert re.search(rf"\sNodes={re.escape(nodes)}\s", shown), shown
+    assert f"TotalNodes={len(nodes.split(','))} " in shown, shown
 
 
 @pytest.fixture(autouse=True)
@@ -128,7 +128,7 @@ def test_partition_shrunk_back_caps_again(c):
 
 def test_runtime_partition_is_counted(c):
     """A partition created at run time holding n2 only."""
-    run("scontrol", "create", "partition", "PartitionName=late", "Nodes=n2",
+    run("scontrol", "create", "PartitionName=late", "Nodes=n2",
         "MaxTime=INFINITE", "State=UP")
     try:
         job_id, err = submit("-p", "late", "-c", "4", "--mem=0")
