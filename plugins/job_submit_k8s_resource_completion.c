@@ -395,7 +395,7 @@ static void topology_refresh(void)
 	(void) walk(&text);
 	if (text.failed || !text.buf || core.topology(text.buf, err, sizeof(err))) {
 		if (!topo.failed_logged)
-			slurm_error("%s: %s: cannot pass slurmctld's partitions and nodes to the policy (%s): per-node counts follow slurm.conf until this works",
+			slurm_error("%s: %s: cannot pass slurmctld's partitions and nodes to the policy (%s): per-node counts follow the last view it had (slurm.conf's at first); tried again with each job",
 				    plugin_type, __func__,
 				    text.failed || !text.buf ? "out of memory" : err);
 		topo.failed_logged = 1;
