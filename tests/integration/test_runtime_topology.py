@@ -87,6 +87,16 @@ def covered(job_id: str) -> dict:
     return job
 
 
+def memory_answer(partition: str = "small") -> str:
+    """What `sbatch -p small -c 4 --mem=0` gets: its k8smemory, or "refused"."""
+    job_id, err = submit("-H", "-p", partition, "-c", "4", "--mem=0")
+    if job_id is None:
+        return "refused" if "8000 to 32000 MB" in err else err
+    out = run("scontrol", "show", "job", job_id).stdout
+    run("scancel", job_id)
+    return re.search(r"TresPerNode=\S*k8smemory:(\d+)", out).group(1)
+
+
 # Jobs sent to n2 through `small` once n2 is in it.  Sized by slurm.conf's
 # view of `small` (n1 alone) each holds less than Slurm gives it on n2:
 # -n 20 --mincpus=4 was asked per node and capped at 8 CPUs; --mem=0 was
@@ -116,13 +126,7 @@ def test_partition_shrunk_back_caps_again(c):
     answers = []
     for nodes in ("n1,n2", "n1", "n1,n2", "n2"):
         small_nodes(nodes)
-        job_id, err = submit("-H", "-p", "small", "-c", "4", "--mem=0")
-        if job_id is None:
-            answers.append("refused" if "8000 to 32000 MB" in err else err)
-            continue
-        out = run("scontrol", "show", "job", job_id).stdout
-        answers.append(re.search(r"TresPerNode=\S*k8smemory:(\d+)", out).group(1))
-        run("scancel", job_id)
+        answers.append(memory_answer())
     assert answers == ["refused", "8000", "refused", "32000"], answers
 
 
@@ -139,6 +143,24 @@ def test_runtime_partition_is_counted(c):
         run("scancel", "--user=root", check=False)
         time.sleep(1)
         run("scontrol", "delete", "PartitionName=late", check=False)
+
+
+def test_reconfigure_is_followed(c):
+    """`scontrol reconfigure` reloads slurm.conf (small = n1), or keeps the
+    partition as updated, depending on the release: whichever slurmctld
+    then has, the answer follows it."""
+    small_nodes("n1,n2")
+    assert memory_answer() == "refused"
+    run("scontrol", "reconfigure")
+    deadline = time.monotonic() + 60
+    while True:
+        proc = run("scontrol", "show", "partition", "small", check=False)
+        if proc.returncode == 0 and "TotalNodes=" in proc.stdout:
+            break
+        assert time.monotonic() < deadline, proc.stderr
+        time.sleep(0.5)
+    total = int(re.search(r"TotalNodes=(\d+)", proc.stdout).group(1))
+    assert memory_answer() == ("8000" if total == 1 else "refused"), proc.stdout
 
 
 def test_dynamic_node_in_a_nodes_all_partition(c):
