@@ -42,6 +42,7 @@ struct pyk8sres_core {
 	int (*job_submit)(const struct pyk8sres_job *, int *, char *, size_t,
 			  char *, size_t, char *, size_t);
 	int (*reconfigure)(const char *, int *, char *, size_t);
+	int (*topology)(const char *, char *, size_t);  /* may be NULL */
 	int (*node_counts)(const char *, uint32_t, uint64_t, uint64_t *,
 			   uint64_t *, char *, size_t);
 	int (*ledger_open)(const char *, const uint32_t *, size_t, int,
@@ -86,6 +87,7 @@ static inline int pyk8sres_core_load(struct pyk8sres_core *core, const char *who
 	core->ping = dlsym(core->handle, "pyk8sres_ping");
 	core->job_submit = dlsym(core->handle, "pyk8sres_job_submit");
 	core->reconfigure = dlsym(core->handle, "pyk8sres_reconfigure");
+	core->topology = dlsym(core->handle, "pyk8sres_topology");
 	core->node_counts = dlsym(core->handle, "pyk8sres_node_counts");
 	core->ledger_open = dlsym(core->handle, "pyk8sres_ledger_open");
 	core->ledger_prepare = dlsym(core->handle, "pyk8sres_ledger_prepare");

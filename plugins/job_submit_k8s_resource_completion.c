@@ -10,6 +10,9 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <time.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <slurm/slurm.h>
@@ -219,6 +222,236 @@ static const char *partition_memory(const char *names, char *out, size_t len)
 #endif
 }
 
+/* --- What slurmctld really has: partitions and nodes ------------------
+ * Completion caps per-node counts with the nodes of the job's partitions.
+ * slurm.conf is not enough: `scontrol update PartitionName=p Nodes=...`,
+ * dynamic nodes (`slurmd -Z`, `scontrol create node`) and nodes a
+ * reconfigure added change them at run time.  job_submit runs under
+ * slurmctld's read locks on config, job, node and partition, so the tables
+ * can be read here.  Cheap when nothing changed: the walk runs only when
+ * last_part_update / last_node_update / the table size moved (or in the
+ * second of the last walk: those are whole seconds), and Python (which then
+ * flushes its memo) hears of it only when the facts it uses changed. */
+#if defined(PYK8SRES_SLURM_SOURCE) && PYK8SRES_TOPOLOGY
+static struct {
+	int sent;              /* Python has the view of `hash` */
+	int failed_logged;
+	time_t part_seen, node_seen, walked_at;
+	int count_seen;
+	uint64_t hash;
+} topo;
+
+/* One multiply per value: the walk runs whenever a node changed state. */
+static uint64_t fnv(uint64_t h, uint64_t v)
+{
+	return (h ^ v) * 0x100000001b3ULL;
+}
+
+/* GPUs in a node's Gres= ("gpu:2,gpu:a100:1(S:0),k8scpu:8"), as slurm.conf
+ * names them (what the slurm.conf reader counts too). */
+static uint64_t gres_gpus(const char *gres)
+{
+	uint64_t total = 0;
+
+	if (!gres || !strstr(gres, "gpu"))
+		return 0;
+	while (*gres) {
+		const char *end = strchr(gres, ','), *colon;
+		size_t len = end ? (size_t) (end - gres) : strlen(gres);
+		char item[128];
+
+		if (len < sizeof(item)) {
+			memcpy(item, gres, len);
+			item[len] = '\0';
+			item[strcspn(item, "(")] = '\0';
+			if (!strncmp(item, "gpu", 3) &&
+			    (item[3] == ':' || item[3] == '\0')) {
+				/* gpu, gpu:TYPE: one; gpu:N, gpu:TYPE:N[KM]: N */
+				colon = strrchr(item, ':');
+				if (colon && colon[1] >= '0' && colon[1] <= '9') {
+					char *unit;
+					uint64_t n = strtoull(colon + 1, &unit, 10);
+
+					if (*unit == 'k' || *unit == 'K')
+						n *= 1024;
+					else if (*unit == 'm' || *unit == 'M')
+						n *= 1024 * 1024;
+					total += n;
+				} else {
+					total += 1;
+				}
+			}
+		}
+		if (!end)
+			break;
+		gres = end + 1;
+	}
+	return total;
+}
+
+static const char *node_gres(node_record_t *node)
+{
+	if (node->gres)
+		return node->gres;
+	return node->config_ptr ? node->config_ptr->gres : NULL;
+}
+
+/* A growable text buffer (plain malloc: ours, freed here). */
+struct text {
+	char *buf;
+	size_t len, cap;
+	int failed;
+};
+
+static void put(struct text *t, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void put(struct text *t, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	while (!t->failed) {
+		va_start(ap, fmt);
+		n = vsnprintf(t->buf ? t->buf + t->len : NULL,
+			      t->buf ? t->cap - t->len : 0, fmt, ap);
+		va_end(ap);
+		if (n < 0) {
+			t->failed = 1;
+			return;
+		}
+		if (t->buf && t->len + n < t->cap) {
+			t->len += n;
+			return;
+		}
+		size_t cap = (t->cap ? t->cap * 2 : 65536) + n;
+		char *grown = realloc(t->buf, cap);
+		if (!grown) {
+			t->failed = 1;
+			return;
+		}
+		t->buf = grown;
+		t->cap = cap;
+	}
+}
+
+struct walk {
+	uint64_t hash;
+	struct text *out;  /* NULL: hash only */
+};
+
+static int walk_part(void *item, void *arg)
+{
+	part_record_t *part = item;
+	struct walk *w = arg;
+	int64_t size;
+
+	if (!part || !part->name)
+		return 0;
+	for (const char *c = part->name; *c; c++)
+		w->hash = fnv(w->hash, (unsigned char) *c);
+	if (w->out)
+		put(w->out, "P %s", part->name);
+	size = part->node_bitmap ? bit_size(part->node_bitmap) : 0;
+	for (int64_t i = 0; i < size && i < node_record_count; i++) {
+		if (!bit_test(part->node_bitmap, i) || !node_record_table_ptr[i])
+			continue;
+		w->hash = fnv(w->hash, (uint64_t) i);
+		if (w->out)
+			put(w->out, " %" PRId64, i);
+	}
+	w->hash = fnv(w->hash, UINT64_MAX);
+	if (w->out)
+		put(w->out, "\n");
+	return 0;
+}
+
+/* One pass over the node table and the partitions: the hash of what the
+ * policy uses, and with `out` the flat description Python reads
+ * (pyk8sres/slurmctld/topology.py):
+ *   N <index> <cpus> <real_memory> <threads_per_core> <cores_per_socket> <gpus>
+ *   P <partition> <index> <index> ...
+ *   D <default partition> */
+static uint64_t walk(struct text *out)
+{
+	struct walk w = { 0xcbf29ce484222325ULL, out };
+	node_record_t *node;
+
+	w.hash = fnv(w.hash, (uint64_t) node_record_count);
+	for (int i = 0; (node = next_node(&i)); i++) {
+		uint64_t gpus = gres_gpus(node_gres(node));
+
+		w.hash = fnv(w.hash, (uint64_t) i);
+		w.hash = fnv(w.hash, node->cpus);
+		w.hash = fnv(w.hash, node->real_memory);
+		w.hash = fnv(w.hash, node->threads);
+		w.hash = fnv(w.hash, node->cores);
+		w.hash = fnv(w.hash, gpus);
+		if (out)
+			put(out, "N %d %u %" PRIu64 " %u %u %" PRIu64 "\n", i,
+			    (unsigned) node->cpus, (uint64_t) node->real_memory,
+			    (unsigned) node->threads, (unsigned) node->cores,
+			    gpus);
+	}
+	if (part_list)
+		list_for_each(part_list, walk_part, &w);
+	if (default_part_loc && default_part_loc->name) {
+		for (const char *c = default_part_loc->name; *c; c++)
+			w.hash = fnv(w.hash, (unsigned char) *c);
+		if (out)
+			put(out, "D %s\n", default_part_loc->name);
+	}
+	return w.hash;
+}
+
+/* Give Python slurmctld's current partitions and nodes if they changed. */
+static void topology_refresh(void)
+{
+	struct text text = { 0 };
+	char err[PYK8SRES_OUT_LEN] = "";
+	uint64_t hash;
+
+	if (!core.topology)
+		return;
+	if (topo.sent && last_part_update == topo.part_seen &&
+	    last_node_update == topo.node_seen &&
+	    node_record_count == topo.count_seen &&
+	    last_part_update < topo.walked_at &&
+	    last_node_update < topo.walked_at)
+		return;
+	topo.part_seen = last_part_update;
+	topo.node_seen = last_node_update;
+	topo.count_seen = node_record_count;
+	topo.walked_at = time(NULL);
+	hash = walk(NULL);
+	if (topo.sent && hash == topo.hash)
+		return;
+	(void) walk(&text);
+	if (text.failed || !text.buf || core.topology(text.buf, err, sizeof(err))) {
+		if (!topo.failed_logged)
+			slurm_error("%s: %s: cannot pass slurmctld's partitions and nodes to the policy (%s): per-node counts follow the last view it had (slurm.conf's at first); tried again with each job",
+				    plugin_type, __func__,
+				    text.failed || !text.buf ? "out of memory" : err);
+		topo.failed_logged = 1;
+		topo.sent = 0;  /* try again with the next job */
+	} else {
+		topo.sent = 1;
+		topo.hash = hash;
+		topo.failed_logged = 0;
+	}
+	free(text.buf);
+}
+#else
+static void topology_refresh(void)
+{
+	static int logged;
+
+	if (!logged)
+		slurm_info("%s: built without the Slurm source (or this release's node table is not known): per-node counts follow the partitions and nodes of slurm.conf, not changes made at run time",
+			   plugin_type);
+	logged = 1;
+}
+#endif
+
 /* job_modify: the current job, so a partial update can be completed. */
 static void fill_current(struct pyk8sres_job *req, void *job)
 {
@@ -297,7 +530,11 @@ static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
 				    plugin_type, __func__, err);
 		warn_accept(was_on);
 		err[0] = '\0';
+#if defined(PYK8SRES_SLURM_SOURCE) && PYK8SRES_TOPOLOGY
+		topo.sent = 0;  /* Python re-read slurm.conf: send the live view again */
+#endif
 	}
+	topology_refresh();
 	fill_request(&req, d, uid, is_modify);
 	if (is_modify)
 		fill_current(&req, job_ptr);

@@ -105,6 +105,15 @@ int pyk8sres_job_submit_py(const struct pyk8sres_job *job,
 			char *tres_per_task_out, size_t tres_per_task_len,
 			char *err, size_t errlen);
 
+/* job_submit: the partitions and nodes slurmctld has now (read under its
+ * locks; runtime partition updates and dynamic nodes included), as lines
+ * "N <index> <cpus> <real_memory MB> <threads_per_core> <cores_per_socket>
+ * <gpus>", "P <partition> <index> ..." and "D <default partition>".
+ * Python rebuilds its view of the partitions' nodes from it and empties the
+ * job_submit memo.  It stays in force across a reload of slurm.conf until
+ * the next description. */
+int pyk8sres_topology(const char *description, char *err, size_t errlen);
+
 /* Reload configuration (slurm.conf dir) after init/reconfigure.
  * `accept_on_error` gets 1 when OnInternalError=accept. */
 int pyk8sres_reconfigure(const char *slurm_conf_path, int *accept_on_error,

@@ -118,9 +118,11 @@ def reconfigure(slurm_conf_path: str) -> None:
     _config = config.load(slurm_conf_path)
     if _ledger is not None:
         _ledger.allowed_uids = _allowed_uids()
-    submit.use_site(dataclasses.replace(submit.current_site(),
-                                        **conf_facts(slurm_conf_path, _config),
-                                        **release_facts()))
+    # slurmctld's live partitions and nodes, when the plugin sent them, stay
+    # ahead of slurm.conf's until it sends them again (node_features reloads
+    # slurm.conf too, without the job_submit plugin knowing).
+    submit.use_site(submit.with_topology(dataclasses.replace(
+        submit.current_site(), **conf_facts(slurm_conf_path, _config), **release_facts())))
 
 
 _ffi = None
@@ -162,6 +164,18 @@ def bind(ffi, lib) -> None:
         except Exception as exc:
             _put(ffi, err, errlen, f"{type(exc).__name__}: {exc}")
             return USER_ERROR if isinstance(exc, (config.ConfigError, OSError)) else INTERNAL_ERROR
+
+    @ffi.def_extern(error=INTERNAL_ERROR)
+    def pyk8sres_topology(description, err, errlen):
+        try:
+            from . import topology
+            submit.use_topology(topology.parse(ffi.string(description).decode("utf-8",
+                                                                              "replace")))
+            return OK
+        except BaseException as exc:
+            log.exception("job_submit/k8s_resource_completion: slurmctld's partitions and nodes")
+            _put(ffi, err, errlen, f"{type(exc).__name__}: {exc}")
+            return INTERNAL_ERROR
 
     @ffi.def_extern(error=INTERNAL_ERROR)
     def pyk8sres_job_submit_py(c, changed, node_out, node_len, task_out, task_len, err, errlen):

@@ -19,7 +19,6 @@ import os
 import re
 import shlex
 
-from . import gres
 from .completion import (CR_BOARD, CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE, CR_SOCKET,
                          GpuDefault, MemDefault, Nodes, Partition)
 
@@ -97,12 +96,25 @@ class SlurmConf:
 
 
 def _gpus(gres_list: str | None) -> int:
-    """GPUs of a NodeName line's Gres= ("gpu:2", "gpu:a100:2,gpu:v100:1")."""
-    try:
-        return gres.count_of(gres.parse(",".join(
-            "gres:" + e for e in (gres_list or "").split(",") if e)), "gpu") or 0
-    except gres.GresError:
-        return 0
+    """GPUs of a node's Gres= ("gpu:2", "gpu:a100:2,gpu:v100:1", "gpu:2(S:0-1)"),
+    counted as Slurm does (gres.c _get_gres_cnt): socket bindings ignored, a
+    type without a count ("gpu:a100") or a bare "gpu" is one, K/M suffixes
+    multiply.  The job_submit plugin counts the node table the same way
+    (gres_gpus)."""
+    total = 0
+    for item in (gres_list or "").split(","):
+        item = item.split("(", 1)[0]
+        name, _, rest = item.partition(":")
+        if name != "gpu":
+            continue
+        count = rest.rpartition(":")[2] if rest else ""
+        digits = len(count) - len(count.lstrip("0123456789"))
+        if not digits:
+            total += 1
+            continue
+        unit = count[digits:digits + 1].lower()
+        total += int(count[:digits]) * {"k": 1024, "m": 1024 * 1024}.get(unit, 1)
+    return total
 
 
 def _node(pairs: dict) -> tuple[int, int | None, int | None, int, int]:
@@ -122,7 +134,9 @@ def _node(pairs: dict) -> tuple[int, int | None, int | None, int, int]:
     return threads, cpus, _int(pairs, "realmemory"), _gpus(pairs.get("gres")), cores
 
 
-def _most(nodes: list[tuple]) -> Nodes:
+def summarize(nodes: list[tuple]) -> Nodes:
+    """What the policy needs of a set of nodes, each (ThreadsPerCore, CPUs,
+    RealMemory or None, GPUs, CoresPerSocket)."""
     if not nodes:
         return Nodes()
     memory = [n[2] for n in nodes if n[2]]
@@ -202,10 +216,10 @@ def parse(lines: list[str]) -> SlurmConf:
             mem=MemDefault(per_cpu=None if per_node else _int(pairs, "defmempercpu"),
                            per_node=per_node),
             max_mem_per_cpu=_int(pairs, "maxmempercpu"),
-            nodes=_most(held) if held else _most(list(nodes.values())),
+            nodes=summarize(held) if held else summarize(list(nodes.values())),
             gpu=_gpu_default(pairs))
     return SlurmConf(partitions, default, _select_type_param(select), max_mpc,
-                     _most(list(nodes.values())), _gpu_default(cluster_gpu))
+                     summarize(list(nodes.values())), _gpu_default(cluster_gpu))
 
 
 def partition_memory(lines: list[str]) -> tuple[dict, str | None]:

@@ -39,6 +39,7 @@ _forget_answers: typing.Callable[[], object] | None = None  # clears the C memo
 TRACEBACK_SECONDS = 10.0
 _traceback_at: float | None = None
 _tracebacks_held = 0
+_topology: typing.Any = None  # topology.Topology: slurmctld's live partitions and nodes, once sent
 
 
 def bind(forget_answers: typing.Callable[[], object]) -> None:
@@ -58,6 +59,29 @@ def use_site(site: Site) -> None:
     _forget()
     _site, _site_key = site, None
     _with_parts.clear()
+
+
+def use_topology(topology) -> None:
+    """slurmctld's live partitions and nodes (topology.Topology) from now on;
+    kept across a reload of slurm.conf (reapplied by with_topology)."""
+    global _topology
+    _topology = topology
+    use_site(with_topology(_site))
+
+
+def with_topology(site: Site) -> Site:
+    """`site` with the nodes of each partition as slurmctld last had them:
+    partitions slurmctld no longer has are dropped, new ones get the
+    cluster's memory settings (the job's own partitions' live settings come
+    with each job anyway: part_mem)."""
+    if _topology is None:
+        return site
+    partitions = {name: dataclasses.replace(site.partitions.get(name, completion.Partition()),
+                                            nodes=nodes)
+                  for name, nodes in _topology.partitions.items()}
+    return dataclasses.replace(site, partitions=partitions, all_nodes=_topology.all_nodes,
+                               default_partition=_topology.default_partition
+                               or site.default_partition)
 
 
 def current_site() -> Site:
