@@ -21,7 +21,7 @@ import urllib3
 
 from pyk8sres.coordinator import kube as K
 from pyk8sres.policy import placeholder as P
-from pyk8sres.testbed import cluster
+from pyk8sres.testbed.stress import stepd_jobs  # noqa: F401 - ledger_checks uses it too
 
 PLACEHOLDERS = "pyk8sres-placeholders"   # Slurm's own share as kube-scheduler sees it
 
@@ -119,19 +119,6 @@ def expand(hostlist: str) -> list[str]:
 def count_ids(cpu_ids: str) -> int:
     return sum(int(b) - int(a) + 1 for a, _, b in
                (p.partition("-") if "-" in p else (p, "", p) for p in cpu_ids.split(",")))
-
-
-def stepd_jobs(env) -> set[str]:
-    """Job ids that have a slurmstepd in this cluster: jobs really running.
-    A slurmstepd listens on SlurmdSpoolDir/<node>_<job>.<step> while it
-    lives (as cluster.cluster_processes finds them); the command line
-    ("slurmstepd: [7.batch]") would not do, since another test cluster on
-    this host (CI runs two) has job 7 too."""
-    with open(env["SLURM_CONF"]) as f:
-        spool = re.search(r"^SlurmdSpoolDir=(\S+)", f.read(), re.M | re.I).group(1)
-    root = os.path.dirname(spool) if "%n" in spool else spool
-    return {m.group(1) for path in cluster.unix_sockets_under(root)
-            if (m := re.search(r"_(\d+)\.\d+$", path))}
 
 
 def slurm_jobs(env, nodes, restarted_at: float = 0.0) -> dict[str, list[int]]:
