@@ -68,7 +68,7 @@ CAPACITY = {f"n{i}": (CPUS, MEMORY) for i in range(1, NODES + 1)}
 SECONDS = float(os.environ.get("PYK8SRES_CHURN_SECONDS", "60"))
 # The churn, the rest of the first cycle of faults (up to 600 s), and the
 # backlog it leaves (it grows with the churn's length).
-pytestmark = [requires_slurm, pytest.mark.timeout(int(4 * SECONDS) + 1500)]
+pytestmark = requires_slurm + [pytest.mark.timeout(int(4 * SECONDS) + 1500)]
 NAMESPACE = "churn"
 DEPLOYMENTS = {"web-a": ("500m", "512Mi"), "web-b": ("1500m", "1Gi")}
 LOST_NODE = "n3"          # its kubelet goes away now and then
