@@ -903,6 +903,11 @@ def test_churn_with_faults_never_double_books(world):
                                     "violations": len(churn.violations)})
     print("\nchurn summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
     print("faults: " + "; ".join(churn.faults))
+    sides = {}
+    for side, *_ in churn.not_sampled:
+        sides[side] = sides.get(side, 0) + 1
+    print(f"samples not taken (each must overlap a fault of its side): {sides or 'none'}; "
+          f"creates answered 5xx: {[e[2] for e in churn.server_errors[:3]]}")
     print("daemons found dead or hung after a fault, started again: "
           + ("; ".join(churn.revived) or "none"))
     if churn.flood_ms:
