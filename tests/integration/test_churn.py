@@ -229,6 +229,7 @@ class Churn:
         self.not_sampled: list[tuple[str, float, float, str]] = []  # side, start, end, why
         self.server_errors: list[tuple[float, float, str]] = []     # start, end, answer
         self.check_errors: list[str] = []    # the checker itself broke: the run fails
+        self.webhook_stopped_at: float | None = None   # monotonic, while it is SIGSTOPped
         self.ctld_restarted_at = 0.0
         self.faults: list[str] = []
         self.every_fault_done = threading.Event()   # the first cycle of faults is through
@@ -294,6 +295,11 @@ class Churn:
             t0 = time.monotonic()
             try:
                 K.create_pod(self.kube, NAMESPACE, self._pod(f"p{i}", node))
+                stopped = self.webhook_stopped_at
+                if direct and stopped is not None and t0 > stopped:
+                    with self.lock:     # asked and answered while the webhook could not answer
+                        self.violations.append(f"{time.strftime('%T')} p{i} admitted on {node} "
+                                               f"while the webhook was stopped")
                 if direct:
                     self._count("pods admitted")
                 else:
@@ -632,7 +638,7 @@ class Churn:
         name = f"fault-probe-{self.rnd.randrange(1 << 30)}"
         node = f"n{self.rnd.randint(1, NODES)}"
         os.kill(pid, signal.SIGSTOP)
-        stopped = time.monotonic()
+        stopped = self.webhook_stopped_at = time.monotonic()
         try:
             try:
                 K.create_pod(self.kube, NAMESPACE, {
@@ -646,6 +652,7 @@ class Churn:
             took = time.monotonic() - stopped
             time.sleep(max(0.0, timeout + 2 - took))
         finally:
+            self.webhook_stopped_at = None
             os.kill(pid, signal.SIGCONT)
         if answer.startswith("500") and FAIL_CLOSED in answer:
             self._count("creates refused while the webhook was stopped")
