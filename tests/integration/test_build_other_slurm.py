@@ -13,6 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 OTHER_RELEASE = {"bookworm": "trixie", "trixie": "bookworm"}
+# Fetching the source (up to 900 s) and building (up to 900 s), cold.
+pytestmark = pytest.mark.timeout(1800)
 
 
 def looked_up(src: str) -> set:

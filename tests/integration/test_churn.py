@@ -5,7 +5,9 @@ Deployments scaled up and down; pods deleted with grace periods (they stay
 Terminating, running, until it ends) -- while the coordinator, slurmctld,
 kube-apiserver, kube-scheduler and kube-controller-manager are killed or
 restarted, slurmctld reconfigured, a partition updated, the webhook made
-unreachable, and a node's kubelet (kwok) reports NotReady or is cut off
+unreachable for longer than its timeoutSeconds (a pod created on a shared
+node meanwhile must be refused for want of its answer: admission fails
+closed), and a node's kubelet (kwok) reports NotReady or is cut off
 until the node is NotReady, then comes back.
 
 Hostile faults join them: forged AdmissionReviews posted straight to the
@@ -20,10 +22,14 @@ configuration must never leave a shared node unchecked.
 
 The invariant is checked all along from ground truth only
 (ground_truth.over_capacity): what slurmctld has really allocated to
-running jobs on each node (`scontrol -d show job`: CPU_IDs, Mem) and the
-non-terminal pods the API server has bound there, Terminating ones
-included.  On every node, at every sample: jobs + pods <= capacity.  At the
-end nothing is stuck: with the pods gone every job starts.
+jobs on each node (`scontrol -d show job`: CPU_IDs, Mem; RUNNING jobs and
+COMPLETING ones whose processes still run) and the non-terminal pods the
+API server has bound there, Terminating ones included, sized by the test's
+own code.  On every node, at every sample: jobs + pods <= capacity.  A
+sample that could not read Slurm or the API server, and a pod create
+answered 5xx (counted apart from the webhook's refusals), fail the run
+unless a fault of that side overlapped it.  At the end nothing is stuck:
+with the pods gone every job starts.
 
 CI runs a bounded version (PYK8SRES_CHURN_SECONDS, default 60 s of churn, extended
 until every fault has happened once); a soak by hand:
@@ -46,20 +52,23 @@ import urllib.error
 import urllib.request
 
 import pytest
+import urllib3
 from kubernetes import client as kclient
 
 from conftest_kube import pick_ports
-from ground_truth import over_capacity
+from ground_truth import Unreadable, over_capacity
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator.slurm import Ledger, LedgerError, ledger_socket_path
 from pyk8sres.policy import ledger as L
 from pyk8sres.testbed import cluster, faults, hybrid, pki
 
-pytestmark = requires_slurm
 NODES, CPUS, MEMORY = 3, 8, 16000
 CAPACITY = {f"n{i}": (CPUS, MEMORY) for i in range(1, NODES + 1)}
 SECONDS = float(os.environ.get("PYK8SRES_CHURN_SECONDS", "60"))
+# The churn, the rest of the first cycle of faults (up to 600 s), and the
+# backlog it leaves (it grows with the churn's length).
+pytestmark = requires_slurm + [pytest.mark.timeout(int(4 * SECONDS) + 1500)]
 NAMESPACE = "churn"
 DEPLOYMENTS = {"web-a": ("500m", "512Mi"), "web-b": ("1500m", "1Gi")}
 LOST_NODE = "n3"          # its kubelet goes away now and then
@@ -74,6 +83,23 @@ FLOODER, STRANGER = 65533, 65534
 FLOOD_SECONDS = 5
 MIN_GAP = 3.0            # seconds between two faults at least
 STALL_MS = 1000          # a reply later than this: a caller held the others up
+# What each fault may make unreachable for a while: "slurm" (scontrol gets no
+# answer), "kubernetes" (the API server does not answer) and "webhook" (the
+# API server gets no answer from it: creates on shared nodes fail with 5xx).
+# A sample that could not be taken, or a 5xx, is explained only by a fault
+# of its side that overlaps it, give or take EXPLAINED_AFTER seconds after
+# the fault's end (a restarted daemon answering its first callers).
+DISRUPTS = {
+    "webhook unreachable": {"webhook"},
+    "coordinator kill -9 + restart": {"webhook"},
+    "slurmctld kill -9 + restart": {"slurm"},
+    "backup slurmctld takes over, primary takes back": {"slurm"},
+    "slurmctld + coordinator kill -9, all restarted at once": {"slurm", "webhook"},
+    "scontrol reconfigure": {"slurm"},
+    "kube-apiserver restart": {"kubernetes", "webhook"},
+}
+EXPLAINED_AFTER = 15.0
+FAIL_CLOSED = "failed calling webhook"   # the API server's error when the webhook gives no answer
 
 
 def pending_jobs(env) -> list[str]:
@@ -186,6 +212,9 @@ class Churn:
         self.placed: set[str] = set()         # ... and seen bound
         self.deployed: set[str] = set()       # Deployment pods seen bound
         self.counts = {"pods admitted": 0, "pods refused": 0, "pod create errors": 0,
+                       "pod creates answered 5xx": 0, "pods force-deleted (grace 0)": 0,
+                       "creates refused while the webhook was stopped": 0,
+                       "samples not taken": 0,
                        "pods deleted with a grace period": 0, "deployment scalings": 0,
                        "jobs submitted": 0, "sruns": 0, "faults": 0, "node outages": 0,
                        "samples": 0, "most Terminating pods in a sample": 0,
@@ -194,6 +223,13 @@ class Churn:
                        "stranger connects refused": 0, "controller changes": 0}
         self.violations: list[str] = []
         self.first_violation = ""            # what each side said when the first was seen
+        # (name, sides, start, end) of every fault, monotonic: what may explain
+        # a sample that could not be taken or a 5xx answer.
+        self.windows: list[tuple[str, set, float, float]] = []
+        self.not_sampled: list[tuple[str, float, float, str]] = []  # side, start, end, why
+        self.server_errors: list[tuple[float, float, str]] = []     # start, end, answer
+        self.check_errors: list[str] = []    # the checker itself broke: the run fails
+        self.webhook_stopped_at: float | None = None   # monotonic, while it is SIGSTOPped
         self.ctld_restarted_at = 0.0
         self.faults: list[str] = []
         self.every_fault_done = threading.Event()   # the first cycle of faults is through
@@ -256,17 +292,27 @@ class Churn:
             i += 1
             direct = self.rnd.random() < 0.5
             node = f"n{self.rnd.randint(1, NODES)}" if direct else None
+            t0 = time.monotonic()
             try:
                 K.create_pod(self.kube, NAMESPACE, self._pod(f"p{i}", node))
+                stopped = self.webhook_stopped_at
+                if direct and stopped is not None and t0 > stopped:
+                    with self.lock:     # asked and answered while the webhook could not answer
+                        self.violations.append(f"{time.strftime('%T')} p{i} admitted on {node} "
+                                               f"while the webhook was stopped")
                 if direct:
                     self._count("pods admitted")
                 else:
                     with self.lock:
                         self.scheduled.add(f"p{i}")
             except K.ApiException as e:
-                self._count("pods refused" if direct and e.status in (400, 403, 500) else
-                            "pod create errors")
-            except Exception:
+                if e.status >= 500:     # no answer from the webhook, or the API server's own
+                    self._server_error(t0, f"{e.status} {e.reason}: {(e.body or '')[:200]}")
+                elif direct and e.status == 403 and "denied the request" in (e.body or ""):
+                    self._count("pods refused")     # the webhook's answer: it does not fit
+                else:
+                    self._count("pod create errors")
+            except (urllib3.exceptions.HTTPError, OSError):
                 self._count("pod create errors")   # API server restarting
 
     def scale_deployments(self):
@@ -277,7 +323,7 @@ class Churn:
                     name, NAMESPACE, {"spec": {"replicas": self.rnd.randint(0, 6)}},
                     _request_timeout=10)
                 self._count("deployment scalings")
-            except Exception:
+            except (K.ApiException, urllib3.exceptions.HTTPError, OSError):
                 pass     # API server restarting
 
     def delete_pods(self):
@@ -289,42 +335,78 @@ class Churn:
                     self.kube.core.delete_namespaced_pod(
                         p["metadata"]["name"], NAMESPACE, grace_period_seconds=grace,
                         _request_timeout=10)
-                    if grace != 0:
-                        self._count("pods deleted with a grace period")
-            except Exception:
-                pass
+                    self._count("pods deleted with a grace period" if grace != 0 else
+                                "pods force-deleted (grace 0)")
+            except (K.ApiException, urllib3.exceptions.HTTPError, OSError):
+                pass     # gone already, or the API server restarting
 
     # --- the invariant ------------------------------------------------------
     def check(self):
         while not self.stop.wait(0.2):
             try:
-                over = over_capacity(self.c.env, self.kube, CAPACITY, self.ctld_restarted_at)
-                pods = K.list_pods(self.kube, NAMESPACE)
-            except Exception:
-                continue
-            if over and not self.first_violation:
-                try:
-                    self.first_violation = self.snapshot()
-                except Exception as e:      # the API server restarting: the rest still says much
-                    self.first_violation = f"faults before: {self.faults[-4:]} (snapshot: {e})"
-            unchecked = self.unchecked_shared_nodes()
-            terminating = sum(1 for p in pods if p["metadata"].get("deletionTimestamp"))
-            with self.lock:
-                for p in pods:
-                    if p["spec"].get("nodeName"):
-                        if p["metadata"]["name"] in self.scheduled:
-                            self.placed.add(p["metadata"]["name"])
-                        elif (p["metadata"].get("labels") or {}).get("app"):
-                            self.deployed.add(p["metadata"]["uid"])
-                self.counts["samples"] += 1
-                self.counts["most Terminating pods in a sample"] = max(
-                    terminating, self.counts["most Terminating pods in a sample"])
-                self.violations += over
-                if unchecked is not None:
-                    self.counts["webhook scope samples"] += 1
-                if unchecked:
-                    self.violations.append(f"{time.strftime('%T')} the webhook configuration "
-                                           f"leaves shared nodes unchecked: {unchecked}")
+                self._sample()
+            except Exception as e:     # noqa: BLE001 - a broken checker fails the run
+                with self.lock:
+                    self.check_errors.append(f"{time.strftime('%T')} {type(e).__name__}: {e}")
+
+    def _sample(self):
+        """One sample from ground truth; one that cannot read Slurm or the
+        API server is recorded, never counted as clean."""
+        t0 = time.monotonic()
+        try:
+            over = over_capacity(self.c.env, self.kube, CAPACITY, self.ctld_restarted_at)
+            pods = K.list_pods(self.kube, NAMESPACE)
+        except Unreadable as e:
+            self._not_sampled(e.side, t0, e.detail)
+            return
+        except (K.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            self._not_sampled("kubernetes", t0, f"list pods: {type(e).__name__}: {e}"[:300])
+            return
+        if over and not self.first_violation:
+            try:
+                self.first_violation = self.snapshot()
+            except Exception as e:      # the API server restarting: the rest still says much
+                self.first_violation = f"faults before: {self.faults[-4:]} (snapshot: {e})"
+        unchecked = self.unchecked_shared_nodes()
+        terminating = sum(1 for p in pods if p["metadata"].get("deletionTimestamp"))
+        with self.lock:
+            for p in pods:
+                if p["spec"].get("nodeName"):
+                    if p["metadata"]["name"] in self.scheduled:
+                        self.placed.add(p["metadata"]["name"])
+                    elif (p["metadata"].get("labels") or {}).get("app"):
+                        self.deployed.add(p["metadata"]["uid"])
+            self.counts["samples"] += 1
+            self.counts["most Terminating pods in a sample"] = max(
+                terminating, self.counts["most Terminating pods in a sample"])
+            self.violations += over
+            if unchecked is not None:
+                self.counts["webhook scope samples"] += 1
+            if unchecked:
+                self.violations.append(f"{time.strftime('%T')} the webhook configuration "
+                                       f"leaves shared nodes unchecked: {unchecked}")
+
+    def _not_sampled(self, side: str, t0: float, why: str):
+        with self.lock:
+            self.counts["samples not taken"] += 1
+            self.not_sampled.append((side, t0, time.monotonic(), f"{time.strftime('%T')} {why}"))
+
+    def _server_error(self, t0: float, answer: str):
+        with self.lock:
+            self.counts["pod creates answered 5xx"] += 1
+            self.server_errors.append((t0, time.monotonic(), f"{time.strftime('%T')} {answer}"))
+
+    def unexplained(self) -> list[str]:
+        """Samples not taken and 5xx answers that no fault of their side
+        explains (none overlapped them, up to EXPLAINED_AFTER after its end)."""
+        def explained(side, start, end):
+            return any(side in sides and start <= t1 + EXPLAINED_AFTER and end >= t0
+                       for _, sides, t0, t1 in self.windows)
+        out = [f"sample not taken ({side}): {why}" for side, start, end, why in self.not_sampled
+               if not explained(side, start, end)]
+        return out + [f"create answered {answer}" for start, end, answer in self.server_errors
+                      if not explained("webhook", start, end)
+                      and not explained("kubernetes", start, end)]
 
     def snapshot(self) -> str:
         """The ledger, Slurm's running jobs and the pods bound, as they are
@@ -350,7 +432,7 @@ class Churn:
         called for every node but those); None if it cannot be read now."""
         try:
             doc = K.get_webhook_config(self.kube, "pyk8sres-admission")
-        except Exception:
+        except (K.ApiException, urllib3.exceptions.HTTPError, OSError):
             return None
         if doc is None:
             return ["(no ValidatingWebhookConfiguration)"]
@@ -545,10 +627,44 @@ class Churn:
         return f"outcomes {outcomes}"
 
     def _webhook_unreachable(self):
+        """The webhook stopped (SIGSTOP: its port still takes connections,
+        nothing answers) for longer than its timeoutSeconds, so the API
+        server really gets no answer; meanwhile a pod created straight onto
+        a shared node must be refused with the webhook-call failure
+        (failurePolicy Fail), never admitted."""
+        doc = K.get_webhook_config(self.kube, "pyk8sres-admission")
+        timeout = max(w.get("timeoutSeconds", 10) for w in doc["webhooks"])
         pid = int(open(os.path.join(self.c.work, "run", "proc-webhook.pid")).read())
+        name = f"fault-probe-{self.rnd.randrange(1 << 30)}"
+        node = f"n{self.rnd.randint(1, NODES)}"
         os.kill(pid, signal.SIGSTOP)
-        time.sleep(4)
-        os.kill(pid, signal.SIGCONT)
+        stopped = self.webhook_stopped_at = time.monotonic()
+        try:
+            try:
+                K.create_pod(self.kube, NAMESPACE, {
+                    "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                    "spec": {"nodeName": node, "terminationGracePeriodSeconds": 2,
+                             "containers": [{"name": "c", "image": "x", "resources": {
+                                 "requests": {"cpu": "250m", "memory": "128Mi"}}}]}})
+                answer = "admitted"
+            except K.ApiException as e:
+                answer = f"{e.status}: {(e.body or '')[:300]}"
+            took = time.monotonic() - stopped
+            time.sleep(max(0.0, timeout + 2 - took))
+        finally:
+            self.webhook_stopped_at = None
+            os.kill(pid, signal.SIGCONT)
+        if answer.startswith("500") and FAIL_CLOSED in answer:
+            self._count("creates refused while the webhook was stopped")
+        else:
+            with self.lock:
+                self.violations.append(f"{time.strftime('%T')} a pod created on {node} while "
+                                       f"the webhook was stopped was not refused for want of "
+                                       f"its answer: {answer}")
+            if answer == "admitted":
+                K.delete_pod(self.kube, NAMESPACE, name)
+        return f"stopped {time.monotonic() - stopped:.1f} s, timeoutSeconds {timeout}; " \
+               f"a create on {node} answered in {took:.1f} s: {answer[:60]}"
 
     def _node_ready(self, node: str) -> str:
         return self.cp.kubectl("get", "node", node, "-o", "jsonpath={.status.conditions[?("
@@ -616,7 +732,7 @@ class Churn:
 
     def inject(self):
         faults = [
-            ("webhook unreachable (SIGSTOP 4 s)", self._webhook_unreachable),
+            ("webhook unreachable (SIGSTOP past its timeoutSeconds)", self._webhook_unreachable),
             ("coordinator kill -9 + restart",
              lambda: (self._restart("sync"), self._restart("webhook"))),
             ("slurmctld kill -9 + restart", self._slurmctld_restart),
@@ -648,13 +764,18 @@ class Churn:
                 due = cycle + SECONDS * k / (len(faults) + 1)
                 if self.stop.wait(max(MIN_GAP, due - time.monotonic())):
                     return
+                sides = next((v for k, v in DISRUPTS.items() if name.startswith(k)), set())
+                t0 = time.monotonic()
                 try:
                     detail = fault()
                 except Exception as e:
                     with self.lock:
+                        self.windows.append((name, sides, t0, time.monotonic()))
                         self.fault_errors.append(f"{time.strftime('%T')} {name}: "
                                                  f"{type(e).__name__}: {e}")
                     continue
+                with self.lock:
+                    self.windows.append((name, sides, t0, time.monotonic()))
                 with self.lock:
                     self.faults.append(f"{time.strftime('%T')} {name}"
                                        + (f" ({detail})" if isinstance(detail, str) else ""))
@@ -668,10 +789,14 @@ class Churn:
         error of the run (nothing would shrink shares or admit pods)."""
         for name in ("sync", "webhook"):
             if self.c.pid(name) is None:
+                t0 = time.monotonic()
                 with self.lock:
                     self.fault_errors.append(f"{time.strftime('%T')} {name} has exited; "
                                              f"log/{name}.out ends:\n{self.c.log_tail(name + '.out')}")
                 hybrid.start_coordinator(self.c, name, self.coordinator_argv[name])
+                with self.lock:
+                    self.windows.append((f"{name} started again", {"webhook"}, t0,
+                                         time.monotonic()))
 
     def _revive_control_plane(self):
         """A control-plane component that died of a fault (kube-controller-
@@ -680,9 +805,13 @@ class Churn:
         reported."""
         for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
             if not self.cp.running(name):
+                t0 = time.monotonic()
                 self.cp.restart(name)
                 with self.lock:
                     self.revived.append(f"{time.strftime('%T')} {name} (had exited)")
+                    if name == "kube-apiserver":
+                        self.windows.append((f"{name} started again", {"kubernetes", "webhook"},
+                                             t0 - EXPLAINED_AFTER, time.monotonic()))
 
 
 @pytest.fixture(scope="module")
@@ -781,6 +910,11 @@ def test_churn_with_faults_never_double_books(world):
                                     "violations": len(churn.violations)})
     print("\nchurn summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
     print("faults: " + "; ".join(churn.faults))
+    sides = {}
+    for side, *_ in churn.not_sampled:
+        sides[side] = sides.get(side, 0) + 1
+    print(f"samples not taken (each must overlap a fault of its side): {sides or 'none'}; "
+          f"creates answered 5xx: {[e[2] for e in churn.server_errors[:3]]}")
     print("daemons found dead or hung after a fault, started again: "
           + ("; ".join(churn.revived) or "none"))
     if churn.flood_ms:
@@ -792,6 +926,11 @@ def test_churn_with_faults_never_double_books(world):
                                   f"{churn.violations[:5]}\n{churn.first_violation}\n"
                                   f"faults: {churn.faults}")
     assert not churn.fault_errors, churn.fault_errors
+    assert not churn.check_errors, churn.check_errors[:5]
+    # A sample that could not be taken, or a 5xx, only where a fault explains it.
+    unexplained = churn.unexplained()
+    assert not unexplained, (f"{len(unexplained)} unexplained: {unexplained[:5]}\n"
+                             f"faults: {churn.faults}")
     if pending:
         ledger = subprocess.run([sys.executable, "-m", "pyk8sres", "ledger", "show"],
                                 capture_output=True, text=True, env=c.env).stdout
@@ -810,6 +949,8 @@ def test_churn_with_faults_never_double_books(world):
     assert counts["deployment scalings"] >= 10 and counts["pods deleted with a grace period"] > 10
     assert counts["most Terminating pods in a sample"] > 0
     assert counts["pods admitted"] > 0 and counts["pods refused"] > 0
+    # Admission failed closed while the webhook gave no answer.
+    assert counts["creates refused while the webhook was stopped"] >= 1
     assert len(churn.placed) > 5 and len(churn.deployed) > 5 and started > 10
     assert counts["pods admitted"] + len(churn.placed) + len(churn.deployed) > 30
     # ... and so did the hostile ones.
