@@ -198,7 +198,10 @@ def scraped(metrics_port: int, name: str, **labels) -> float:
 
 
 def pod(name, cpu, mem, node=None, scheduler=None):
-    spec = {"containers": [{"name": "c", "image": "x",
+    # Containers that stop at once: deleted with grace 0, the pod's share is
+    # held only the test cluster's margin (a kubelet needs no grace period).
+    spec = {"terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "c", "image": "x",
                             "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}
     if node:
         spec["nodeName"] = node

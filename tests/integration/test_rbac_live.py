@@ -205,7 +205,9 @@ def recorded(world):
 
 
 def _pod(name, node=None, cpu="500m"):
-    spec = {"containers": [{"name": "c", "image": "busybox",
+    # Containers that stop at once (a forced delete then holds the share
+    # only the test cluster's margin).
+    spec = {"terminationGracePeriodSeconds": 0, "containers": [{"name": "c", "image": "busybox",
                             "resources": {"requests": {"cpu": cpu, "memory": "100Mi"}}}]}
     if node:
         spec["nodeName"] = node
