@@ -183,15 +183,21 @@ def bound_pods(kube) -> dict[str, tuple[str, Fraction, int]]:
 
 
 def over_capacity(env, kube, capacity: dict[str, tuple[int, int]],
-                  restarted_at: float = 0.0) -> list[str]:
+                  restarted_at: float = 0.0, still_running=None) -> list[str]:
     """Nodes where Slurm's jobs + bound pods exceed (CPUs, MB), now.  Pods
     bound before and after slurmctld is asked were bound meanwhile: no false
-    alarm from pods coming or going during the sample.  Raises Unreadable
-    when either side cannot be read."""
+    alarm from pods coming or going during the sample.  still_running:
+    {node: (cpus, bytes)} of pods the API server no longer has whose
+    containers their kubelet may still run (force-deleted within their grace
+    period).  Raises Unreadable when either side cannot be read."""
     before = bound_pods(kube)
     jobs = slurm_jobs(env, capacity, restarted_at)
     after = bound_pods(kube)
     pods = {n: [Fraction(0), 0] for n in capacity}
+    for node, (cpu, mem) in (still_running or {}).items():
+        if node in pods:
+            pods[node][0] += cpu
+            pods[node][1] += mem
     for uid in before.keys() & after.keys():
         node, cpu, mem = after[uid]
         if node in pods:

@@ -2,7 +2,10 @@
 (sbatch, arrays, srun) and pods on 3 shared nodes -- placed by the real
 kube-scheduler, straight onto nodes with spec.nodeName, and by two
 Deployments scaled up and down; pods deleted with grace periods (they stay
-Terminating, running, until it ends) -- while the coordinator, slurmctld,
+Terminating, running, until it ends) and force-deleted (their kubelet may
+run them for their grace period after the object is gone); pods resized in
+place, up and down; creates on shared nodes that a ResourceQuota of 0 pods
+refuses after admission -- while the coordinator, slurmctld,
 kube-apiserver, kube-scheduler and kube-controller-manager are killed or
 restarted, slurmctld reconfigured, a partition updated, the webhook made
 unreachable for longer than its timeoutSeconds (a pod created on a shared
@@ -25,7 +28,8 @@ The invariant is checked all along from ground truth only
 jobs on each node (`scontrol -d show job`: CPU_IDs, Mem; RUNNING jobs and
 COMPLETING ones whose processes still run) and the non-terminal pods the
 API server has bound there, Terminating ones included, sized by the test's
-own code.  On every node, at every sample: jobs + pods <= capacity.  A
+own code, plus the force-deleted pods still within their grace period.  On
+every node, at every sample: jobs + pods <= capacity.  A
 sample that could not read Slurm or the API server, and a pod create
 answered 5xx (counted apart from the webhook's refusals), fail the run
 unless a fault of that side overlapped it.  At the end nothing is stuck:
@@ -56,7 +60,7 @@ import urllib3
 from kubernetes import client as kclient
 
 from conftest_kube import pick_ports
-from ground_truth import Unreadable, over_capacity
+from ground_truth import Unreadable, over_capacity, pod_size
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator.slurm import Ledger, LedgerError, ledger_socket_path
@@ -70,6 +74,7 @@ SECONDS = float(os.environ.get("PYK8SRES_CHURN_SECONDS", "60"))
 # backlog it leaves (it grows with the churn's length).
 pytestmark = requires_slurm + [pytest.mark.timeout(int(4 * SECONDS) + 1500)]
 NAMESPACE = "churn"
+QUOTA_NAMESPACE = "churn-quota"   # a ResourceQuota of 0 pods: every create there fails
 DEPLOYMENTS = {"web-a": ("500m", "512Mi"), "web-b": ("1500m", "1Gi")}
 LOST_NODE = "n3"          # its kubelet goes away now and then
 # Liveness after the churn.  The churn leaves a backlog (jobs are submitted
@@ -220,7 +225,13 @@ class Churn:
                        "samples": 0, "most Terminating pods in a sample": 0,
                        "webhook scope samples": 0, "forged reviews refused": 0,
                        "flood connections": 0, "flood connections dropped": 0,
-                       "stranger connects refused": 0, "controller changes": 0}
+                       "stranger connects refused": 0, "controller changes": 0,
+                       "resizes admitted": 0, "resizes refused": 0,
+                       "creates refused by a quota": 0}
+        # Pods force-deleted whose containers their kubelet may still run:
+        # (node, cpus, bytes, until monotonic).  The API server no longer has
+        # them; the kubelet kills them within their grace period.
+        self.ghosts: list[tuple[str, object, int, float]] = []
         self.violations: list[str] = []
         self.first_violation = ""            # what each side said when the first was seen
         # (name, sides, start, end) of every fault, monotonic: what may explain
@@ -332,6 +343,8 @@ class Churn:
                 pods = K.list_pods(self.kube, NAMESPACE)
                 for p in self.rnd.sample(pods, min(len(pods), self.rnd.randint(0, 4))):
                     grace = self.rnd.choice([0, 1, 3, None])    # None: the pod's own (2 or 3 s)
+                    if grace == 0:
+                        self._ghost(p)
                     self.kube.core.delete_namespaced_pod(
                         p["metadata"]["name"], NAMESPACE, grace_period_seconds=grace,
                         _request_timeout=10)
@@ -339,6 +352,68 @@ class Churn:
                                 "pods force-deleted (grace 0)")
             except (K.ApiException, urllib3.exceptions.HTTPError, OSError):
                 pass     # gone already, or the API server restarting
+
+    def _ghost(self, pod: dict) -> None:
+        """A pod about to be force-deleted: its kubelet hears of it only
+        afterwards and may run it for its whole grace period (counted from
+        just before the delete, so never too short)."""
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            return
+        cpu, mem = pod_size(pod)
+        grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        with self.lock:
+            self.ghosts.append((node, cpu, mem, time.monotonic() + grace))
+
+    def still_running(self) -> dict:
+        """node -> (cpus, bytes) of the force-deleted pods that may still run."""
+        now, out = time.monotonic(), {}
+        with self.lock:
+            self.ghosts = [g for g in self.ghosts if g[3] > now]
+            for node, cpu, mem, _ in self.ghosts:
+                c0, m0 = out.get(node, (0, 0))
+                out[node] = (c0 + cpu, m0 + mem)
+        return out
+
+    def resize_pods(self):
+        """In-place resizes, up and down, of the pods bound on shared nodes:
+        a growth that does not fit is refused; one that fits is reserved
+        before the kubelet (kwok) applies it."""
+        while not self.stop.wait(self.rnd.uniform(0.5, 1.5)):
+            try:
+                pods = [p for p in K.list_pods(self.kube, NAMESPACE)
+                        if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
+                        and not (p["metadata"].get("labels") or {}).get("app")]
+                if not pods:
+                    continue
+                p = self.rnd.choice(pods)
+                cpu = self.rnd.choice(["250m", "500m", "1", "2", "3", "4"])
+                K.resize_pod(self.kube, NAMESPACE, p["metadata"]["name"],
+                             [{"name": "c", "resources": {"requests": {"cpu": cpu}}}])
+                self._count("resizes admitted")
+            except K.ApiException as e:
+                if e.status == 403 and "denied the request" in (e.body or ""):
+                    self._count("resizes refused")
+            except (urllib3.exceptions.HTTPError, OSError):
+                pass     # API server restarting
+
+    def quota_refused_creates(self):
+        """Creates on shared nodes that the webhook may admit and a
+        ResourceQuota (pods: 0) then refuses: they must hold nothing."""
+        i = 0
+        while not self.stop.wait(self.rnd.uniform(0.5, 1.5)):
+            i += 1
+            pod = self._pod(f"q{i}", f"n{self.rnd.randint(1, NODES)}")
+            try:
+                K.create_pod(self.kube, QUOTA_NAMESPACE, pod)
+                with self.lock:
+                    self.violations.append(f"{time.strftime('%T')} q{i} created in "
+                                           f"{QUOTA_NAMESPACE} despite its quota of 0 pods")
+            except K.ApiException as e:
+                if e.status == 403:
+                    self._count("creates refused by a quota")
+            except (urllib3.exceptions.HTTPError, OSError):
+                pass
 
     # --- the invariant ------------------------------------------------------
     def check(self):
@@ -354,7 +429,8 @@ class Churn:
         API server is recorded, never counted as clean."""
         t0 = time.monotonic()
         try:
-            over = over_capacity(self.c.env, self.kube, CAPACITY, self.ctld_restarted_at)
+            over = over_capacity(self.c.env, self.kube, CAPACITY, self.ctld_restarted_at,
+                                 self.still_running())
             pods = K.list_pods(self.kube, NAMESPACE)
         except Unreadable as e:
             self._not_sampled(e.side, t0, e.detail)
@@ -828,6 +904,9 @@ def world():
     kube = K.Kube(cp.kubeconfig, None, 10)
     try:
         kube.core.create_namespace({"metadata": {"name": NAMESPACE}})
+        kube.core.create_namespace({"metadata": {"name": QUOTA_NAMESPACE}})
+        kube.core.create_namespaced_resource_quota(QUOTA_NAMESPACE, {
+            "metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}})
         apps = kclient.AppsV1Api(kube.api)
         for name, (cpu, memory) in DEPLOYMENTS.items():
             apps.create_namespaced_deployment(NAMESPACE, deployment(name, cpu, memory))
@@ -843,7 +922,8 @@ def test_churn_with_faults_never_double_books(world):
     churn = Churn(c, cp, kube, seed=int(os.environ.get("PYK8SRES_CHURN_SEED", "8")))
     workers = [threading.Thread(target=f, daemon=True) for f in
                (churn.submit_jobs, churn.create_pods, churn.scale_deployments, churn.delete_pods,
-                churn.check, churn.inject, churn.node_outages)]
+                churn.resize_pods, churn.quota_refused_creates, churn.check, churn.inject,
+                churn.node_outages)]
     for w in workers:
         w.start()
     time.sleep(SECONDS)
@@ -949,6 +1029,8 @@ def test_churn_with_faults_never_double_books(world):
     assert counts["deployment scalings"] >= 10 and counts["pods deleted with a grace period"] > 10
     assert counts["most Terminating pods in a sample"] > 0
     assert counts["pods admitted"] > 0 and counts["pods refused"] > 0
+    assert counts["pods force-deleted (grace 0)"] > 0 and counts["resizes admitted"] > 0
+    assert counts["creates refused by a quota"] > 0
     # Admission failed closed while the webhook gave no answer.
     assert counts["creates refused while the webhook was stopped"] >= 1
     assert len(churn.placed) > 5 and len(churn.deployed) > 5 and started > 10
