@@ -262,3 +262,27 @@ def test_relist_holds_what_vanished_unseen(world):
     clock.t += D.DEFAULT_GRACE + MARGIN + 0.1
     rec.cycle()
     assert slurm.counts("n1") == (4, 8000)
+
+
+def test_pod_gc_marks_an_orphaned_pod_failed_before_its_forced_delete(world):
+    """Pod GC (podgc gcOrphaned/gcTerminating, markFailedAndDeletePod) first
+    patches phase Failed onto a pod whose Node is gone, keeping its container
+    statuses as they were (running), then deletes it with grace 0.  No
+    kubelet said anything: the containers may still run."""
+    slurm, cache, rec, clock = world
+    key = rec.cfg.node_key
+    cache.event("pods", "ADDED", with_grace(pod("b", "k8s-b", "3", "0"), 10))
+    rec.cycle()
+    assert slurm.counts("n2") == (1, 8000)
+    cache.event("nodes", "DELETED", ready_node("k8s-b", **{key: "n2"}))
+    rec.cycle()
+    gc = with_grace(pod("b", "k8s-b", "3", "0", phase="Failed"), 10)
+    gc["status"]["containerStatuses"] = [{"name": "c", "state": {"running": {}}}]
+    gc["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
+                                   "reason": "DeletionByPodGC"}]
+    cache.event("pods", "MODIFIED", gc)                 # the status patch
+    rec.cycle(refresh=False, dirty=cache.take_dirty())
+    cache.event("pods", "DELETED", gc)                  # the forced delete
+    rec.cycle(refresh=False, dirty=cache.take_dirty())
+    rec.cycle()
+    assert slurm.counts("n2") == (1, 8000), "released while its containers may run"
