@@ -286,3 +286,24 @@ def test_pod_gc_marks_an_orphaned_pod_failed_before_its_forced_delete(world):
     rec.cycle(refresh=False, dirty=cache.take_dirty())
     rec.cycle()
     assert slurm.counts("n2") == (1, 8000), "released while its containers may run"
+
+
+def test_a_pod_that_leaves_while_a_cycle_runs_is_never_released_early(world, monkeypatch):
+    """The watch thread may deliver a forced delete at any moment of a cycle.
+    The cycle takes the departures first and reads each node's bound pods
+    later: a pod that leaves in between is in neither, and its share goes
+    until the next cycle holds it again (a job or a pod may take it then)."""
+    slurm, cache, rec, clock = world
+    cache.event("pods", "ADDED", with_grace(pod("a", "n1", "3", "0"), 20))
+    rec.cycle()
+    assert slurm.counts("n1") == (1, 8000)
+    take = cache.take_departures
+
+    def take_then_delete():
+        out = take()
+        cache.event("pods", "DELETED", with_grace(pod("a", "n1", "3", "0"), 20))  # --force
+        monkeypatch.setattr(cache, "take_departures", take)
+        return out
+    monkeypatch.setattr(cache, "take_departures", take_then_delete)
+    rec.cycle()
+    assert slurm.counts("n1") == (1, 8000), "the departed pod's share went for a cycle"
