@@ -307,3 +307,22 @@ def test_a_pod_that_leaves_while_a_cycle_runs_is_never_released_early(world, mon
     monkeypatch.setattr(cache, "take_departures", take_then_delete)
     rec.cycle()
     assert slurm.counts("n1") == (1, 8000), "the departed pod's share went for a cycle"
+
+
+def test_a_deleted_unreachable_node_is_not_the_admins_fence(world):
+    """docs/admission.md: pods gone from a NotReady/Unknown node are held until
+    it is Ready again or carries the out-of-service taint.  Deleting the Node
+    object of a partitioned machine (an admin, an autoscaler) says nothing of
+    its containers, yet the hold then counts down as if it were back."""
+    slurm, cache, rec, clock = world
+    key = rec.cfg.node_key
+    cache.event("pods", "ADDED", with_grace(pod("b", "k8s-b", "3", "0"), 10))
+    rec.cycle()
+    cache.event("nodes", "MODIFIED", ready_node("k8s-b", "Unknown", **{key: "n2"}))
+    cache.event("pods", "DELETED", with_grace(pod("b", "k8s-b", "3", "0"), 10))  # --force
+    rec.cycle()
+    cache.event("nodes", "DELETED", ready_node("k8s-b", "Unknown", **{key: "n2"}))
+    rec.cycle()
+    clock.t += 10 + MARGIN + 0.1
+    rec.cycle()
+    assert slurm.counts("n2") == (1, 8000), "released while the machine may still run it"
