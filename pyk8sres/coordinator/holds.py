@@ -58,6 +58,21 @@ class Holds:
     def nodes(self) -> set[str]:
         return set(self.by_node)
 
+    def k8s_nodes(self) -> set[str]:
+        """The Kubernetes nodes the held pods left."""
+        return {h.k8s_node for held in self.by_node.values() for h in held.values()}
+
+    def forget_unknown(self, slurm_nodes) -> None:
+        """Drop what is kept for Slurm nodes Slurm no longer has (removed
+        from its configuration): nothing can be held there."""
+        for s in set(self.by_node) - set(slurm_nodes):
+            log.info("node %s: no longer a Slurm node; its held shares are dropped", s)
+            del self.by_node[s]
+        for k in list(self.sticky):
+            self.sticky[k] &= set(slurm_nodes)
+            if not self.sticky[k]:
+                del self.sticky[k]
+
     def advance(self, states: Mapping[str, str], now: float) -> set[str]:
         """Move every hold on as its Kubernetes node stands (states: node ->
         departures state; a node not in it is ABSENT); returns the Slurm

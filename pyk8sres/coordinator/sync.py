@@ -277,10 +277,8 @@ class Cache:
     def event(self, kind: str, typ: str, obj: dict) -> None:
         key = self._key(obj) if kind == "pods" else (obj.get("metadata") or {}).get("name")
         table = self.pods if kind == "pods" else self.nodes
-        gone = False    # a deleted pod's last object shows nothing of it runs
         if typ == "DELETED":
             new = None
-            gone = kind == "pods" and D.containers_gone(obj)
         elif kind == "pods":
             new = self._pod(obj)
         else:
@@ -296,7 +294,9 @@ class Cache:
             if kind == "pods":
                 if old is not None:
                     self._account(key, old, -1)
-                    if new is None and typ == "DELETED" and not gone and not old.error:
+                    # Gone from what counts (deleted, or a terminal phase) with
+                    # no word that its containers stopped: held a while.
+                    if new is None and not old.error and not D.containers_gone(obj):
                         self.departed.append((old, time.time()))
                 if new is not None:
                     self._account(key, new, +1)
@@ -381,10 +381,11 @@ class Cache:
             out, self.departed = self.departed, []
             return out
 
-    def node_states(self) -> dict[str, str]:
-        """Kubernetes node -> its departures state (Ready, unreachable, fenced)."""
+    def node_states(self, names) -> dict[str, str]:
+        """Kubernetes node -> its departures state (Ready, unreachable,
+        fenced), for these nodes; one without an object is left out (ABSENT)."""
         with self.lock:
-            return {k: n.get("state", D.READY) for k, n in self.nodes.items()}
+            return {k: n.get("state", D.READY) for k in names if (n := self.nodes.get(k))}
 
 
 # ----------------------------------------------------------------- reconcile
@@ -426,6 +427,7 @@ class Reconciler:
         self.failed = False        # the last cycle left a ledger or GenericNode write undone
         self.holds = Holds(cfg.departed_margin_seconds)
         self.seeded: set[str] = set()   # Slurm nodes whose ledger entries this process has read
+        self.departure_ctx: tuple | None = None   # (mappings, Slurm view) of this cycle's departures
 
     def _warn_new(self, warnings: list[str]) -> None:
         now = set(warnings)
@@ -465,6 +467,7 @@ class Reconciler:
         before = self.last.mapping if self.last else {}
         self._hold_departures((before, d.mapping), view)
         self.holds.keep_mappings(before, d.mapping, self.cache.has_pods)
+        self.holds.forget_unknown(view)
         self.set_shares(d, healthy)
         self._publish(d, view, healthy)
         self.last = d
@@ -483,15 +486,25 @@ class Reconciler:
                 or (due is not None and now >= due)
                 or now - self.last_full >= self.cfg.idle_full_seconds)
 
-    def _hold_departures(self, mappings: tuple, view: dict) -> set[str]:
-        """Hold the shares of the pods that left since the last cycle
+    def _hold_departures(self, mappings: tuple, view: dict,
+                         advance: bool | None = True) -> set[str]:
+        """Hold the shares of the pods that left since the last call
         (policy/departures.py) on every Slurm node their Kubernetes node
-        counted on (under any of `mappings`, or kept), and move every hold
-        on as its node stands; returns the Slurm nodes whose held entries
-        changed."""
-        now, states = time.monotonic(), self.cache.node_states()
+        counted on (under any of `mappings`, or kept), and move the holds on
+        as their nodes stand: advance True (a full cycle) always, None (a
+        pod event's cycle) only when one is due, False never.  Returns the
+        Slurm nodes whose held entries changed.  O(departures), plus
+        O(holds) when advancing."""
+        self.departure_ctx = (mappings, view)
+        now = time.monotonic()
+        departed = self.cache.take_departures()
+        if advance is None:
+            due = self.holds.next_due()
+            advance = due is not None and now >= due
+        names = {pu.node for pu, _ in departed} | (self.holds.k8s_nodes() if advance else set())
+        states = self.cache.node_states(names)
         changed = set()
-        for pu, wall in self.cache.take_departures():
+        for pu, wall in departed:
             where = {s for m in mappings
                      if (s := U.slurm_node_of(pu.node, m, view, self.cfg.map_by_name))}
             where |= self.holds.kept_for(pu.node)
@@ -501,7 +514,7 @@ class Reconciler:
                                 margin=self.cfg.departed_margin_seconds)
             self.holds.add(where, pu.uid, held)
             changed |= where
-        return changed | self.holds.advance(states, now)
+        return changed | (self.holds.advance(states, now) if advance else set())
 
     def _cycle_pods(self, dirty: set[str], view: dict) -> U.Desired:
         """The cycle for pod changes only: the Slurm nodes those pods count
@@ -512,7 +525,7 @@ class Reconciler:
         touched = {s for k in dirty
                    if (s := U.slurm_node_of(k, last.mapping, view, self.cfg.map_by_name))}
         touched |= {s for k in dirty for s in self.holds.kept_for(k)}
-        touched |= self._hold_departures((last.mapping,), view)
+        touched |= self._hold_departures((last.mapping,), view, advance=None)
         if not touched:
             return last
         part, healthy = self.cache.usage_of(U.counting_on(touched, last.mapping, last.here))
@@ -551,6 +564,10 @@ class Reconciler:
                   if only is None or s in only]
         for k8s_name, slurm_name in pairs:
             wanted.setdefault(slurm_name, {}).update(self.cache.entries(k8s_name))
+        # A pod that left while the entries were read is in neither: its
+        # departure is taken only now, after them.
+        if self.departure_ctx is not None:
+            self._hold_departures(*self.departure_ctx, advance=False)
         for name in self.holds.nodes():
             if only is None or name in only:
                 wanted[name] = {**self.holds.entries(name), **wanted.get(name, {})}

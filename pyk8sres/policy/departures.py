@@ -9,13 +9,16 @@ back.  Until then those CPUs and that memory are still in use, so the share
 stays held:
 
   the last object seen says its containers are gone   -> released at once
-  (phase Succeeded/Failed, or every container terminated)
+  (every container terminated; a phase alone proves nothing: pod GC marks
+  the pods of a deleted Node Failed with their containers still "running")
   its node carries the out-of-service taint           -> released at once
   (the admin's word that the node is shut down: upstream's non-graceful
   node shutdown)
   its node is NotReady or Unknown                      -> held until the node
                                                           is Ready again, then
-                                                          as below
+                                                          as below (deleting
+                                                          the Node object does
+                                                          not end the wait)
   otherwise (node Ready, or its Node object deleted)   -> held for what is left
                                                           of its grace period,
                                                           plus a margin
@@ -38,12 +41,19 @@ OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
 READY, UNREACHABLE, FENCED, ABSENT = "ready", "unreachable", "fenced", "absent"
 
 
-def grace_of(pod: Mapping) -> float:
-    """The pod's terminationGracePeriodSeconds (the API server's default if unset)."""
-    value = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+def _seconds(value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        return DEFAULT_GRACE
+        return None
     return float(value)
+
+
+def grace_of(pod: Mapping) -> float:
+    """How long its kubelet may take to kill the pod once told: its
+    terminationGracePeriodSeconds (the API server's default if unset), or a
+    longer grace period its deletion asked for (`delete --grace-period=N`)."""
+    spec = _seconds((pod.get("spec") or {}).get("terminationGracePeriodSeconds"))
+    asked = _seconds((pod.get("metadata") or {}).get("deletionGracePeriodSeconds"))
+    return max(DEFAULT_GRACE if spec is None else spec, asked or 0.0)
 
 
 def kill_by(pod: Mapping) -> float | None:
@@ -64,11 +74,11 @@ def kill_by(pod: Mapping) -> float | None:
 
 
 def containers_gone(pod: Mapping) -> bool:
-    """Does this object show that nothing of the pod runs any more?  A
-    terminal phase, or a status for every container and each terminated."""
+    """Does this object show that nothing of the pod runs any more: a
+    status for every container, each terminated?  (A kubelet reports a
+    terminal phase only with its containers terminated; pod GC sets phase
+    Failed on pods it is about to delete and leaves their states as they were.)"""
     status = pod.get("status") or {}
-    if status.get("phase") in ("Succeeded", "Failed"):
-        return True
     spec = pod.get("spec") or {}
     names = {c.get("name") for c in (spec.get("containers") or [])}
     names |= {c.get("name") for c in (spec.get("initContainers") or [])
@@ -118,17 +128,18 @@ def first_hold(cpu_m: int, mem_bytes: int, k8s_node: str, grace: float,
     if state == UNREACHABLE:
         return Held(cpu_m, mem_bytes, k8s_node, grace, None)
     left = grace if was_terminating_until is None else max(0.0, was_terminating_until - wall)
-    return Held(cpu_m, mem_bytes, k8s_node, grace, now + min(left, grace) + margin)
+    return Held(cpu_m, mem_bytes, k8s_node, grace, now + left + margin)
 
 
 def next_hold(h: Held, state: str, *, now: float, margin: float) -> Held | None:
     """The hold as its node stands now: None once released (fenced, or its
     time is up on a node that is not unreachable); waiting while the node
-    is unreachable; a full grace period and margin from the moment a
-    waited-for node is back (its kubelet kills the pod only then)."""
+    is unreachable, and on after its Node object is deleted (that says
+    nothing of the machine); a full grace period and margin from the
+    moment a waited-for node is Ready (its kubelet kills the pod only then)."""
     if state == FENCED:
         return None
-    if state == UNREACHABLE:
+    if state == UNREACHABLE or (state == ABSENT and h.until is None):
         return h if h.until is None else h._replace(until=None)
     if h.until is None:
         return h._replace(until=now + h.grace + margin)

@@ -24,8 +24,8 @@ def held(until, grace=30.0):
     ("seen Terminating, vanished when its grace ended", 30.0, WALL, D.READY, held(NOW + MARGIN)),
     ("seen Terminating, then forced 10 s into 30", 30.0, WALL + 20, D.READY,
      held(NOW + 20 + MARGIN)),
-    ("a deletionTimestamp past the grace period counts no longer than it", 30.0, WALL + 500,
-     D.READY, held(NOW + 30 + MARGIN)),
+    ("a delete that asked a longer grace period: its deadline counts", 30.0, WALL + 500,
+     D.READY, held(NOW + 500 + MARGIN)),
     ("Node object deleted: grace and margin", 10.0, None, D.ABSENT,
      held(NOW + 10 + MARGIN, grace=10.0)),
     ("node NotReady or Unknown: until it is back", 30.0, None, D.UNREACHABLE, held(None)),
@@ -59,8 +59,9 @@ def status(phase="Running", **states):
 
 @pytest.mark.parametrize("case, st, want", [
     ("running", status(c="running"), False),
-    ("terminal phase", status("Failed", c="running"), True),
-    ("succeeded", {"phase": "Succeeded"}, True),
+    ("pod GC's Failed: the containers as they were", status("Failed", c="running"), False),
+    ("a phase alone says nothing of the containers", {"phase": "Succeeded"}, False),
+    ("succeeded as a kubelet reports it", status("Succeeded", c="terminated"), True),
     ("every container terminated", status(c="terminated"), True),
     ("one container still running", {"phase": "Running", "containerStatuses": [
         {"name": "c", "state": {"terminated": {}}}]}, False),   # c2 has no status
@@ -92,6 +93,9 @@ def test_grace_and_kill_by_read_from_the_pod():
                       "deletionGracePeriodSeconds": 7},
          "spec": {"terminationGracePeriodSeconds": 7}}
     assert D.grace_of(p) == 7.0 and D.grace_of({}) == D.DEFAULT_GRACE
+    longer = {"metadata": {"deletionGracePeriodSeconds": 90},
+              "spec": {"terminationGracePeriodSeconds": 7}}
+    assert D.grace_of(longer) == 90.0       # `delete --grace-period=90`: the kubelet waits so
     assert D.kill_by(p) == 1796590830.0 and D.kill_by({}) is None
     # A forced delete: deletionTimestamp now and period 0, the object gone at
     # once; the kubelet was told nothing yet.

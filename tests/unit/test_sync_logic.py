@@ -87,7 +87,9 @@ def pod(name, node, cpu="1", mem="1Gi", phase="Running", labels=None, ns="ns"):
             "spec": {"nodeName": node,
                      "containers": [{"name": "c", "resources": {
                          "requests": {"cpu": cpu, "memory": mem}}}]},
-            "status": {"phase": phase}}
+            "status": {"phase": phase, **({"containerStatuses": [
+                {"name": "c", "state": {"terminated": {"exitCode": 0}}}]}
+                if phase in ("Succeeded", "Failed") else {})}}
 
 
 def knode(name, **labels):
