@@ -12,9 +12,11 @@ namespace/name:
   - a pod of that UID exists: it landed; the sync daemon owns its share;
   - no pod, or one of another UID: it failed; the reservation is released
     with `unbound_only` (pyk8sres.policy.ledger), which never drops an entry
-    the sync daemon has already seen bound, and the namespace's creates on
-    shared nodes are refused for `hold` seconds (policy: phantom_refusal),
-    so a loop of failing creates holds nothing most of the time;
+    the sync daemon has already seen bound; a namespace with two such
+    creates within `hold` seconds has its creates on shared nodes refused
+    for `hold` seconds (policy: phantom_refusal), so a loop of failing
+    creates holds nothing most of the time.  One is forgiven: a pod created
+    and deleted before the sync daemon saw it bound looks the same;
   - the API server or the ledger does not answer: tried again every
     `retry` seconds until `give_up` (the ledger's own grace period ends it
     by then anyway).
@@ -65,6 +67,7 @@ class CreateConfirmer:
         self._due: list[tuple[float, int, Created]] = []
         self._seq = 0
         self._blocked: dict[str, float] = {}     # namespace -> refuse its creates until
+        self._last: dict[str, float] = {}        # namespace -> its last create that failed
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -127,6 +130,17 @@ class CreateConfirmer:
                     self._seq += 1
                     heapq.heappush(self._due, (self.clock() + self.retry, self._seq, c))
 
+    def _failed(self, namespace: str) -> None:
+        now = self.clock()
+        with self._cv:
+            last = self._last.get(namespace)
+            self._last[namespace] = now
+            if last is not None and now - last < self.hold:
+                self._blocked[namespace] = now + self.hold
+            if len(self._last) > self.cap:       # bounded: forget the oldest
+                for ns in sorted(self._last, key=self._last.get)[:len(self._last) // 2]:
+                    del self._last[ns]
+
     def check(self, c: Created) -> bool:
         """One look at a tracked create; True when nothing is left to do."""
         try:
@@ -144,12 +158,11 @@ class CreateConfirmer:
             return False
         if reply.get("ok") is True:
             if not reply.get("kept"):
-                log.warning("pod create %s/%s (UID %s) was refused after admission: its "
-                            "reservation on Slurm node %s is released; creates on shared nodes "
-                            "in namespace %s are refused for %g s", c.namespace, c.name, c.uid,
-                            c.slurm_node, c.namespace, self.hold)
-                with self._cv:
-                    self._blocked[c.namespace] = self.clock() + self.hold
+                log.warning("pod create %s/%s (UID %s) is no pod %g s after admission "
+                            "(refused by ResourceQuota, name taken, or deleted at once): its "
+                            "reservation on Slurm node %s is released", c.namespace, c.name,
+                            c.uid, self.after, c.slurm_node)
+                self._failed(c.namespace)
             return True
         if reply.get("code") == "badrequest":
             if not self._old_ledger:
