@@ -448,6 +448,12 @@ class Webhook:
     configuration).  start() returns once it serves; stop() ends both."""
 
     def __init__(self, wcfg: WebhookConfig, scfg: sync.SyncConfig, kube, ledger, events=None):
+        if not 0 < wcfg.confirm_create_seconds < scfg.reservation_grace:
+            raise sync.ConfigError(
+                f"webhook: confirm_create_seconds ({wcfg.confirm_create_seconds}) must be above 0 "
+                f"and below the sync daemon's reservation_grace ({scfg.reservation_grace})")
+        if wcfg.phantom_hold_seconds < 0:
+            raise sync.ConfigError("webhook: phantom_hold_seconds must be 0 (never) or more")
         self.wcfg, self.kube, self.ledger = wcfg, kube, ledger
         self.scope = Scope(scfg)
         host, _, port = wcfg.listen.rpartition(":")

@@ -182,6 +182,9 @@ def test_unshared_nodes_condition_quotes_and_fails_closed():
     c = A.unshared_nodes_condition(["n2", "n1", "it's"])
     assert "!(object.target.name in {'it\\'s': true, 'n1': true, 'n2': true})" in c
     assert "!(object.spec.nodeName in {" in c
+    # a pod with no node: only its resize is sent (a growth is refused)
+    assert "has(object.spec.nodeName) ? !(object.spec.nodeName in {" in c
+    assert c.endswith(": (has(request.subResource) && request.subResource == 'resize'))")
 
 
 VWC = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",

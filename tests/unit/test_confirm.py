@@ -204,3 +204,16 @@ def test_admission_reads_reserved_creates_back(case, request_, reply, blocked, a
         assert confirmer.tracked == [("q", "p", "u-1", "n1")]
     if blocked and not allowed:
         assert ledger.calls == [] and "namespace q" in answer["status"]["message"]
+
+
+@pytest.mark.parametrize("settings,words", [
+    ({"confirm_create_seconds": 0}, "confirm_create_seconds"),
+    ({"confirm_create_seconds": 30}, "reservation_grace"),
+    ({"phantom_hold_seconds": -1}, "phantom_hold_seconds"),
+])
+def test_webhook_settings_are_checked(settings, words):
+    from pyk8sres.coordinator import sync
+    from pyk8sres.coordinator import webhook as W
+    with pytest.raises(sync.ConfigError) as e:
+        W.Webhook(W.WebhookConfig(**settings), sync.SyncConfig(), None, None)
+    assert words in str(e.value)
