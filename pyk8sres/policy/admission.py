@@ -167,7 +167,8 @@ def plan(target: Target, pod: Mapping | None, slurm_node: str | None,
     slurm_node: the Slurm node the Kubernetes node is (None: not a shared node).
     """
     if target.op == "resize" and not target.node:
-        return _unbound_resize(target)
+        why = U.exempt_reason(target.pod or {}, exempt)
+        return Allow(why, "exempt") if why else _unbound_resize(target)
     if slurm_node is None:
         return Allow(f"node {target.node} is not shared with Slurm", "not_shared")
     pod = target.pod if target.pod is not None else pod

@@ -338,6 +338,8 @@ def resize(new, old, node="n1", dry=False):
     ("unbound growth to an unshared node's size: refused all the same", pod(cpu="64"), pod(),
      "unbound_growth"),
     ("unbound, unreadable: refused", pod(cpu="lots"), pod(), "bad_request"),
+    ("unbound Slurm worker (exempt: holds nothing) may grow", pod(cpu="2", ns="slurm"),
+     pod(ns="slurm"), "exempt"),
     # oldObject is the pod as stored when the resize is stored (the API
     # server re-runs admission if it changed): bound meanwhile -> bound rules
     ("bound between the binding and the resize",
