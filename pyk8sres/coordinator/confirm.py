@@ -1,19 +1,24 @@
-"""Hand back the reservation of a pod create that never became a pod.
+"""Hand back the reservation of a pod create (or binding) that never became
+a pod on its node.
 
 A CREATE with spec.nodeName is reserved when the webhook admits it, but the
 API server may still refuse it afterwards: ResourceQuota runs after the
 validating webhooks, and the store answers AlreadyExists.  Nothing tells the
-webhook.  Left alone, the reservation is dropped only by the sync daemon's
-`set` once its grace period (reservation_grace) ends, so a namespace that
-repeats such a create holds a node's CPUs for as long as it likes.
+webhook.  A binding the store refuses (the pod is bound already, or gone)
+is the same.  Left alone, the reservation is dropped only by the sync
+daemon's `set` once its grace period (reservation_grace) ends, so a
+namespace that repeats such a create holds a node's CPUs for as long as it
+likes.
 
-So each reserved create is looked at again `after` seconds later, by
-namespace/name:
-  - a pod of that UID exists: it landed; the sync daemon owns its share;
-  - no pod, or one of another UID: it failed; the reservation is released
+So each reserved create and binding is looked at again `after` seconds
+later, by namespace/name:
+  - a pod of that UID bound to that node exists: it landed; the sync daemon
+    owns its share;
+  - no pod, one of another UID, or one bound elsewhere: it failed; the
+    reservation is released
     with `unbound_only` (pyk8sres.policy.ledger), which never drops an entry
     the sync daemon has already seen bound; a namespace with two such
-    creates within `hold` seconds has its creates on shared nodes refused
+    creates (not bindings: kube-scheduler's, not the namespace's) within `hold` seconds has its creates on shared nodes refused
     for `hold` seconds (policy: phantom_refusal), so a loop of failing
     creates holds nothing most of the time.  One is forgiven: a pod created
     and deleted before the sync daemon saw it bound looks the same;
@@ -51,6 +56,8 @@ class Created(NamedTuple):
     uid: str
     slurm_node: str
     admitted: float
+    node: str = ""            # the Kubernetes node it was admitted on
+    create: bool = True       # a create (its failures count against the namespace)
 
 
 class CreateConfirmer:
@@ -74,14 +81,16 @@ class CreateConfirmer:
         self._old_ledger = False
 
     # --- called by admission ---------------------------------------------
-    def track(self, namespace: str, name: str, uid: str, slurm_node: str) -> None:
+    def track(self, namespace: str, name: str, uid: str, slurm_node: str, node: str,
+              create: bool = True) -> None:
         now = self.clock()
         with self._cv:
             if self._stopped or len(self._due) >= self.cap:
                 return
             self._seq += 1
             heapq.heappush(self._due, (now + self.after, self._seq,
-                                       Created(namespace, name, uid, slurm_node, now)))
+                                       Created(namespace, name, uid, slurm_node, now, node,
+                                               create)))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="webhook-confirm",
                                                 daemon=True)
@@ -148,7 +157,7 @@ class CreateConfirmer:
         except Exception as e:
             log.info("create %s/%s: cannot read it back (%s); trying again", c.namespace, c.name, e)
             return False
-        if A.create_landed(c.uid, stored):
+        if A.landed(c.uid, c.node, stored):
             return True
         try:
             reply = self.ledger.release_unbound(c.slurm_node, c.uid)
@@ -158,11 +167,13 @@ class CreateConfirmer:
             return False
         if reply.get("ok") is True:
             if not reply.get("kept"):
-                log.warning("pod create %s/%s (UID %s) is no pod %g s after admission "
-                            "(refused by ResourceQuota, name taken, or deleted at once): its "
-                            "reservation on Slurm node %s is released", c.namespace, c.name,
-                            c.uid, self.after, c.slurm_node)
-                self._failed(c.namespace)
+                log.warning("pod %s %s/%s (UID %s) is no pod on node %s %g s after "
+                            "admission (refused by ResourceQuota, name taken, bound already, "
+                            "or deleted at once): its reservation on Slurm node %s is released",
+                            "create" if c.create else "binding", c.namespace, c.name, c.uid,
+                            c.node, self.after, c.slurm_node)
+                if c.create:
+                    self._failed(c.namespace)
             return True
         if reply.get("code") == "badrequest":
             if not self._old_ledger:

@@ -279,9 +279,10 @@ class Admission:
                           "no pod is placed on a shared node until it does",
                           "ledger_unreachable"), t, pod
         decision = A.verdict(t, d, reply)
-        if creates and isinstance(decision, A.Allow):
+        if t.op in ("create", "bind") and not d.static and isinstance(decision, A.Allow):
             # Quota or the store may still refuse it: read it back shortly.
-            self.confirmer.track(t.namespace, t.pod_name, d.key, d.slurm_node)
+            self.confirmer.track(t.namespace, t.pod_name, d.key, d.slurm_node, t.node,
+                                 create=creates)
         return decision, t, pod
 
     def review(self, body: dict) -> dict:

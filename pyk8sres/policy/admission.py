@@ -26,8 +26,9 @@ meanwhile), so a pod bound in between is judged as bound.
 
 Creates with spec.nodeName are reserved before later admission plugins
 (ResourceQuota) or the store (AlreadyExists) may still refuse them:
-create_landed() says whether such a reservation became a pod once it can
-be read back.
+landed() says whether such a reservation (or a binding's, which the store
+refuses when the pod is bound already) became a pod once it can be read
+back.
 """
 
 from __future__ import annotations
@@ -225,12 +226,15 @@ def verdict(target: Target, r: Reserve, reply: Mapping) -> Allow | Deny:
 
 # ------------------------------------------------- creates refused after us
 
-def create_landed(uid: str, stored: Mapping | None) -> bool:
-    """Did the create admitted with this UID become a pod?  `stored` is the
-    pod of that namespace/name as the API server has it now (None: none).
-    A pod of another UID under the name means ours lost (AlreadyExists, or
-    replaced since: either way the reservation under our UID is no pod's)."""
-    return bool(stored) and ((stored.get("metadata") or {}).get("uid") == uid)
+def landed(uid: str, node: str, stored: Mapping | None) -> bool:
+    """Did the create (or binding) admitted for this UID on this Kubernetes
+    node become a pod there?  `stored` is the pod of that namespace/name as
+    the API server has it now (None: none).  A pod of another UID under the
+    name means ours lost (AlreadyExists, or replaced since); one bound to
+    another node means the binding lost (already bound): either way the
+    reservation under our UID on that node is no pod's."""
+    return bool(stored) and ((stored.get("metadata") or {}).get("uid") == uid
+                             and (stored.get("spec") or {}).get("nodeName") == node)
 
 
 def phantom_refusal(target: Target, seconds_left: float) -> Deny:

@@ -42,8 +42,8 @@ class Clock:
         return self.t
 
 
-def stored(uid):
-    return {"metadata": {"name": "p", "namespace": "q", "uid": uid}}
+def stored(uid, node="n1"):
+    return {"metadata": {"name": "p", "namespace": "q", "uid": uid}, "spec": {"nodeName": node}}
 
 
 @pytest.mark.parametrize("case,pod,entries,left,blocked", [
@@ -51,6 +51,8 @@ def stored(uid):
     ("never stored (quota): released, namespace waits", None,
      {"u-1": Entry(6000, 0, 0.0), "other": Entry(1000, 0, 0.0, True)}, {"other"}, True),
     ("name taken by another pod (AlreadyExists): released", stored("u-0"),
+     {"u-1": Entry(6000, 0, 0.0)}, set(), True),
+    ("bound to another node: released", stored("u-1", "n2"),
      {"u-1": Entry(6000, 0, 0.0)}, set(), True),
     # The sync daemon saw it bound (it landed after all, and went): kept.
     ("seen bound by the sync daemon: kept", None, {"u-1": Entry(6000, 0, 0.0, True)}, {"u-1"},
@@ -61,14 +63,14 @@ def test_check(monkeypatch, case, pod, entries, left, blocked):
     monkeypatch.setattr(K, "get_pod", lambda kube, ns, name: pod)
     ledger, clock = Ledger(entries), Clock()
     c = C.CreateConfirmer(None, ledger, hold=10.0, clock=clock)
-    assert c.check(C.Created("q", "p", "u-1", "n1", clock.t)) is True, case
+    assert c.check(C.Created("q", "p", "u-1", "n1", clock.t, "n1")) is True, case
     assert set(ledger.entries) == left, case
     # One is forgiven (a pod created and deleted before the sync daemon saw it)...
     assert c.blocked_for("q") == 0, case
     # ...a second within `hold` seconds is not.
     clock.t += 9.0
     ledger.entries["u-2"] = Entry(6000, 0, 0.0, entries.get("u-1", Entry(0, 0, 0.0)).bound)
-    c.check(C.Created("q", "p", "u-2", "n1", clock.t))
+    c.check(C.Created("q", "p", "u-2", "n1", clock.t, "n1"))
     assert (c.blocked_for("q") > 0) is blocked, case
     assert c.blocked_for("other-namespace") == 0, case
     if blocked:
@@ -82,7 +84,7 @@ def test_failures_further_apart_than_hold_are_forgiven(monkeypatch):
     clock = Clock()
     c = C.CreateConfirmer(None, Ledger(), hold=10.0, clock=clock)
     for i in range(5):
-        c.check(C.Created("q", "p", f"u-{i}", "n1", clock.t))
+        c.check(C.Created("q", "p", f"u-{i}", "n1", clock.t, "n1"))
         assert c.blocked_for("q") == 0
         clock.t += 11
 
@@ -102,7 +104,7 @@ def test_check_when_something_does_not_answer(monkeypatch, case, get, answer, do
     monkeypatch.setattr(K, "get_pod", read)
     ledger = Ledger({"u-1": Entry(6000, 0, 0.0)}, answer=answer)
     c = C.CreateConfirmer(None, ledger)
-    assert c.check(C.Created("q", "p", "u-1", "n1", 0.0)) is done, case
+    assert c.check(C.Created("q", "p", "u-1", "n1", 0.0, "n1")) is done, case
     assert c.blocked_for("q") == 0, case
 
 
@@ -111,7 +113,7 @@ def test_the_worker_releases_a_refused_create_after_the_delay(monkeypatch):
     ledger = Ledger({"u-1": Entry(6000, 0, 0.0)})
     c = C.CreateConfirmer(None, ledger, after=0.05)
     try:
-        c.track("q", "p", "u-1", "n1")
+        c.track("q", "p", "u-1", "n1", "n1")
         assert ledger.calls == []            # not before the delay
         import time
         deadline = time.monotonic() + 5
@@ -127,17 +129,30 @@ def test_tracking_is_bounded():
     c = C.CreateConfirmer(None, Ledger(), after=3600, cap=3)
     try:
         for i in range(10):
-            c.track("q", f"p{i}", f"u-{i}", "n1")
+            c.track("q", f"p{i}", f"u-{i}", "n1", "n1")
         assert c.pending() == 3
     finally:
         c.stop()
 
 
-def test_create_landed():
-    assert A.create_landed("u-1", stored("u-1"))
-    assert not A.create_landed("u-1", stored("u-2"))
-    assert not A.create_landed("u-1", None)
-    assert not A.create_landed("u-1", {})
+def test_landed():
+    assert A.landed("u-1", "n1", stored("u-1"))
+    assert not A.landed("u-1", "n1", stored("u-2"))
+    assert not A.landed("u-1", "n1", stored("u-1", "n2"))      # a binding that lost
+    assert not A.landed("u-1", "n1", stored("u-1", None))
+    assert not A.landed("u-1", "n1", None)
+    assert not A.landed("u-1", "n1", {})
+
+
+def test_a_failed_binding_is_released_but_never_pauses_the_namespace(monkeypatch):
+    """Bindings are kube-scheduler's, not the namespace's doing."""
+    monkeypatch.setattr(K, "get_pod", lambda kube, ns, name: stored("u-1", "n2"))
+    ledger, clock = Ledger({"u-1": Entry(6000, 0, 0.0)}), Clock()
+    c = C.CreateConfirmer(None, ledger, hold=10.0, clock=clock)
+    for _ in range(3):
+        assert c.check(C.Created("q", "p", "u-1", "n1", clock.t, "n1", create=False))
+        ledger.entries["u-1"] = Entry(6000, 0, 0.0)
+    assert ledger.calls == [("n1", "u-1")] * 3 and c.blocked_for("q") == 0
 
 
 def test_phantom_refusal_names_namespace_and_why():
@@ -152,8 +167,9 @@ class Tracking(C.CreateConfirmer):
         super().__init__(None, None)
         self.tracked, self.blocked = [], blocked
 
-    def track(self, *a):
+    def track(self, *a, create=True):
         self.tracked.append(a)
+        self.kinds = getattr(self, "kinds", []) + [create]
 
     def blocked_for(self, namespace):
         return self.blocked
@@ -177,8 +193,8 @@ class Reserving:
      ("CREATE", "pods", "", "n1"), {"ok": True}, 5.0, False, False),
     ("create on an unshared node: not tracked", ("CREATE", "pods", "", "k8s-only"),
      {"ok": True}, 5.0, True, False),
-    ("binding: the pod exists already, never tracked", ("CREATE", "pods", "binding", "n1"),
-     {"ok": True}, 5.0, True, False),
+    ("binding: read back too, whatever the namespace's pause",
+     ("CREATE", "pods", "binding", "n1"), {"ok": True}, 5.0, True, True),
 ])
 def test_admission_reads_reserved_creates_back(case, request_, reply, blocked, allowed,
                                                tracked):
@@ -201,7 +217,8 @@ def test_admission_reads_reserved_creates_back(case, request_, reply, blocked, a
     assert answer["allowed"] is allowed, (case, answer)
     assert bool(confirmer.tracked) is tracked, case
     if tracked:
-        assert confirmer.tracked == [("q", "p", "u-1", "n1")]
+        assert confirmer.tracked == [("q", "p", "u-1", "n1", "n1")]
+        assert confirmer.kinds == [sub != "binding"]
     if blocked and not allowed:
         assert ledger.calls == [] and "namespace q" in answer["status"]["message"]
 
