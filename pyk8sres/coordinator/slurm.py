@@ -279,6 +279,12 @@ class Ledger:
     def release(self, node: str, key: str) -> dict:
         return self.call("release", node=node, key=key)
 
+    def release_unbound(self, node: str, key: str) -> dict:
+        """Drop a reservation only if no `set` has listed it (the pod was
+        never seen bound).  A ledger older than this option answers
+        badrequest and drops nothing (its grace period then does)."""
+        return self.call("release", node=node, key=key, unbound_only=True)
+
     def set(self, node: str, entries: dict, keep_younger_than: float) -> dict:
         return self.call("set", node=node, keep_younger_than=keep_younger_than,
                          entries={k: [int(c), int(m)] for k, (c, m) in entries.items()})

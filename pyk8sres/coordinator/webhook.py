@@ -45,6 +45,7 @@ from urllib.parse import urlparse
 
 from . import kube as K
 from . import metrics
+from .confirm import CreateConfirmer
 from . import sync
 from .permissions import error_text
 from .scope import Scope, slurm_names
@@ -77,6 +78,12 @@ class WebhookConfig:
     refresh_seconds: float = 5.0       # shared node list, certificates, configuration
     metrics_address: str = "127.0.0.1:9711"   # /metrics, /healthz, /readyz over HTTP ("": none)
     events: bool = True                # post Kubernetes Events for refusals
+    # A reserved create (spec.nodeName) is read back this long after it was
+    # admitted; one that never became a pod (ResourceQuota, AlreadyExists)
+    # has its reservation released, and its namespace's creates on shared
+    # nodes are refused for phantom_hold_seconds (0: never refused).
+    confirm_create_seconds: float = 2.0
+    phantom_hold_seconds: float = 10.0
 
 
 # ----------------------------------------------------------------- TLS
@@ -234,10 +241,13 @@ class Certs:
 
 class Admission:
     """One AdmissionReview in, one out.  kube: kube.Kube; ledger: slurm.Ledger;
-    events: an events.Recorder (None: no Events)."""
+    events: an events.Recorder (None: no Events); confirmer: a
+    confirm.CreateConfirmer that reads reserved creates back (None: one with
+    the defaults)."""
 
-    def __init__(self, kube, ledger, scope: Scope, events=None):
+    def __init__(self, kube, ledger, scope: Scope, events=None, confirmer=None):
         self.kube, self.ledger, self.scope, self.events = kube, ledger, scope, events
+        self.confirmer = confirmer if confirmer is not None else CreateConfirmer(kube, ledger)
 
     def decide(self, request: dict) -> A.Allow | A.Deny:
         return self._decide(request)[0]
@@ -259,13 +269,21 @@ class Admission:
         d = A.plan(t, pod, snode, self.scope.exempt)
         if not isinstance(d, A.Reserve):
             return d, t, pod
+        creates = t.op == "create" and not d.static
+        if creates and (left := self.confirmer.blocked_for(t.namespace)) > 0:
+            return A.phantom_refusal(t, left), t, pod
         try:
             reply = self.ledger.reserve(d.slurm_node, d.key, d.cpu_m, d.mem_bytes)
         except Exception as e:   # LedgerError (unreachable, malformed reply) or anything else
             return A.Deny(f"pyk8sres: Slurm's ledger did not answer for node {t.node} ({e}); "
                           "no pod is placed on a shared node until it does",
                           "ledger_unreachable"), t, pod
-        return A.verdict(t, d, reply), t, pod
+        decision = A.verdict(t, d, reply)
+        if t.op in ("create", "bind") and not d.static and isinstance(decision, A.Allow):
+            # Quota or the store may still refuse it: read it back shortly.
+            self.confirmer.track(t.namespace, t.pod_name, d.key, d.slurm_node, t.node,
+                                 create=creates)
+        return decision, t, pod
 
     def review(self, body: dict) -> dict:
         t0 = time.perf_counter()
@@ -431,6 +449,12 @@ class Webhook:
     configuration).  start() returns once it serves; stop() ends both."""
 
     def __init__(self, wcfg: WebhookConfig, scfg: sync.SyncConfig, kube, ledger, events=None):
+        if not 0 < wcfg.confirm_create_seconds < scfg.reservation_grace:
+            raise sync.ConfigError(
+                f"webhook: confirm_create_seconds ({wcfg.confirm_create_seconds}) must be above 0 "
+                f"and below the sync daemon's reservation_grace ({scfg.reservation_grace})")
+        if wcfg.phantom_hold_seconds < 0:
+            raise sync.ConfigError("webhook: phantom_hold_seconds must be 0 (never) or more")
         self.wcfg, self.kube, self.ledger = wcfg, kube, ledger
         self.scope = Scope(scfg)
         host, _, port = wcfg.listen.rpartition(":")
@@ -455,7 +479,10 @@ class Webhook:
             raise sync.ConfigError(
                 "webhook: client_ca_file is required (the CA of the client certificate the "
                 "API server presents to webhooks; docs/security.md)")
-        self.server = WebhookServer(self.addr, Admission(kube, ledger, self.scope, events),
+        self.confirmer = CreateConfirmer(kube, ledger, after=wcfg.confirm_create_seconds,
+                                         hold=wcfg.phantom_hold_seconds)
+        self.server = WebhookServer(self.addr, Admission(kube, ledger, self.scope, events,
+                                                         self.confirmer),
                                     cert, key, wcfg.client_ca_file, wcfg.client_names)
         self.stop_event = threading.Event()
         self.missing: str | None = None   # why the configuration cannot be kept current
@@ -567,6 +594,7 @@ class Webhook:
         self.stop_event.set()
         self.scope.changed.set()
         self.server.close()
+        self.confirmer.stop()
         for t in self.threads:
             if t is not threading.current_thread():
                 t.join(30)

@@ -7,10 +7,28 @@ Requests we see (the Helm chart's templates/webhook.yaml):
   CREATE pods with spec.nodeName         a pod placed directly on a node
   UPDATE pods/resize                     in-place resize: an increase needs room
 
-A pod costs its effective requests (usage.pod_requests: what kube-scheduler
-counts), in millicores and bytes, rounded up.  The ledger key is the pod's
-UID, so the API server retrying, or a binding after a nodeName create, never
-reserves twice.
+A pod costs what the ledger holds for it (usage.held_requests: the larger of
+what its spec asks and what its kubelet may run, an Infeasible or Deferred
+resize included), in millicores and bytes, rounded up.  The ledger key is
+the pod's UID, so the API server retrying, or a binding after a nodeName
+create, never reserves twice.
+
+Resizes: a bound pod's resize is judged against what the ledger holds for
+it now (the old pod's held size), so a shrink after an Infeasible growth
+needs nothing (the ledger still holds the growth) and any growth beyond it
+is reserved.  A pod not bound yet may shrink but not grow: its binding was
+sized from a GET that may be older than the resize (a binding is admitted
+before the API server stores it, and the store takes the pod as it is then),
+and nothing names the node it goes to; refusing the growth makes the
+binding's size an upper bound.  The resize's oldObject is the pod as the
+API server replaces it (it re-runs admission when the pod changed
+meanwhile), so a pod bound in between is judged as bound.
+
+Creates with spec.nodeName are reserved before later admission plugins
+(ResourceQuota) or the store (AlreadyExists) may still refuse them:
+landed() says whether such a reservation (or a binding's, which the store
+refuses when the pod is bound already) became a pod once it can be read
+back.
 """
 
 from __future__ import annotations
@@ -41,7 +59,8 @@ class Deny:
 ALLOW_CODES = ("reserved", "not_shared", "exempt", "dry_run", "unbound", "not_checked",
                "no_growth", "static_over_capacity")
 DENY_CODES = ("nofit", "ledger_unreachable", "ledger_not_ready", "ledger_refused",
-              "pod_unreadable", "pod_not_found", "bad_request", "internal", "unauthenticated")
+              "pod_unreadable", "pod_not_found", "bad_request", "internal", "unauthenticated",
+              "unbound_growth", "phantom_creates")
 
 
 @dataclass(frozen=True)
@@ -50,7 +69,7 @@ class Target:
     op: str            # "bind", "create" or "resize"
     namespace: str
     pod_name: str
-    node: str          # Kubernetes node
+    node: str          # Kubernetes node ("" for the resize of a pod not bound yet)
     dry_run: bool
     pod: Mapping | None = None       # the pod, when the request carries it
     old_pod: Mapping | None = None   # resize: the pod before
@@ -89,11 +108,11 @@ def classify(request: Mapping) -> Target | Allow | Deny:
         user = (request.get("userInfo") or {}).get("username") or ""
         return Target("create", ns, name, node, dry, pod=obj, user=user)
     if res == "pods" and op == "UPDATE" and sub == "resize":
-        node = (obj.get("spec") or {}).get("nodeName")
-        if not node:
-            return Allow("pod is not bound: its new size is checked when it is bound", "unbound")
-        return Target("resize", ns, request.get("name") or "", node, dry, pod=obj,
-                      old_pod=request.get("oldObject") or {})
+        old = request.get("oldObject") or {}
+        # The pod as stored is what the resize replaces: bound there, bound here.
+        node = ((old.get("spec") or {}).get("nodeName")
+                or (obj.get("spec") or {}).get("nodeName") or "")
+        return Target("resize", ns, request.get("name") or "", node, dry, pod=obj, old_pod=old)
     return Allow(f"not a request we check ({op} {res}/{sub})", "not_checked")
 
 
@@ -114,12 +133,32 @@ def is_static_pod(target: Target, pod: Mapping) -> bool:
 
 
 def pod_cost(pod: Mapping) -> tuple[int, int]:
-    """(millicores, bytes) the pod requests, rounded up: its spec, or what
-    its kubelet still runs it with if more (a downsize not applied yet).  A
-    resize the kubelet called Infeasible does not make the spec free: the
-    next resize's spec is judged afresh.  Raises QuantityError."""
-    req = U.pod_requests(pod, spec_counts=True)
+    """(millicores, bytes) the ledger holds for the pod, rounded up
+    (usage.held_requests: the larger of its spec and what its kubelet may
+    run, Infeasible or not).  Raises QuantityError."""
+    req = U.held_requests(pod)
     return math.ceil(req["cpu"] * 1000), math.ceil(req["memory"])
+
+
+def _unbound_resize(target: Target) -> Allow | Deny:
+    """A resize of a pod no node holds yet: a shrink is allowed (its binding,
+    sized before or after, holds at least the new size), a growth refused
+    (a binding admitted a moment ago was sized from the smaller pod and is
+    stored with the larger one)."""
+    what = f"pod {target.namespace}/{target.pod_name}"
+    try:
+        cpu_m, mem = pod_cost(target.pod or {})
+        old_cpu, old_mem = pod_cost(target.old_pod or {})
+    except (U.QuantityError, AttributeError, TypeError, ValueError) as e:
+        return Deny(f"{what}: unreadable requests: {e}", "bad_request")
+    if cpu_m <= old_cpu and mem <= old_mem:
+        return Allow("resize of a pod not bound yet does not grow it: its binding is "
+                     "checked at its new size", "unbound")
+    return Deny(f"{what} is not bound to a node yet: growing it in place "
+                f"({old_cpu}m CPU, {old_mem // U.MI}Mi -> {cpu_m}m CPU, {mem // U.MI}Mi) is "
+                "refused, as a binding to a node shared with Slurm may already be sized from "
+                "its old requests; resize it once it is bound, or recreate it with the new size",
+                "unbound_growth")
 
 
 def plan(target: Target, pod: Mapping | None, slurm_node: str | None,
@@ -128,6 +167,9 @@ def plan(target: Target, pod: Mapping | None, slurm_node: str | None,
 
     slurm_node: the Slurm node the Kubernetes node is (None: not a shared node).
     """
+    if target.op == "resize" and not target.node:
+        why = U.exempt_reason(target.pod or {}, exempt)
+        return Allow(why, "exempt") if why else _unbound_resize(target)
     if slurm_node is None:
         return Allow(f"node {target.node} is not shared with Slurm", "not_shared")
     pod = target.pod if target.pod is not None else pod
@@ -142,9 +184,12 @@ def plan(target: Target, pod: Mapping | None, slurm_node: str | None,
     try:
         cpu_m, mem = pod_cost(pod)
         if target.op == "resize":
+            # Against what the ledger holds for the pod now (its old held
+            # size, an Infeasible growth included), not its old spec alone.
             old_cpu, old_mem = pod_cost(target.old_pod or {})
             if cpu_m <= old_cpu and mem <= old_mem:
-                return Allow("resize does not grow the pod (the repair shrinks its share)",
+                return Allow("resize does not grow what the ledger holds for the pod (the "
+                             "repair shrinks its share once the kubelet runs it smaller)",
                              "no_growth")
             # The kubelet runs the old size until it has resized: hold the larger of each.
             cpu_m, mem = max(cpu_m, old_cpu), max(mem, old_mem)
@@ -179,6 +224,32 @@ def verdict(target: Target, r: Reserve, reply: Mapping) -> Allow | Deny:
                 "ledger_refused" if code in ("unknown_node", "denied", "badrequest") else "internal")
 
 
+# ------------------------------------------------- creates refused after us
+
+def landed(uid: str, node: str, stored: Mapping | None) -> bool:
+    """Did the create (or binding) admitted for this UID on this Kubernetes
+    node become a pod there?  `stored` is the pod of that namespace/name as
+    the API server has it now (None: none).  A pod of another UID under the
+    name means ours lost (AlreadyExists, or replaced since); one bound to
+    another node means the binding lost (already bound): either way the
+    reservation under our UID on that node is no pod's."""
+    return bool(stored) and ((stored.get("metadata") or {}).get("uid") == uid
+                             and (stored.get("spec") or {}).get("nodeName") == node)
+
+
+def phantom_refusal(target: Target, seconds_left: float) -> Deny:
+    """A namespace whose reserved create failed after admission a moment
+    ago: its next creates on shared nodes wait, so a loop of creates that
+    will fail (a ResourceQuota of pods: 0, a taken name) cannot keep
+    Slurm's CPUs held."""
+    return Deny(f"pod {target.namespace}/{target.pod_name}: creates with spec.nodeName on nodes "
+                f"shared with Slurm are refused in namespace {target.namespace} for "
+                f"{max(1, math.ceil(seconds_left))} s more: a pod created there a moment ago "
+                "was reserved on its node and then refused after admission (ResourceQuota, "
+                "name already taken), so each such create held Slurm's CPUs for nothing; "
+                "fix what refuses it, then retry", "phantom_creates")
+
+
 def review_response(request: Mapping, decision: Allow | Deny) -> dict:
     """The AdmissionReview (v1) answering request."""
     allowed = isinstance(decision, Allow)
@@ -194,7 +265,8 @@ def unshared_nodes_condition(unshared: list[str]) -> str:
     """CEL matchCondition: the request targets a node NOT known to be unshared.
 
     Fail closed: every node is checked unless the coordinator has seen it
-    and knows Slurm does not share it, so a node that joins, or a node the
+    and knows Slurm does not share it (and every resize of a pod not bound
+    yet), so a node that joins, or a node the
     coordinator has not heard of (it is down, restarting, the ledger has
     not answered), is checked; a down coordinator blocks those and the
     shared nodes (failurePolicy Fail), never the nodes known unshared.
@@ -206,10 +278,12 @@ def unshared_nodes_condition(unshared: list[str]) -> str:
     names = "{" + ", ".join("'" + n.replace("\\", "\\\\").replace("'", "\\'") + "': true"
                             for n in sorted(set(unshared))) + "}"
     # request.subResource is absent (not "") on plain pod requests: guard with has().
+    # The resize of a pod no node holds yet is checked too (a growth is refused).
     return (f"(request.resource.resource == 'bindings' ||"
             f" (has(request.subResource) && request.subResource == 'binding'))"
             f" ? !(object.target.name in {names})"
-            f" : (has(object.spec.nodeName) && !(object.spec.nodeName in {names}))")
+            f" : (has(object.spec.nodeName) ? !(object.spec.nodeName in {names})"
+            f" : (has(request.subResource) && request.subResource == 'resize'))")
 
 
 SHARED_CONDITION = "shared-node"

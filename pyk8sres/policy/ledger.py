@@ -11,6 +11,7 @@ per request line.
 
     {"op": "reserve", "node": "n1", "key": "<pod uid>", "cpu_m": 2735, "mem_bytes": 3582984192}
     {"op": "release", "node": "n1", "key": "<pod uid>"}
+    {"op": "release", "node": "n1", "key": "<pod uid>", "unbound_only": true}
     {"op": "set", "node": "n1", "entries": {"<uid>": [cpu_m, mem_bytes], ...},
      "keep_younger_than": 30}
     {"op": "show"}  or  {"op": "show", "node": "n1"}  or  {"op": "show", "since": TOKEN}
@@ -19,6 +20,12 @@ A `set` makes the node's entries what the sync daemon sees bound, but for
 keep_younger_than seconds after a key's last `reserve` it neither shrinks
 that key's entry nor (never seen bound) drops it: its view may predate the
 reserve (see decide).
+
+A release with "unbound_only" drops the entry only while it is a reservation
+no `set` has listed yet (the pod was never seen bound); the reply then says
+"kept": true for an entry it left.  The webhook uses it to hand back a
+create's reservation once the create is known to have failed, without
+racing the sync daemon: a pod it has seen bound keeps its share.
 
 Each node's view in a `show` reply has its "share" (CPUs, MB), "reserved"
 (how many entries are reservations not yet seen bound by a `set`) and,
@@ -102,6 +109,7 @@ class Request(NamedTuple):
     entries: tuple = ()               # ((key, cpu_m, mem_bytes), ...) for set
     keep_younger_than: float = 0.0
     since: str | None = None          # show: a token from an earlier show
+    unbound_only: bool = False        # release: only a reservation never seen bound
 
 
 class Facts(NamedTuple):
@@ -139,7 +147,8 @@ def parse_request(line: bytes | str) -> Request:
     op = doc.get("op")
     if op not in OPS:
         raise RequestError(f"op must be one of {', '.join(OPS)}, not {op!r}"[:300])
-    allowed = {"reserve": {"node", "key", "cpu_m", "mem_bytes"}, "release": {"node", "key"},
+    allowed = {"reserve": {"node", "key", "cpu_m", "mem_bytes"},
+               "release": {"node", "key", "unbound_only"},
                "set": {"node", "entries", "keep_younger_than"}, "show": {"node", "since"}}[op]
     unknown = sorted(set(doc) - allowed - {"op"})
     if unknown:
@@ -150,12 +159,17 @@ def parse_request(line: bytes | str) -> Request:
             raise RequestError("show: since is for a show of every node, not of one")
         return Request(op, node=None if node is None else _name(node, "node"),
                        since=None if since is None else _name(since, "since"))
-    missing = sorted(f for f in allowed if f not in doc and f != "keep_younger_than")
+    missing = sorted(f for f in allowed if f not in doc
+                     and f not in ("keep_younger_than", "unbound_only"))
     if missing:
         raise RequestError(f"{op}: missing field(s) {', '.join(missing)}")
     node = _name(doc["node"], "node")
     if op == "release":
-        return Request(op, node=node, key=_name(doc["key"], "key"))
+        unbound_only = doc.get("unbound_only", False)
+        if not isinstance(unbound_only, bool):
+            raise RequestError(f"release: unbound_only must be true or false, not "
+                               f"{unbound_only!r}"[:300])
+        return Request(op, node=node, key=_name(doc["key"], "key"), unbound_only=unbound_only)
     if op == "reserve":
         return Request(op, node=node, key=_name(doc["key"], "key"),
                        cpu_m=_amount(doc["cpu_m"], "cpu_m", MAX_CPU_M),
@@ -264,6 +278,8 @@ def decide(entries: Mapping[str, Entry], req: Request, facts: Facts | None,
     if req.op == "release":
         if req.key not in entries:
             return None, {"ok": True}
+        if req.unbound_only and entries[req.key].bound:
+            return None, {"ok": True, "kept": True}
         new = {k: e for k, e in entries.items() if k != req.key}
         return new, {"ok": True}
     if req.op == "set":

@@ -244,6 +244,19 @@ def pod_requests(pod: Mapping, spec_counts: bool = False) -> dict[str, Fraction]
             "memory": Fraction(total.get("memory", 0))}
 
 
+def held_requests(pod: Mapping) -> dict[str, Fraction]:
+    """What the ledger holds for a pod: per container the larger of what its
+    spec asks and what its kubelet may run (status resources,
+    allocatedResources), whatever the pending resize's state.  kube-scheduler
+    drops the spec of an Infeasible resize; the ledger does not, because an
+    Infeasible verdict is the kubelet's of the moment (it judges the spec
+    again when the node or the pod changes, and the condition stays on the
+    pod, stale, after the next resize until the kubelet reports again), so
+    a spec the kubelet may still apply is never left unheld.  Deferred and
+    in-progress resizes count the same way.  Raises QuantityError."""
+    return pod_requests(pod, spec_counts=True)
+
+
 # --------------------------------------------------------------------------
 # Who is exempt: only what the admin names
 # --------------------------------------------------------------------------
@@ -324,7 +337,8 @@ def pod_usage(pod: Mapping, exempt: Exemptions = Exemptions()) -> PodUsage | Non
     """The usage a pod adds to its node, or None if it holds nothing.
 
     Unbound, terminal (Succeeded/Failed) and exempt pods (exempt_reason: only
-    what the admin configured) hold nothing.
+    what the admin configured) hold nothing; any other pod holds
+    held_requests (its spec, or more while its kubelet runs it larger).
     """
     spec = pod.get("spec") or {}
     node = spec.get("nodeName")
@@ -338,7 +352,7 @@ def pod_usage(pod: Mapping, exempt: Exemptions = Exemptions()) -> PodUsage | Non
     uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
     leaving = {"grace": departures.grace_of(pod), "kill_by": departures.kill_by(pod)}
     try:
-        req = pod_requests(pod)
+        req = held_requests(pod)
     except (QuantityError, AttributeError, TypeError, ValueError) as e:
         return PodUsage(node=node, uid=uid, error=(
             f"pod {meta.get('namespace')}/{meta.get('name')}: {e}"), **leaving)

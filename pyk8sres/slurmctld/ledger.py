@@ -314,6 +314,7 @@ def _as_doc(req: Request) -> dict:
         return {"op": "reserve", "node": req.node, "key": req.key, "cpu_m": req.cpu_m,
                 "mem_bytes": req.mem_bytes}
     if req.op == "release":
-        return {"op": "release", "node": req.node, "key": req.key}
+        return {"op": "release", "node": req.node, "key": req.key,
+                **({"unbound_only": True} if req.unbound_only else {})}
     return {"op": "set", "node": req.node, "keep_younger_than": req.keep_younger_than,
             "entries": {k: [c, m] for k, c, m in req.entries}}

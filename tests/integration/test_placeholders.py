@@ -299,17 +299,15 @@ def test_resize_answers_never_let_kube_scheduler_count_less(world, ns, kubelet):
     assert over_capacity(c.env, kube, CAPACITY) == []
 
 
-def test_kube_scheduler_drops_an_infeasible_growth(world, ns):
+def test_kube_scheduler_drops_an_infeasible_growth_the_ledger_does_not(world, ns):
     """Why placeholders never grow in place: a pod the kubelet leaves
     Infeasible after a resize up is counted by kube-scheduler at what it
     runs with, not at its spec (k8s.io/component-helpers resource
     helpers).  A placeholder grown that way would show kube-scheduler less
-    than Slurm holds.  For an ordinary pod the sync daemon counts it the
-    same way, but the ledger keeps the growth the webhook admitted for
-    reservation_grace (a `set` from a view older than that reserve must not
-    undo it) and until the daemon's next repair sends the smaller size
-    again: the pod kube-scheduler binds into that room is refused until
-    then, and admitted after; nothing is booked twice."""
+    than Slurm holds.  For an ordinary pod the ledger keeps holding the
+    spec (the kubelet judges it again when the node or the pod changes, and
+    a later smaller resize is applied at once): kube-scheduler's binding
+    into the room it sees is refused, and nothing is booked twice."""
     c, cp, kube = world
     cp.kubectl("cordon", "n2")
     grown = {"apiVersion": "v1", "kind": "Pod",
@@ -326,8 +324,11 @@ def test_kube_scheduler_drops_an_infeasible_growth(world, ns):
              "the kubelet leaves it Infeasible")
     assert wait_for(lambda: scheduler_cache(cp)["n1"][0] == 1000, 10,
                     "kube-scheduler counts what runs")
+    time.sleep(2)
+    share = S.Ledger(S.ledger_socket_path(c.conf)).show("n1")["nodes"]["n1"]["share"]
+    assert share["cpu"] == 6                          # the ledger holds the spec
     deployment(cp, ns, "web", 1, "4")
-    # reservation_grace (30 s) + repair_seconds (30 s) + kube-scheduler's backoff
-    wait_for(lambda: [p["spec"].get("nodeName") for p in app_pods(kube, ns, "web")] == ["n1"],
-             80, "kube-scheduler binds into the room the Infeasible resize left")
+    web = wait_for(lambda: app_pods(kube, ns, "web"), 10, "the 4-CPU pod")[0]
+    wait_for(lambda: refusals(kube, ns) > 0, 30, "its binding to n1 refused")
+    assert K.get_pod(kube, ns, web["metadata"]["name"])["spec"].get("nodeName") is None
     assert over_capacity(c.env, kube, CAPACITY) == []

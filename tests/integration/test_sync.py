@@ -441,11 +441,12 @@ def test_a_terminating_pod_holds_its_share_until_it_is_gone(slurm, api, daemon):
     assert time.monotonic() - t0 >= 3.0
 
 
-def test_a_resize_counts_as_kube_scheduler_counts_it(slurm, api, daemon):
+def test_a_resize_counts_at_the_larger_of_spec_and_what_runs(slurm, api, daemon):
     """In-place resize with a real kubelet's timing (kwok): a downsize frees
     nothing until the kubelet applied it (Deferred: not at all), a growth
-    counts at once, and one the kubelet calls Infeasible does not (1.35's
-    kube-scheduler drops the spec then)."""
+    counts at once, and so does one the kubelet calls Infeasible: 1.35's
+    kube-scheduler drops the spec then, the ledger does not (the kubelet
+    judges it again when the node or the pod changes)."""
     from pyk8sres.policy import usage as U
     k8s_node(api, "n1")
     p = scheduled_pod(api, "2", "100Mi", annotations={KUBELET_RESIZE: "Deferred"})
@@ -479,8 +480,9 @@ def test_a_resize_counts_as_kube_scheduler_counts_it(slurm, api, daemon):
     kubelet("Infeasible")
     resize("3")
     wait_for(lambda: pending() == "Infeasible", 10, "the growth Infeasible")
-    wait_used(slurm, (1, 100))                      # never runs: not counted
-    held(slurm, (1, 100))
+    assert counted() == 1                           # kube-scheduler drops the spec...
+    wait_used(slurm, (3, 100))                      # ...the ledger holds it
+    held(slurm, (3, 100))
     kubelet(None)
     wait_for(lambda: pending() is None and counted() == 3, 10, "the growth applied")
     wait_used(slurm, (3, 100))

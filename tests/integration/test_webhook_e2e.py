@@ -489,3 +489,97 @@ def test_static_pod_from_its_kubelet_is_allowed_and_counted_even_over_capacity(
     no_double_booking(slurm, kube)
     # the kubelet removes its mirror pod
     K.delete_pod(kubelet, ns, "etcd-n1")
+
+
+# ----------------------------------------------------------------- resizes
+
+KUBELET_RESIZE = "pyk8sres.io/kubelet-resize"   # kube/kwok.yaml: leave a resize pending
+
+
+def ran_with(kube, ns, name):
+    """CPU the kubelet (kwok) reports the pod's container running with."""
+    st = ((K.get_pod(kube, ns, name) or {}).get("status") or {})
+    return ((st.get("containerStatuses") or [{}])[0].get("resources") or {}).get(
+        "requests", {}).get("cpu")
+
+
+def resize_pending(kube, ns, name):
+    for c in ((K.get_pod(kube, ns, name) or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodResizePending":
+            return c.get("reason")
+    return None
+
+
+def cpu_to(kube, ns, name, cpu):
+    K.resize_pod(kube, ns, name, [{"name": "c", "resources": {"requests": {
+        "cpu": cpu, "memory": "1Gi"}}}])
+
+
+def test_a_shrink_after_an_infeasible_growth_stays_held(slurm, kube, ns):
+    """A pod at 1 CPU is resized to 4, which its kubelet leaves Infeasible;
+    then to 3.  The PodResizePending condition still says Infeasible (it is
+    the kubelet's, about the 4), and the kubelet may apply 3 as soon as it
+    looks again: Slurm's ledger must hold at least 3 from the moment the
+    resize is stored, so an 8-CPU node leaves a 6-CPU job pending."""
+    active(kube, ns)
+    g = pod("g", "1", node="n1")
+    g["metadata"]["annotations"] = {KUBELET_RESIZE: "Infeasible"}
+    K.create_pod(kube, ns, g)
+    wait_for(lambda: ran_with(kube, ns, "g") == "1", 15, "running with 1 CPU")
+    cpu_to(kube, ns, "g", "4")                              # fits: reserved
+    assert used(slurm, "n1")[0] == 4
+    wait_for(lambda: resize_pending(kube, ns, "g") == "Infeasible", 10, "left Infeasible")
+    time.sleep(2)                       # the sync daemon has seen the Infeasible pod
+    cpu_to(kube, ns, "g", "3")
+    time.sleep(2)                       # ... and the smaller resize
+    assert ran_with(kube, ns, "g") == "1" and resize_pending(kube, ns, "g") == "Infeasible"
+    held = used(slurm, "n1")
+    print(f"after 1 -> 4 (Infeasible) -> 3: Slurm holds {held[0]} CPUs for the pod")
+    assert held[0] >= 3, f"the ledger holds {held[0]} CPUs; the kubelet may run 3"
+    job = sbatch(slurm, "n1", 6)
+    wait_for(lambda: job_state(slurm, job) == ("PENDING", "Resources"), 20, "6-CPU job pends")
+    time.sleep(2)
+    assert job_state(slurm, job)[0] == "PENDING"
+    no_double_booking(slurm, kube)
+
+
+def test_an_unbound_pod_may_shrink_but_not_grow(slurm, kube, ns):
+    """Its binding may already be sized from the old requests (a binding is
+    admitted before the API server stores it with the pod as it is then)."""
+    active(kube, ns)
+    K.create_pod(kube, ns, pod("u", "2", scheduler=NOBODY_SCHEDULES))
+    with pytest.raises(ApiException) as e:
+        cpu_to(kube, ns, "u", "3")
+    assert e.value.status == 403 and "not bound to a node yet" in e.value.body, e.value.body
+    cpu_to(kube, ns, "u", "1")                              # a shrink is fine
+    K.bind_pod(kube, ns, "u", "n2")
+    assert used(slurm, "n2")[0] == 1
+    cpu_to(kube, ns, "u", "3")                              # bound: reserved there
+    assert used(slurm, "n2")[0] == 3
+    no_double_booking(slurm, kube)
+
+
+# ----------------------------------------------------------------- creates refused later
+
+def test_creates_refused_by_quota_after_admission_do_not_hold_the_node(slurm, kube, ns):
+    """ResourceQuota runs after the validating webhooks: a create the webhook
+    reserved can still be refused.  Five 6-CPU creates on n1 in a namespace
+    allowed no pods; then an 8-CPU job on n1 must start within seconds."""
+    active(kube, ns)
+    kube.core.create_namespaced_resource_quota(
+        ns, {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}})
+    wait_for(lambda: (kube.core.read_namespaced_resource_quota("no-pods", ns).status
+                      .hard or {}).get("pods") == "0", 20, "quota in force")
+    answers = []
+    for i in range(5):
+        with pytest.raises(ApiException) as e:
+            K.create_pod(kube, ns, pod(f"q{i}", "6", node="n1"))
+        assert e.value.status == 403, e.value.body
+        answers.append("quota" if "quota" in e.value.body else "webhook")
+    assert "quota" in answers, answers       # at least one was reserved, then refused
+    t0 = time.monotonic()
+    job = sbatch(slurm, "n1", 8)
+    wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 10, "the 8-CPU job runs")
+    print(f"answers {answers}; the 8-CPU job ran {time.monotonic() - t0:.1f} s after submit")
+    assert K.list_pods(kube, ns) == []
+    no_double_booking(slurm, kube)

@@ -41,7 +41,10 @@ def binding(node="n1", name="p"):
     ("pod without nodeName", req("CREATE", "pods", "", pod()), A.Allow),
     ("resize bound", req("UPDATE", "pods", "resize", pod(node="n1"), pod(node="n1")),
      ("resize", "p", "n1")),
-    ("resize unbound", req("UPDATE", "pods", "resize", pod(), pod()), A.Allow),
+    ("resize unbound: judged by plan", req("UPDATE", "pods", "resize", pod(), pod()),
+     ("resize", "p", "")),
+    ("resize: the stored pod's node decides",
+     req("UPDATE", "pods", "resize", pod(), pod(node="n2")), ("resize", "p", "n2")),
     ("pod update", req("UPDATE", "pods", "", pod(node="n1"), pod(node="n1")), A.Allow),
     ("pods/status", req("UPDATE", "pods", "status", pod(node="n1")), A.Allow),
     ("binding to a non-node", req("CREATE", "pods", "binding",
@@ -179,6 +182,9 @@ def test_unshared_nodes_condition_quotes_and_fails_closed():
     c = A.unshared_nodes_condition(["n2", "n1", "it's"])
     assert "!(object.target.name in {'it\\'s': true, 'n1': true, 'n2': true})" in c
     assert "!(object.spec.nodeName in {" in c
+    # a pod with no node: only its resize is sent (a growth is refused)
+    assert "has(object.spec.nodeName) ? !(object.spec.nodeName in {" in c
+    assert c.endswith(": (has(request.subResource) && request.subResource == 'resize'))")
 
 
 VWC = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
@@ -291,3 +297,78 @@ def test_scope_maps_the_nodes_again_only_when_its_version_moves(monkeypatch):
     assert s.shared() == {"n1": "n1", "n2": "n2", "n3": "n3"} and len(calls) == 11
     s.update(slurm_names=["n1", "n2", "n3"])          # the same names: nothing moved
     assert s.unshared() == ["k8s-only"] and len(calls) == 11
+
+
+def resize(new, old, node="n1", dry=False):
+    return A.classify(req("UPDATE", "pods", "resize", new, old, dry=dry))
+
+
+# Every resize path: the ledger always holds the larger of what the kubelet
+# may run (status resources, allocatedResources) and what the spec asks, so
+# a resize is judged against what the ledger holds for the pod now (the old
+# pod's held size), never its old spec alone.
+@pytest.mark.parametrize("case,new,old,expect", [
+    ("bound growth reserves the new size",
+     ran(pod(node="n1", cpu="4"), "1"), ran(pod(node="n1", cpu="1"), "1"),
+     A.Reserve("n1", "u-1", 4000, 256 * MI)),
+    ("bound shrink, kubelet not there yet: nothing", ran(pod(node="n1", cpu="1"), "2"),
+     ran(pod(node="n1", cpu="2"), "2"), "no_growth"),
+    ("growth over an Infeasible growth: the larger",
+     ran(pod(node="n1", cpu="6"), "1", "Infeasible"), ran(pod(node="n1", cpu="4"), "1",
+                                                         "Infeasible"),
+     A.Reserve("n1", "u-1", 6000, 256 * MI)),
+    # 1 -> 4 left Infeasible (the ledger holds 4: held_requests), then 3:
+    # nothing to reserve, the ledger already holds more; the sync daemon
+    # then holds 3 (the spec), never 1.
+    ("shrink after an Infeasible growth: held already", ran(pod(node="n1", cpu="3"), "1",
+                                                         "Infeasible"),
+     ran(pod(node="n1", cpu="4"), "1", "Infeasible"), "no_growth"),
+    ("growth over a Deferred growth", ran(pod(node="n1", cpu="5"), "1", "Deferred"),
+     ran(pod(node="n1", cpu="4"), "1", "Deferred"), A.Reserve("n1", "u-1", 5000, 256 * MI)),
+    ("shrink below a Deferred growth", ran(pod(node="n1", cpu="2"), "1", "Deferred"),
+     ran(pod(node="n1", cpu="4"), "1", "Deferred"), "no_growth"),
+    ("growth of memory only reserves both, each the larger",
+     ran(pod(node="n1", cpu="1", mem="1Gi"), "2"), ran(pod(node="n1", cpu="2"), "2"),
+     A.Reserve("n1", "u-1", 2000, 1024 * MI)),
+    ("unbound shrink: allowed", pod(cpu="100m"), pod(), "unbound"),
+    ("unbound, same size: allowed", pod(), pod(), "unbound"),
+    ("unbound growth: refused", pod(cpu="2"), pod(), "unbound_growth"),
+    ("unbound memory growth: refused", pod(mem="1Gi"), pod(), "unbound_growth"),
+    ("unbound growth, dry run: refused too", pod(cpu="2"), pod(), "unbound_growth"),
+    ("unbound growth to an unshared node's size: refused all the same", pod(cpu="64"), pod(),
+     "unbound_growth"),
+    ("unbound, unreadable: refused", pod(cpu="lots"), pod(), "bad_request"),
+    ("unbound Slurm worker (exempt: holds nothing) may grow", pod(cpu="2", ns="slurm"),
+     pod(ns="slurm"), "exempt"),
+    # oldObject is the pod as stored when the resize is stored (the API
+    # server re-runs admission if it changed): bound meanwhile -> bound rules
+    ("bound between the binding and the resize",
+     pod(cpu="2"), pod(node="n1"), A.Reserve("n1", "u-1", 2000, 256 * MI)),
+])
+def test_resize_paths(case, new, old, expect):
+    t = resize(new, old)
+    assert isinstance(t, A.Target), case
+    got = A.plan(t, None, "n1" if t.node else None, EX)
+    if isinstance(expect, A.Reserve):
+        assert got == expect, case
+    else:
+        assert got.code == expect, (case, got)
+        assert isinstance(got, A.Deny) == (expect in A.DENY_CODES), case
+    if isinstance(got, A.Deny):
+        assert "p" in got.message and ("not bound" in got.message or "unreadable" in
+                                       got.message), case
+
+
+def test_shrink_after_infeasible_growth_never_leaves_the_kubelet_unheld():
+    """1 CPU -> 4 (Infeasible) -> 3: at every step what the ledger holds
+    (the reservation, then held_requests as the sync daemon counts it) is at
+    least what the kubelet may run then."""
+    one = ran(pod(node="n1", cpu="1"), "1")
+    four = ran(pod(node="n1", cpu="4"), "1", "Infeasible")
+    three = ran(pod(node="n1", cpu="3"), "1", "Infeasible")   # condition still the old one's
+    assert A.plan(resize(four, one), None, "n1", EX) == A.Reserve("n1", "u-1", 4000, 256 * MI)
+    assert A.pod_cost(four)[0] == 4000            # the sync daemon keeps holding it
+    assert A.plan(resize(three, four), None, "n1", EX).code == "no_growth"
+    assert A.pod_cost(three)[0] == 3000           # the kubelet may apply 3 at any time
+    applied = ran(pod(node="n1", cpu="3"), "3")
+    assert A.pod_cost(applied)[0] == 3000

@@ -22,6 +22,10 @@ NODE = Facts(capacity_cpu=8, capacity_mem=16000, jobs_cpu=3, jobs_mem=4000)
     ('{"op":"reserve","node":"n1","key":"u-1","cpu_m":2735,"mem_bytes":5}',
      Request("reserve", "n1", "u-1", 2735, 5)),
     ('{"op":"release","node":"n1","key":"u-1"}', Request("release", "n1", "u-1")),
+    ('{"op":"release","node":"n1","key":"u-1","unbound_only":true}',
+     Request("release", "n1", "u-1", unbound_only=True)),
+    ('{"op":"release","node":"n1","key":"u-1","unbound_only":false}',
+     Request("release", "n1", "u-1")),
     ('{"op":"set","node":"n1","entries":{"b":[1,2],"a":[3,4]},"keep_younger_than":30}',
      Request("set", "n1", entries=(("a", 3, 4), ("b", 1, 2)), keep_younger_than=30.0)),
     ('{"op":"set","node":"n1","entries":{}}', Request("set", "n1")),
@@ -46,6 +50,9 @@ def test_parse_request(line, expected):
     ('{"op":"reserve","node":"n\u0661","key":"k","cpu_m":1,"mem_bytes":1}', "node must be"),
     ('{"op":"reserve","node":"-n1","key":"k","cpu_m":1,"mem_bytes":1}', "node must be"),
     ('{"op":"release","node":"n1","key":"k","extra":1}', "unknown field(s) extra"),
+    ('{"op":"release","node":"n1","key":"k","unbound_only":1}', "unbound_only must be"),
+    ('{"op":"reserve","node":"n1","key":"k","cpu_m":1,"mem_bytes":1,"unbound_only":true}',
+     "unknown field(s) unbound_only"),
     ('{"op":"set","node":"n1","entries":[]}', "entries must be"),
     ('{"op":"set","node":"n1","entries":{"k":[1]}}', "must be [cpu_m, mem_bytes]"),
     ('{"op":"set","node":"n1","entries":{},"keep_younger_than":-1}', "keep_younger_than"),
@@ -114,12 +121,41 @@ def e(cpu_m, mem_mb=0, since=0.0, bound=False, reserved_at=None):
     # Release of what is not held is fine (the API server retries).
     ({}, Request("release", "n1", "a"), NODE, None, True),
     ({"a": e(1), "b": e(2)}, Request("release", "n1", "a"), NODE, {"b": e(2)}, True),
+    # unbound_only: a reservation no `set` listed yet goes; a pod seen bound keeps its share.
+    ({"a": e(1), "b": e(2)}, Request("release", "n1", "a", unbound_only=True), NODE,
+     {"b": e(2)}, True),
+    ({"a": e(1, bound=True)}, Request("release", "n1", "a", unbound_only=True), NODE, None, True),
+    ({}, Request("release", "n1", "a", unbound_only=True), NODE, None, True),
+    ({}, Request("release", "n9", "a", unbound_only=True), None, None, True),
 ])
 def test_decide(entries, req, facts, new, reply_ok):
     got, reply = L.decide(entries, req, facts, now=100.0)
     assert got == new and reply["ok"] is reply_ok
     if not reply_ok and facts is not None:
         assert reply["code"] == "nofit" and "n1" in reply["error"] and "Slurm jobs hold 3" in reply["error"]
+
+
+def test_release_unbound_only_says_what_it_kept():
+    _, reply = L.decide({"a": e(1, bound=True)}, Request("release", "n1", "a", unbound_only=True),
+                        NODE, now=1.0)
+    assert reply == {"ok": True, "kept": True}
+
+
+def test_journal_replays_release_unbound_only(tmp_path):
+    """Replay decides as the server did: the entry a `set` had listed stays."""
+    facts = {"n1": NODE}
+    a = Ledger(str(tmp_path))
+    a.load()
+    _serve(a, facts, L.encode("reserve", node="n1", key="phantom", cpu_m=2000, mem_bytes=0))
+    _serve(a, facts, L.encode("reserve", node="n1", key="pod", cpu_m=1000, mem_bytes=0))
+    _serve(a, facts, L.encode("set", node="n1", entries={"pod": [1000, 0]},
+                              keep_younger_than=30))
+    _serve(a, facts, L.encode("release", node="n1", key="phantom", unbound_only=True))
+    _serve(a, facts, L.encode("release", node="n1", key="pod", unbound_only=True))
+    assert set(a.nodes["n1"]) == {"pod"}
+    b = Ledger(str(tmp_path))
+    b.load()
+    assert set(b.nodes["n1"]) == {"pod"} and b.shares() == {"n1": (1, 0)}
 
 
 def test_set_keeps_only_young_reservations_never_seen_bound():

@@ -461,3 +461,47 @@ def test_spec_counts_keeps_an_infeasible_resize_spec():
     p = reported(pod([ctr("3")]), ("c", {"cpu": "1"}, {"cpu": "1"}), pending="Infeasible")
     assert u.pod_requests(p)["cpu"] == 1
     assert u.pod_requests(p, spec_counts=True)["cpu"] == 3
+
+
+# What the ledger holds (held_requests, what pod_usage counts): the larger of
+# the spec and what the kubelet may run, whatever the pending resize's
+# state.  Unlike kube-scheduler, an Infeasible resize's spec is held: the
+# kubelet may still apply it, and its condition stays stale after the next
+# resize until the kubelet reports again.
+@pytest.mark.parametrize("case,p,cpu,mem", [
+    ("running as specified", reported(pod([ctr("1", "1Gi")]), ("c", CPU1, CPU1)), "1", "1Gi"),
+    ("not reported yet: spec", pod([ctr("2", "1Gi")]), "2", "1Gi"),
+    ("growth not applied yet: new size",
+     reported(pod([ctr("2", "2Gi")]), ("c", CPU1, CPU1)), "2", "2Gi"),
+    ("growth Deferred: new size",
+     reported(pod([ctr("2", "2Gi")]), ("c", CPU1, CPU1), pending="Deferred"), "2", "2Gi"),
+    ("growth Infeasible: new size held",
+     reported(pod([ctr("2", "2Gi")]), ("c", CPU1, CPU1), pending="Infeasible"), "2", "2Gi"),
+    ("downsize not applied yet: old size",
+     reported(pod([ctr("1", "1Gi")]), ("c", CPU2, CPU2)), "2", "2Gi"),
+    ("downsize Deferred: old size",
+     reported(pod([ctr("1", "1Gi")]), ("c", CPU2, CPU2), pending="Deferred"), "2", "2Gi"),
+    ("downsize Infeasible: old size",
+     reported(pod([ctr("1", "1Gi")]), ("c", CPU2, CPU2), pending="Infeasible"), "2", "2Gi"),
+    # 1 -> 4 left Infeasible, then 4 -> 3: the condition is still the old
+    # one's; the kubelet may apply 3 as soon as it looks again.
+    ("shrink after an Infeasible growth: the new spec",
+     reported(pod([ctr("3", "1Gi")]), ("c", CPU1, CPU1), pending="Infeasible"), "3", "1Gi"),
+    ("allocated ahead of what runs", reported(pod([ctr("1", "1Gi")]), ("c", CPU1, CPU2)),
+     "2", "2Gi"),
+    ("per resource: CPU from the spec, memory from what runs",
+     reported(pod([ctr("3", "1Gi")]), ("c", {"cpu": "1", "memory": "2Gi"}, None),
+              pending="Infeasible"), "3", "2Gi"),
+    ("sidecar Infeasible growth held",
+     reported(pod([ctr("1")], init=[ctr("2", None, "Always", name="s")]),
+              ("c", {"cpu": "1"}, None), init=[("s", {"cpu": "1"}, None)],
+              pending="Infeasible"), "3", "0"),
+])
+def test_held_requests(case, p, cpu, mem):
+    r = u.held_requests(p)
+    assert (r["cpu"], r["memory"]) == (u.parse_quantity(cpu), u.parse_quantity(mem)), case
+    # ...and that is what the sync daemon counts for the pod
+    assert u.pod_usage(p, EX).cpu == N(u.parse_quantity(cpu)), case
+    # never less than kube-scheduler counts
+    s = u.pod_requests(p)
+    assert r["cpu"] >= s["cpu"] and r["memory"] >= s["memory"], case
