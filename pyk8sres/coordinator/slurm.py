@@ -167,6 +167,12 @@ def ledger_socket_path(slurm_conf: str | None = None) -> str:
     return os.path.join(state, "k8s_resources.socket")
 
 
+# Answers that refuse this process, not its request: the ledger closes the
+# connection after them ("busy": the uid holds LedgerConnectionsPerUser=
+# connections already, every replica's together; "denied": not allowed).
+REFUSES_CALLER = frozenset({"busy", "denied"})
+
+
 class Ledger:
     """A client of the ledger (pyk8sres.policy.ledger has the protocol).
 
@@ -208,7 +214,9 @@ class Ledger:
         except Exception as e:
             metrics.ledger_call(op, time.perf_counter() - t0, e)
             raise
-        metrics.ledger_call(op, time.perf_counter() - t0, None)
+        refused = answer.get("code") in REFUSES_CALLER
+        metrics.ledger_call(op, time.perf_counter() - t0, None,
+                            (answer.get("error") or answer["code"]) if refused else None)
         return answer
 
     def _call(self, op: str, **fields) -> dict:
@@ -220,7 +228,14 @@ class Ledger:
                 try:
                     if self._sock is None:
                         self._connect()
-                    self._sock.sendall(line)
+                    try:
+                        self._sock.sendall(line)
+                    except (BrokenPipeError, ConnectionResetError):
+                        # A refusal ("busy") comes before the request is
+                        # read, and the ledger closes: read it if it is there.
+                        if not (reply := self._file.readline()).endswith(b"\n"):
+                            raise
+                        break
                     reply = self._file.readline()
                     if not reply.endswith(b"\n"):
                         raise OSError("connection closed")
@@ -237,6 +252,8 @@ class Ledger:
             raise LedgerError(f"ledger at {self.socket_path}: not a reply: {reply[:200]!r}") from None
         if not isinstance(answer, dict) or "ok" not in answer:
             raise LedgerError(f"ledger at {self.socket_path}: not a reply: {reply[:200]!r}")
+        if answer.get("code") in REFUSES_CALLER:
+            self.close()           # the ledger closed it: the next call connects anew
         return answer
 
     def reserve(self, node: str, key: str, cpu_m: int, mem_bytes: int) -> dict:
