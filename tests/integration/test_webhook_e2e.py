@@ -489,3 +489,204 @@ def test_static_pod_from_its_kubelet_is_allowed_and_counted_even_over_capacity(
     no_double_booking(slurm, kube)
     # the kubelet removes its mirror pod
     K.delete_pod(kubelet, ns, "etcd-n1")
+
+
+# ----------------------------------------------------------------- flooded webhook
+
+IDLE_CONNECTIONS = 4000
+
+
+def _client_hello() -> bytes:
+    """A real TLS ClientHello, to dribble byte by byte."""
+    import ssl
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing)
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return outgoing.read()
+
+
+def _flood_webhook(queue, stop, port, idle, hellos, headers):
+    """As an unprivileged user: `headers` TLS connections (no certificate)
+    dribbling an HTTP request's headers a byte every 0.1 s, `hellos` TCP
+    connections dribbling a ClientHello the same way, then `idle` TCP
+    connections that never send a byte.  Nothing is reopened."""
+    import ssl
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    request = (b"POST /validate HTTP/1.1\r\nHost: webhook\r\nContent-Length: 10\r\n"
+               + b"X-Slow: 1\r\n" * 1000)
+    dribbling, failed = [], 0
+    for _ in range(headers):
+        try:
+            s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=2))
+        except OSError:
+            failed += 1
+            continue
+        s.setblocking(False)
+        dribbling.append([s, request, 0])
+    hello = _client_hello()
+    held = []
+    for n, data in ((hellos, hello), (idle, None)):
+        for _ in range(n):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            (held.append(s) if data is None else dribbling.append([s, data, 0]))
+    queue.put(("flooding", {"idle": len(held), "dribbling": len(dribbling),
+                            "tls_failed": failed}))
+    cut = 0
+    while not stop.is_set():
+        for d in dribbling:
+            if d[0] is None or d[2] >= len(d[1]):
+                continue
+            try:
+                d[2] += d[0].send(d[1][d[2]:d[2] + 1])
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                pass
+            except OSError:          # the webhook closed it
+                d[0].close()
+                d[0] = None
+                cut += 1
+        stop.wait(0.1)
+    idle_closed = 0
+    for s in held:
+        try:
+            idle_closed += s.recv(1) == b""
+        except BlockingIOError:
+            pass
+        except OSError:
+            idle_closed += 1
+        s.close()
+    queue.put(("done", {"dribblers_cut": cut, "idle_closed_by_webhook": idle_closed}))
+
+
+def _timed_create(kube, ns, body) -> tuple[float, object]:
+    t0 = time.monotonic()
+    try:
+        K.create_pod(kube, ns, body)
+        return time.monotonic() - t0, "created"
+    except ApiException as e:
+        return time.monotonic() - t0, e
+
+
+def test_admission_holds_under_idle_connections_and_slowloris(slurm, control_plane, kube, ns):
+    """An unprivileged local user holds 4,000 idle TCP connections to the
+    webhook's port, dribbles ClientHellos and HTTP headers byte by byte.
+    The webhook was just restarted, so the API server must open a new
+    connection meanwhile; it runs with the soft descriptor limit systemd
+    gives services (1024).  A pod that fits is admitted within 1 s, one
+    that does not is still refused by the ledger."""
+    import pwd
+    import resource
+    nobody = pwd.getpwnam("nobody")
+    active(kube, ns)
+    cluster.stop_process(slurm.work, "webhook")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    try:
+        hybrid.start_webhook(slurm, control_plane)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    port = control_plane.ports.webhook
+    metrics_url = f"http://127.0.0.1:{control_plane.ports.webhook_metrics}/readyz"
+    wait_for(lambda: http_status(metrics_url) == 200, 30, "the new webhook ready")
+    flood = Caller(nobody.pw_uid, [nobody.pw_gid], _flood_webhook, port, IDLE_CONNECTIONS,
+                   100, 50)
+    try:
+        print("flood:", flood.started(60))
+        time.sleep(0.5)
+        answers = []
+        for i in range(3):                        # at once, then while the flood is held
+            answers.append(_timed_create(kube, ns, pod(f"fits-{i}", "1", "100Mi", node="n1")))
+            answers.append(_timed_create(kube, ns, pod(f"big-{i}", "100", node="n1")))
+            time.sleep(1.5)
+        print("answers (seconds, outcome):",
+              [(round(s, 3), a if a == "created" else (a.status, a.body[:120]))
+               for s, a in answers])
+        for i, (seconds, outcome) in enumerate(answers):
+            if i % 2 == 0:
+                assert outcome == "created", (i, outcome)
+                assert seconds < 1.0, answers
+            else:
+                assert isinstance(outcome, ApiException) and outcome.status == 403 \
+                    and "does not fit on node n1" in outcome.body, outcome
+        assert used(slurm, "n1") == (3, 300)
+        print("flood ended:", flood.stop())
+    finally:
+        if flood.proc.is_alive():
+            flood.proc.kill()
+        cluster.stop_process(slurm.work, "webhook")
+        restart_coordinator_webhook(slurm, control_plane, kube, ns)
+    no_double_booking(slurm, kube)
+
+
+def http_status(url: str) -> int | None:
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def _hold_ledger(queue, stop, path, n):
+    socks = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(5)
+        s.connect(path)
+        s.sendall(b'{"op":"show"}\n')
+        reply = json.loads(s.makefile("rb").readline())
+        if not reply.get("ok"):
+            s.close()
+            break
+        socks.append(s)
+    queue.put(("holding", len(socks)))
+    stop.wait(60)
+    for s in socks:
+        s.close()
+    queue.put(("done", None))
+
+
+def test_readiness_fails_while_the_ledger_answers_busy(slurm, control_plane, kube, ns):
+    """The coordinator's uid holds its whole connection budget
+    (LedgerConnectionsPerUser=, every replica's together): a webhook
+    replica started then gets "busy" from the ledger, refuses pods, and
+    says so on /readyz; once a connection is free it is ready again."""
+    me = hybrid.coordinator_user()
+    path = S.ledger_socket_path(slurm.conf)
+    readyz = f"http://127.0.0.1:{control_plane.ports.webhook_metrics}/readyz"
+    cluster.stop_process(slurm.work, "webhook")
+    _, gid, groups = hybrid.run_as_coordinator(slurm)
+    hog = Caller(me.pw_uid, [gid, *groups], _hold_ledger, path, 1000)
+    try:
+        held = hog.started(30)
+        print("connections held by the coordinator's uid:", held)
+        hybrid.start_webhook(slurm, control_plane)
+
+        def why_not_ready():
+            import urllib.error
+            import urllib.request
+            try:
+                urllib.request.urlopen(readyz, timeout=2)
+                return "ready"
+            except urllib.error.HTTPError as e:
+                return e.read().decode()
+            except OSError:
+                return ""
+        reason = wait_for(lambda: (lambda r: r if "refused this process" in r else None)(
+            why_not_ready()), 30, "/readyz naming the ledger's refusal")
+        assert "busy" in reason or "connections to the ledger" in reason, reason
+        print("readyz:", reason.strip())
+    finally:
+        hog.stop()
+    wait_for(lambda: http_status(readyz) == 200, 30, "ready once a connection is free")
+    active(kube, ns)
