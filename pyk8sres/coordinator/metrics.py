@@ -72,6 +72,13 @@ GENERIC_NODES_BEHIND = Gauge("pyk8sres_generic_nodes_behind", "GenericNodes wait
 GENERIC_NODES_LAG = Gauge("pyk8sres_generic_nodes_lag_seconds", "How long the longest waiting "
                           "GenericNode has waited (0: all current)")
 READY = Gauge("pyk8sres_ready", "1 when /readyz answers 200")
+WEBHOOK_CONNECTIONS = Gauge("pyk8sres_webhook_connections", "Connections to the webhook's "
+                            "HTTPS port, by state (pending: TLS handshake under way, "
+                            "authenticated: the API server's, anonymous: any other)", ["state"])
+WEBHOOK_CUT = Counter("pyk8sres_webhook_connections_cut", "Connections the webhook closed "
+                      "before they were served, by reason (evicted_pending, "
+                      "expired_pending, evicted_anonymous, expired_anonymous, "
+                      "refused_authenticated: over the caps or past the deadlines)", ["reason"])
 
 for _result in ("allow", "deny"):   # export zeros from the start: rate() needs them
     ADMISSION_SECONDS.labels(_result)

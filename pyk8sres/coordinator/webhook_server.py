@@ -229,6 +229,7 @@ class WebhookServer:
                     else:
                         self._handshake(key.data)
                 self._expire(time.monotonic())
+                self._export()
         finally:
             for c in list(self.pending.values()):
                 self._close_pending(c)
@@ -248,6 +249,15 @@ class WebhookServer:
                 wait = min(wait, c.deadline - now)
                 break
         return max(wait, 0.0)
+
+    def _cut_count(self, reason: str) -> None:
+        self.counts[reason] += 1
+        metrics.WEBHOOK_CUT.labels(reason).inc()
+
+    def _export(self) -> None:
+        metrics.WEBHOOK_CONNECTIONS.labels("pending").set(len(self.pending))
+        metrics.WEBHOOK_CONNECTIONS.labels("authenticated").set(len(self.authenticated))
+        metrics.WEBHOOK_CONNECTIONS.labels("anonymous").set(len(self.anonymous))
 
     def _drain_wake(self) -> None:
         try:
@@ -279,7 +289,7 @@ class WebhookServer:
                 continue
             while len(self.pending) >= self.limits.max_pending:
                 _, oldest = self.pending.popitem(last=False)
-                self.counts["evicted_pending"] += 1
+                self._cut_count("evicted_pending")
                 self._close_pending(oldest, popped=True)
             c = _Conn(tls, addr, time.monotonic() + self.limits.handshake_timeout)
             self.pending[tls.fileno()] = c
@@ -322,7 +332,7 @@ class WebhookServer:
         with self.lock:
             if authenticated:
                 if len(self.authenticated) >= limits.max_authenticated:
-                    self.counts["refused_authenticated"] += 1
+                    self._cut_count("refused_authenticated")
                     log.warning("webhook: %d connections with the API server's certificate "
                                 "open already (the limit); closing one more from %s",
                                 limits.max_authenticated, c.addr[0])
@@ -332,7 +342,7 @@ class WebhookServer:
             else:
                 while len(self.anonymous) >= limits.max_anonymous:
                     oldest, _ = self.anonymous.popitem(last=False)
-                    self.counts["evicted_anonymous"] += 1
+                    self._cut_count("evicted_anonymous")
                     self._cut(oldest)
                 c.deadline = time.monotonic() + limits.request_timeout
                 self.anonymous[c] = None
@@ -377,7 +387,7 @@ class WebhookServer:
             c = next(iter(self.pending.values()))
             if c.deadline > now:
                 break
-            self.counts["expired_pending"] += 1
+            self._cut_count("expired_pending")
             self._close_pending(c)
         with self.lock:
             while self.anonymous:
@@ -385,7 +395,7 @@ class WebhookServer:
                 if c.deadline > now:
                     break
                 del self.anonymous[c]
-                self.counts["expired_anonymous"] += 1
+                self._cut_count("expired_anonymous")
                 self._cut(c)
         if self.accept_paused_until and now >= self.accept_paused_until:
             self.accept_paused_until = 0.0

@@ -115,6 +115,8 @@ def test_idle_and_dribbling_callers_are_cut_and_never_crowd_out_the_api_server(t
     TCP connections, 5 dribbled ClientHellos and 4 dribbled HTTP headers are
     cut (oldest first, or at their deadline), while the API server's new
     connection is served at once."""
+    evicted = M.REGISTRY.get_sample_value("pyk8sres_webhook_connections_cut_total",
+                                          {"reason": "evicted_pending"}) or 0
     srv, _ = start(tls, max_pending=8, max_anonymous=2, handshake_timeout=1.0,
                    request_timeout=1.0)
     port = srv.server_address[1]
@@ -137,6 +139,8 @@ def test_idle_and_dribbling_callers_are_cut_and_never_crowd_out_the_api_server(t
         assert wait_until(lambda: srv.counts["evicted_pending"] >= 50 - 8
                           and srv.counts["evicted_anonymous"] >= 2)
         assert len(srv.pending) <= 8 and len(srv.anonymous) <= 2
+        assert M.REGISTRY.get_sample_value("pyk8sres_webhook_connections_cut_total",
+                                           {"reason": "evicted_pending"}) >= evicted + 42
         t0 = time.monotonic()
         api = http.client.HTTPSConnection("127.0.0.1", port, context=client_ctx(tls, tls[2]),
                                           timeout=5)
