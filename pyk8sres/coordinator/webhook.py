@@ -9,7 +9,8 @@ the ValidatingWebhookConfiguration (the Helm chart's) current.
 
 Fails closed: a ledger that does not answer, a pod we cannot read, anything
 unexpected is a denial.  The API server's failurePolicy Fail covers this
-process being down.
+process being down.  The HTTPS listener (webhook_server.py) bounds what
+anyone who reaches the port can hold, so that the API server always gets in.
 
 TLS out of the box: a self-signed CA is made at start under cert_dir (kept
 across restarts), it signs our serving certificate, and its PEM goes into the
