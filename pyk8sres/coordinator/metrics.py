@@ -202,6 +202,11 @@ class Health:
         with self.lock:
             self.beats[name] = (time.monotonic(), max_age)
 
+    def forget(self, name: str) -> None:
+        """A loop that ended on purpose (its owner stopped) beats no more."""
+        with self.lock:
+            self.beats.pop(name, None)
+
     def check(self, name: str, fn: Callable[[], str | None]) -> None:
         with self.lock:
             self.checks[name] = fn

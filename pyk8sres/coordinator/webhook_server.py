@@ -415,6 +415,7 @@ class WebhookServer:
             if self.sel.get_map():          # the loop runs: let it finish
                 self.stopped.wait(10)
             self.sock.close()
+            metrics.HEALTH.forget(HEALTH_NAME)
             if self.stopped.is_set() or not self.sel.get_map():
                 self.sel.close()
                 self._wake_r.close()

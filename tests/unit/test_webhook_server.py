@@ -200,6 +200,7 @@ def test_close_drops_kept_alive_connections(tls):
     srv.close()
     t.join(5)
     assert not t.is_alive()
+    assert WS.HEALTH_NAME not in M.HEALTH.beats       # stopped on purpose: not a stall
     with pytest.raises((OSError, http.client.HTTPException)):
         review(api)
     api.close()
