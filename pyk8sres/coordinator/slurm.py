@@ -173,6 +173,14 @@ def ledger_socket_path(slurm_conf: str | None = None) -> str:
 REFUSES_CALLER = frozenset({"busy", "denied"})
 
 
+def _refuses_caller(line: bytes) -> bool:
+    import json
+    try:
+        return line.endswith(b"\n") and json.loads(line).get("code") in REFUSES_CALLER
+    except (ValueError, AttributeError):
+        return False
+
+
 class Ledger:
     """A client of the ledger (pyk8sres.policy.ledger has the protocol).
 
@@ -231,9 +239,12 @@ class Ledger:
                     try:
                         self._sock.sendall(line)
                     except (BrokenPipeError, ConnectionResetError):
-                        # A refusal ("busy") comes before the request is
-                        # read, and the ledger closes: read it if it is there.
-                        if not (reply := self._file.readline()).endswith(b"\n"):
+                        # A refusal of this process ("busy") comes at accept,
+                        # before the request is read, and the ledger closes:
+                        # that is the answer.  Anything else left there (a
+                        # "notready" sent to every client at shutdown) is no
+                        # answer to this request: connect again.
+                        if not _refuses_caller(reply := self._file.readline()):
                             raise
                         break
                     reply = self._file.readline()

@@ -159,3 +159,33 @@ def test_event_queue_never_blocks_and_counts_what_it_drops():
     assert time.perf_counter() - t0 < 0.05
     assert r.queue.qsize() == 2
     assert sample("pyk8sres_events_total", action="queue_full") == before + 3
+
+
+def test_a_line_left_by_a_closing_ledger_is_not_an_answer(tmp_path):
+    """At shutdown the ledger sends "notready" to every client and closes;
+    the next request on that connection is asked again (and fails here:
+    nothing listens), not answered with the stale line."""
+    import socket
+    import threading
+
+    from pyk8sres.coordinator.slurm import Ledger, LedgerError
+    path = str(tmp_path / "ledger.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen()
+    done = threading.Event()
+
+    def serve():
+        conn, _ = srv.accept()
+        conn.makefile("rb").readline()
+        conn.sendall(b'{"ok":true,"nodes":{}}\n')
+        conn.sendall(b'{"ok":false,"code":"notready","error":"shutting down"}\n')
+        conn.close()
+        srv.close()
+        done.set()
+    threading.Thread(target=serve, daemon=True).start()
+    ledger = Ledger(path, timeout=5)
+    assert ledger.show()["ok"] is True
+    done.wait(5)
+    with pytest.raises(LedgerError):
+        ledger.show()
