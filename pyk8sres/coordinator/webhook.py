@@ -355,6 +355,7 @@ class Webhook:
         self.missing: str | None = None   # why the configuration cannot be kept current
         self.follower = ShowFollower(ledger)   # Slurm's nodes, asking only for changes
         self.threads: list[threading.Thread] = []
+        self.listener: threading.Thread | None = None
 
     def refresh(self) -> None:
         """One pass: Slurm's nodes, certificates, configuration (the nodes
@@ -444,6 +445,7 @@ class Webhook:
                              daemon=True)
         t.start()
         self.threads.append(t)
+        self.listener = t
         # Not joined on stop: it only feeds the scope, and may sit in a watch.
         informer = K.Informer(self.kube, "nodes", self.scope, stop=self.stop_event)
         self.scope.stale_after = informer.stale_after()
@@ -555,13 +557,21 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    # A listener that died cannot come back in this process: exit, so that
+    # systemd (Restart=always) or the kubelet starts a fresh one.  A stuck
+    # one fails /healthz (the kubelet's liveness probe).
+    code = 0
+    while not stop.wait(1.0):
+        if not hook.listener.is_alive():
+            log.critical("the HTTPS listener stopped; exiting")
+            code = 1
+            break
     if placeholders is not None:
         placeholders.stop()
     hook.stop()
     if events is not None:
         events.stop()
-    return 0
+    return code
 
 
 if __name__ == "__main__":
