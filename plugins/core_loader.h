@@ -47,8 +47,8 @@ struct pyk8sres_core {
 			   uint64_t *, char *, size_t);
 	int (*ledger_open)(const char *, const uint32_t *, size_t, int,
 			   pyk8sres_share_fn, char *, size_t);
-	int (*ledger_settings)(uint32_t *, size_t, size_t *, int64_t *, char *,
-			       size_t);
+	int (*ledger_settings)(uint32_t *, size_t, size_t *, int64_t *,
+			       uint32_t *, char *, size_t);
 	int (*ledger_prepare)(uint32_t, const char *, int *, int *, char *, size_t);
 	int (*ledger_apply)(int, pyk8sres_facts_fn, pyk8sres_share_fn,
 			    pyk8sres_node_name_fn, pyk8sres_stats_fn,

@@ -13,8 +13,9 @@
  *
  * Nobody delays anybody: one request per client per round; a client's next
  * request is read only once its last reply has left; a client that takes
- * none of its reply for STALL_MS is dropped; CONN_PER_UID connections per
- * uid, so what a uid can hold is bounded and root always gets in.
+ * none of its reply for STALL_MS is dropped; LedgerConnectionsPerUser=
+ * connections per uid (k8s_resources.conf), so what a uid can hold is
+ * bounded and root always gets in.
  *
  * When: only the slurmctld in control owns the journal -- an exclusive flock
  * on StateSaveLocation/k8s_resources.ledger.lock -- and only the owner
@@ -80,7 +81,6 @@ _Static_assert(offsetof(slurmctld_config_t, shutdown_time) == 328, "shutdown_tim
 #define SOCKET_NAME "k8s_resources.socket"
 #define LINE_MAX_BYTES (1 << 20)	/* policy.ledger.MAX_REQUEST_BYTES */
 #define REPLY_BYTES (4 << 20)
-#define CONN_PER_UID 8
 #define MAX_USERS 64			/* LedgerUsers= */
 #define STALL_MS 1000			/* no reply byte taken this long: dropped */
 #define POLL_MS 100			/* how soon a change of control is seen */
@@ -115,6 +115,7 @@ static pthread_mutex_t access_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t users[MAX_USERS];
 static size_t n_users;
 static int64_t group = -1;	/* LedgerGroup=, -1: none */
+static uint32_t conn_per_uid = 32;	/* LedgerConnectionsPerUser= */
 static volatile bool access_changed;
 
 /* Ownership of the journal: the flock, and the journal loaded under it. */
@@ -286,9 +287,11 @@ static void _read_access(bool at_start)
 	uint32_t got[MAX_USERS];
 	size_t n = 0;
 	int64_t gid = -1;
+	uint32_t per_uid = 32;
 	char path[PATH_MAX] = "";
 
-	if (core->ledger_settings(got, MAX_USERS, &n, &gid, path, sizeof(path))) {
+	if (core->ledger_settings(got, MAX_USERS, &n, &gid, &per_uid, path,
+				  sizeof(path))) {
 		error("%s: %s: cannot read LedgerUsers/LedgerGroup: %s; %s",
 		      LOG_PREFIX, __func__, path,
 		      at_start ? "root and SlurmUser only" : "keeping the previous ones");
@@ -296,6 +299,7 @@ static void _read_access(bool at_start)
 			return;
 		n = 0;
 		gid = -1;
+		per_uid = 32;
 		path[0] = '\0';
 	}
 	n = MIN(n, (size_t) MAX_USERS);
@@ -313,6 +317,7 @@ static void _read_access(bool at_start)
 	memcpy(users, got, n * sizeof(got[0]));
 	n_users = n;
 	group = gid;
+	conn_per_uid = MAX(per_uid, 1);
 	slurm_mutex_unlock(&access_lock);
 	access_changed = true;
 }
@@ -427,8 +432,8 @@ static int _count_uid(uid_t uid)
 
 static void _accept_all(void)
 {
-	char line[256];
-	int skipped;
+	char line[320];
+	int skipped, per_uid;
 
 	for (int i = 0; i < 64; i++) {
 		struct ucred cred;
@@ -461,14 +466,17 @@ static void _accept_all(void)
 				     (int) cred.pid, skipped);
 			continue;
 		}
-		if (_count_uid(cred.uid) >= CONN_PER_UID) {
-			snprintf(line, sizeof(line), "{\"ok\":false,\"code\":\"busy\",\"error\":\"uid %u already has %d connections to the ledger (the limit)\"}\n",
-				 (unsigned) cred.uid, CONN_PER_UID);
+		slurm_mutex_lock(&access_lock);
+		per_uid = conn_per_uid;
+		slurm_mutex_unlock(&access_lock);
+		if (_count_uid(cred.uid) >= per_uid) {
+			snprintf(line, sizeof(line), "{\"ok\":false,\"code\":\"busy\",\"error\":\"uid %u already has %d connections to the ledger (the limit: LedgerConnectionsPerUser= in k8s_resources.conf)\"}\n",
+				 (unsigned) cred.uid, per_uid);
 			_refuse(fd, line);
 			if (_log_ok(LOG_BUSY, &skipped))
 				info("%s: %s: refused a connection of uid %u (pid %d): it has %d already (%d more not logged)",
 				     LOG_PREFIX, __func__, (unsigned) cred.uid,
-				     (int) cred.pid, CONN_PER_UID, skipped);
+				     (int) cred.pid, per_uid, skipped);
 			continue;
 		}
 		if (n_clients == clients_size) {

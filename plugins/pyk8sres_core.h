@@ -157,10 +157,12 @@ int pyk8sres_ledger_open(const char *state_dir, const uint32_t *allowed_uids,
 			 char *err, size_t errlen);
 /* Who may call and where (k8s_resources.conf as last read): LedgerUsers=
  * into `uids` (at most max_uids; *n_uids of them), LedgerGroup= into
- * *group (-1: none), LedgerSocket= into `socket_path` ("" = the default).
+ * *group (-1: none), LedgerConnectionsPerUser= into *conn_per_uid,
+ * LedgerSocket= into `socket_path` ("" = the default).
  * On failure the reason goes to `socket_path`. */
 int pyk8sres_ledger_settings(uint32_t *uids, size_t max_uids, size_t *n_uids,
-			     int64_t *group, char *socket_path, size_t pathlen);
+			     int64_t *group, uint32_t *conn_per_uid,
+			     char *socket_path, size_t pathlen);
 /* Outside slurmctld's locks: authorize, parse, journal (fsync) if it changes
  * anything.  Returns 0 with *ticket > 0 to go on to ..._apply (*read_only:
  * a `show`, which needs no slurmctld lock while it runs), or 0 with

@@ -5,7 +5,8 @@ listener per daemon, `--metrics-address`, default on loopback):
     /healthz   200 while the daemon's loops are turning (each beats within its limit)
     /readyz    200 only when every readiness check passes: the watches have
                listed (sync) / nodes are known (webhook), and the ledger answered
-               its latest call; 503 with the reasons otherwise
+               its latest call without refusing this process ("busy"); 503
+               with the reasons otherwise
 
 The metric objects live here; the daemons update them where things happen
 (webhook.py, sync.py, kube.py's Informer, slurm.py's Ledger, events.py).
@@ -58,6 +59,9 @@ WATCH_RESTARTS = Counter("pyk8sres_watch_restarts", "Watches restarted with a re
 LEDGER_CALLS = Counter("pyk8sres_ledger_calls", "Requests to the ledger in slurmctld", ["op"])
 LEDGER_ERRORS = Counter("pyk8sres_ledger_errors", "Ledger requests without an answer "
                         "(unreachable, timeout, malformed reply)", ["op"])
+LEDGER_REFUSED = Counter("pyk8sres_ledger_refused", "Ledger requests answered with a refusal "
+                         "of this process, not of the request (busy: its uid holds "
+                         "LedgerConnectionsPerUser= connections already)", ["op"])
 LEDGER_SECONDS = Histogram("pyk8sres_ledger_call_duration_seconds", "One ledger request",
                            ["op"], buckets=FAST_BUCKETS)
 EVENTS = Counter("pyk8sres_events", "Kubernetes Events, by action (created, updated, folded: "
@@ -68,6 +72,13 @@ GENERIC_NODES_BEHIND = Gauge("pyk8sres_generic_nodes_behind", "GenericNodes wait
 GENERIC_NODES_LAG = Gauge("pyk8sres_generic_nodes_lag_seconds", "How long the longest waiting "
                           "GenericNode has waited (0: all current)")
 READY = Gauge("pyk8sres_ready", "1 when /readyz answers 200")
+WEBHOOK_CONNECTIONS = Gauge("pyk8sres_webhook_connections", "Connections to the webhook's "
+                            "HTTPS port, by state (pending: TLS handshake under way, "
+                            "authenticated: the API server's, anonymous: any other)", ["state"])
+WEBHOOK_CUT = Counter("pyk8sres_webhook_connections_cut", "Connections the webhook closed "
+                      "before they were served, by reason (evicted_pending, "
+                      "expired_pending, evicted_anonymous, expired_anonymous, "
+                      "refused_authenticated: over the caps or past the deadlines)", ["reason"])
 
 for _result in ("allow", "deny"):   # export zeros from the start: rate() needs them
     ADMISSION_SECONDS.labels(_result)
@@ -89,17 +100,23 @@ class _LedgerState:
         self.ok: bool | None = None    # None: never called
         self.at = 0.0
         self.error = ""
+        self.refused = ""              # the ledger answered, refusing this process ("busy")
 
 
 LEDGER = _LedgerState()
 
 
-def ledger_call(op: str, seconds: float, error: Exception | None) -> None:
+def ledger_call(op: str, seconds: float, error: Exception | None, refused: str | None = None) -> None:
+    """error: no answer; refused: an answer refusing this process, not its
+    request (the ledger's "busy"): both make readiness fail."""
     LEDGER_CALLS.labels(op).inc()
     LEDGER_SECONDS.labels(op).observe(seconds)
     if error is not None:
         LEDGER_ERRORS.labels(op).inc()
+    if refused:
+        LEDGER_REFUSED.labels(op).inc()
     LEDGER.ok, LEDGER.at, LEDGER.error = error is None, time.monotonic(), str(error or "")
+    LEDGER.refused = refused or ""
 
 
 def ledger_check(max_age: float) -> Callable[[], str | None]:
@@ -109,6 +126,8 @@ def ledger_check(max_age: float) -> Callable[[], str | None]:
             return "the ledger has not been asked yet"
         if not LEDGER.ok:
             return f"the ledger did not answer: {LEDGER.error}"
+        if LEDGER.refused:
+            return f"the ledger refused this process: {LEDGER.refused}"
         age = time.monotonic() - LEDGER.at
         if age > max_age:
             return f"no ledger call for {age:.0f}s"
@@ -182,6 +201,11 @@ class Health:
     def beat(self, name: str, max_age: float) -> None:
         with self.lock:
             self.beats[name] = (time.monotonic(), max_age)
+
+    def forget(self, name: str) -> None:
+        """A loop that ended on purpose (its owner stopped) beats no more."""
+        with self.lock:
+            self.beats.pop(name, None)
 
     def check(self, name: str, fn: Callable[[], str | None]) -> None:
         with self.lock:

@@ -167,6 +167,20 @@ def ledger_socket_path(slurm_conf: str | None = None) -> str:
     return os.path.join(state, "k8s_resources.socket")
 
 
+# Answers that refuse this process, not its request: the ledger closes the
+# connection after them ("busy": the uid holds LedgerConnectionsPerUser=
+# connections already, every replica's together; "denied": not allowed).
+REFUSES_CALLER = frozenset({"busy", "denied"})
+
+
+def _refuses_caller(line: bytes) -> bool:
+    import json
+    try:
+        return line.endswith(b"\n") and json.loads(line).get("code") in REFUSES_CALLER
+    except (ValueError, AttributeError):
+        return False
+
+
 class Ledger:
     """A client of the ledger (pyk8sres.policy.ledger has the protocol).
 
@@ -235,7 +249,9 @@ class Ledger:
         except Exception as e:
             metrics.ledger_call(op, time.perf_counter() - t0, e)
             raise
-        metrics.ledger_call(op, time.perf_counter() - t0, None)
+        refused = answer.get("code") in REFUSES_CALLER
+        metrics.ledger_call(op, time.perf_counter() - t0, None,
+                            (answer.get("error") or answer["code"]) if refused else None)
         return answer
 
     def _call(self, op: str, **fields) -> dict:
@@ -254,7 +270,17 @@ class Ledger:
                     if self._sock is None:
                         self._connect(deadline)
                     self._sock.settimeout(max(0.001, deadline - time.monotonic()))
-                    self._sock.sendall(line)
+                    try:
+                        self._sock.sendall(line)
+                    except (BrokenPipeError, ConnectionResetError):
+                        # A refusal of this process ("busy") comes at accept,
+                        # before the request is read, and the ledger closes:
+                        # that is the answer.  Anything else left there (a
+                        # "notready" sent to every client at shutdown) is no
+                        # answer to this request: connect again.
+                        if not _refuses_caller(reply := self._readline(deadline, False)):
+                            raise
+                        break
                     reply = self._readline(deadline, flowing=op == "show")
                     break
                 except OSError as exc:
@@ -271,6 +297,8 @@ class Ledger:
             raise LedgerError(f"ledger at {self.socket_path}: not a reply: {reply[:200]!r}") from None
         if not isinstance(answer, dict) or "ok" not in answer:
             raise LedgerError(f"ledger at {self.socket_path}: not a reply: {reply[:200]!r}")
+        if answer.get("code") in REFUSES_CALLER:
+            self.close()           # the ledger closed it: the next call connects anew
         return answer
 
     def reserve(self, node: str, key: str, cpu_m: int, mem_bytes: int) -> dict:

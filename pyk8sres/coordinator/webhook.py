@@ -9,7 +9,8 @@ the ValidatingWebhookConfiguration (the Helm chart's) current.
 
 Fails closed: a ledger that does not answer, a pod we cannot read, anything
 unexpected is a denial.  The API server's failurePolicy Fail covers this
-process being down.
+process being down.  The HTTPS listener (webhook_server.py) bounds what
+anyone who reaches the port can hold, so that the API server always gets in.
 
 TLS out of the box: a self-signed CA is made at start under cert_dir (kept
 across restarts), it signs our serving certificate, and its PEM goes into the
@@ -30,16 +31,13 @@ import base64
 import dataclasses
 import datetime as dt
 import ipaddress
-import json
 import logging
 import os
 import signal
-import socket
 import ssl
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -50,6 +48,7 @@ from . import sync
 from .permissions import error_text
 from .scope import Scope, slurm_names
 from .slurm import ShowFollower
+from .webhook_server import HEALTH_NAME, Limits, WebhookServer  # noqa: F401 (callers' names)
 from ..policy import admission as A
 from ..policy import events as E
 
@@ -84,6 +83,22 @@ class WebhookConfig:
     # nodes are refused for phantom_hold_seconds (0: never refused).
     confirm_create_seconds: float = 2.0
     phantom_hold_seconds: float = 10.0
+    # Connection limits (webhook_server.py says how they work together).
+    handshake_timeout: float = 5.0     # accept to finished TLS handshake
+    request_timeout: float = 5.0       # a caller without the API server's certificate: one request
+    idle_timeout: float = 120.0        # the API server's kept-alive connection between reviews
+    max_pending_connections: int = 1024       # handshakes under way; one more closes the oldest
+    max_anonymous_connections: int = 32       # no API server certificate; one more cuts the oldest
+    max_api_server_connections: int = 256
+    listener_stall_seconds: float = 30.0      # /healthz fails once the listener stops this long
+
+    def limits(self) -> Limits:
+        return Limits(handshake_timeout=self.handshake_timeout,
+                      request_timeout=self.request_timeout, idle_timeout=self.idle_timeout,
+                      max_pending=self.max_pending_connections,
+                      max_anonymous=self.max_anonymous_connections,
+                      max_authenticated=self.max_api_server_connections,
+                      stall_seconds=self.listener_stall_seconds)
 
 
 # ----------------------------------------------------------------- TLS
@@ -320,128 +335,6 @@ class Admission:
                         decision.message)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"   # keep-alive: the API server reuses connections
-    server: "WebhookServer"
-
-    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self) -> None:
-        refused = self.server.refuse_caller(self.connection.getpeercert())
-        if refused:
-            code, why = refused
-            log.warning("refused a review from %s: %s", self.client_address[0], why)
-            metrics.admission("deny", "unauthenticated", 0.0)
-            self.close_connection = True
-            self._send(code, json.dumps({"error": why}).encode())
-            return
-        try:
-            n = int(self.headers.get("Content-Length") or 0)
-            if n > MAX_REVIEW_BYTES:
-                raise ValueError(f"{n} bytes")
-            body = json.loads(self.rfile.read(n))
-        except (ValueError, OSError):
-            self._send(400, b'{"error":"want an AdmissionReview"}')
-            return
-        self._send(200, json.dumps(self.server.admission.review(body)).encode())
-
-    def do_GET(self) -> None:
-        code, body = metrics.probe(self.path) or (404, b"not found\n")
-        self._send(code, body, "text/plain; charset=utf-8")
-
-    def log_message(self, fmt, *args) -> None:
-        log.debug("%s " + fmt, self.address_string(), *args)
-
-
-MAX_REVIEW_BYTES = 8 << 20    # an AdmissionReview of the largest pod the API server takes (3 MB) twice
-
-
-class WebhookServer(ThreadingHTTPServer):
-    """HTTPS; the TLS handshake runs in the connection's own thread.
-
-    Callers are authenticated by client certificate: a certificate from
-    another CA fails the handshake; a review without one, or from a name
-    not in client_names, is refused (401/403) before it is read.  Probes
-    (GET /healthz, /readyz) need no certificate."""
-    daemon_threads = True
-
-    def __init__(self, addr, admission: Admission, cert_file: str, key_file: str,
-                 client_ca_file: str, client_names):
-        self.admission = admission
-        self.cert_file, self.key_file = cert_file, key_file
-        self.client_names = frozenset(client_names)
-        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        self.ctx.verify_mode = ssl.CERT_OPTIONAL
-        self.ctx.load_verify_locations(cafile=client_ca_file)
-        self.reload()
-        self.conns: set = set()
-        self.conns_lock = threading.Lock()
-        super().__init__(addr, _Handler)
-
-    def reload(self) -> None:
-        """Serve the certificate files' current content to new connections."""
-        self.ctx.load_cert_chain(self.cert_file, self.key_file)
-        self.loaded = (os.stat(self.cert_file).st_mtime_ns, os.stat(self.key_file).st_mtime_ns)
-
-    def refuse_caller(self, cert: dict | None) -> tuple[int, str] | None:
-        """(HTTP status, why) for a caller that may not ask for reviews, else
-        None.  The TLS layer already checked the certificate against the CA."""
-        if not cert:
-            return 401, "no client certificate: only the API server may call this webhook"
-        names = {v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"}
-        names |= {v for k, v in cert.get("subjectAltName", ()) if k == "DNS"}
-        if names & self.client_names:
-            return None
-        return 403, (f"client certificate of {', '.join(sorted(names)) or 'no name'} is not "
-                     f"the API server's ({', '.join(sorted(self.client_names))})")
-
-    def reload_if_changed(self) -> None:
-        try:
-            now = (os.stat(self.cert_file).st_mtime_ns, os.stat(self.key_file).st_mtime_ns)
-        except OSError:
-            return
-        if now != self.loaded:
-            self.reload()
-            log.info("serving certificate reloaded")
-
-    def finish_request(self, request, client_address) -> None:
-        # Headers and body go out in separate writes: without NODELAY, Nagle
-        # plus the client's delayed ACK add ~40 ms to every answer.
-        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            tls = self.ctx.wrap_socket(request, server_side=True)
-        except (ssl.SSLError, OSError) as e:
-            log.debug("TLS handshake from %s failed: %s", client_address, e)
-            return
-        with self.conns_lock:
-            self.conns.add(tls)
-        try:
-            self.RequestHandlerClass(tls, client_address, self)
-        finally:
-            with self.conns_lock:
-                self.conns.discard(tls)
-            tls.close()
-
-    def close(self) -> None:
-        """Stop serving and drop kept-alive connections (the API server
-        reuses them: without this a stopped server would still answer)."""
-        self.shutdown()
-        self.server_close()
-        with self.conns_lock:
-            conns = list(self.conns)
-        for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
 # ----------------------------------------------------------------- the daemon
 
 class Webhook:
@@ -483,11 +376,13 @@ class Webhook:
                                          hold=wcfg.phantom_hold_seconds)
         self.server = WebhookServer(self.addr, Admission(kube, ledger, self.scope, events,
                                                          self.confirmer),
-                                    cert, key, wcfg.client_ca_file, wcfg.client_names)
+                                    cert, key, wcfg.client_ca_file, wcfg.client_names,
+                                    wcfg.limits())
         self.stop_event = threading.Event()
         self.missing: str | None = None   # why the configuration cannot be kept current
         self.follower = ShowFollower(ledger)   # Slurm's nodes, asking only for changes
         self.threads: list[threading.Thread] = []
+        self.listener: threading.Thread | None = None
 
     def refresh(self) -> None:
         """One pass: Slurm's nodes, certificates, configuration (the nodes
@@ -570,9 +465,14 @@ class Webhook:
         metrics.HEALTH.check("nodes", self._nodes_known)
         metrics.HEALTH.check("ledger", metrics.ledger_check(
             3 * self.wcfg.refresh_seconds + 2 * self.wcfg.ledger_timeout))
-        t = threading.Thread(target=self.server.serve_forever, name="webhook-https", daemon=True)
+        # The listener beats from its own loop; this first beat makes a loop
+        # that never turns count as stuck too.
+        self.server.beat()
+        t = threading.Thread(target=self.server.serve_forever, name="webhook-listener",
+                             daemon=True)
         t.start()
         self.threads.append(t)
+        self.listener = t
         # Not joined on stop: it only feeds the scope, and may sit in a watch.
         informer = K.Informer(self.kube, "nodes", self.scope, stop=self.stop_event)
         self.scope.stale_after = informer.stale_after()
@@ -685,13 +585,21 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    # A listener that died cannot come back in this process: exit, so that
+    # systemd (Restart=always) or the kubelet starts a fresh one.  A stuck
+    # one fails /healthz (the kubelet's liveness probe).
+    code = 0
+    while not stop.wait(1.0):
+        if not hook.listener.is_alive():
+            log.critical("the HTTPS listener stopped; exiting")
+            code = 1
+            break
     if placeholders is not None:
         placeholders.stop()
     hook.stop()
     if events is not None:
         events.stop()
-    return 0
+    return code
 
 
 if __name__ == "__main__":

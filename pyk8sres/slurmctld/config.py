@@ -38,12 +38,20 @@ class Config:
     # LedgerUsers must be members, and so must SlurmUser (to give the socket
     # to it).  None: mode 0600, only root and SlurmUser can connect.
     ledger_group: int | None = None
+    # Connections one uid may hold to the ledger at once (one more is
+    # answered "busy" and closed).  Every coordinator process of a site runs
+    # as one uid: each webhook replica holds two (admission, placeholders),
+    # the sync daemon one, `pyk8sres status` one while it runs.
+    ledger_connections_per_user: int = 32
     # The ledger's socket; empty = StateSaveLocation/k8s_resources.socket.
     ledger_socket: str = ""
     # Capacity kept away from both schedulers (kubelet, system daemons).
     reserve_cpus: int = 0
     reserve_memory_mb: int = 0
 
+
+# Each connection may hold a reply of up to 4 MiB in slurmctld.
+MAX_CONNECTIONS_PER_USER = 1024
 
 _CHOICES = {
     "on_internal_error": ("reject", "accept"),
@@ -55,6 +63,7 @@ _KEYS = {
     "ledgerusers": "ledger_users",
     "ledgergroup": "ledger_group",
     "ledgersocket": "ledger_socket",
+    "ledgerconnectionsperuser": "ledger_connections_per_user",
     "reservecpus": "reserve_cpus",
     "reservememory": "reserve_memory_mb",
 }
@@ -86,6 +95,13 @@ def parse(text: str, *, source: str = CONF_NAME, base: Config = Config()) -> Con
         elif field == "ledger_group":
             if not _digits(value) or int(value) >= 1 << 32:
                 raise ConfigError(f"{source}:{lineno}: {key.strip()} takes a numeric gid, "
+                                  f"not {value!r}")
+            value = int(value)
+        elif field == "ledger_connections_per_user":
+            if not (value.isascii() and value.isdigit()
+                    and 1 <= int(value) <= MAX_CONNECTIONS_PER_USER):
+                raise ConfigError(f"{source}:{lineno}: {key.strip()} takes a number of "
+                                  f"connections from 1 to {MAX_CONNECTIONS_PER_USER}, "
                                   f"not {value!r}")
             value = int(value)
         elif isinstance(getattr(base, field), int):

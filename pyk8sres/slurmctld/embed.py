@@ -227,13 +227,15 @@ def bind(ffi, lib) -> None:
             return INTERNAL_ERROR
 
     @ffi.def_extern(error=INTERNAL_ERROR)
-    def pyk8sres_ledger_settings(uids, max_uids, n_uids, group, socket_path, pathlen):
+    def pyk8sres_ledger_settings(uids, max_uids, n_uids, group, conn_per_uid, socket_path,
+                                 pathlen):
         try:
             users = _config.ledger_users[:max_uids]
             for i, uid in enumerate(users):
                 uids[i] = uid
             n_uids[0] = len(users)
             group[0] = -1 if _config.ledger_group is None else _config.ledger_group
+            conn_per_uid[0] = _config.ledger_connections_per_user
             _put(ffi, socket_path, pathlen, _config.ledger_socket)
             return OK
         except BaseException as exc:

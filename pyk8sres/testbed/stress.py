@@ -122,8 +122,8 @@ class Stress:
     def __init__(self, cluster, nodes: dict[str, tuple[int, int]], clients: int = 6,
                  max_answer_s: float = 1.0, seed: int = 27):
         """nodes: {name: (CPUs, RealMemory MB)} that run slurmd.  The
-        ledger serves 8 connections per uid (ledger_server.c CONN_PER_UID):
-        the clients and the checker share them."""
+        ledger serves LedgerConnectionsPerUser= connections per uid (at
+        least 8 where this runs): the clients and the checker share them."""
         if not 0 <= clients <= 7:
             raise ValueError(f"{clients} clients + the checker: the ledger serves 8 "
                              "connections per uid")

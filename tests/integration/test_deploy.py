@@ -54,8 +54,12 @@ def server(kube_binaries, tmp_path_factory):
         kube.stop()
 
 
+# The chart's NetworkPolicy (on by default) needs the API server's address.
+NP_ARGS = ["--set", "networkPolicy.apiServerCIDRs={127.0.0.1/32}"]
+
+
 def values(kube) -> list[str]:
-    return ["--set-file", f"webhook.apiServerClientCA={kube.webhook_client_ca}"]
+    return ["--set-file", f"webhook.apiServerClientCA={kube.webhook_client_ca}", *NP_ARGS]
 
 
 def key(doc: dict) -> tuple:
@@ -124,7 +128,8 @@ def test_deployments_reach_the_ledger_directory_only_as_their_own_uid(kube_binar
     ca = tmp_path / "ca.crt"
     from pyk8sres.testbed import pki
     ca.write_text(Path(pki.Authority(tmp_path / "pki", "ca", "any").cert_file).read_text())
-    docs = chart.render(kube_binaries.helm, ["--set-file", f"webhook.apiServerClientCA={ca}"])
+    docs = chart.render(kube_binaries.helm, ["--set-file", f"webhook.apiServerClientCA={ca}",
+                                             *NP_ARGS])
     deps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     service = next(d for d in docs if d["kind"] == "Service")
     accounts = {key(d)[2] for d in docs if d["kind"] == "ServiceAccount"}

@@ -47,8 +47,12 @@ def ca_args(kube) -> list[str]:
     return ["--set-file", f"webhook.apiServerClientCA={kube.webhook_client_ca}"]
 
 
+# The NetworkPolicy is on by default (mode deployment): it needs to know
+# where the API server calls from.
+NP_ARGS = ["--set", "networkPolicy.apiServerCIDRs={10.0.0.1/32}"]
+
 VARIANTS = {
-    "deployment": [],
+    "deployment": NP_ARGS,
     "sidecar": ["--set", "coordinator.mode=sidecar"],
     "host process": ["--set", "coordinator.mode=none",
                      "--set", "webhook.url=https://127.0.0.1:8443/validate"],
@@ -61,7 +65,7 @@ VARIANTS = {
 
 
 def test_lint(kube):
-    out = helm(kube, "lint", "--strict", CHART, *ca_args(kube))
+    out = helm(kube, "lint", "--strict", CHART, *ca_args(kube), *NP_ARGS)
     assert "0 chart(s) failed" in out.stdout
 
 
@@ -98,7 +102,7 @@ def test_every_variant_is_accepted_by_the_api_server(kube, variant):
     ([], "webhook.apiServerClientCA is required"),
     (["--set", "webhook.certManager.enabled=true"], "does not serve cert-manager.io/v1"),
     (["--set", "sync.nodeMap.k8s-a="], "names no node"),
-    (["--set", "networkPolicy.enabled=true"], "networkPolicy.apiServerCIDRs"),
+    (["--set", "networkPolicy.enabled=true"], "networkPolicy.apiServerCIDRs is required"),
     (["--set", "metrics.prometheusRule=true"], "monitoring.coreos.com/v1"),
     (["--set", "sync.nodeKey=example.com/slurm-node"], "node-restriction.kubernetes.io/"),
     (["--set", "coordinator.mode=daemonset"], "coordinator/mode"),       # values.schema.json

@@ -36,7 +36,7 @@ BASE_PORT = port(17600)
 FLOODER, GROUP, STRANGER = 65533, 65532, 65534
 ROOT_GROUP = 65531          # LedgerGroup when slurmctld runs as root
 FLOOD_LINES = 20_000
-CONN_PER_UID = 8            # plugins/ledger_server.c
+CONN_PER_UID = 8            # LedgerConnectionsPerUser= below (the default is larger)
 GOAL_MS = 50.0
 SHOW = b'{"op":"show"}\n'
 
@@ -58,7 +58,8 @@ def c(request):
         handle = cluster.up(work, nodes=2, cpus=8, memory=8000, base_port=BASE_PORT,
                             slurm=SLURM, slurm_user=slurm_user, plugin_lib=lib,
                             k8s_conf=f"LedgerUsers={FLOODER}\nLedgerGroup={group}\n"
-                                     f"LedgerSocket={ledger_dir}/k8s_resources.socket\n")
+                                     f"LedgerSocket={ledger_dir}/k8s_resources.socket\n"
+                                     f"LedgerConnectionsPerUser={CONN_PER_UID}\n")
         os.chmod(os.path.join(work, "state"), 0o700)
     except BaseException:
         cluster.down(work)
@@ -229,6 +230,7 @@ def test_connections_per_uid_are_capped_and_root_still_gets_in(c):
     _, answers, refused, closed = child.queue.get(timeout=30)
     assert answers == [True] * CONN_PER_UID
     assert refused["code"] == "busy" and f"{CONN_PER_UID} connections" in refused["error"]
+    assert "LedgerConnectionsPerUser=" in refused["error"]
     assert closed
     assert Ledger(c.socket).show("n1")["ok"]          # another uid is not affected
     again = child.queue.get(timeout=30)

@@ -34,7 +34,7 @@ import uuid
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from conftest_kube import pick_ports
+from conftest_kube import http_get, pick_ports
 from ground_truth import over_capacity
 from local_slurm import SLURM, port, requires_slurm, slurm_conf
 from pyk8sres.coordinator import kube as K
@@ -583,3 +583,253 @@ def test_creates_refused_by_quota_after_admission_do_not_hold_the_node(slurm, ku
     print(f"answers {answers}; the 8-CPU job ran {time.monotonic() - t0:.1f} s after submit")
     assert K.list_pods(kube, ns) == []
     no_double_booking(slurm, kube)
+
+
+# ----------------------------------------------------------------- flooded webhook
+
+IDLE_CONNECTIONS = 4000
+STALLED_HANDSHAKES = 1100      # more than the descriptors systemd gives a service
+
+
+def _client_hello() -> bytes:
+    """A real TLS ClientHello, to dribble byte by byte."""
+    import ssl
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing)
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return outgoing.read()
+
+
+def _stall_handshakes(port, n, hello, batch=4, timeout=0.5, total=10.0) -> list:
+    """n TCP connections that send a whole ClientHello, wait for the
+    server's answer (so each is accepted and its handshake under way), then
+    never go on; `batch` at a time (within a listen backlog of 5, so none
+    waits on a dropped ACK), each batch given up after `timeout`, all of
+    them after `total` seconds."""
+    import select
+    stalled = []
+    end = time.monotonic() + total
+    while len(stalled) < n and time.monotonic() < end:
+        socks = []
+        for _ in range(min(batch, n - len(stalled))):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            socks.append(s)
+        poller, waiting = select.poll(), {s.fileno(): s for s in socks}
+        for s in socks:
+            poller.register(s, select.POLLOUT)
+        sent, deadline = set(), time.monotonic() + timeout
+        while waiting and time.monotonic() < deadline:
+            for fd, ev in poller.poll(50):
+                if fd not in sent:        # connected: the whole ClientHello
+                    try:
+                        waiting[fd].send(hello)
+                    except OSError:
+                        pass
+                    sent.add(fd)
+                    poller.modify(fd, select.POLLIN)
+                else:                     # the server answered (or closed)
+                    poller.unregister(fd)
+                    del waiting[fd]
+        stalled += socks
+    return stalled
+
+
+def _flood_webhook(queue, stop, port, idle, stalled, hellos, headers):
+    """As an unprivileged user: `headers` TLS connections (no certificate)
+    dribbling an HTTP request's headers a byte every 0.1 s, `stalled` TLS
+    handshakes started and never finished, `hellos` TCP connections
+    dribbling a ClientHello a byte every 0.1 s, then `idle` TCP connections
+    that never send a byte.  Nothing is reopened."""
+    import ssl
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    request = (b"POST /validate HTTP/1.1\r\nHost: webhook\r\nContent-Length: 10\r\n"
+               + b"X-Slow: 1\r\n" * 1000)
+    dribbling, failed = [], 0
+    for _ in range(headers):
+        try:
+            s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=2))
+        except OSError:
+            failed += 1
+            continue
+        s.setblocking(False)
+        dribbling.append([s, request, 0])
+    hello = _client_hello()
+    held = _stall_handshakes(port, stalled, hello)
+    stalled_n = len(held)
+    for n, data in ((hellos, hello), (idle, None)):
+        for _ in range(n):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            (held.append(s) if data is None else dribbling.append([s, data, 0]))
+    queue.put(("flooding", {"held": len(held), "stalled": stalled_n,
+                            "dribbling": len(dribbling), "tls_failed": failed}))
+    cut = 0
+    while not stop.is_set():
+        for d in dribbling:
+            if d[0] is None or d[2] >= len(d[1]):
+                continue
+            try:
+                d[2] += d[0].send(d[1][d[2]:d[2] + 1])
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                pass
+            except OSError:          # the webhook closed it
+                d[0].close()
+                d[0] = None
+                cut += 1
+        stop.wait(0.1)
+    closed = 0
+    for s in held:
+        try:
+            closed += s.recv(65536) == b""
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed += 1
+        s.close()
+    queue.put(("done", {"dribblers_cut": cut, "held_closed_by_webhook": closed}))
+
+
+def _timed_create(kube, ns, body) -> tuple[float, object]:
+    t0 = time.monotonic()
+    try:
+        K.create_pod(kube, ns, body)
+        return time.monotonic() - t0, "created"
+    except ApiException as e:
+        return time.monotonic() - t0, e
+
+
+def test_admission_holds_under_idle_connections_and_slowloris(slurm, control_plane, kube, ns):
+    """An unprivileged local user (nobody) holds 4,000 idle TCP connections
+    to the webhook's port and 1,100 TLS handshakes it never finishes, and
+    dribbles ClientHellos and HTTP headers byte by byte.  The webhook was
+    just restarted, so the API server must open a new connection
+    meanwhile; it starts with the soft descriptor limit systemd gives
+    services (1024).  A pod that fits is admitted within 1 s (create to
+    the API server's answer), one that does not is still refused."""
+    import pwd
+    import resource
+    nobody = pwd.getpwnam("nobody")
+    active(kube, ns)
+    cluster.stop_process(slurm.work, "webhook")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    try:
+        hybrid.start_webhook(slurm, control_plane)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    port = control_plane.ports.webhook
+    metrics_url = f"http://127.0.0.1:{control_plane.ports.webhook_metrics}/readyz"
+    wait_for(lambda: http_status(metrics_url) == 200, 30, "the new webhook ready")
+    flood = Caller(nobody.pw_uid, [nobody.pw_gid], _flood_webhook, port, IDLE_CONNECTIONS,
+                   STALLED_HANDSHAKES, 100, 50)
+    try:
+        print("flood:", flood.started(60))
+        time.sleep(0.5)
+        answers = []
+        for i in range(3):                        # at once, then while the flood is held
+            answers.append(_timed_create(kube, ns, pod(f"fits-{i}", "1", "100Mi", node="n1")))
+            answers.append(_timed_create(kube, ns, pod(f"big-{i}", "100", node="n1")))
+            time.sleep(1.5)
+        print("answers (seconds, outcome):",
+              [(round(s, 3), a if a == "created" else (a.status, a.body[:120]))
+               for s, a in answers])
+        for i, (seconds, outcome) in enumerate(answers):
+            if i % 2 == 0:
+                assert outcome == "created", (i, outcome)
+                assert seconds < 1.0, answers
+            else:
+                assert isinstance(outcome, ApiException) and outcome.status == 403 \
+                    and "does not fit on node n1" in outcome.body, outcome
+        assert used(slurm, "n1") == (3, 300)
+        # The flood reached the webhook, and what it holds stayed capped.
+        _, text = http_get(f"http://127.0.0.1:{control_plane.ports.webhook_metrics}/metrics")
+        cut = {m.group(1): float(m.group(2)) for m in re.finditer(
+            r'^pyk8sres_webhook_connections_cut_total\{reason="(\w+)"\} (\S+)$', text, re.M)}
+        print("webhook cut:", cut)
+        assert cut.get("evicted_pending", 0) >= IDLE_CONNECTIONS - 1024, cut
+        print("flood ended:", flood.stop())
+    finally:
+        if flood.proc.is_alive():
+            flood.proc.kill()
+        cluster.stop_process(slurm.work, "webhook")
+        restart_coordinator_webhook(slurm, control_plane, kube, ns)
+    no_double_booking(slurm, kube)
+
+
+def http_status(url: str) -> int | None:
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def _hold_ledger(queue, stop, path, n):
+    socks = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(5)
+        s.connect(path)
+        try:                  # over the budget: "busy", or closed before we wrote
+            s.sendall(b'{"op":"show"}\n')
+            ok = json.loads(s.makefile("rb").readline()).get("ok")
+        except (OSError, ValueError):
+            ok = False
+        if not ok:
+            s.close()
+            break
+        socks.append(s)
+    queue.put(("holding", len(socks)))
+    stop.wait(60)
+    for s in socks:
+        s.close()
+    queue.put(("done", None))
+
+
+def test_readiness_fails_while_the_ledger_answers_busy(slurm, control_plane, kube, ns):
+    """The coordinator's uid holds its whole connection budget
+    (LedgerConnectionsPerUser=, every replica's together): a webhook
+    replica started then gets "busy" from the ledger, refuses pods, and
+    says so on /readyz; once a connection is free it is ready again."""
+    me = hybrid.coordinator_user()
+    path = S.ledger_socket_path(slurm.conf)
+    readyz = f"http://127.0.0.1:{control_plane.ports.webhook_metrics}/readyz"
+    cluster.stop_process(slurm.work, "webhook")
+    _, gid, groups = hybrid.run_as_coordinator(slurm)
+    hog = Caller(me.pw_uid, [gid, *groups], _hold_ledger, path, 1000)
+    try:
+        held = hog.started(30)
+        print("connections held by the coordinator's uid:", held)
+        hybrid.start_webhook(slurm, control_plane)
+
+        def why_not_ready():
+            import urllib.error
+            import urllib.request
+            try:
+                urllib.request.urlopen(readyz, timeout=2)
+                return "ready"
+            except urllib.error.HTTPError as e:
+                return e.read().decode()
+            except OSError:
+                return ""
+        reason = wait_for(lambda: (lambda r: r if "refused this process" in r else None)(
+            why_not_ready()), 30, "/readyz naming the ledger's refusal")
+        assert "busy" in reason or "connections to the ledger" in reason, reason
+        print("readyz:", reason.strip())
+    finally:
+        hog.stop()
+    wait_for(lambda: http_status(readyz) == 200, 30, "ready once a connection is free")
+    active(kube, ns)

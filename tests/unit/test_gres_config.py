@@ -31,6 +31,8 @@ def test_non_gres_entries_are_kept():
         reserve_cpus=2, reserve_memory_mb=1024, ledger_socket="/x", ledger_users=(1001, 1002))),
     ("LedgerUsers=990\nLedgerGroup=990", config.Config(ledger_users=(990,), ledger_group=990)),
     ("LedgerGroup=0", config.Config(ledger_group=0)),
+    ("LedgerConnectionsPerUser=64", config.Config(ledger_connections_per_user=64)),
+    ("ledgerconnectionsperuser=1", config.Config(ledger_connections_per_user=1)),
 ])
 def test_config_parse(text, expected):
     assert config.parse(text) == expected
@@ -41,6 +43,10 @@ def test_config_parse(text, expected):
     ("ReserveCPUs=-1", "non-negative integer"), ("OnInternalError", "unknown setting"),
     ("LedgerGroup=slurm", "numeric gid"), ("LedgerGroup=", "numeric gid"),
     ("LedgerGroup=4294967296", "numeric gid"), ("LedgerGroup=-1", "numeric gid"),
+    ("LedgerConnectionsPerUser=0", "from 1 to 1024"),
+    ("LedgerConnectionsPerUser=1025", "from 1 to 1024"),
+    ("LedgerConnectionsPerUser=²", "from 1 to 1024"),
+    ("LedgerConnectionsPerUser=", "from 1 to 1024"),
 ])
 def test_config_errors(text, message):
     with pytest.raises(config.ConfigError, match=message):
@@ -215,3 +221,15 @@ def test_list_nodes_parses_only_the_lines_that_changed(monkeypatch):
     del lines["n1"]
     assert [n.name for n in slurm.list_nodes()] == ["n2"]
     assert set(slurm._last_read) == {lines["n2"]}           # a gone node is not kept
+
+
+def test_ledger_connection_budget_covers_the_charts_default_replicas():
+    """Every coordinator process runs as one uid: each webhook replica holds
+    two ledger connections (admission, placeholders), the sync daemon one,
+    `pyk8sres status` one; the default leaves room for twice that."""
+    import yaml
+    from pyk8sres import data
+    values = yaml.safe_load(open(data.path("deploy", "helm", "pyk8sres", "values.yaml")))
+    need = 2 * values["webhook"]["replicas"] + 1 + 1
+    assert config.Config().ledger_connections_per_user >= 2 * need
+    assert config.Config().ledger_connections_per_user >= 2 * 8 + 2    # 8 replicas fit too

@@ -40,6 +40,53 @@ def test_ledger_check_follows_the_latest_call():
     assert M.ledger_check(max_age=-1)().startswith("no ledger call for")
 
 
+def test_readiness_fails_while_the_ledger_answers_busy(tmp_path):
+    """The ledger refuses a connection over its per-uid budget with one
+    "busy" line and closes it: admission is refused, so /readyz must say
+    so, and recover as soon as a connection is let in again."""
+    import json
+    import socket
+    import threading
+
+    from pyk8sres.coordinator.slurm import Ledger
+    path = str(tmp_path / "ledger.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen()
+    busy = {"on": True}
+    busy_line = (b'{"ok":false,"code":"busy","error":"uid 1 already has 8 connections '
+                 b'to the ledger (the limit)"}\n')
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                if busy["on"]:          # as ledger_server.c: refuse at accept, close
+                    conn.sendall(busy_line)
+                    continue
+                f = conn.makefile("rb")
+                while f.readline():
+                    conn.sendall(json.dumps({"ok": True, "nodes": {}}).encode() + b"\n")
+    threading.Thread(target=serve, daemon=True).start()
+    check = M.ledger_check(max_age=60)
+    ledger = Ledger(path, timeout=5)
+    refused = sample("pyk8sres_ledger_refused_total", op="show") or 0
+    assert ledger.show()["code"] == "busy"
+    assert "refused this process: uid 1 already has 8 connections" in check()
+    health = M.Health()
+    health.check("ledger", check)
+    assert health.ready()[0].startswith("ledger: the ledger refused this process")
+    assert sample("pyk8sres_ledger_refused_total", op="show") == refused + 1
+    assert ledger.show()["code"] == "busy"          # asks again on a new connection
+    busy["on"] = False
+    assert ledger.show()["ok"] is True
+    assert check() is None and health.ready() == []
+    srv.close()
+
+
 def view(cpu, mem, jobs, share, over=False):
     free = (cpu - jobs[0] - min(share[0], cpu - jobs[0]), mem - jobs[1] - min(share[1], mem - jobs[1]))
     return {"capacity": {"cpu": cpu, "mem": mem}, "jobs": {"cpu": jobs[0], "mem": jobs[1]},
@@ -112,3 +159,33 @@ def test_event_queue_never_blocks_and_counts_what_it_drops():
     assert time.perf_counter() - t0 < 0.05
     assert r.queue.qsize() == 2
     assert sample("pyk8sres_events_total", action="queue_full") == before + 3
+
+
+def test_a_line_left_by_a_closing_ledger_is_not_an_answer(tmp_path):
+    """At shutdown the ledger sends "notready" to every client and closes;
+    the next request on that connection is asked again (and fails here:
+    nothing listens), not answered with the stale line."""
+    import socket
+    import threading
+
+    from pyk8sres.coordinator.slurm import Ledger, LedgerError
+    path = str(tmp_path / "ledger.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen()
+    done = threading.Event()
+
+    def serve():
+        conn, _ = srv.accept()
+        conn.makefile("rb").readline()
+        conn.sendall(b'{"ok":true,"nodes":{}}\n')
+        conn.sendall(b'{"ok":false,"code":"notready","error":"shutting down"}\n')
+        conn.close()
+        srv.close()
+        done.set()
+    threading.Thread(target=serve, daemon=True).start()
+    ledger = Ledger(path, timeout=5)
+    assert ledger.show()["ok"] is True
+    done.wait(5)
+    with pytest.raises(LedgerError):
+        ledger.show()

@@ -52,15 +52,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if not (hasPrefix "node-restriction.kubernetes.io/" .Values.sync.nodeKey) }}
 {{- fail (printf "sync.nodeKey: %q must be under node-restriction.kubernetes.io/ (a label kubelets cannot set)" .Values.sync.nodeKey) }}
 {{- end }}
-{{- if and .Values.networkPolicy.enabled (not .Values.networkPolicy.apiServerCIDRs) }}
-{{- fail "networkPolicy.enabled needs networkPolicy.apiServerCIDRs: where kube-apiserver calls the webhook from (else nothing could reach it)" }}
-{{- end }}
 {{- if and .Values.metrics.prometheusRule (not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")) }}
 {{- fail "metrics.prometheusRule is true but this cluster does not serve monitoring.coreos.com/v1 (the Prometheus operator)" }}
 {{- end }}
 {{- if and .Values.metrics.serviceMonitor (not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")) }}
 {{- fail "metrics.serviceMonitor is true but this cluster does not serve monitoring.coreos.com/v1 (the Prometheus operator)" }}
 {{- end }}
+{{- if and (include "pyk8sres.networkPolicy" .) (not .Values.networkPolicy.apiServerCIDRs) }}
+{{- fail "networkPolicy.apiServerCIDRs is required while networkPolicy.enabled (the default): the addresses kube-apiserver calls the webhook from (else nothing could reach it; docs/security.md), or networkPolicy.enabled=false" }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the NetworkPolicy renders: mode deployment only (in mode
+     sidecar the pod is slurmctld's, whose own traffic it would cut; in
+     mode none no pod of ours runs in the cluster). */}}
+{{- define "pyk8sres.networkPolicy" -}}
+{{- if and .Values.networkPolicy.enabled (eq .Values.coordinator.mode "deployment") }}true{{ end }}
 {{- end }}
 
 {{/* The coordinator's settings file (TOML: pyk8sres.coordinator.sync.SyncConfig
