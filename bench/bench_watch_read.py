@@ -8,7 +8,7 @@ node object of 3.2 KB; kwok's are 3.8 KB).  The client is
 Kube._events, the code every Informer reads with, first with no pause, then
 with the nodes watch's pause.  Only the read path is measured: the cost of
 waking up for every event, which was most of an idle coordinator's CPU at
-3,000 nodes (per-thread CPU, docs/performance-scale.md).  The real cluster's
+3,000 nodes (per-thread CPU, docs/development.md).  The real cluster's
 figures come from bench_scale.py.
 
   python bench/bench_watch_read.py [--rate 30] [--events 600] [--port P]

@@ -1,4 +1,4 @@
-"""The README's quickstart, run as it stands, so the docs cannot rot.
+"""The quickstart (docs/quickstart.md), run as it stands, so the docs cannot rot.
 
 The block after `<!-- quickstart -->` is split into steps: the commands up
 to a run of `#>` lines, which are what those commands print (`...` stands
@@ -25,14 +25,15 @@ from pyk8sres.testbed import hybrid, releases
 
 pytestmark = requires_slurm
 REPO = Path(__file__).resolve().parents[2]
-README_WORKDIR = "/tmp/qs"
+QUICKSTART = REPO / "docs" / "quickstart.md"
+QUICKSTART_WORKDIR = "/tmp/qs"
 READER_PAUSE = 3      # seconds between steps, as a reader types
 TIMEOUT = 600         # the whole block, cluster up and down included
 
 
 def quickstart_block(text: str) -> str:
     m = re.search(r"<!-- quickstart -->\n```sh\n(.*?)```", text, re.S)
-    assert m, "README.md has no ```sh block after <!-- quickstart -->"
+    assert m, "docs/quickstart.md has no ```sh block after <!-- quickstart -->"
     return m.group(1)
 
 
@@ -62,7 +63,7 @@ def matches(expected: str, output: str) -> bool:
 
 
 def test_steps_and_matching():
-    """The parser and the matcher, on the shapes the README uses (and a miss)."""
+    """The parser and the matcher, on the shapes the quickstart uses (and a miss)."""
     block = "a one\n#> x ...\nb\n# c\nd <<'EOF'\ny\nEOF\n#> Error: ... no\n#> z\nlast\n"
     assert steps(block) == [("a one", ["x ..."]),
                             ("b\n# c\nd <<'EOF'\ny\nEOF", ["Error: ... no", "z"]),
@@ -89,7 +90,7 @@ def test_readme_names_the_two_commands():
 
 
 def _script(block: str, work: str, base_port: int, kube_port: int) -> tuple[str, list]:
-    block = block.replace(README_WORKDIR, work)
+    block = block.replace(QUICKSTART_WORKDIR, work)
     up = re.search(r"(?m)^pyk8sres cluster up ", block)
     assert up, "the quickstart starts no cluster"
     extra = f"--base-port {base_port} --kube-port {kube_port} "
@@ -105,7 +106,7 @@ def _script(block: str, work: str, base_port: int, kube_port: int) -> tuple[str,
 
 
 def test_quickstart_runs_as_written(kube_binaries):
-    block = quickstart_block((REPO / "README.md").read_text())
+    block = quickstart_block(QUICKSTART.read_text())
     tmp = tempfile.mkdtemp(prefix="pyk8sres-quickstart-")
     os.chmod(tmp, 0o755)
     work = os.path.join(tmp, "qs")
@@ -124,9 +125,9 @@ def test_quickstart_runs_as_written(kube_binaries):
             failing = bool(expected) and expected[0].startswith("Error from server")
             assert (rc != 0) == failing, f"step {i} exited {rc}:\n{code}\n--- it printed:\n{said}"
             for line in expected:
-                line = tres(line.replace(README_WORKDIR, work))
-                assert matches(line, said), (f"step {i}:\n{code}\n--- the README says it prints:\n"
-                                             f"{line}\n--- it printed:\n{said}")
+                line = tres(line.replace(QUICKSTART_WORKDIR, work))
+                assert matches(line, said), (f"step {i}:\n{code}\n--- docs/quickstart.md "
+                                             f"says it prints:\n{line}\n--- it printed:\n{said}")
     finally:
         if os.path.isdir(work):
             hybrid.down(work)
