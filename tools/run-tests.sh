@@ -5,5 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
-# From tests/ so that `import pyk8sres` is the installed, built package.
-cd tests && exec "${PYTHON:-python3}" -m pytest -p no:cacheprovider "$@" .
+# From tests/ so that `import pyk8sres` is the installed, built package; no
+# path given, pytest collects every test there.
+cd tests && exec "${PYTHON:-python3}" -m pytest -p no:cacheprovider "$@"
