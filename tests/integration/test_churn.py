@@ -7,7 +7,7 @@ run them for their grace period after the object is gone); pods resized in
 place, up and down; creates on shared nodes that a ResourceQuota of 0 pods
 refuses after admission -- while the coordinator, slurmctld,
 kube-apiserver, kube-scheduler and kube-controller-manager are killed or
-restarted, slurmctld reconfigured, a partition updated, the webhook made
+restarted, slurmctld reconfigured, a partition updated (its nodes too), the webhook made
 unreachable for longer than its timeoutSeconds (a pod created on a shared
 node meanwhile must be refused for want of its answer: admission fails
 closed), and a node's kubelet (kwok) reports NotReady or is cut off
@@ -826,6 +826,7 @@ class Churn:
             ("partition update", lambda: subprocess.run(
                 ["scontrol", "update", "PartitionName=debug", "MaxTime=UNLIMITED"],
                 env=self.c.env, capture_output=True, timeout=60)),
+            ("partition's nodes changed at runtime, then back", self._partition_nodes),
             ("kube-controller-manager restart",
              lambda: self.cp.restart("kube-controller-manager")),
             ("kube-apiserver restart", lambda: self.cp.restart("kube-apiserver")),
@@ -859,6 +860,17 @@ class Churn:
                 self._revive_control_plane()
                 self._coordinator_alive()
             self.every_fault_done.set()
+
+    def _partition_nodes(self):
+        """`scontrol update PartitionName=debug Nodes=...` without one node,
+        then with every node again: job_submit completes new jobs against
+        the partition slurmctld has at that moment, not slurm.conf's."""
+        every = ",".join(CAPACITY)
+        for nodes in (",".join(sorted(CAPACITY)[:-1]), every):
+            subprocess.run(["scontrol", "update", "PartitionName=debug", f"Nodes={nodes}"],
+                           env=self.c.env, capture_output=True, timeout=60, check=True)
+            if self.stop.wait(2.0) and nodes == every:
+                break
 
     def _coordinator_alive(self):
         """sync and the webhook never exit of a fault; one that did is an
