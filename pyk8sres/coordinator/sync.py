@@ -662,9 +662,10 @@ class Reconciler:
         k8s = self.k8s_name(name)
         for uid, (cpu_m, mem) in (view.get("entries") or {}).items():
             if uid not in entries:
-                self.holds.add([name], uid, D.Held(
-                    cpu_m, mem, k8s, D.DEFAULT_GRACE,
-                    now + D.DEFAULT_GRACE + self.cfg.departed_margin_seconds))
+                # Its grace period and node unknown: the default, counted from now.
+                self.holds.add([name], uid, D.first_hold(
+                    cpu_m, mem, k8s, D.DEFAULT_GRACE, None, D.READY, now=now,
+                    wall=time.time(), margin=self.cfg.departed_margin_seconds))
         self.seeded.add(name)
         return True
 

@@ -174,8 +174,8 @@ class Daemon:
         with open(conf, "w") as f:
             # kwok kills a pod's "containers" the moment it is told to: the
             # margin for a kubelet's own delay (departed_margin_seconds) is short.
-            f.write('slurm_workers = ["slurm-workers"]\ndeparted_margin_seconds = 2.0\n'
-                    + self.settings)
+            f.write('slurm_workers = ["slurm-workers"]\n'
+                    f'departed_margin_seconds = {hybrid.KWOK_MARGIN}\n' + self.settings)
         hybrid.own(conf)
         cmd = [hybrid.coordinator_python(), "-m", "pyk8sres.coordinator.sync",
                "--kubeconfig", coordinator_kubeconfig(self.slurm, self.api),
