@@ -77,8 +77,7 @@ def use_plugins(c: cluster.Cluster, plugins: str, timer_file: str) -> None:
         text = f.read()
     lines = [f"JobSubmitPlugins={plugins}" if line.startswith("JobSubmitPlugins=") else line
              for line in text.splitlines()]
-    with open(c.conf, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    c.rewrite_conf("\n".join(lines) + "\n")
     if os.path.exists(timer_file):
         os.unlink(timer_file)
     os.environ["BENCH_TIMER_FILE"] = timer_file

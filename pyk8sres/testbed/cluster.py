@@ -296,6 +296,17 @@ class Cluster:
     def env(self) -> dict:
         return dict(os.environ, SLURM_CONF=self.conf, PATH=self.release.path_env())
 
+    def rewrite_conf(self, text: str) -> None:
+        """Replace slurm.conf whole: a daemon re-reading it mid-write (slurmd on
+        a reconfigure) would see it empty and stop."""
+        tmp = self.conf + ".new"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        st = os.stat(self.conf)
+        os.chmod(tmp, st.st_mode & 0o7777)
+        os.chown(tmp, st.st_uid, st.st_gid)
+        os.replace(tmp, self.conf)
+
     def names(self) -> list[str]:
         return sorted(os.path.basename(p)[5:-4]
                       for p in glob.glob(os.path.join(self.work, "run", "proc-*.pid")))

@@ -199,17 +199,15 @@ def test_no_memory_default_anywhere_holds_the_whole_node(c):
     with open(c.conf) as f:
         original = f.read()
     try:
-        with open(c.conf, "w") as f:
-            f.write("".join(line for line in original.splitlines(True)
-                            if not line.startswith("DefMemPerCPU=")))
+        c.rewrite_conf("".join(line for line in original.splitlines(True)
+                               if not line.startswith("DefMemPerCPU=")))
         run("scontrol", "reconfigure")
         assert "UNLIMITED" in run("scontrol", "show", "config").stdout.split("DefMemPerNode")[1][:30]
         job_id = sbatch("-c", "2", hold=False)
         assert_holds_the_whole_node(job_id)
     finally:
         run("scancel", "--user=root", check=False)
-        with open(c.conf, "w") as f:
-            f.write(original)
+        c.rewrite_conf(original)
         run("scontrol", "reconfigure")
 
 

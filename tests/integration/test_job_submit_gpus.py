@@ -114,8 +114,7 @@ def test_reconfigure_within_the_same_second_is_seen(c):
         for attempt in range(10):
             start = time.time()
             for cpus_per_gpu in (2, 1):
-                with open(c.conf, "w") as f:
-                    f.write(original.replace("DefCpuPerGPU=3\n", f"DefCpuPerGPU={cpus_per_gpu}\n"))
+                c.rewrite_conf(original.replace("DefCpuPerGPU=3\n", f"DefCpuPerGPU={cpus_per_gpu}\n"))
                 run("scontrol", "reconfigure")
                 job_id = sbatch("--gpus-per-node=1")
             same_second += int(start) == int(time.time())
@@ -125,9 +124,10 @@ def test_reconfigure_within_the_same_second_is_seen(c):
                 break
         assert same_second, "no attempt fit in one second: the case was not exercised"
     finally:
-        with open(c.conf, "w") as f:
-            f.write(original)
+        c.rewrite_conf(original)
         run("scontrol", "reconfigure")
+    time.sleep(1)
+    assert c.pid("slurmd-n1") and c.pid("slurmd-n2"), "a slurmd stopped on a reread slurm.conf"
 
 
 def test_updates_recompute_the_gpu_defaults(c):

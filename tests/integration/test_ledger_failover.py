@@ -11,6 +11,7 @@ StateSaveLocation; `pyk8sres cluster up --backup-controller`).
   rewrites its state files while the primary reads them; it logs "Old
   state possible"): the checks against what Slurm holds must pass either way.
 """
+import itertools
 import os
 import time
 
@@ -47,9 +48,15 @@ def _backup_log(c) -> str:
         return f.read()
 
 
+# Job IDs of our own choosing (root may): a primary that came back without
+# its jobs numbers from 1 again while their batch steps still run on n1,
+# and a reused ID there drains the node ("Duplicate jobid").
+_JOB_IDS = itertools.count(100)
+
+
 def _job(c, cpus: int) -> str:
-    return sh(c, "sbatch", "--parsable", "-w", "n1", "-c", str(cpus), "--mem=500", "-o",
-              "/dev/null", "--wrap", "sleep 600").strip()
+    return sh(c, "sbatch", "--parsable", f"--jobid={next(_JOB_IDS)}", "-w", "n1",
+              "-c", str(cpus), "--mem=500", "-o", "/dev/null", "--wrap", "sleep 600").strip()
 
 
 def _state(c, job: str) -> list:
