@@ -46,6 +46,11 @@ NODE_FREE = Gauge("pyk8sres_node_free", "Capacity neither side holds (either may
                   ["node", "resource"])
 NODE_OVERSUBSCRIBED = Gauge("pyk8sres_node_oversubscribed", "1 while pods bound to the node "
                             "hold more than Slurm's jobs leave", ["node"])
+NODE_SLURM_UNHELD = Gauge("pyk8sres_node_slurm_unheld", "What Slurm allocated on a shared "
+                          "node that no job's k8scpu/k8smemory covers, held from pods: "
+                          "kind=unheld jobs hold less than they were allocated, "
+                          "kind=completing jobs COMPLETING there (cpu: CPUs, memory: bytes)",
+                          ["node", "resource", "kind"])
 OVERSUBSCRIPTION_DETECTED = Counter("pyk8sres_oversubscription_detected",
                                     "Times a node was found newly oversubscribed", ["node"])
 RECONCILE_SECONDS = Histogram("pyk8sres_reconcile_duration_seconds",

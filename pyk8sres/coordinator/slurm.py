@@ -11,6 +11,8 @@ import re
 import subprocess
 
 from .. import GRES_CPU, GRES_MEMORY
+from ..policy import backstop
+from ..policy.hostlist import expand_hostlist
 
 TIMEOUT = 15.0
 
@@ -125,6 +127,25 @@ def list_nodes() -> list[SlurmNode]:
             for line in out.splitlines() if line.strip()}
     _last_read = read     # only this read's lines: nothing piles up
     return list(read.values())
+
+
+_JOB_STATE = re.compile(r"(?:^|\s)JobState=(\S+)")
+_NODE_GROUP = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=(\S+) Mem=(\d+)")
+
+
+def completing_allocations() -> dict[str, tuple[int, int]]:
+    """Per node, the CPUs and MB of the jobs COMPLETING there, as Slurm
+    allocated them (`scontrol -d show job`: CPU_IDs and Mem per node group).
+    Slurm has freed them already while the jobs' processes may still run."""
+    jobs = []
+    for line in run("scontrol", "-d", "-o", "show", "job").splitlines():
+        state = _JOB_STATE.search(line)
+        if not state or state.group(1) != "COMPLETING":
+            continue
+        groups = [(expand_hostlist(nodes), backstop.cpu_ids_count(ids), int(mem))
+                  for nodes, ids, mem in _NODE_GROUP.findall(line)]
+        jobs.append((state.group(1), groups))
+    return backstop.completing_per_node(jobs)
 
 
 def get_node(name: str) -> SlurmNode:

@@ -38,8 +38,10 @@ import tomllib
 from typing import Mapping
 
 from . import metrics
+from .backstop import Backstop
 from .holds import Holds
 from .permissions import error_text
+from ..policy import backstop
 from ..policy import departures as D
 from ..policy import events as E
 from ..policy import ledger as L
@@ -351,6 +353,13 @@ class Cache:
             self.dirty = None
         self.changed.set()
 
+    def mark(self, k8s_nodes) -> None:
+        """The next cycle recomputes these Kubernetes nodes' Slurm nodes."""
+        with self.lock:
+            if self.dirty is not None:
+                self.dirty.update(k8s_nodes)
+        self.changed.set()
+
     def take_dirty(self) -> set[str] | None:
         """The Kubernetes nodes whose pods changed since the last call (None:
         anything may have), and start recording anew."""
@@ -428,6 +437,7 @@ class Reconciler:
         self.holds = Holds(cfg.departed_margin_seconds)
         self.seeded: set[str] = set()   # Slurm nodes whose ledger entries this process has read
         self.departure_ctx: tuple | None = None   # (mappings, Slurm view) of this cycle's departures
+        self.backstop = Backstop(self._backstop_event)
 
     def _warn_new(self, warnings: list[str]) -> None:
         now = set(warnings)
@@ -450,6 +460,7 @@ class Reconciler:
         if refresh or self.slurm_view is None:
             try:
                 self.slurm_view = {n.name: n for n in self.slurm.list_nodes()}
+                self.backstop.read_completing(self.slurm, self.slurm_view)
             except Exception as e:  # slurmctld down: nothing we can do this cycle
                 log.warning("cannot read Slurm nodes: %s", e)
                 metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
@@ -574,6 +585,7 @@ class Reconciler:
         if only is not None:
             for name in only:
                 wanted.setdefault(name, {})
+        self._add_backstop(wanted)
         out = {}
         for name, entries in wanted.items():
             if healthy and not (d.usage.get(name) or U.NodeUsage()).errors:
@@ -585,6 +597,19 @@ class Reconciler:
             # else: never set by this process (it just started, or the ledger
             # failed): the ledger keeps what it holds until the data is trusted.
         return out
+
+    def _add_backstop(self, wanted: dict[str, dict]) -> None:
+        """What Slurm allocated on each node beyond what its jobs hold as
+        k8scpu/k8smemory (policy/backstop.py), as one more entry there."""
+        view, shown = self.slurm_view or {}, self.ledger_nodes or {}
+        for name, entries in wanted.items():
+            held = self.backstop.entry(name, view.get(name), (shown.get(name) or {}).get("jobs"))
+            if held is not None:
+                entries[backstop.KEY] = held
+
+    def _backstop_event(self, name: str, reason: str, message: str) -> None:
+        if self.events is not None:
+            self.events.generic_node(self.k8s_name(name), reason, message)
 
     def set_shares(self, d: U.Desired, healthy: bool, only: set[str] | None = None) -> None:
         """Apply the differences to the ledger; only: just these Slurm nodes.
@@ -661,7 +686,7 @@ class Reconciler:
         view = (reply.get("nodes") or {}).get(name) or {}
         k8s = self.k8s_name(name)
         for uid, (cpu_m, mem) in (view.get("entries") or {}).items():
-            if uid not in entries:
+            if uid not in entries and uid != backstop.KEY:
                 # Its grace period and node unknown: the default, counted from now.
                 self.holds.add([name], uid, D.first_hold(
                     cpu_m, mem, k8s, D.DEFAULT_GRACE, None, D.READY, now=now,
@@ -962,6 +987,7 @@ class SlurmPoller(threading.Thread):
         self.metrics_period, self.alive, self.read_period = metrics_period, alive, read_period
         self.follower = _slurm().ShowFollower(ledger) if ledger is not None else None
         self.shown: dict | None = None
+        self.changed: set | None = None   # the nodes the last show said changed
 
     def ledger_moved(self) -> bool:
         """Did Slurm's side of a node change (its jobs, its capacity, the
@@ -971,6 +997,7 @@ class SlurmPoller(threading.Thread):
         if self.follower is None:
             return True
         before = self.follower.nodes or {}
+        self.changed = None
         try:
             self.shown, changed = self.follower.refresh()
         except Exception as e:  # counted (ledger errors); /readyz says so
@@ -979,6 +1006,7 @@ class SlurmPoller(threading.Thread):
         self.rec.ledger_nodes = self.shown["nodes"] if ok else None
         if not ok or changed is None:
             return True
+        self.changed = changed
         return any(_slurm_side(before.get(n)) != _slurm_side(self.shown["nodes"].get(n))
                    for n in changed)
 
@@ -995,7 +1023,10 @@ class SlurmPoller(threading.Thread):
                     log.warning("ledger show failed: %s", e)
             if self.stop_event.wait(self.period):
                 return
-            if not moved and time.monotonic() - read_at < self.read_period:
+            # While the backstop holds something, every period: so that it
+            # lets go as soon as Slurm's processes are gone.
+            if (not moved and not self.rec.backstop.holding()
+                    and time.monotonic() - read_at < self.read_period):
                 continue
             read_at = time.monotonic()
             try:
@@ -1005,9 +1036,15 @@ class SlurmPoller(threading.Thread):
                 metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
                 continue
             view = {n.name: n for n in nodes}
+            self.rec.backstop.read_completing(self.rec.slurm, view)
             unchanged = view == self.rec.slurm_view
             self.rec.slurm_view = view
             if unchanged and time.monotonic() - marked_at < self.rec.cfg.repair_seconds:
+                # What jobs hold moved without Slurm's nodes changing (the
+                # ledger's count read before the nodes): those nodes' backstop
+                # entries are recomputed.
+                if moved and self.changed:
+                    self.rec.cache.mark(self.rec.k8s_name(n) for n in self.changed)
                 continue
             marked_at = time.monotonic()
             self.rec.cache.mark_all()

@@ -19,6 +19,7 @@ import os
 import re
 import shlex
 
+from ..policy.hostlist import ascii_digits as _digits, expand_hostlist  # noqa: F401
 from .completion import (CR_BOARD, CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE, CR_SOCKET,
                          GpuDefault, MemDefault, Nodes, Partition)
 
@@ -51,33 +52,6 @@ def _lines(path: str, seen: set) -> list[str]:
                 continue
             out.append(line)
     return out
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm host lists: "n[1-3,7],login1" -> n1 n2 n3 n7 login1 (zero padding kept)."""
-    names: list[str] = []
-    for part in re.findall(r"[^,\[]*(?:\[[^\]]*\][^,\[]*)*", text):
-        if not part:
-            continue
-        match = re.match(r"^(.*?)\[([^\]]*)\](.*)$", part)
-        if not match:
-            names.append(part)
-            continue
-        prefix, ranges, rest = match.groups()
-        for item in ranges.split(","):
-            lo, _, hi = item.partition("-")
-            width = len(lo) if lo.startswith("0") else 0
-            if not _digits(lo) or (hi and not _digits(hi)):
-                continue
-            for i in range(int(lo), int(hi or lo) + 1):
-                names += [f"{prefix}{i:0{width}d}{tail}" for tail in expand_hostlist(rest) or [""]]
-    return names
-
-
-def _digits(value: str) -> bool:
-    """ASCII digits only, as Slurm reads numbers: str.isdigit() alone is
-    true for "²", which int() refuses."""
-    return value.isascii() and value.isdigit()
 
 
 def _int(pairs: dict, key: str) -> int | None:

@@ -11,7 +11,6 @@ StateSaveLocation; `pyk8sres cluster up --backup-controller`).
   rewrites its state files while the primary reads them; it logs "Old
   state possible"): the checks against what Slurm holds must pass either way.
 """
-import itertools
 import os
 import time
 
@@ -48,15 +47,26 @@ def _backup_log(c) -> str:
         return f.read()
 
 
-# Job IDs of our own choosing (root may): a primary that came back without
-# its jobs numbers from 1 again while their batch steps still run on n1,
-# and a reused ID there drains the node ("Duplicate jobid").
-_JOB_IDS = itertools.count(100)
+# The highest job ID used: a primary that came back without its jobs
+# numbers from 1 again while their batch steps still run on n1, and a
+# reused ID there drains the node ("Duplicate jobid").
+_used = [0]
 
 
-def _job(c, cpus: int) -> str:
-    return sh(c, "sbatch", "--parsable", f"--jobid={next(_JOB_IDS)}", "-w", "n1",
-              "-c", str(cpus), "--mem=500", "-o", "/dev/null", "--wrap", "sleep 600").strip()
+def _job(c, cpus: int, hold: bool = False) -> str:
+    job = sh(c, "sbatch", "--parsable", *(["-H"] if hold else []), "-w", "n1", "-c", str(cpus),
+             "--mem=500", "-o", "/dev/null", "--wrap", "sleep 600").strip()
+    _used[0] = max(_used[0], int(job))
+    return job
+
+
+def _number_past_used_ids(c) -> None:
+    """Let Slurm's job IDs run past every ID used so far (held jobs,
+    cancelled)."""
+    last = _used[0]
+    while int(_job(c, 1, hold=True)) <= last:
+        pass
+    c.cancel_all_jobs()
 
 
 def _state(c, job: str) -> list:
@@ -136,6 +146,7 @@ def test_backup_takes_over_under_a_stream_and_the_primary_comes_back(c, path, ho
         print(f"{how}: Slurm lost its jobs on failback (its backup logged 'Old state "
               "possible'); the same two jobs again")
         c.cancel_all_jobs()
+        _number_past_used_ids(c)
         running = _job(c, 3)
         _wait_state(c, running, "RUNNING")
         pending = _job(c, 2)

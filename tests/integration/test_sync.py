@@ -48,6 +48,7 @@ GROUP, VERSION, PLURAL = "pyk8sres.io", "v1alpha1", "genericnodes"
 BASE_PORT = port(27300)     # slurmctld, then one per slurmd
 KUBE_PORTS = (31000, 31990)
 NODE_CPUS, NODE_MEM = 8, 16000
+KILL_WAIT = 8            # seconds a cancelled job's processes may outlive SIGTERM
 NOWHERE = {"pyk8sres-test/nowhere": "true"}   # a nodeSelector no node matches
 KUBELET_RESIZE = "pyk8sres.io/kubelet-resize"   # kube/kwok.yaml: leave a resize pending
 
@@ -131,7 +132,8 @@ def root():
 def slurm(root):
     work = f"{root}/slurm"
     c = slurm_cluster.up(work, nodes=2, cpus=NODE_CPUS, memory=NODE_MEM, base_port=BASE_PORT,
-                         synced=True, slurm=SLURM, k8s_conf=hybrid.ledger_conf(work))
+                         synced=True, slurm=SLURM, k8s_conf=hybrid.ledger_conf(work),
+                         extra_conf=f"KillWait={KILL_WAIT}\n")
     hybrid.confine(c)
     os.environ["SLURM_CONF"] = c.conf
     yield c
@@ -169,7 +171,7 @@ class Daemon:
 
     def start(self):
         # The admin's configuration: only namespace "slurm-workers" holds
-        # Slurm's own worker pods (issue 8 item 9: nothing else exempts a pod).
+        # Slurm's own worker pods (nothing else exempts a pod).
         conf = f"{hybrid.coordinator_dir(self.slurm)}/sync-test.toml"
         with open(conf, "w") as f:
             # kwok kills a pod's "containers" the moment it is told to: the
@@ -439,6 +441,56 @@ def test_a_terminating_pod_holds_its_share_until_it_is_gone(slurm, api, daemon):
     wait_for(lambda: exists(api, p) is None, 15, "the pod gone after its grace period")
     wait_used(slurm, (0, 0))
     assert time.monotonic() - t0 >= 3.0
+
+
+def test_what_slurm_allocated_beyond_the_jobs_gres_is_held_from_pods(slurm, api, daemon):
+    """Belt and braces: a job that holds no k8scpu/k8smemory (submitted while
+    job_submit was not loaded) and a COMPLETING job (Slurm freed its GRES,
+    its processes run until KillWait) are held from pods all the same, judged
+    by Slurm's own GresUsed and its job states; the first is said in an
+    Event on the node's GenericNode."""
+    k8s_node(api, "n1")
+    scheduled_pod(api, "1", "1000Mi")
+    wait_used(slurm, (1, 1000))
+    with open(slurm.conf) as f:
+        original = f.read()
+    slurm.rewrite_conf(original.replace("JobSubmitPlugins=", "#JobSubmitPlugins="))
+    subprocess.run(["scontrol", "reconfigure"], env=slurm.env, check=True)
+    try:
+        bare = sbatch(slurm, "-c", "3", "--mem=2000")
+        wait_for(lambda: job_state(slurm, bare)[0] == "RUNNING", 20, "the bare job running")
+    finally:
+        slurm.rewrite_conf(original)
+        subprocess.run(["scontrol", "reconfigure"], env=slurm.env, check=True)
+    wait_used(slurm, (1 + 3, 1000 + 2000), timeout=20)   # the pod's share, what the job uses
+    wait_for(lambda: any(e.reason == "SlurmAllocationUnheld" and "3 CPUs and 2000 MB" in e.message
+                         for e in api.core.list_namespaced_event("default").items),
+             what="an Event on GenericNode n1")
+    subprocess.run(["scancel", bare], env=slurm.env, check=True)
+    wait_used(slurm, (1, 1000))
+
+    # A job that ignores SIGTERM: COMPLETING for KillWait after scancel.
+    stubborn = subprocess.run(
+        ["sbatch", "--parsable", "-w", "n1", "-c", "2", "--mem=3000", "--wrap",
+         "trap '' TERM; sleep 300"], env=slurm.env, capture_output=True, text=True,
+        check=True).stdout.strip()
+    wait_for(lambda: job_state(slurm, stubborn)[0] == "RUNNING", 20, "the stubborn job running")
+    wait_used(slurm, (1 + 2, 1000 + 3000))
+    # The daemon learns of a job's end from the ledger's count of what jobs
+    # hold: a job that starts and ends between two of its reads (resync 0.5
+    # s) is seen only at its next full read of Slurm (slurm_read_seconds).
+    time.sleep(1.5)
+    subprocess.run(["scancel", stubborn], env=slurm.env, check=True)
+    t0 = time.monotonic()
+    seen_completing = 0
+    while job_state(slurm, stubborn)[0] == "COMPLETING":
+        if time.monotonic() - t0 > 1.5:     # the daemon has seen it by now
+            assert used(slurm) == (1 + 2, 1000 + 3000)
+            seen_completing += 1
+        time.sleep(0.2)
+    assert seen_completing, "the job was never seen COMPLETING"
+    assert time.monotonic() - t0 >= KILL_WAIT - 1
+    wait_used(slurm, (1, 1000), timeout=20)
 
 
 def test_a_resize_counts_at_the_larger_of_spec_and_what_runs(slurm, api, daemon):

@@ -296,7 +296,10 @@ def test_sync_reads_slurm_when_the_ledger_saw_a_change_and_now_and_then(world, m
     rec = types.SimpleNamespace(
         slurm=types.SimpleNamespace(list_nodes=lambda: read_at.append(clock[0]) or []),
         slurm_view=None, cfg=types.SimpleNamespace(repair_seconds=30),
-        cache=types.SimpleNamespace(mark_all=lambda: None), observe_ledger=lambda shown: None)
+        cache=types.SimpleNamespace(mark_all=lambda: None, mark=lambda names: list(names)),
+        observe_ledger=lambda shown: None, k8s_name=lambda name: name,
+        backstop=types.SimpleNamespace(read_completing=lambda slurm, view: None,
+                                       holding=lambda: False))
 
     def job_on_n4():
         copy.live["n4"] = Facts(8, 16000, 4, 100)

@@ -1,0 +1,101 @@
+"""Belt and braces: what Slurm really allocated on a node beyond what its
+jobs hold as k8scpu/k8smemory.
+
+job_submit makes every job hold k8scpu/k8smemory covering what Slurm
+allocates it, and the ledger admits pods against that.  Two things can
+still leave CPUs or memory in use that no k8scpu/k8smemory covers:
+
+  a job holds less than it was allocated      a bug in the completion, a job
+  (CPUAlloc/AllocMem above its k8s GRES)      submitted while the plugin was
+                                              not loaded, an update it missed
+  a job is COMPLETING                         Slurm frees its GRES, CPUs and
+                                              memory at once, while its
+                                              processes may run until KillWait
+
+The sync daemon holds the difference in the node's ledger as one entry of
+its own (KEY), next to the pods'.  Pods are then admitted against the
+larger of what jobs hold and what Slurm allocated; jobs are not held back
+twice (Slurm's own CPU and memory accounting already counts the first case,
+and does not start jobs on a node while one completes).  Pure: no I/O.
+"""
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple
+
+from .hostlist import ascii_digits
+
+# The ledger entry that holds the difference (a name no pod UID can take).
+KEY = "slurm:unheld"
+
+
+class Gap(NamedTuple):
+    """CPUs and MB in use on a node that no job's k8s GRES covers."""
+    unheld_cpus: int = 0         # allocated beyond the jobs' k8scpu
+    unheld_mb: int = 0           # allocated beyond the jobs' k8smemory
+    completing_cpus: int = 0     # of jobs COMPLETING there
+    completing_mb: int = 0
+
+    @property
+    def cpus(self) -> int:
+        return self.unheld_cpus + self.completing_cpus
+
+    @property
+    def mb(self) -> int:
+        return self.unheld_mb + self.completing_mb
+
+
+def gap(alloc_cpus: int, alloc_mb: int, jobs: Mapping | None,
+        completing: tuple[int, int] = (0, 0)) -> Gap | None:
+    """A node's gap from Slurm's CPUAlloc/AllocMem, the jobs' k8scpu/
+    k8smemory as the ledger counts them ({"cpu": CPUs, "mem": MB}) and the
+    CPUs and MB of its COMPLETING jobs.  None when the ledger's count is
+    unknown: the caller keeps what it held before."""
+    if not jobs or "cpu" not in jobs or "mem" not in jobs:
+        return None
+    return Gap(max(0, alloc_cpus - int(jobs["cpu"])), max(0, alloc_mb - int(jobs["mem"])),
+               max(0, completing[0]), max(0, completing[1]))
+
+
+def entry(g: Gap | None) -> tuple[int, int] | None:
+    """The ledger entry (millicores, bytes) for a gap; None when nothing is
+    to be held."""
+    if g is None or (g.cpus <= 0 and g.mb <= 0):
+        return None
+    return g.cpus * 1000, g.mb << 20
+
+
+def completing_per_node(jobs: list[tuple[str, list[tuple[list[str], int, int]]]]
+                        ) -> dict[str, tuple[int, int]]:
+    """Sum, per node, the CPUs and MB of COMPLETING jobs: each job as
+    (state, [(nodes, cpus per node, MB per node), ...]) from `scontrol -d
+    show job` (CPU_IDs and Mem of each node group)."""
+    out: dict[str, tuple[int, int]] = {}
+    for state, groups in jobs:
+        if state != "COMPLETING":
+            continue
+        for nodes, cpus, mb in groups:
+            for node in nodes:
+                c, m = out.get(node, (0, 0))
+                out[node] = (c + cpus, m + mb)
+    return out
+
+
+def cpu_ids_count(text: str) -> int:
+    """How many CPUs a CPU_IDs list names: '0-3,6' -> 5."""
+    count = 0
+    for part in text.split(","):
+        if not part:
+            continue
+        low, dash, high = part.partition("-")
+        if not ascii_digits(low) or (dash and not ascii_digits(high)):
+            raise ValueError(f"not a CPU_IDs list: {text!r}")
+        count += (int(high) - int(low) + 1) if high else 1
+    return count
+
+
+def message(node: str, g: Gap) -> str:
+    """The Event's words for a gap that no COMPLETING job explains."""
+    return (f"Slurm allocated {g.unheld_cpus} CPUs and {g.unheld_mb} MB on node {node} that "
+            "its jobs do not hold as k8scpu/k8smemory (a job submitted while "
+            "job_submit/k8s_resource_completion was not loaded, or a bug in it); "
+            "they are held from pods until the jobs end")
