@@ -28,7 +28,7 @@ import time
 from .. import install
 from . import accounting, releases, rest, workdir
 # ClusterError, alive, start_process and stop_process are also this module's
-# API (cli.py, hybrid.py, kubernetes.py, tests).
+# API (hybrid.py, benchmarks, tests).
 from .daemons import (ClusterError, alive, log_tail, need as _need,  # noqa: F401
                       pid_path as _pid_path, running, start_process, stop_process,
                       wait_until, write_file)
@@ -40,6 +40,7 @@ from .slurm_conf import (CONTROLLERS, SLURMCTLD_BYTES_PER_NODE, available_memory
 # this module, the one they import to run a cluster.
 from .slurm_conf import (GRES_CONF, MEMORY_HEADROOM, SCALE_PARTITION,  # noqa: F401
                          SCALE_PREFIX, scale_names)
+
 
 def slurm_plugin_dir() -> str:
     """The installed Slurm's PluginDir."""
