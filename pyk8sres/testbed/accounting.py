@@ -18,12 +18,8 @@ import pwd
 import secrets
 import socket
 import subprocess
-from typing import TYPE_CHECKING
 
 from . import daemons
-
-if TYPE_CHECKING:
-    from .cluster import Cluster
 
 DATABASE = "slurm_acct_db"
 DB_USER = "slurm"
@@ -169,7 +165,7 @@ class Accounting:
             raise daemons.ClusterError(f"MariaDB refused the setup: {text}")
         return proc
 
-    def start_slurmdbd(self, c: Cluster) -> None:
+    def start_slurmdbd(self, c: daemons.SlurmHandle) -> None:
         daemons.start_process(self.work, "slurmdbd",
                               [daemons.need("slurmdbd", SLURMDBD_PACKAGE, c.release), "-D"],
                               env=c.env)
@@ -179,9 +175,9 @@ class Accounting:
             with socket.socket() as s:
                 s.settimeout(0.5)
                 return s.connect_ex(("127.0.0.1", self.dbd_port)) == 0
-        c._wait(ready, "slurmdbd to listen (see dbd/slurmdbd.log)", 60)
+        daemons.wait_until(ready, "slurmdbd to listen (see dbd/slurmdbd.log)", 60)
 
-    def register_cluster(self, c: Cluster, name: str = "pyk8sres") -> None:
+    def register_cluster(self, c: daemons.SlurmHandle, name: str = "pyk8sres") -> None:
         proc = subprocess.run([daemons.need("sacctmgr", "slurm-client", c.release), "-i", "add",
                                "cluster", name], capture_output=True,
                               text=True, env=c.env, timeout=60, cwd="/")

@@ -5,6 +5,7 @@ for a coordinator run as a host process; tests that need only some of its
 objects render those with `helm template`."""
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 from pathlib import Path
@@ -82,7 +83,6 @@ def keep_ca_bundle(kube, configuration: str = "pyk8sres-admission") -> bool:
     """As the admin: the webhook configuration's caBundle back to the chart's
     CA (its Secret) if something else wrote it (a webhook with a CA of its
     own, in a test).  True if it had to."""
-    import base64
     ca = json.loads(kube.kubectl("get", "secret", "-n", NAMESPACE, TLS_SECRET, "-o",
                                  "json").stdout)["data"]["ca.crt"]
     vwc = json.loads(kube.kubectl("get", "validatingwebhookconfiguration", configuration,
@@ -99,7 +99,6 @@ def keep_ca_bundle(kube, configuration: str = "pyk8sres-admission") -> bool:
 def tls_files(kube) -> tuple[bytes, bytes]:
     """(certificate, key) PEM of the webhook's serving certificate the chart
     made (its Secret), for a coordinator outside the cluster."""
-    import base64
     secret = json.loads(kube.kubectl("get", "secret", "-n", NAMESPACE, TLS_SECRET,
                                      "-o", "json").stdout)
     return (base64.b64decode(secret["data"]["tls.crt"]),

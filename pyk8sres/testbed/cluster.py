@@ -8,28 +8,38 @@ we start is recorded in WORKDIR/run/*.pid and stopped by that PID.
 `slurm=` picks the Slurm: the installed one, or a release built from
 Debian's source (releases.py, tools/slurm-build.sh), e.g. "24.11"; its
 commands come first on the cluster's PATH (Cluster.env).
+
+This module starts and stops the daemons; slurm_conf.py writes the
+configuration they read (slurm.conf, gres.conf, ports, node lines) and
+workdir.py prepares WORKDIR.  Imports run one way: cluster.py imports
+accounting.py and rest.py, which take a cluster handle as an argument
+(daemons.SlurmHandle) and import neither this module nor each other.
 """
 from __future__ import annotations
 
 import glob
 import os
-import pwd
 import re
-import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 
 from .. import install
-from . import accounting as accounting_mod, releases, rest as rest_mod
-# Shared with accounting.py and rest.py; ClusterError, alive, start_process and
-# stop_process are also this module's API (cli.py, hybrid.py, kubernetes.py, tests).
+from . import accounting, releases, rest, workdir
+# ClusterError, alive, start_process and stop_process are also this module's
+# API (hybrid.py, benchmarks, tests).
 from .daemons import (ClusterError, alive, log_tail, need as _need,  # noqa: F401
                       pid_path as _pid_path, running, start_process, stop_process,
                       wait_until, write_file)
 from .releases import SLURM_PLUGIN_DIRS  # noqa: F401  (tests look for Slurm's plugins)
+from .slurm_conf import (CONTROLLERS, SLURMCTLD_BYTES_PER_NODE, available_memory,
+                         check_memory, node_names, port_free, scale_port, service_ports,
+                         slurm_conf_text, topology)
+# The configuration's names that cli.py, tests and benchmarks reach through
+# this module, the one they import to run a cluster.
+from .slurm_conf import (GRES_CONF, MEMORY_HEADROOM, SCALE_PARTITION,  # noqa: F401
+                         SCALE_PREFIX, scale_names)
 
 
 def slurm_plugin_dir() -> str:
@@ -45,231 +55,6 @@ def release_of(slurm: str | None) -> releases.Release:
         return releases.get(slurm)
     except releases.ReleaseError as e:
         raise ClusterError(str(e)) from None
-
-
-def port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
-def service_ports(base_port: int, nodes: int) -> dict[str, int]:
-    """The cluster's port scheme past slurmctld (base) and slurmd n<i> (base+i)."""
-    last = base_port + nodes
-    return {"slurmdbd": last + 1, "mariadb": last + 2, "slurmrestd": last + 3}
-
-
-def node_names(count: int) -> list[str]:
-    return [f"n{i}" for i in range(1, count + 1)]
-
-
-# --- scale nodes: node records without a slurmd ------------------------------
-# `up(scale_nodes=N)` declares N more nodes s1..sN in slurm.conf, in a
-# partition of their own (SCALE_PARTITION), and starts no slurmd for them.
-# slurmctld treats such a node as it treats any node whose slurmd never came
-# (22.05 node_conf.c: last_response starts at 0; ping_nodes.c sets a node DOWN
-# "Not responding" only once last_response is non-zero and older than
-# SlurmdTimeout): it stays UNKNOWN (sinfo "unk*") for good and is asked to
-# register on every ping cycle (a refused connection: they all share one
-# port nobody listens on, scale_port).  Its record is complete: the
-# node_features plugin gives it k8scpu/k8smemory at startup (get_node(NULL),
-# 22.05 and 24.11) and the ledger reserves on it as on any node.  Jobs only
-# run where a slurmd is (n1..n<nodes>, the default partition); a job sent to
-# the scale partition pends (its nodes never become available).
-SCALE_PARTITION = "scale"
-SCALE_PREFIX = "s"
-# Measured resident memory per node (bench/bench_scale.py, Debian 12, Slurm
-# 22.05.8, docs/performance-scale.md): slurmctld, 10 -> 10,000 node records
-# with a ledger share each (20.3 -> 62.6 MB); the Kubernetes control plane
-# (etcd, kube-apiserver, kcm, kube-scheduler, kwok), 10 -> 3,000 kwok nodes
-# without pods (593 -> 1,425 MB).
-SLURMCTLD_BYTES_PER_NODE = 4436
-KUBE_BYTES_PER_NODE = 285 << 10
-MEMORY_HEADROOM = 0.75          # never plan past this share of MemAvailable
-
-
-def scale_names(count: int) -> list[str]:
-    return [f"{SCALE_PREFIX}{i}" for i in range(1, count + 1)]
-
-
-def scale_port(base_port: int, nodes: int) -> int:
-    """The one port every scale node is declared on (no daemon listens there)."""
-    return service_ports(base_port, nodes)["slurmrestd"] + 1
-
-
-def available_memory() -> int:
-    """MemAvailable of /proc/meminfo, in bytes."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise ClusterError("no MemAvailable in /proc/meminfo")
-
-
-def check_memory(count: int, bytes_per_node: int, available: int, what: str) -> None:
-    """ClusterError, before anything starts, if `count` nodes at the
-    measured `bytes_per_node` would take more than MEMORY_HEADROOM of the
-    `available` memory."""
-    need = count * bytes_per_node
-    if need > available * MEMORY_HEADROOM:
-        fits = int(available * MEMORY_HEADROOM // bytes_per_node)
-        raise ClusterError(
-            f"{count} nodes need ~{need / 2**30:.1f} GiB for {what} at the measured "
-            f"{bytes_per_node / 2**10:.1f} KiB per node, more than {MEMORY_HEADROOM:.0%} of the "
-            f"{available / 2**30:.1f} GiB available: at most {fits} nodes fit on this machine")
-
-
-def scale_node_lines(count: int, base_port: int, nodes: int, cpus: int, memory: int,
-                     node_features: bool, layout: str = "") -> str:
-    """The scale nodes and their partition (slurm.conf lines)."""
-    if count <= 0:
-        return ""
-    host = socket.gethostname()
-    return (f"NodeName={SCALE_PREFIX}[1-{count}] NodeHostname={host} NodeAddr=127.0.0.1 "
-            f"Port={scale_port(base_port, nodes)} CPUs={cpus}{layout} RealMemory={memory}"
-            f"{_node_gres(0, node_features, cpus, memory)} State=UNKNOWN\n"
-            f"PartitionName={SCALE_PARTITION} Nodes={SCALE_PREFIX}[1-{count}] MaxTime=INFINITE "
-            f"State=UP\n")
-
-
-def topology(cpus: int, sockets: int | None = None, cores_per_socket: int | None = None,
-             threads_per_core: int | None = None) -> str:
-    """The NodeName topology fields for `cpus` CPUs laid out as asked
-    (e.g. 8 CPUs, 2 threads per core -> 1 socket x 4 cores x 2 threads);
-    "" when no layout was asked (Slurm then assumes 1 thread per core)."""
-    if sockets is None and cores_per_socket is None and threads_per_core is None:
-        return ""
-    sockets, threads = sockets or 1, threads_per_core or 1
-    cores = cores_per_socket or cpus // (sockets * threads)
-    if min(sockets, cores, threads) < 1 or sockets * cores * threads != cpus:
-        raise ClusterError(f"--cpus {cpus} is not sockets x cores-per-socket x threads-per-core "
-                           f"({sockets} x {cores} x {threads})")
-    return f" Sockets={sockets} CoresPerSocket={cores} ThreadsPerCore={threads}"
-
-
-NO_ACCOUNTING = "AccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n"
-
-
-def slurm_conf_text(work: str, *, nodes: int, cpus: int, memory: int, base_port: int,
-                    node_features: bool, def_mem_per_cpu: int, plugin_dir: str,
-                    extra: str = "", auth: str = "munge", slurm_user: str = "root",
-                    layout: str = "", job_submit: bool = True,
-                    partitions: str | None = None, accounting: str = "", gpus: int = 0,
-                    sizes: list[tuple[int, int, str]] | None = None,
-                    select_type_parameters: str = "CR_Core_Memory",
-                    backup_controller: bool = False, scale_nodes: int = 0) -> str:
-    """accounting: the AccountingStorage*/JobComp* lines (accounting.py);
-    none by default.  gpus: GPUs per node (gres_conf_text gives their files).
-    sizes: (CPUs, RealMemory, layout) of each node, for nodes of different
-    sizes (else every node has cpus, memory and layout).  slurmd runs with
-    SlurmdParameters=config_overrides: it reports these figures (not the
-    host's), so one machine can look like SMT hardware or a mixed partition.
-    backup_controller: two SlurmctldHost lines (controller_argv).
-    scale_nodes: that many more nodes without slurmd (scale_node_lines);
-    the default partition then holds n1..n<nodes> only."""
-    host = socket.gethostname()
-    if sizes:  # one line per node
-        node_lines = "\n".join(
-            f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={node_port} "
-            f"CPUs={node_cpus}{node_layout} RealMemory={node_memory}"
-            f"{_node_gres(gpus, node_features, node_cpus, node_memory)} State=UNKNOWN"
-            for name, node_port, (node_cpus, node_memory, node_layout) in zip(
-                node_names(nodes), range(base_port + 1, base_port + nodes + 1), sizes))
-    else:
-        node_lines = (f"NodeName=n[1-{nodes}] NodeHostname={host} NodeAddr=127.0.0.1 "
-                      f"Port=[{base_port + 1}-{base_port + nodes}] CPUs={cpus}{layout} "
-                      f"RealMemory={memory}{_node_gres(gpus, node_features, cpus, memory)} "
-                      f"State=UNKNOWN")
-    features = "NodeFeaturesPlugins=node_features/k8s_resources\n" if node_features else ""
-    submit = "JobSubmitPlugins=k8s_resource_completion\n" if job_submit else ""
-    if partitions is None:
-        members = f"n[1-{nodes}]" if scale_nodes else "ALL"
-        partitions = f"PartitionName=debug Nodes={members} Default=YES MaxTime=INFINITE State=UP"
-    scale = scale_node_lines(scale_nodes, base_port, nodes, cpus, memory, node_features, layout)
-    return f"""# Generated by `pyk8sres cluster up`: a local test cluster.
-ClusterName=pyk8sres
-{controller_lines(host, backup_controller)}SlurmctldPort={base_port}
-SlurmUser={slurm_user}
-SlurmdUser=root
-{auth_lines(work, auth)}StateSaveLocation={work}/state
-SlurmdSpoolDir={work}/spool/%n
-SlurmctldPidFile={work}/run/slurmctld.pid
-SlurmdPidFile={work}/run/slurmd-%n.pid
-SlurmctldLogFile={work}/log/slurmctld.log
-SlurmdLogFile={work}/log/slurmd-%n.log
-SlurmctldDebug=verbose
-SlurmdDebug=info
-PluginDir={work}/plugins:{plugin_dir}
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-{accounting or NO_ACCOUNTING}MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters={select_type_parameters}
-SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=2
-ReturnToService=2
-SlurmdParameters=config_overrides
-SlurmdTimeout=60
-MinJobAge=300
-MaxJobCount=50000
-DefMemPerCPU={def_mem_per_cpu}
-# --- pyk8sres: share nodes with Kubernetes (see slurm-conf/) ---
-GresTypes={"gpu," if gpus else ""}k8scpu,k8smemory
-{submit}{features}{extra}
-{node_lines}
-{partitions}
-{scale}"""
-
-
-# With a backup controller: both controllers on this host, each in a UTS and
-# mount namespace of its own, whose hostname (how slurmctld tells which
-# SlurmctldHost it is) resolves to its own loopback address, where it
-# listens (NoCtldInAddrAny): Slurm has one SlurmctldPort for all controllers.
-CONTROLLERS = (("pyk8sres-ctl1", "127.0.0.1"), ("pyk8sres-ctl2", "127.0.0.2"))
-
-
-def controller_lines(host: str, backup_controller: bool) -> str:
-    if not backup_controller:
-        return f"SlurmctldHost={host}(127.0.0.1)\n"
-    # SlurmctldTimeout: the backup takes over 6-10 s after the primary dies.
-    return ("".join(f"SlurmctldHost={name}({addr})\n" for name, addr in CONTROLLERS) +
-            "CommunicationParameters=NoCtldInAddrAny\nSlurmctldTimeout=6\n")
-
-
-def _node_gres(gpus: int, node_features: bool, cpus: int, memory: int) -> str:
-    """A node's Gres=: its GPUs, and its k8s capacity when no node_features
-    plugin sets that."""
-    node_gres = ([f"gpu:{gpus}"] if gpus else []) + \
-        ([] if node_features else [f"k8scpu:{cpus}", f"k8smemory:{memory}"])
-    return f" Gres={','.join(node_gres)}" if node_gres else ""
-
-
-def auth_lines(work: str, auth: str) -> str:
-    """munge: our own munged's socket.  slurm (auth/slurm, 23.11+): no daemon,
-    a shared key etc/slurm.key next to slurm.conf."""
-    if auth == "slurm":
-        return "AuthType=auth/slurm\nCredType=cred/slurm\n"
-    return f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={work}/munge/munge.sock\n"
-
-
-GRES_CONF = """# pyk8sres: count-only GRES mirroring what Kubernetes leaves free.
-Name=k8scpu Flags=CountOnly
-Name=k8smemory Flags=CountOnly
-"""
-
-
-def gres_conf_text(work: str, gpus: int = 0) -> str:
-    """gres.conf; with `gpus`, GPUs whose device files are empty files under
-    WORK/dev (slurmd only checks that they exist), so GPU jobs and the
-    DefCpuPerGPU/DefMemPerGPU defaults can be tested without GPUs."""
-    if not gpus:
-        return GRES_CONF
-    return GRES_CONF + f"Name=gpu File={work}/dev/gpu[0-{gpus - 1}]\n"
 
 
 class Cluster:
@@ -375,7 +160,8 @@ class Cluster:
                                   env=self.env, timeout=15)
         except subprocess.TimeoutExpired:
             # 24.11: a primary starting while its backup is in control
-            # holds pings until the backup has let go (seen: ~30 s).
+            # holds pings until the backup has let go, longer than
+            # this timeout: no answer yet, not an error.
             return {}
         return {m.group(1).lower(): m.group(2) for m in
                 re.finditer(r"Slurmctld\((\w+)\) at \S+ is (\w+)", proc.stdout)}
@@ -437,35 +223,6 @@ class Cluster:
         self._wait(ready, f"nodes {','.join(nodes)} to be idle", timeout)
 
 
-# Every directory `up` makes, with its mode (munge's key stays private).
-DIR_MODES = {"etc": 0o755, "munge": 0o700, "state": 0o755, "run": 0o755, "log": 0o755,
-             "plugins": 0o755, "spool": 0o755}
-
-
-def _mkdir(path: str, mode: int) -> None:
-    os.makedirs(path, exist_ok=True)
-    os.chmod(path, mode)
-
-
-def _hand_to(work: str, user: str) -> None:
-    """What a non-root slurmctld writes becomes that user's (state, logs,
-    pid files); the munge socket's directory becomes traversable (the key
-    stays root's, 0400).  Everything else stays root's and read-only."""
-    try:
-        pw = pwd.getpwnam(user)
-    except KeyError:
-        raise ClusterError(f"SlurmUser {user} does not exist (Debian's slurm packages "
-                           "create `slurm`)") from None
-    for sub in ("state", "log", "run", "backup/log", "backup/run"):
-        if os.path.isdir(os.path.join(work, sub)):
-            os.chown(os.path.join(work, sub), pw.pw_uid, pw.pw_gid)
-    os.chmod(os.path.join(work, "munge"), 0o711)
-    blocked = install.unreadable_by_others(os.path.join(work, "etc", "slurm.conf"))
-    if blocked:
-        raise ClusterError(f"{blocked} cannot be entered by {user}: use a work directory "
-                           "others can traverse")
-
-
 def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_port: int = 17000,
        node_features: bool | None = None, def_mem_per_cpu: int = 100, extra_conf: str = "",
        k8s_conf: str = "", synced: bool = False, slurmd: bool = True,
@@ -496,7 +253,7 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     partition line.
     accounting: also a private MariaDB and slurmdbd (accounting.py), with
     the k8s GRES as accounted TRES; rest: slurmrestd with JWT (rest.py);
-    gpus: that many (fake) GPUs per node (gres_conf_text).
+    gpus: that many (fake) GPUs per node (slurm_conf.gres_conf_text).
     node_sizes: (CPUs, RealMemory) of each node, for a partition of nodes
     of different sizes (cpus and memory are then unused; the layout's
     sockets and threads per core hold on every node).
@@ -508,69 +265,52 @@ def up(work: str, *, nodes: int = 2, cpus: int = 4, memory: int = 8000, base_por
     (Cluster.controller_argv); it takes over within SlurmctldTimeout=6.
     Their ports follow the slurmd ones (service_ports).
     scale_nodes: N more nodes s1..sN without slurmd, in partition "scale"
-    (see scale_node_lines: they stay UNKNOWN, the ledger works on them,
+    (see slurm_conf.scale_node_lines: they stay UNKNOWN, the ledger works on them,
     jobs run on n1..n<nodes>); refused before anything starts when they
     would not fit in memory (check_memory)."""
+    layout, sizes = _checked_nodes(nodes, cpus, sockets, cores_per_socket, threads_per_core,
+                                   node_sizes, gpus, scale_nodes)
+    release, auth = _checked_release_and_auth(slurm, auth, accounting, rest)
+    cluster = _new_cluster(work, release)
+    services = service_ports(base_port, nodes)
+    _check_ports_free(base_port, nodes, services, slurmd=slurmd, with_accounting=accounting,
+                      with_rest=rest, scale_nodes=scale_nodes)
+    if node_features is None:
+        node_features = os.path.exists(os.path.join(plugin_lib or release.lib_dir, install.PLUGINS[1]))
+    work = cluster.work
+    workdir.make_dirs(work, nodes, slurmd=slurmd, backup_controller=backup_controller)
+    workdir.write_key(os.path.join(work, "munge", "munge.key"), 0o400)
+    acct = _new_accounting(work, services) if accounting else None
+    jwt_key = _write_jwt_key(work, slurm_user, acct) if rest else None
+    workdir.install_plugins(work, release, plugin_lib)
+    write_file(cluster.conf, slurm_conf_text(
+        work, nodes=nodes, cpus=cpus, memory=memory, base_port=base_port,
+        node_features=node_features, def_mem_per_cpu=def_mem_per_cpu,
+        plugin_dir=release.plugin_dir, extra=extra_conf + _jwt_conf_lines(jwt_key), auth=auth,
+        slurm_user=slurm_user, layout=layout, job_submit=job_submit, partitions=partitions,
+        gpus=gpus, sizes=sizes, select_type_parameters=select_type_parameters,
+        backup_controller=backup_controller, scale_nodes=scale_nodes,
+        accounting=_accounting_conf_lines(acct, auth)))
+    if auth == "slurm":
+        workdir.write_key(os.path.join(work, "etc", "slurm.key"), 0o600)
+    workdir.write_node_files(work, gpus, k8s_conf)
+    if slurm_user != "root":
+        workdir.hand_to(work, slurm_user)
+    _start_or_clean_up(cluster, acct, services, auth=auth, nodes=nodes, slurmd=slurmd,
+                       backup_controller=backup_controller, jwt_key=jwt_key, with_rest=rest,
+                       with_accounting=accounting)
+    return cluster
+
+
+def _checked_nodes(nodes, cpus, sockets, cores_per_socket, threads_per_core, node_sizes, gpus,
+                   scale_nodes):
+    """The CPU layout of every node (and of each node of `node_sizes`), or a
+    ClusterError before anything is written; scale nodes only where they
+    fit in memory."""
     if scale_nodes < 0:
         raise ClusterError(f"--scale-nodes {scale_nodes}: 0 or more")
     if scale_nodes:
         check_memory(scale_nodes, SLURMCTLD_BYTES_PER_NODE, available_memory(), "slurmctld")
-    layout, sizes = _checked_layout(cpus, sockets, cores_per_socket, threads_per_core,
-                                    nodes, node_sizes, gpus)
-    release, auth = _checked_release_and_auth(slurm, auth, accounting, rest)
-    cluster = Cluster(work, release)
-    if cluster.names():
-        raise ClusterError(f"{cluster.work} already runs {', '.join(cluster.names())}: "
-                           "`pyk8sres cluster down` first")
-    services = service_ports(base_port, nodes)
-    _check_ports_free(base_port, nodes, services, slurmd=slurmd, accounting=accounting, rest=rest,
-                      scale_nodes=scale_nodes)
-    if node_features is None:
-        node_features = os.path.exists(os.path.join(plugin_lib or release.lib_dir, install.PLUGINS[1]))
-    work = cluster.work
-    _make_work_dirs(work, nodes, slurmd=slurmd, backup_controller=backup_controller)
-    _write_key(os.path.join(work, "munge", "munge.key"), 0o400)
-    acct = accounting_mod.Accounting(work, services["slurmdbd"], services["mariadb"]) \
-        if accounting else None
-    jwt_key = None
-    if rest:
-        # With accounting slurmdbd (as its SlurmUser) reads the key too;
-        # a root slurmctld reads it whoever owns it.
-        key_owner = accounting_mod.DBD_USER if acct and slurm_user == "root" else slurm_user
-        jwt_key = rest_mod.write_jwt_key(work, key_owner)
-        extra_conf += rest_mod.slurm_conf_lines(jwt_key)
-    _install_plugins(work, release, plugin_lib)
-    write_file(cluster.conf, slurm_conf_text(work, nodes=nodes, cpus=cpus, memory=memory,
-                                             base_port=base_port, node_features=node_features,
-                                             def_mem_per_cpu=def_mem_per_cpu,
-                                             plugin_dir=release.plugin_dir, extra=extra_conf,
-                                             auth=auth, slurm_user=slurm_user, layout=layout,
-                                             job_submit=job_submit, partitions=partitions,
-                                             gpus=gpus, sizes=sizes,
-                                             select_type_parameters=select_type_parameters,
-                                             backup_controller=backup_controller,
-                                             scale_nodes=scale_nodes,
-                                             accounting=accounting_mod.slurm_conf_lines(
-                                                 work, services["slurmdbd"], auth) if acct else ""))
-    if auth == "slurm":
-        _write_key(os.path.join(work, "etc", "slurm.key"), 0o600)
-    _write_node_files(work, gpus, k8s_conf)
-    if slurm_user != "root":
-        _hand_to(work, slurm_user)
-    try:
-        _start_daemons(cluster, acct, auth=auth, nodes=nodes, slurmd=slurmd,
-                       backup_controller=backup_controller, jwt_key=jwt_key)
-        if rest:
-            cluster.rest_url = rest_mod.start(cluster, services["slurmrestd"], accounting)
-    except BaseException:
-        down(work)
-        raise
-    return cluster
-
-
-def _checked_layout(cpus, sockets, cores_per_socket, threads_per_core, nodes, node_sizes, gpus):
-    """The CPU layout of every node (and of each node of `node_sizes`), or a
-    ClusterError before anything is written."""
     layout = topology(cpus, sockets, cores_per_socket, threads_per_core)
     if node_sizes is not None and len(node_sizes) != nodes:
         raise ClusterError(f"{len(node_sizes)} node sizes for {nodes} nodes")
@@ -581,8 +321,8 @@ def _checked_layout(cpus, sockets, cores_per_socket, threads_per_core, nodes, no
     return layout, sizes
 
 
-def _checked_release_and_auth(slurm: str | None, auth: str, accounting: bool,
-                              rest: bool) -> tuple[releases.Release, str]:
+def _checked_release_and_auth(slurm: str | None, auth: str, with_accounting: bool,
+                              with_rest: bool) -> tuple[releases.Release, str]:
     """The Slurm release and auth plugin to run, once every binary they need
     is known to be installed (a ClusterError naming the package if not)."""
     if os.geteuid() != 0:
@@ -600,22 +340,33 @@ def _checked_release_and_auth(slurm: str | None, auth: str, accounting: bool,
     for binary, package in (("slurmctld", "slurmctld"), ("slurmd", "slurmd"),
                             ("scontrol", "slurm-client")):
         _need(binary, package, release)
-    if accounting:
+    if with_accounting:
         if auth == "slurm":
             raise ClusterError("--accounting runs slurmdbd as slurm, which cannot read this "
                                "cluster's auth/slurm key: use munge (apt-get install munge)")
-        accounting_mod.Accounting.check_installed(release)
-    if rest:
-        rest_mod.check_installed(release)
+        accounting.Accounting.check_installed(release)
+    if with_rest:
+        rest.check_installed(release)
     return release, auth
 
 
+def _new_cluster(work: str, release: releases.Release) -> Cluster:
+    """A handle on `work`, refused while daemons of an earlier cluster run there."""
+    cluster = Cluster(work, release)
+    if cluster.names():
+        raise ClusterError(f"{cluster.work} already runs {', '.join(cluster.names())}: "
+                           "`pyk8sres cluster down` first")
+    return cluster
+
+
 def _check_ports_free(base_port: int, nodes: int, services: dict[str, int], *, slurmd: bool,
-                      accounting: bool, rest: bool, scale_nodes: int = 0) -> None:
+                      with_accounting: bool, with_rest: bool,
+                      scale_nodes: int = 0) -> None:
     """slurmctld's port, one per slurmd, and the optional services' ports."""
     ports = list(range(base_port, base_port + (nodes + 1 if slurmd else 1)))
-    ports += [services[s] for s, on in (("slurmdbd", accounting), ("mariadb", accounting),
-                                        ("slurmrestd", rest)) if on]
+    ports += [services[s] for s, on in (("slurmdbd", with_accounting),
+                                        ("mariadb", with_accounting),
+                                        ("slurmrestd", with_rest)) if on]
     if scale_nodes:  # nobody may listen there: slurmctld's pings must be refused
         ports.append(scale_port(base_port, nodes))
     taken = [p for p in ports if not port_free(p)]
@@ -624,51 +375,42 @@ def _check_ports_free(base_port: int, nodes: int, services: dict[str, int], *, s
                            "choose another --base-port")
 
 
-def _make_work_dirs(work: str, nodes: int, *, slurmd: bool, backup_controller: bool) -> None:
-    # Explicit modes whatever the caller's umask: root's slurmctld loads the
-    # .so files under plugins/, so no other user may write anywhere here.
-    _mkdir(work, 0o755)
-    for sub, mode in DIR_MODES.items():
-        _mkdir(os.path.join(work, sub), mode)
-    for node in node_names(nodes) if slurmd else ():
-        _mkdir(os.path.join(work, "spool", node), 0o755)
-    if backup_controller:
-        _need("unshare", "util-linux")
-        for sub in ("backup", "backup/run", "backup/log"):
-            _mkdir(os.path.join(work, sub), 0o755)
-        with open("/etc/hosts", encoding="utf-8") as f:
-            hosts = f.read()
-        write_file(os.path.join(work, "etc", "hosts"),
-                   "".join(f"{addr} {name}\n" for name, addr in CONTROLLERS) + hosts)
+def _new_accounting(work: str, services: dict[str, int]) -> accounting.Accounting:
+    return accounting.Accounting(work, services["slurmdbd"], services["mariadb"])
 
 
-def _write_key(path: str, mode: int) -> None:
-    """A new random 1024-byte key (munge's, auth/slurm's); an existing one is kept."""
-    if not os.path.exists(path):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(1024))
+def _accounting_conf_lines(acct: accounting.Accounting | None, auth: str) -> str:
+    """slurm.conf's accounting lines: slurmdbd's with accounting, else none
+    (slurm_conf_text then writes accounting_storage/none)."""
+    return accounting.slurm_conf_lines(acct.work, acct.dbd_port, auth) if acct else ""
 
 
-def _install_plugins(work: str, release: releases.Release, plugin_lib: str | None) -> None:
-    """Our plugins into WORK/plugins, built for `release`; etc/release records
-    which release the cluster runs (Cluster reads it back)."""
-    write_file(os.path.join(work, "etc", "release"),
-               f"{release.name}\n{os.pathsep.join(release.bin_dirs)}\n")
-    install.install_plugins(os.path.join(work, "plugins"), lib_dir=plugin_lib or release.lib_dir,
-                            slurm_version=None if release.name == releases.INSTALLED else release.name)
+def _write_jwt_key(work: str, slurm_user: str, acct: accounting.Accounting | None) -> str:
+    """slurmrestd's JWT key; returns its path."""
+    # With accounting slurmdbd (as its SlurmUser) reads the key too;
+    # a root slurmctld reads it whoever owns it.
+    key_owner = accounting.DBD_USER if acct and slurm_user == "root" else slurm_user
+    return rest.write_jwt_key(work, key_owner)
 
 
-def _write_node_files(work: str, gpus: int, k8s_conf: str) -> None:
-    """gres.conf, the fake GPU device files it names, and k8s_resources.conf."""
-    write_file(os.path.join(work, "etc", "gres.conf"), gres_conf_text(work, gpus))
-    if gpus:
-        _mkdir(os.path.join(work, "dev"), 0o755)
-        for i in range(gpus):
-            write_file(os.path.join(work, "dev", f"gpu{i}"), "")
-    write_file(os.path.join(work, "etc", "k8s_resources.conf"),
-               "# pyk8sres (slurm-conf/k8s_resources.conf); the ledger lives in state/\n"
-               + k8s_conf)
+def _jwt_conf_lines(jwt_key: str | None) -> str:
+    return rest.slurm_conf_lines(jwt_key) if jwt_key else ""
+
+
+def _start_or_clean_up(cluster: Cluster, acct: accounting.Accounting | None,
+                       services: dict[str, int], *, auth: str, nodes: int, slurmd: bool,
+                       backup_controller: bool, jwt_key: str | None, with_rest: bool,
+                       with_accounting: bool) -> None:
+    """Every daemon (_start_daemons), then slurmrestd; if any fails to start,
+    everything started so far is stopped (down) before the error goes on."""
+    try:
+        _start_daemons(cluster, acct, auth=auth, nodes=nodes, slurmd=slurmd,
+                       backup_controller=backup_controller, jwt_key=jwt_key)
+        if with_rest:
+            cluster.rest_url = rest.start(cluster, services["slurmrestd"], with_accounting)
+    except BaseException:
+        down(cluster.work)
+        raise
 
 
 def _start_daemons(cluster: Cluster, acct, *, auth: str, nodes: int, slurmd: bool,

@@ -4,6 +4,8 @@ WORKDIR/run/*.pid, waiting for them, and writing files with explicit modes.
 
 cluster.py (Slurm), accounting.py (MariaDB, slurmdbd) and rest.py
 (slurmrestd) all import this module; it imports none of them.
+accounting.py and rest.py take the cluster as a SlurmHandle, so they need
+not import cluster.py (which imports them).
 """
 from __future__ import annotations
 
@@ -12,12 +14,24 @@ import pwd
 import signal
 import subprocess
 import time
+from typing import Protocol
 
 from . import releases
 
 
 class ClusterError(RuntimeError):
     pass
+
+
+class SlurmHandle(Protocol):
+    """What the services beside Slurm (accounting.py, rest.py) need of a
+    cluster; cluster.Cluster is one."""
+    work: str                   # the work directory, absolute
+    conf: str                   # its slurm.conf
+    release: releases.Release   # the Slurm whose commands it runs
+
+    @property
+    def env(self) -> dict: ...  # SLURM_CONF and PATH for that Slurm's commands
 
 
 def need(binary: str, package: str, release: releases.Release | None = None) -> str:

@@ -22,6 +22,8 @@ import socket
 import subprocess
 import time
 
+from ..coordinator.slurm import Ledger, LedgerError, ledger_socket_path
+
 SHOW = b'{"op":"show"}\n'
 
 
@@ -156,7 +158,6 @@ def _lock_owner(c) -> int | None:
 def wait_ledger(c, name: str = "slurmctld", timeout: float = 90) -> float:
     """Until the slurmctld we started as `name` owns the ledger's journal and
     answers `show`; the seconds it took."""
-    from ..coordinator.slurm import Ledger, LedgerError, ledger_socket_path
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         pid = c.pid(name)

@@ -28,9 +28,13 @@ import pwd
 import shutil
 import subprocess
 import time
+import urllib.request
+from importlib import metadata
 
-from .. import install
-from . import chart, cluster, kubernetes, pki
+import pyk8sres
+from .. import data, install
+from ..coordinator.slurm import ledger_socket_path
+from . import chart, cluster, kubernetes, pki, slurm_conf
 
 NAMESPACE = chart.NAMESPACE
 SYNC_ACCOUNT, WEBHOOK_ACCOUNT = "pyk8sres-sync", "pyk8sres-webhook"
@@ -92,9 +96,9 @@ def up(work: str, *, nodes: int, cpus: int, memory: int, base_port: int, kube_po
     sizes = layout.get("node_sizes") or [(cpus, memory)] * nodes
     slurm_user = layout.get("slurm_user", "root")
     if scale_nodes:
-        cluster.check_memory(scale_nodes, cluster.SLURMCTLD_BYTES_PER_NODE +
-                             cluster.KUBE_BYTES_PER_NODE, cluster.available_memory(),
-                             "slurmctld and the Kubernetes control plane")
+        per_node = slurm_conf.SLURMCTLD_BYTES_PER_NODE + slurm_conf.KUBE_BYTES_PER_NODE
+        slurm_conf.check_memory(scale_nodes, per_node, slurm_conf.available_memory(),
+                                "slurmctld and the Kubernetes control plane")
     os.makedirs(work, exist_ok=True)
     blocked = install.unreadable_by_others(os.path.abspath(work))
     if blocked:
@@ -106,13 +110,14 @@ def up(work: str, *, nodes: int, cpus: int, memory: int, base_port: int, kube_po
                    node_features=node_features, synced=True, extra_conf=extra_conf,
                    k8s_conf=k8s_conf, slurm=slurm, auth=auth, slurmd=slurmd,
                    accounting=accounting, rest=rest, scale_nodes=scale_nodes, **layout)
-    names = cluster.node_names(nodes) + cluster.scale_names(scale_nodes)
+    names = slurm_conf.node_names(nodes) + slurm_conf.scale_names(scale_nodes)
     try:
         confine(c)
-        kube = start_kubernetes(c.work, kube_port, dict(zip(cluster.node_names(nodes), sizes)))
+        kube = start_kubernetes(c.work, kube_port, dict(zip(slurm_conf.node_names(nodes), sizes)))
         if scale_nodes:
-            kube.create_nodes({n: (cpus, memory) for n in cluster.scale_names(scale_nodes)},
-                              budget=int(cluster.available_memory() * cluster.MEMORY_HEADROOM))
+            budget = int(slurm_conf.available_memory() * slurm_conf.MEMORY_HEADROOM)
+            kube.create_nodes({n: (cpus, memory) for n in slurm_conf.scale_names(scale_nodes)},
+                              budget=budget)
         if coordinator:
             start_sync(c, kube, path=coordinator_path)
             wait_generic_nodes(kube, names, c, timeout=30 + scale_nodes / 5)
@@ -201,7 +206,6 @@ def coordinator_config(c: cluster.Cluster, kube: kubernetes.ControlPlane, name: 
         with open(own(_touch(os.path.join(d, file))), "wb") as f:
             f.write(pem)
     client_ca = own(shutil.copyfile(kube.webhook_client_ca, os.path.join(d, "client-ca.crt")))
-    from ..coordinator.slurm import ledger_socket_path
     if "departed_margin_seconds" not in settings:
         # kwok kills a pod's "containers" the moment it is told to: a
         # kubelet's own delay, which the margin covers on a site, is nil here.
@@ -243,7 +247,6 @@ def coordinator_python() -> str:
     Python (this one may sit where only root can enter, e.g. /root/.pyenv)
     with the coordinator's dependencies at the versions this Python has.
     Made once (flock'd: shared by every cluster), kept under RUNTIME."""
-    from importlib import metadata
     pins = [f"{p}=={metadata.version(p)}" for p in RUNTIME_PACKAGES]
     python = os.path.join(RUNTIME, "bin", "python")
     ready = os.path.join(RUNTIME, ".ready")
@@ -271,8 +274,6 @@ def coordinator_package(c: cluster.Cluster) -> str:
     it ships besides code), readable by the coordinator's uid wherever the
     original lives; made once per cluster (a running daemon still imports
     from it); returns the directory for PYTHONPATH."""
-    from .. import data
-    import pyk8sres
     root = os.path.join(c.work, "python")
     target = os.path.join(root, "pyk8sres")
     if os.path.isdir(target):
@@ -353,7 +354,6 @@ def wait_generic_nodes(kube, names: list[str], c: cluster.Cluster, timeout: floa
 
 def generic_nodes_behind(metrics_port: int) -> float | None:
     """The sync daemon's pyk8sres_generic_nodes_behind (None: no answer yet)."""
-    import urllib.request
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
             body = r.read().decode()

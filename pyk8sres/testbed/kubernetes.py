@@ -27,7 +27,8 @@ import urllib.error
 import urllib.request
 
 from .. import data
-from . import cluster, pki
+from . import daemons, pki
+from .slurm_conf import port_free
 
 HOST = "127.0.0.1"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
@@ -130,7 +131,7 @@ class ControlPlane:
     def start(self, webhook_urls: tuple[str, ...] = (), timeout: float = 60) -> "ControlPlane":
         """Start every component; webhook_urls: the admission webhooks the
         API server will call (host:port of each gets its client certificate)."""
-        taken = [p for p in self.ports.all() if not cluster.port_free(p)]
+        taken = [p for p in self.ports.all() if not port_free(p)]
         if taken:
             raise KubeError(f"port(s) {', '.join(map(str, taken))} already in use: "
                             "choose another --kube-port")
@@ -263,7 +264,7 @@ class ControlPlane:
             self._wait(name, lambda: _get(url, None), timeout)
 
     def _spawn(self, name: str) -> None:
-        cluster.start_process(self.work, name, self._argv(name))
+        daemons.start_process(self.work, name, self._argv(name))
 
     def _wait(self, name: str, ready, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -290,12 +291,12 @@ class ControlPlane:
     def running(self, name: str) -> bool:
         try:
             with open(os.path.join(self.work, "run", f"proc-{name}.pid")) as f:
-                return cluster.alive(int(f.read()))
+                return daemons.alive(int(f.read()))
         except (OSError, ValueError):
             return False
 
     def stop_component(self, name: str) -> bool:
-        return cluster.stop_process(self.work, name)
+        return daemons.stop_process(self.work, name)
 
     def restart(self, name: str, timeout: float = 60) -> None:
         self.stop_component(name)

@@ -6,7 +6,7 @@ signing key.  Everything is made once under a directory and reused.
 """
 from __future__ import annotations
 
-import datetime as dt
+import datetime
 import ipaddress
 import json
 import os
@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-LIFE = dt.timedelta(days=365)
+LIFE = datetime.timedelta(days=365)
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
@@ -56,7 +56,7 @@ class Authority:
         key_file = self.dir / f"{name}.key"
         if not key_file.exists():
             key = ec.generate_private_key(ec.SECP256R1())
-            now = dt.datetime.now(dt.timezone.utc)
+            now = datetime.datetime.now(datetime.timezone.utc)
             cert = (self._builder(_name(common_name), key.public_key(), now)
                     .issuer_name(_name(common_name))
                     .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
@@ -69,10 +69,10 @@ class Authority:
         self.cert = x509.load_pem_x509_certificate(Path(self.cert_file).read_bytes())
 
     @staticmethod
-    def _builder(subject: x509.Name, public_key, now: dt.datetime) -> x509.CertificateBuilder:
+    def _builder(subject: x509.Name, public_key, now: datetime.datetime) -> x509.CertificateBuilder:
         return (x509.CertificateBuilder().subject_name(subject).public_key(public_key)
                 .serial_number(x509.random_serial_number())
-                .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + LIFE))
+                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + LIFE))
 
     def issue(self, name: str, common_name: str, orgs=(), *, server_names=(),
               client: bool = True) -> tuple[str, str]:
@@ -84,7 +84,7 @@ class Authority:
             usages = ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else []) + \
                 ([ExtendedKeyUsageOID.SERVER_AUTH] if server_names else [])
             builder = (self._builder(_name(common_name, orgs), key.public_key(),
-                                     dt.datetime.now(dt.timezone.utc))
+                                     datetime.datetime.now(datetime.timezone.utc))
                        .issuer_name(self.cert.subject)
                        .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
             if server_names:

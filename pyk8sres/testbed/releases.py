@@ -17,6 +17,8 @@ import re
 import shutil
 import subprocess
 
+from .. import install
+
 INSTALLED = "installed"
 # Debian's multiarch directory first, then other layouts.
 SLURM_PLUGIN_DIRS = ("/usr/lib/*/slurm-wlm", "/usr/lib64/slurm", "/usr/lib/slurm")
@@ -94,7 +96,6 @@ def package_lib(version: str) -> str | None:
 def get(name: str | None = None) -> Release:
     """The release `name` names: "installed" (default) or a version such as
     24.11 or 26.05.5 that tools/slurm-build.sh and tools/release-plugins.sh built."""
-    from .. import install
     if not name or name == INSTALLED:
         return Release(INSTALLED, (), installed_plugin_dir(), install.PACKAGE_LIB)
     version = built_version(name)

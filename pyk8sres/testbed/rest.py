@@ -29,13 +29,9 @@ import socket
 import subprocess
 import urllib.error
 import urllib.request
-from typing import TYPE_CHECKING
 
 from .. import install
 from . import daemons
-
-if TYPE_CHECKING:
-    from .cluster import Cluster
 
 REST_USER, REST_GROUP = "nobody", "nogroup"
 
@@ -96,7 +92,7 @@ def slurm_conf_lines(key: str) -> str:
     return f"AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key={key}\n"
 
 
-def start(c: Cluster, port: int, accounting: bool = False) -> str:
+def start(c: daemons.SlurmHandle, port: int, accounting: bool = False) -> str:
     """Start slurmrestd for cluster `c` on 127.0.0.1:port; returns its URL.
     accounting: also serve slurmdbd's API (/slurmdb/...: jobs with their
     TRES, as sacct), where the release has it."""
@@ -128,16 +124,17 @@ def start(c: Cluster, port: int, accounting: bool = False) -> str:
         "-a", "rest_auth/jwt", f"127.0.0.1:{port}"], env=env, cwd="/")
 
     def listening():
-        if not c._running("slurmrestd"):
-            raise daemons.ClusterError("slurmrestd exited: " + c.log_tail("slurmrestd.out"))
+        if not daemons.running(c.work, "slurmrestd"):
+            raise daemons.ClusterError("slurmrestd exited: "
+                                       + daemons.log_tail(c.work, "slurmrestd.out"))
         with socket.socket() as s:
             s.settimeout(0.5)
             return s.connect_ex(("127.0.0.1", port)) == 0
-    c._wait(listening, f"slurmrestd to listen on {port}", 30)
+    daemons.wait_until(listening, f"slurmrestd to listen on {port}", 30)
     return f"http://127.0.0.1:{port}"
 
 
-def token(c: Cluster, user: str = "root", lifespan: int = 3600) -> str:
+def token(c: daemons.SlurmHandle, user: str = "root", lifespan: int = 3600) -> str:
     """A JWT from `scontrol token` (only root or SlurmUser may name another user)."""
     proc = subprocess.run(["scontrol", "token", f"username={user}", f"lifespan={lifespan}"],
                           capture_output=True, text=True, env=c.env, timeout=30, cwd="/")

@@ -1,4 +1,4 @@
-"""The ledger under admission load, checked while it runs (issue 27).
+"""The ledger under admission load, checked while it runs.
 
 Client threads reserve and release pods' shares through the ledger's real
 socket as the webhook does (unique keys, random sizes, held for a moment),
@@ -31,7 +31,7 @@ import threading
 import time
 
 from ..coordinator.slurm import Ledger, ledger_socket_path
-from . import cluster as cluster_mod
+from .cluster import unix_sockets_under
 from ..policy.ledger import MIB
 
 CPU_IDS = re.compile(r"Nodes=(\S+) CPU_IDs=(\S+) Mem=(\d+)")
@@ -55,7 +55,7 @@ def stepd_jobs(env) -> set[str]:
     with open(env["SLURM_CONF"]) as f:
         spool = re.search(r"^SlurmdSpoolDir=(\S+)", f.read(), re.M | re.I).group(1)
     root = os.path.dirname(spool) if "%n" in spool else spool
-    return {m.group(1) for path in cluster_mod.unix_sockets_under(root)
+    return {m.group(1) for path in unix_sockets_under(root)
             if (m := re.search(r"_(\d+)\.\d+$", path))}
 
 

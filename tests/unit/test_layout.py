@@ -139,3 +139,15 @@ def test_no_import_circles():
     # The check can fail: a made-up edge back from daemons closes a circle.
     graph["pyk8sres.testbed.daemons"] = {"pyk8sres.testbed.cluster"}
     assert _circles(graph)
+
+
+def test_testbed_imports_run_one_way_even_for_the_type_checker():
+    # accounting.py and rest.py take the cluster as a daemons.SlurmHandle:
+    # neither imports cluster.py, not even under TYPE_CHECKING.
+    modules = {f"pyk8sres.testbed.{p.stem}": p for p in (PACKAGE / "testbed").glob("*.py")
+               if p.stem != "__init__"}
+    graph = {name: {n for n in _imports(path) | {n.rsplit(".", 1)[0] for n in _imports(path)}
+                    if n in modules and n != name}
+             for name, path in modules.items()}
+    assert "pyk8sres.testbed.accounting" in graph["pyk8sres.testbed.cluster"]
+    assert _circles(graph) == []

@@ -1,0 +1,92 @@
+"""The local test cluster's work directory, made ready before any daemon
+starts: its directories with explicit modes, keys, our plugins, gres.conf
+and k8s_resources.conf, and (for a SlurmUser other than root) what
+slurmctld writes handed to that user.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+
+from .. import install
+from . import releases
+from .daemons import ClusterError, need, write_file
+from .slurm_conf import CONTROLLERS, gres_conf_text, node_names
+
+# Every directory `up` makes, with its mode (munge's key stays private).
+DIR_MODES = {"etc": 0o755, "munge": 0o700, "state": 0o755, "run": 0o755, "log": 0o755,
+             "plugins": 0o755, "spool": 0o755}
+
+
+def _mkdir(path: str, mode: int) -> None:
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, mode)
+
+
+def make_dirs(work: str, nodes: int, *, slurmd: bool, backup_controller: bool) -> None:
+    """WORK and its DIR_MODES, a spool per slurmd, and with a backup
+    controller its own run/log and the /etc/hosts naming both controllers."""
+    # Explicit modes whatever the caller's umask: root's slurmctld loads the
+    # .so files under plugins/, so no other user may write anywhere here.
+    _mkdir(work, 0o755)
+    for sub, mode in DIR_MODES.items():
+        _mkdir(os.path.join(work, sub), mode)
+    for node in node_names(nodes) if slurmd else ():
+        _mkdir(os.path.join(work, "spool", node), 0o755)
+    if backup_controller:
+        need("unshare", "util-linux")
+        for sub in ("backup", "backup/run", "backup/log"):
+            _mkdir(os.path.join(work, sub), 0o755)
+        with open("/etc/hosts", encoding="utf-8") as f:
+            hosts = f.read()
+        write_file(os.path.join(work, "etc", "hosts"),
+                   "".join(f"{addr} {name}\n" for name, addr in CONTROLLERS) + hosts)
+
+
+def write_key(path: str, mode: int) -> None:
+    """A new random 1024-byte key (munge's, auth/slurm's); an existing one is kept."""
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(1024))
+
+
+def install_plugins(work: str, release: releases.Release, plugin_lib: str | None) -> None:
+    """Our plugins into WORK/plugins, built for `release`; etc/release records
+    which release the cluster runs (Cluster reads it back)."""
+    write_file(os.path.join(work, "etc", "release"),
+               f"{release.name}\n{os.pathsep.join(release.bin_dirs)}\n")
+    install.install_plugins(os.path.join(work, "plugins"), lib_dir=plugin_lib or release.lib_dir,
+                            slurm_version=None if release.name == releases.INSTALLED else release.name)
+
+
+def write_node_files(work: str, gpus: int, k8s_conf: str) -> None:
+    """gres.conf, the fake GPU device files it names, and k8s_resources.conf."""
+    write_file(os.path.join(work, "etc", "gres.conf"), gres_conf_text(work, gpus))
+    if gpus:
+        _mkdir(os.path.join(work, "dev"), 0o755)
+        for i in range(gpus):
+            write_file(os.path.join(work, "dev", f"gpu{i}"), "")
+    write_file(os.path.join(work, "etc", "k8s_resources.conf"),
+               "# pyk8sres (slurm-conf/k8s_resources.conf); the ledger lives in state/\n"
+               + k8s_conf)
+
+
+def hand_to(work: str, user: str) -> None:
+    """What a non-root slurmctld writes becomes that user's (state, logs,
+    pid files); the munge socket's directory becomes traversable (the key
+    stays root's, 0400).  Everything else stays root's and read-only."""
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise ClusterError(f"SlurmUser {user} does not exist (Debian's slurm packages "
+                           "create `slurm`)") from None
+    for sub in ("state", "log", "run", "backup/log", "backup/run"):
+        if os.path.isdir(os.path.join(work, sub)):
+            os.chown(os.path.join(work, sub), pw.pw_uid, pw.pw_gid)
+    os.chmod(os.path.join(work, "munge"), 0o711)
+    blocked = install.unreadable_by_others(os.path.join(work, "etc", "slurm.conf"))
+    if blocked:
+        raise ClusterError(f"{blocked} cannot be entered by {user}: use a work directory "
+                           "others can traverse")
