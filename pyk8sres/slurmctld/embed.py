@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import os
 
-from . import completion, config, submit
+from . import completion, config, jobspec, submit
 
 PING_SENTINEL = 0x6b38
 OK, USER_ERROR, INTERNAL_ERROR = submit.OK, submit.USER_ERROR, submit.INTERNAL_ERROR
@@ -50,7 +50,7 @@ def _put(ffi, buf, size: int, text: str) -> None:
 
 
 # The job's numbers and strings as the C struct names them (`cur_` + name for
-# the job as it stands, in job_modify), in completion.decode_job's order.
+# the job as it stands, in job_modify), in jobspec.decode_job's order.
 _NUMBERS = ("cpus_per_task", "num_tasks", "ntasks_per_node", "min_cpus", "min_nodes",
             "max_nodes", "pn_min_cpus", "ntasks_per_core", "threads_per_core", "overcommit",
             "pn_min_memory", "spread_job", "task_dist", "ntasks_per_tres")
@@ -60,18 +60,18 @@ _STRINGS = ("partition", "tres_per_node", "tres_per_task", "tres_per_job", "tres
 SITE_FIELDS = ("def_mem_per_cpu", "slurm_version", "select_type_param", "max_mem_per_cpu",
                "part_mem")
 
-def _job(ffi, c, prefix: str, exclusive: bool) -> completion.Job:
+def _job(ffi, c, prefix: str, exclusive: bool) -> jobspec.Job:
     numbers = [getattr(c, prefix + name) for name in _NUMBERS]
     texts = [_text(ffi, getattr(c, prefix + name)) for name in _STRINGS]
-    return completion.decode_job(*numbers, exclusive, *texts)
+    return jobspec.decode_job(*numbers, exclusive, *texts)
 
 
-def job_from_c(ffi, c) -> completion.Job:
+def job_from_c(ffi, c) -> jobspec.Job:
     """The submitted job, or for job_modify only the fields being changed."""
-    return _job(ffi, c, "", c.shared == completion.JOB_SHARED_NONE)
+    return _job(ffi, c, "", c.shared == jobspec.JOB_SHARED_NONE)
 
 
-def current_from_c(ffi, c) -> completion.Job | None:
+def current_from_c(ffi, c) -> jobspec.Job | None:
     """job_modify: the job as it stands (None if the plugin cannot see it)."""
     return _job(ffi, c, "cur_", c.cur_whole_node == 1) if c.has_current else None
 

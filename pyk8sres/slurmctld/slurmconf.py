@@ -19,8 +19,8 @@ import os
 import re
 import shlex
 
-from .completion import (CR_BOARD, CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE, CR_SOCKET,
-                         GpuDefault, MemDefault, Nodes, Partition)
+from .jobspec import (CR_BOARD, CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE, CR_SOCKET,
+                      GpuDefault, MemDefault, Nodes, Partition)
 
 
 def _pairs(line: str) -> dict:
