@@ -10,8 +10,8 @@ Python function, in the same run. The difference is printed per call.
     python3 bench/bench_miss_footprint.py [--calls 100]     (needs valgrind)
 
 The caches are modelled on this machine's: 32 KB L1i and L1d, 1 MB L2 as the
-last level. A miss of the last level goes to memory. On this VM that costs
-~0.1 µs, and most of a cold call is such misses.
+last level. A miss of the last level goes to memory, and most of a cold call
+is such misses.
 """
 from __future__ import annotations
 
@@ -29,18 +29,18 @@ CACHES = ["--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,16,64"]
 def args(i: int) -> tuple:
     """-c (1 + i % 4) --mem=(1000 + i) on a 22.05 CR_Core cluster, in
     the order plugins/pyk8sres_core.c hot_args passes them."""
-    from pyk8sres.slurmctld import completion as C
-    nv, nv16 = C.NO_VAL, C.NO_VAL16
-    return (0x160508, C.MEM_PER_CPU | 100, C.CR_CORE, 0, 1 + i % 4, nv, nv16, nv, nv, nv,
+    from pyk8sres.slurmctld import jobspec
+    nv, nv16 = jobspec.NO_VAL, jobspec.NO_VAL16
+    return (0x160508, jobspec.MEM_PER_CPU | 100, jobspec.CR_CORE, 0, 1 + i % 4, nv, nv16, nv, nv, nv,
             nv16, nv16, nv16, 0xFE, 1000 + i, 0, nv, nv16, nv16,
-            None, None, None, None, None, None, None, f"debug=0:0:{C.NO_VAL64}:{C.NO_VAL64}")
+            None, None, None, None, None, None, None, f"debug=0:0:{jobspec.NO_VAL64}:{jobspec.NO_VAL64}")
 
 
 def child(mode: str, calls: int) -> None:
     """Runs under valgrind: warm up, then `calls` cold calls."""
-    from pyk8sres.slurmctld import completion as C, submit
-    nodes = C.Nodes(cpus=8, memory=16000, count=2, least_cpus=8)
-    submit.use_site(C.Site(partitions={"debug": C.Partition(mem=C.MemDefault(per_cpu=100),
+    from pyk8sres.slurmctld import jobspec, submit
+    nodes = jobspec.Nodes(cpus=8, memory=16000, count=2, least_cpus=8)
+    submit.use_site(jobspec.Site(partitions={"debug": jobspec.Partition(mem=jobspec.MemDefault(per_cpu=100),
                                                             nodes=nodes)},
                            default_partition="debug", all_nodes=nodes))
 

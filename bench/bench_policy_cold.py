@@ -13,19 +13,19 @@ import argparse
 import statistics
 import time
 
-from pyk8sres.slurmctld import completion as C
+from pyk8sres.slurmctld import completion, jobspec
 
-NODES = C.Nodes(cpus=8, memory=16000, count=2, least_cpus=8)
-SITE = C.Site(partitions={"debug": C.Partition(mem=C.MemDefault(per_cpu=100), nodes=NODES)},
+NODES = jobspec.Nodes(cpus=8, memory=16000, count=2, least_cpus=8)
+SITE = jobspec.Site(partitions={"debug": jobspec.Partition(mem=jobspec.MemDefault(per_cpu=100), nodes=NODES)},
               default_partition="debug", all_nodes=NODES)
 
 
-def job(i: int) -> C.Job:
+def job(i: int) -> jobspec.Job:
     """Every call a new shape, like bench_job_submit.py's "unique" workload."""
-    fields = dict.fromkeys(C.Job._fields)
+    fields = dict.fromkeys(jobspec.Job._fields)
     fields.update(cpus_per_task=1 + i % 4, mem_per_node=3000 + i, exclusive=False,
                   overcommit=False, spread_job=False, plane_distribution=False)
-    return C.Job(**fields)
+    return jobspec.Job(**fields)
 
 
 def timed(calls: int, start: int, before=None) -> list[float]:
@@ -34,7 +34,7 @@ def timed(calls: int, start: int, before=None) -> list[float]:
         if before:
             before(i)
         t = time.perf_counter_ns()
-        C.complete(job(start + i), SITE)
+        completion.complete(job(start + i), SITE)
         out.append((time.perf_counter_ns() - t) / 1000)
     return out
 

@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 
-from pyk8sres.slurmctld import completion, config, embed
+from pyk8sres.slurmctld import config, embed, jobspec
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "job_submit.lua")
 PLACEHOLDER = "local SITE = nil -- @SITE@"
@@ -42,7 +42,7 @@ def lua(value) -> str:
     raise TypeError(f"no Lua literal for {value!r}")
 
 
-def script(site: completion.Site) -> str:
+def script(site: jobspec.Site) -> str:
     """bench/job_submit.lua with its SITE filled in."""
     with open(SCRIPT) as f:
         text = f.read()
@@ -51,7 +51,7 @@ def script(site: completion.Site) -> str:
     return text.replace(PLACEHOLDER, f"local SITE = {lua(site)}")
 
 
-def cluster_memory(lines: list[str]) -> completion.MemDefault:
+def cluster_memory(lines: list[str]) -> jobspec.MemDefault:
     """slurm.conf's cluster-wide DefMemPerCPU / DefMemPerNode as slurmctld
     encodes them for our plugin (neither: per node 0, all of a node's memory)."""
     per_cpu = per_node = None
@@ -65,7 +65,7 @@ def cluster_memory(lines: list[str]) -> completion.MemDefault:
                 per_cpu, per_node = None, int(value)
     if per_cpu is None and per_node is None:
         per_node = 0
-    return completion.MemDefault(per_cpu=per_cpu, per_node=per_node)
+    return jobspec.MemDefault(per_cpu=per_cpu, per_node=per_node)
 
 
 def slurm_version(env: dict | None = None) -> int:
@@ -77,9 +77,9 @@ def slurm_version(env: dict | None = None) -> int:
     return (major << 16) | (minor << 8) | micro
 
 
-def site(slurm_conf: str, version: int) -> completion.Site:
+def site(slurm_conf: str, version: int) -> jobspec.Site:
     """What our plugin's Site holds for this slurm.conf (embed.reconfigure, site_for)."""
     with open(slurm_conf) as f:
         lines = f.read().splitlines()
-    return completion.Site(slurm_version=version, cluster_mem=cluster_memory(lines),
+    return jobspec.Site(slurm_version=version, cluster_mem=cluster_memory(lines),
                            **embed.conf_facts(slurm_conf, config.load(slurm_conf)))

@@ -2,8 +2,17 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
+
+from . import install
+from .policy.quantities import parse_quantity
+
+# The testbed and the coordinator are imported by the subcommands that run
+# them: they load the Kubernetes client and the daemons' code, which every
+# other subcommand (install-plugins on a Slurm host, ledger) does without.
 
 
 def _node_sizes(text: str) -> list[tuple[int, int]]:
@@ -96,7 +105,6 @@ def _cluster_down(args) -> int:
 
 
 def _install_plugins(args) -> int:
-    from . import install
     for path in install.install_plugins(args.plugin_dir, check_version=not args.force):
         print(path)
     for warning in install.readability_warnings():
@@ -106,10 +114,7 @@ def _install_plugins(args) -> int:
 
 def _ledger(args) -> int:
     """`pyk8sres ledger ...`: the operator's view of what Kubernetes holds."""
-    import json
-    import math
     from .coordinator import slurm
-    from .policy.usage import parse_quantity
     ledger = slurm.Ledger(args.socket or slurm.ledger_socket_path())
     if args.action == "show":
         reply = ledger.show(args.node)
@@ -135,15 +140,19 @@ def _ledger(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pyk8sres", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _status(args) -> int:
+    from .coordinator import status
+    return status.main(args)
 
+
+def _add_install_plugins(sub) -> None:
     p = sub.add_parser("install-plugins", help="install the Slurm plugins into a PluginDir")
     p.add_argument("--plugin-dir", required=True)
     p.add_argument("--force", action="store_true", help="skip the Slurm version check")
     p.set_defaults(func=_install_plugins)
 
+
+def _add_cluster(sub) -> None:
     c = sub.add_parser("cluster", help="a local Slurm (+ Kubernetes API) cluster for tests and demos")
     csub = c.add_subparsers(dest="action", required=True)
     u = csub.add_parser("up")
@@ -195,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--workdir", required=True)
     d.set_defaults(func=_cluster_down)
 
+
+def _add_ledger(sub) -> None:
     g = sub.add_parser("ledger", help="what Kubernetes holds per node, inside slurmctld")
     g.add_argument("--socket", help="the ledger socket (default: from slurm.conf)")
     gsub = g.add_subparsers(dest="action", required=True)
@@ -212,20 +223,43 @@ def main(argv: list[str] | None = None) -> int:
     for action in gsub.choices.values():
         action.set_defaults(func=_ledger)
 
+
+def _add_status(sub) -> None:
     st = sub.add_parser("status", help="per shared node: capacity, Slurm jobs, Kubernetes share, "
                                        "free, and whether the ledger agrees with the bound pods")
     st.add_argument("--kubeconfig", help="default: in-cluster, then $KUBECONFIG or ~/.kube/config")
     st.add_argument("--config", help="the coordinator's TOML (node mapping, Slurm workers)")
     st.add_argument("--socket", help="the ledger socket (default: from slurm.conf)")
     st.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    st.set_defaults(func=lambda a: __import__("pyk8sres.coordinator.status",
-                                              fromlist=["main"]).main(a))
+    st.set_defaults(func=_status)
 
+
+def _add_daemons(sub) -> None:
     # `sync` has its own parser (pyk8sres/coordinator/sync.py); listed here for --help.
     sub.add_parser("sync", help="keep Slurm and Kubernetes in step (daemon); see `pyk8sres sync -h`")
     sub.add_parser("webhook", help="admission webhook + placeholder pods (daemon); "
                                    "see `pyk8sres webhook -h`")
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pyk8sres", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_install_plugins(sub)
+    _add_cluster(sub)
+    _add_ledger(sub)
+    _add_status(sub)
+    _add_daemons(sub)
+    return parser
+
+
+# What a subcommand raises for bad input or a failed step: one clear line,
+# not a traceback.
+_CLEAR_ERRORS = ("ClusterError", "InstallError", "SlurmError", "ConfigError", "BuildError",
+                 "ReleaseError", "StartError", "LedgerError", "QuantityError")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sync"]:
         from .coordinator import sync
@@ -236,15 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except Exception as exc:  # a CLI prints one clear line, not a traceback
-        name = type(exc).__name__
-        if name in ("ClusterError", "InstallError", "SlurmError", "ConfigError", "BuildError",
-                    "ReleaseError",
-                    "StartError", "LedgerError", "QuantityError"):
+    except Exception as exc:
+        if type(exc).__name__ in _CLEAR_ERRORS:
             print(f"pyk8sres: error: {exc}", file=sys.stderr)
             return 1
         raise
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,7 +7,7 @@ Requests we see (the Helm chart's templates/webhook.yaml):
   CREATE pods with spec.nodeName         a pod placed directly on a node
   UPDATE pods/resize                     in-place resize: an increase needs room
 
-A pod costs what the ledger holds for it (usage.held_requests: the larger of
+A pod costs what the ledger holds for it (quantities.held_requests: the larger of
 what its spec asks and what its kubelet may run, an Infeasible or Deferred
 resize included), in millicores and bytes, rounded up.  The ledger key is
 the pod's UID, so the API server retrying, or a binding after a nodeName
@@ -37,8 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from . import ledger as L
-from . import usage as U
+from . import ledger, quantities, usage
 
 
 @dataclass(frozen=True)
@@ -134,9 +133,9 @@ def is_static_pod(target: Target, pod: Mapping) -> bool:
 
 def pod_cost(pod: Mapping) -> tuple[int, int]:
     """(millicores, bytes) the ledger holds for the pod, rounded up
-    (usage.held_requests: the larger of its spec and what its kubelet may
+    (quantities.held_requests: the larger of its spec and what its kubelet may
     run, Infeasible or not).  Raises QuantityError."""
-    req = U.held_requests(pod)
+    req = quantities.held_requests(pod)
     return math.ceil(req["cpu"] * 1000), math.ceil(req["memory"])
 
 
@@ -149,33 +148,34 @@ def _unbound_resize(target: Target) -> Allow | Deny:
     try:
         cpu_m, mem = pod_cost(target.pod or {})
         old_cpu, old_mem = pod_cost(target.old_pod or {})
-    except (U.QuantityError, AttributeError, TypeError, ValueError) as e:
+    except (quantities.QuantityError, AttributeError, TypeError, ValueError) as e:
         return Deny(f"{what}: unreadable requests: {e}", "bad_request")
     if cpu_m <= old_cpu and mem <= old_mem:
         return Allow("resize of a pod not bound yet does not grow it: its binding is "
                      "checked at its new size", "unbound")
     return Deny(f"{what} is not bound to a node yet: growing it in place "
-                f"({old_cpu}m CPU, {old_mem // U.MI}Mi -> {cpu_m}m CPU, {mem // U.MI}Mi) is "
+                f"({old_cpu}m CPU, {old_mem // quantities.MI}Mi -> {cpu_m}m CPU, "
+                f"{mem // quantities.MI}Mi) is "
                 "refused, as a binding to a node shared with Slurm may already be sized from "
                 "its old requests; resize it once it is bound, or recreate it with the new size",
                 "unbound_growth")
 
 
 def plan(target: Target, pod: Mapping | None, slurm_node: str | None,
-         exempt: U.Exemptions) -> Reserve | Allow | Deny:
+         exempt: usage.Exemptions) -> Reserve | Allow | Deny:
     """Decide for one Target; pod is the stored pod for bindings (None: not found).
 
     slurm_node: the Slurm node the Kubernetes node is (None: not a shared node).
     """
     if target.op == "resize" and not target.node:
-        why = U.exempt_reason(target.pod or {}, exempt)
+        why = usage.exempt_reason(target.pod or {}, exempt)
         return Allow(why, "exempt") if why else _unbound_resize(target)
     if slurm_node is None:
         return Allow(f"node {target.node} is not shared with Slurm", "not_shared")
     pod = target.pod if target.pod is not None else pod
     if pod is None:
         return Deny(f"pod {target.namespace}/{target.pod_name} not found", "pod_not_found")
-    why = U.exempt_reason(pod, exempt)
+    why = usage.exempt_reason(pod, exempt)
     if why:
         return Allow(why, "exempt")
     uid = (pod.get("metadata") or {}).get("uid")
@@ -193,7 +193,7 @@ def plan(target: Target, pod: Mapping | None, slurm_node: str | None,
                              "no_growth")
             # The kubelet runs the old size until it has resized: hold the larger of each.
             cpu_m, mem = max(cpu_m, old_cpu), max(mem, old_mem)
-    except (U.QuantityError, AttributeError, TypeError, ValueError) as e:
+    except (quantities.QuantityError, AttributeError, TypeError, ValueError) as e:
         return Deny(f"pod {target.namespace}/{target.pod_name}: unreadable requests: {e}",
                     "bad_request")
     if target.dry_run:
@@ -203,7 +203,8 @@ def plan(target: Target, pod: Mapping | None, slurm_node: str | None,
 
 def verdict(target: Target, r: Reserve, reply: Mapping) -> Allow | Deny:
     """The answer, from the ledger's reply to reserve()."""
-    what = f"pod {target.namespace}/{target.pod_name} ({r.cpu_m}m CPU, {r.mem_bytes // U.MI}Mi)"
+    what = (f"pod {target.namespace}/{target.pod_name} ({r.cpu_m}m CPU, "
+            f"{r.mem_bytes // quantities.MI}Mi)")
     if reply.get("ok") is True:
         return Allow(f"{what} reserved on Slurm node {r.slurm_node}", "reserved")
     code = reply.get("code") or "internal"
@@ -214,10 +215,10 @@ def verdict(target: Target, r: Reserve, reply: Mapping) -> Allow | Deny:
                      "Oversubscribed until jobs leave room", "static_over_capacity")
     if code == "nofit":
         return Deny(f"{what} does not fit on node {target.node}: {err}", "nofit")
-    if L.not_ready(reply):
+    if ledger.not_ready(reply):
         # Never allowed unreserved, not even a static pod: nothing was
         # reserved, and the ledger says nothing about the node yet.
-        return Deny(f"{what} refused on node {target.node}: {L.NOT_READY_TEXT} ({err}); "
+        return Deny(f"{what} refused on node {target.node}: {ledger.NOT_READY_TEXT} ({err}); "
                     "no pod is placed on a shared node until it answers: retry shortly",
                     "ledger_not_ready")
     return Deny(f"{what} refused on node {target.node} ({code}): {err}",

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Mapping
 
-from . import usage as U
+from . import quantities, usage
 
 CONTAINER = "slurm-share"
 PRIORITY_CLASS = "system-node-critical"
@@ -58,7 +58,7 @@ ZERO = (0, 0)
 def name_prefix(k8s_node: str) -> str:
     """generateName of a node's placeholders (the API server adds 5 characters).
     Which node a placeholder is for is its spec.nodeName, never its name."""
-    return f"{U.PLACEHOLDER_PREFIX}{k8s_node}-"
+    return f"{usage.PLACEHOLDER_PREFIX}{k8s_node}-"
 
 
 def allocatable(node: Mapping) -> tuple[int, int]:
@@ -66,9 +66,9 @@ def allocatable(node: Mapping) -> tuple[int, int]:
     st = node.get("status") or {}
     a = st.get("allocatable") or st.get("capacity") or {}
     try:
-        return (math.floor(U.parse_quantity(a.get("cpu", "0")) * 1000),
-                math.floor(U.parse_quantity(a.get("memory", "0"))))
-    except U.QuantityError:
+        return (math.floor(quantities.parse_quantity(a.get("cpu", "0")) * 1000),
+                math.floor(quantities.parse_quantity(a.get("memory", "0"))))
+    except quantities.QuantityError:
         return 0, 0
 
 
@@ -76,7 +76,7 @@ def size(jobs: Mapping, alloc: tuple[int, int]) -> tuple[int, int]:
     """(millicores, bytes) the node's placeholders add up to: Slurm jobs'
     CPUs and MB, capped at the node's allocatable."""
     cpu_m = int(jobs.get("cpu") or 0) * 1000
-    mem = int(jobs.get("mem") or 0) * U.MI
+    mem = int(jobs.get("mem") or 0) * quantities.MI
     return max(0, min(cpu_m, alloc[0])), max(0, min(mem, alloc[1]))
 
 
@@ -85,9 +85,9 @@ def _amounts(resources) -> tuple[int, int] | None:
     if resources is None:
         return None
     try:
-        return (math.ceil(U.parse_quantity(resources.get("cpu", "0")) * 1000),
-                math.ceil(U.parse_quantity(resources.get("memory", "0"))))
-    except U.QuantityError:
+        return (math.ceil(quantities.parse_quantity(resources.get("cpu", "0")) * 1000),
+                math.ceil(quantities.parse_quantity(resources.get("memory", "0"))))
+    except quantities.QuantityError:
         return None
 
 
@@ -160,8 +160,8 @@ def resize_in_flight(pod: Mapping) -> bool:
 
 
 def resources(cpu_m: int, mem: int, alloc: tuple[int, int]) -> dict:
-    return {"requests": {"cpu": U.format_cpu(Fraction(cpu_m, 1000)),
-                         "memory": U.format_memory(Fraction(mem))},
+    return {"requests": {"cpu": quantities.format_cpu(Fraction(cpu_m, 1000)),
+                         "memory": quantities.format_memory(Fraction(mem))},
             "limits": {"cpu": f"{max(alloc[0], 1)}m"}}
 
 

@@ -1,4 +1,4 @@
-"""Compile the job_submit path (submit.py, completion.py, gres.py) with mypyc.
+"""Compile the job_submit path (submit.py, completion.py and what it imports) with mypyc.
 
 Build-time only: `python _policy_build.py OUTDIR SRCROOT` (meson.build runs
 it when -Dcompile_policy allows and mypyc is installed).  It writes
@@ -19,7 +19,7 @@ import sys
 import sysconfig
 import tempfile
 
-MODULES = ("completion", "gres", "submit")
+MODULES = ("completion", "gres", "jobspec", "nodefigures", "plans", "submit")
 GROUP = "pyk8sres_policy"  # the shared runtime's module: pyk8sres_policy__mypyc
 
 

@@ -9,10 +9,14 @@ and allocates little; configuration is read in reconfigure().
 from __future__ import annotations
 
 import dataclasses
+import gc
+import json
 import logging
 import os
 
-from . import completion, config, submit
+from ..policy.ledger import Facts
+from . import completion, config, jobspec, nodefeatures, slurmconf, submit, topology
+from .ledger import MAX_CHANGED, Ledger
 
 PING_SENTINEL = 0x6b38
 OK, USER_ERROR, INTERNAL_ERROR = submit.OK, submit.USER_ERROR, submit.INTERNAL_ERROR
@@ -50,7 +54,7 @@ def _put(ffi, buf, size: int, text: str) -> None:
 
 
 # The job's numbers and strings as the C struct names them (`cur_` + name for
-# the job as it stands, in job_modify), in completion.decode_job's order.
+# the job as it stands, in job_modify), in jobspec.decode_job's order.
 _NUMBERS = ("cpus_per_task", "num_tasks", "ntasks_per_node", "min_cpus", "min_nodes",
             "max_nodes", "pn_min_cpus", "ntasks_per_core", "threads_per_core", "overcommit",
             "pn_min_memory", "spread_job", "task_dist", "ntasks_per_tres")
@@ -60,18 +64,18 @@ _STRINGS = ("partition", "tres_per_node", "tres_per_task", "tres_per_job", "tres
 SITE_FIELDS = ("def_mem_per_cpu", "slurm_version", "select_type_param", "max_mem_per_cpu",
                "part_mem")
 
-def _job(ffi, c, prefix: str, exclusive: bool) -> completion.Job:
+def _job(ffi, c, prefix: str, exclusive: bool) -> jobspec.Job:
     numbers = [getattr(c, prefix + name) for name in _NUMBERS]
     texts = [_text(ffi, getattr(c, prefix + name)) for name in _STRINGS]
-    return completion.decode_job(*numbers, exclusive, *texts)
+    return jobspec.decode_job(*numbers, exclusive, *texts)
 
 
-def job_from_c(ffi, c) -> completion.Job:
+def job_from_c(ffi, c) -> jobspec.Job:
     """The submitted job, or for job_modify only the fields being changed."""
-    return _job(ffi, c, "", c.shared == completion.JOB_SHARED_NONE)
+    return _job(ffi, c, "", c.shared == jobspec.JOB_SHARED_NONE)
 
 
-def current_from_c(ffi, c) -> completion.Job | None:
+def current_from_c(ffi, c) -> jobspec.Job | None:
     """job_modify: the job as it stands (None if the plugin cannot see it)."""
     return _job(ffi, c, "cur_", c.cur_whole_node == 1) if c.has_current else None
 
@@ -79,7 +83,6 @@ def current_from_c(ffi, c) -> completion.Job | None:
 def conf_facts(slurm_conf_path: str, settings: config.Config) -> dict:
     """The Site's fields that slurm.conf and k8s_resources.conf (`settings`)
     give; slurmctld passes the rest with each job (submit.site_for)."""
-    from . import slurmconf
     conf = slurmconf.load(slurm_conf_path)
     return dict(under_request=settings.under_request, reserve_memory=settings.reserve_memory_mb,
                 partitions=conf.partitions, default_partition=conf.default_partition,
@@ -144,6 +147,21 @@ def job_submit(c) -> tuple:
 
 def bind(ffi, lib) -> None:
     """Register the entry points declared in plugins/pyk8sres_core.h."""
+    _log_to_slurmctld(lib)
+    _bind_job_submit(ffi)
+    global _ffi
+    _ffi = ffi
+    submit.bind(lib.pyk8sres_memo_clear)
+    # Everything imported so far lives as long as slurmctld: keep the cyclic
+    # GC from rescanning it in the middle of a submission.
+    gc.freeze()
+    _bind_node_counts(ffi)
+    _bind_ledger_setup(ffi)
+    _bind_ledger_requests(ffi)
+
+
+def _log_to_slurmctld(lib) -> None:
+    """Send the package's log records to slurmctld's log (once)."""
     if not log.handlers:
         handler = _SlurmLogHandler(lib)
         handler.setFormatter(logging.Formatter("%(message)s"))
@@ -151,6 +169,10 @@ def bind(ffi, lib) -> None:
         log.setLevel(logging.DEBUG)
         log.propagate = False
 
+
+def _bind_job_submit(ffi) -> None:
+    """The job_submit plugin's entry points: ping, reconfigure, slurmctld's
+    partitions and nodes, and the job through cffi."""
     @ffi.def_extern(error=-1)
     def pyk8sres_ping(err, errlen):
         return PING_SENTINEL
@@ -168,7 +190,6 @@ def bind(ffi, lib) -> None:
     @ffi.def_extern(error=INTERNAL_ERROR)
     def pyk8sres_topology(description, err, errlen):
         try:
-            from . import topology
             submit.use_topology(topology.parse(ffi.string(description).decode("utf-8",
                                                                               "replace")))
             return OK
@@ -186,29 +207,25 @@ def bind(ffi, lib) -> None:
         _put(ffi, err, errlen, message)
         return rc
 
-    global _ffi
-    _ffi = ffi
-    submit.bind(lib.pyk8sres_memo_clear)
-    # Everything imported so far lives as long as slurmctld: keep the cyclic
-    # GC from rescanning it in the middle of a submission.
-    import gc
-    gc.freeze()
 
+def _bind_node_counts(ffi) -> None:
+    """node_features: a node's k8scpu/k8smemory capacity."""
     @ffi.def_extern(error=INTERNAL_ERROR)
     def pyk8sres_node_counts(node, cpus, real_memory, k8scpu, k8smemory, err, errlen):
         try:
-            from . import nodefeatures
             k8scpu[0], k8smemory[0] = nodefeatures.capacity(_config, cpus, real_memory)
             return OK
         except BaseException as exc:
             _put(ffi, err, errlen, f"{type(exc).__name__}: {exc}")
             return INTERNAL_ERROR
 
+
+def _bind_ledger_setup(ffi) -> None:
+    """node_features: opening the ledger, and its server's settings."""
     @ffi.def_extern(error=INTERNAL_ERROR)
     def pyk8sres_ledger_open(state_dir, allowed, n_allowed, owner, share, err, errlen):
         global _ledger, _ledger_base_uids
         try:
-            from .ledger import Ledger
             _ledger_base_uids = frozenset({0, *(allowed[i] for i in range(n_allowed))})
             directory = _text(ffi, state_dir)
             ledger = _ledger if _ledger is not None and _ledger.directory == directory \
@@ -242,6 +259,9 @@ def bind(ffi, lib) -> None:
             _put(ffi, socket_path, pathlen, f"{type(exc).__name__}: {exc}")
             return INTERNAL_ERROR
 
+
+def _bind_ledger_requests(ffi) -> None:
+    """node_features: a ledger request, checked (prepare) then applied."""
     @ffi.def_extern(error=INTERNAL_ERROR)
     def pyk8sres_ledger_prepare(uid, line, ticket, read_only, reply, replylen):
         ticket[0] = read_only[0] = 0
@@ -259,8 +279,6 @@ def bind(ffi, lib) -> None:
     @ffi.def_extern(error=INTERNAL_ERROR)
     def pyk8sres_ledger_apply(ticket, facts_fn, share, node_name, stats_fn, changes_fn,
                               reply, replylen):
-        from ..policy.ledger import Facts
-        from .ledger import MAX_CHANGED
         out = ffi.new("uint64_t[4]")
 
         def facts(node: str):
@@ -293,7 +311,6 @@ def bind(ffi, lib) -> None:
         _put(ffi, reply, replylen, _reply_line(answer, replylen))
         return OK
 
-
 _ledger = None
 _ledger_base_uids: frozenset = frozenset({0})   # root and SlurmUser
 
@@ -309,7 +326,6 @@ def _internal(exc: BaseException) -> dict:
 
 
 def _reply_line(answer: dict, limit: int) -> str:
-    import json
     text = json.dumps(answer, separators=(",", ":"))
     if len(text) + 2 > limit:
         text = json.dumps({"ok": False, "code": "badrequest",

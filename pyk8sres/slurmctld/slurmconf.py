@@ -20,8 +20,8 @@ import re
 import shlex
 
 from ..policy.hostlist import ascii_digits as _digits, expand_hostlist  # noqa: F401
-from .completion import (CR_BOARD, CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE, CR_SOCKET,
-                         GpuDefault, MemDefault, Nodes, Partition)
+from .jobspec import (CR_BOARD, CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE, CR_SOCKET,
+                      GpuDefault, MemDefault, Nodes, Partition)
 
 
 def _pairs(line: str) -> dict:

@@ -14,8 +14,8 @@ import logging
 import time
 import typing
 
-from . import completion
-from .completion import Site
+from . import completion, jobspec
+from .jobspec import Site
 
 OK, USER_ERROR, INTERNAL_ERROR = 0, 1, 2
 # job_submit_values' parameters, in the order pyk8sres_core.c hot_args passes
@@ -76,7 +76,7 @@ def with_topology(site: Site) -> Site:
     with each job anyway: part_mem)."""
     if _topology is None:
         return site
-    partitions = {name: dataclasses.replace(site.partitions.get(name, completion.Partition()),
+    partitions = {name: dataclasses.replace(site.partitions.get(name, jobspec.Partition()),
                                             nodes=nodes)
                   for name, nodes in _topology.partitions.items()}
     return dataclasses.replace(site, partitions=partitions, all_nodes=_topology.all_nodes,
@@ -91,7 +91,7 @@ def current_site() -> Site:
 
 def _max_per_cpu(value: int) -> int | None:
     """MaxMemPerCPU from Slurm's encoding (a MaxMemPerNode does not raise CPUs)."""
-    per_node, per_cpu = completion.decode_memory(value)
+    per_node, per_cpu = jobspec.decode_memory(value)
     return per_cpu or None
 
 
@@ -107,12 +107,12 @@ def parse_part_mem(text: str) -> dict:
         if not name or len(fields) != 4 or not all(f.isascii() and f.isdigit() for f in fields):
             continue
         def_mem, max_mem, gpu_cpus, gpu_mem = (int(f) for f in fields)
-        per_node, per_cpu = completion.decode_memory(def_mem)
-        unset = completion.NO_VAL64
-        out[name] = (completion.MemDefault(per_cpu=per_cpu or None, per_node=per_node or None),
+        per_node, per_cpu = jobspec.decode_memory(def_mem)
+        unset = jobspec.NO_VAL64
+        out[name] = (jobspec.MemDefault(per_cpu=per_cpu or None, per_node=per_node or None),
                      _max_per_cpu(max_mem),
-                     completion.GpuDefault(cpus=None if gpu_cpus == unset else gpu_cpus,
-                                           mem=None if gpu_mem == unset else gpu_mem))
+                     jobspec.GpuDefault(cpus=None if gpu_cpus == unset else gpu_cpus,
+                                        mem=None if gpu_mem == unset else gpu_mem))
     return out
 
 
@@ -123,10 +123,10 @@ def site_for(c_def_mem: int, slurm_version: int, select_type_param: int | None =
     global _site, _site_key
     key = (c_def_mem, slurm_version, select_type_param, max_mem_per_cpu, _site)
     if key != _site_key:
-        per_node, per_cpu = completion.decode_memory(c_def_mem)
+        per_node, per_cpu = jobspec.decode_memory(c_def_mem)
         new = dataclasses.replace(
             _site, slurm_version=slurm_version,
-            cluster_mem=completion.MemDefault(per_cpu=per_cpu, per_node=per_node),
+            cluster_mem=jobspec.MemDefault(per_cpu=per_cpu, per_node=per_node),
             select_type_param=_site.select_type_param if select_type_param is None
             else select_type_param,
             max_mem_per_cpu=_site.max_mem_per_cpu if max_mem_per_cpu is None
@@ -142,7 +142,7 @@ def site_for(c_def_mem: int, slurm_version: int, select_type_param: int | None =
     if site is None:
         partitions = dict(_site.partitions)
         for name, (mem, max_mpc, gpu) in parse_part_mem(part_mem).items():
-            known = partitions.get(name, completion.Partition(nodes=_site.all_nodes))
+            known = partitions.get(name, jobspec.Partition(nodes=_site.all_nodes))
             partitions[name] = dataclasses.replace(known, mem=mem, max_mem_per_cpu=max_mpc,
                                                    gpu=gpu)
         site = dataclasses.replace(_site, partitions=partitions)
@@ -152,7 +152,7 @@ def site_for(c_def_mem: int, slurm_version: int, select_type_param: int | None =
     return site
 
 
-def answer(result: completion.Result) -> tuple:
+def answer(result: jobspec.Result) -> tuple:
     """(rc, changed bits, tres_per_node, tres_per_task, error message) for C."""
     bits = (1 if result.tres_per_node is not None else 0) | \
         (2 if result.tres_per_task is not None else 0) | \
@@ -201,10 +201,10 @@ def job_submit_values(slurm_version: int, def_mem_per_cpu: int, select_type_para
     try:
         site = site_for(def_mem_per_cpu, slurm_version, select_type_param, max_mem_per_cpu,
                         part_mem)
-        job = completion.decode_job(
+        job = jobspec.decode_job(
             cpus_per_task, num_tasks, ntasks_per_node, min_cpus, min_nodes, max_nodes,
             pn_min_cpus, ntasks_per_core, threads_per_core, overcommit, pn_min_memory,
-            spread_job, task_dist, ntasks_per_tres, shared == completion.JOB_SHARED_NONE,
+            spread_job, task_dist, ntasks_per_tres, shared == jobspec.JOB_SHARED_NONE,
             partition, tres_per_node, tres_per_task, tres_per_job, tres_per_socket,
             cpus_per_tres, mem_per_tres)
         return answer(completion.complete(job, site))

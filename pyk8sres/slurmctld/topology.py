@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import typing
 
-from .completion import Nodes
+from .jobspec import Nodes
 from .slurmconf import summarize
 
 

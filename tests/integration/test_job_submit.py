@@ -19,6 +19,7 @@ from test_job_submit_differential import allocations, held_short
 
 from pyk8sres.testbed import cluster
 from pyk8sres import install
+from pyk8sres.slurmctld import _policy_build
 
 BASE_PORT = port(17100)
 CPUS, MEMORY = 8, 16000
@@ -434,7 +435,7 @@ def _package_with_a_bug(root) -> str:
                     ignore=shutil.ignore_patterns("__pycache__"))
     here = os.path.join(copy, "slurmctld")
     for name in os.listdir(here):
-        if name.endswith(".so") and name.split(".")[0] in ("completion", "gres", "submit"):
+        if name.endswith(".so") and name.split(".")[0] in _policy_build.MODULES:
             os.unlink(os.path.join(here, name))
     with open(os.path.join(here, "completion.py"), "a") as f:
         f.write(INJECTED_BUG)

@@ -37,6 +37,7 @@ kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
+from pyk8sres.policy import quantities  # noqa: E402
 from pyk8sres.testbed import cluster as slurm_cluster  # noqa: E402
 from pyk8sres.testbed import hybrid  # noqa: E402
 from pyk8sres.testbed import kubernetes as controlplane  # noqa: E402
@@ -499,7 +500,6 @@ def test_a_resize_counts_at_the_larger_of_spec_and_what_runs(slurm, api, daemon)
     counts at once, and so does one the kubelet calls Infeasible: 1.35's
     kube-scheduler drops the spec then, the ledger does not (the kubelet
     judges it again when the node or the pod changes)."""
-    from pyk8sres.policy import usage as U
     k8s_node(api, "n1")
     p = scheduled_pod(api, "2", "100Mi", annotations={KUBELET_RESIZE: "Deferred"})
     wait_used(slurm, (2, 100))
@@ -519,7 +519,7 @@ def test_a_resize_counts_at_the_larger_of_spec_and_what_runs(slurm, api, daemon)
     def counted():     # what kube-scheduler counts for the pod, from the API server's copy
         pod = api.core.api_client.sanitize_for_serialization(
             api.core.read_namespaced_pod(p, "default"))
-        return U.pod_requests(pod)["cpu"]
+        return quantities.pod_requests(pod)["cpu"]
 
     resize("1")
     wait_for(lambda: pending() == "Deferred", 10, "the downsize Deferred")
@@ -548,7 +548,6 @@ def test_generic_nodes_within_a_write_budget_still_end_true(slurm, api, daemon):
     to what the API server has bound there (checked against the pods, not
     against the daemon).  Placed by nodeName: the figures per node are the point."""
     from pyk8sres.coordinator import kube as K
-    from pyk8sres.policy import usage as U
     for n in ("n1", "n2"):
         k8s_node(api, n)
     wait_for(lambda: all(allocated(api, n) for n in ("n1", "n2")), what="GenericNodes created")
@@ -563,9 +562,9 @@ def test_generic_nodes_within_a_write_budget_still_end_true(slurm, api, daemon):
 
     def truth(node):
         pods = K.list_pods(admin, field_selector=f"spec.nodeName={node}")
-        cpu = sum(U.pod_requests(p)["cpu"] for p in pods)
-        mem = sum(U.pod_requests(p)["memory"] for p in pods)
-        return {"cpu": U.format_cpu(cpu), "memory": U.format_memory(mem)}
+        cpu = sum(quantities.pod_requests(p)["cpu"] for p in pods)
+        mem = sum(quantities.pod_requests(p)["memory"] for p in pods)
+        return {"cpu": quantities.format_cpu(cpu), "memory": quantities.format_memory(mem)}
     wait_for(lambda: all(allocated(api, n)["Kubernetes"] == truth(n) for n in ("n1", "n2")),
              20, "GenericNodes equal to the pods bound")
     assert truth("n1") == {"cpu": "4", "memory": "1600Mi"}

@@ -8,17 +8,17 @@ import sys
 
 import pytest
 
-from pyk8sres.slurmctld import completion, submit
+from pyk8sres.slurmctld import jobspec, submit
 
 from test_lua_baseline import CONFS, conf_site, random_job
 
 SPREAD_JOB = 1 << 8
 
 
-def hot_args(raw: dict, site: completion.Site) -> tuple:
+def hot_args(raw: dict, site: jobspec.Site) -> tuple:
     """A random job as pyk8sres_core.c hot_args passes it (submit.HOT_ARGS)."""
     values = dict(raw, slurm_version=site.slurm_version,
-                  def_mem_per_cpu=completion.MEM_PER_CPU | 100, select_type_param=site.select_type_param, max_mem_per_cpu=0, overcommit=0xFE,
+                  def_mem_per_cpu=jobspec.MEM_PER_CPU | 100, select_type_param=site.select_type_param, max_mem_per_cpu=0, overcommit=0xFE,
                   spread_job=int(bool(raw["bitflags"] & SPREAD_JOB)), task_dist=0,
                   part_mem=None)
     return tuple(values[name] for name in submit.HOT_ARGS)

@@ -1,16 +1,17 @@
 """Table-driven tests of the completion policy (pyk8sres.slurmctld.completion)."""
 import dataclasses
-import itertools
 import random
 
 import pytest
 
 from pyk8sres import GRES_CPU as CPU, GRES_MEMORY as MEM
-from pyk8sres.slurmctld.completion import (CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE,
-                                           CR_SOCKET, Job,
-                                           GpuDefault, MemDefault, Nodes, Partition, PolicyError, Site,
-                                           complete, complete_modify, decode_memory, required,
-                                           MEM_PER_CPU, NO_VAL64)
+from pyk8sres.slurmctld import nodefigures
+from pyk8sres.slurmctld.completion import complete, complete_modify
+from pyk8sres.slurmctld.jobspec import (CR_CORE, CR_CPU, CR_MEMORY, CR_ONE_TASK_PER_CORE,
+                                        CR_SOCKET, Job,
+                                        GpuDefault, MemDefault, Nodes, Partition, PolicyError, Site,
+                                        decode_memory, MEM_PER_CPU, NO_VAL64)
+from pyk8sres.slurmctld.plans import required
 
 V2205 = 0x160508
 V2411 = 0x180B05
@@ -690,8 +691,7 @@ def test_held_covers_allocated_for_random_shapes(site, whole):
     assert checked > 1000
 
 
-# --- The steps of completion._plan, each on its own ---------------------------------------
-from pyk8sres.slurmctld import completion  # noqa: E402
+# --- The steps of plans._plan, each on its own ---------------------------------------------
 
 ONE_TASK_PER_NODE = [
     ("no -O", Job(num_tasks=4), False),
@@ -708,7 +708,7 @@ ONE_TASK_PER_NODE = [
 @pytest.mark.parametrize("name,job,expected", ONE_TASK_PER_NODE,
                          ids=[c[0] for c in ONE_TASK_PER_NODE])
 def test_one_task_per_node(name, job, expected):
-    assert completion._one_task_per_node(job) is expected
+    assert nodefigures.one_task_per_node(job) is expected
 
 
 # (name, site, job, partition, (c, pn_min_cpus, per-node memory, per-CPU memory),
@@ -735,8 +735,8 @@ NODE_FIGURES = [
 @pytest.mark.parametrize("name,site,job,part,options,cpus,mem", NODE_FIGURES,
                          ids=[c[0] for c in NODE_FIGURES])
 def test_node_figures(name, site, job, part, options, cpus, mem):
-    node = completion._node_figures(job, site, site.partitions.get(part) or
-                                    completion.Partition(nodes=site.all_nodes))
+    node = nodefigures.node_figures(job, site, site.partitions.get(part) or
+                                    Partition(nodes=site.all_nodes))
     assert (node.c, node.min_cpus_node, node.mem_node, node.mem_cpu) == options
     assert (node.cpus(1), node.cpus(3)) == cpus
     assert node.memory(3, node.cpus(3)) == mem

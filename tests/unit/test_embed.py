@@ -12,13 +12,14 @@ import pytest
 
 from pyk8sres.slurmctld import _core_build
 from pyk8sres.slurmctld import completion
+from pyk8sres.slurmctld import jobspec
 from pyk8sres.slurmctld import embed
 from pyk8sres.slurmctld import submit
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = (REPO / "plugins" / "pyk8sres_core.h").read_text()
 CORE_C = (REPO / "plugins" / "pyk8sres_core.c").read_text()
-NO_VAL16, NO_VAL, NO_VAL64 = completion.NO_VAL16, completion.NO_VAL, completion.NO_VAL64
+NO_VAL16, NO_VAL, NO_VAL64 = jobspec.NO_VAL16, jobspec.NO_VAL, jobspec.NO_VAL64
 
 ffi = cffi.FFI()
 ffi.cdef(_core_build.embedding_declarations(HEADER))
@@ -45,24 +46,24 @@ def c_job(**fields):
 
 
 @pytest.mark.parametrize("fields,expected", [
-    ({}, completion.Job()),
-    ({"cpus_per_task": 3, "pn_min_memory": 4000}, completion.Job(cpus_per_task=3, mem_per_node=4000)),
-    ({"pn_min_memory": completion.MEM_PER_CPU | 500}, completion.Job(mem_per_cpu=500)),
+    ({}, jobspec.Job()),
+    ({"cpus_per_task": 3, "pn_min_memory": 4000}, jobspec.Job(cpus_per_task=3, mem_per_node=4000)),
+    ({"pn_min_memory": jobspec.MEM_PER_CPU | 500}, jobspec.Job(mem_per_cpu=500)),
     # --mem-per-cpu=0: Slurm maps it to --mem=0 (job_mgr.c _validate_job_desc)
-    ({"pn_min_memory": completion.MEM_PER_CPU}, completion.Job(mem_per_node=0)),
-    ({"pn_min_memory": 0}, completion.Job(mem_per_node=0)),
-    ({"ntasks_per_node": 0xFFFF, "max_nodes": 0xFFFFFFFF}, completion.Job()),
-    ({"shared": 0, "tres_per_node": "gres:gpu:1"}, completion.Job(exclusive=True,
+    ({"pn_min_memory": jobspec.MEM_PER_CPU}, jobspec.Job(mem_per_node=0)),
+    ({"pn_min_memory": 0}, jobspec.Job(mem_per_node=0)),
+    ({"ntasks_per_node": 0xFFFF, "max_nodes": 0xFFFFFFFF}, jobspec.Job()),
+    ({"shared": 0, "tres_per_node": "gres:gpu:1"}, jobspec.Job(exclusive=True,
                                                                   tres_per_node="gres:gpu:1")),
     ({"ntasks_per_core": 1, "threads_per_core": 1, "overcommit": 1},
-     completion.Job(ntasks_per_core=1, threads_per_core=1, overcommit=True)),
+     jobspec.Job(ntasks_per_core=1, threads_per_core=1, overcommit=True)),
     ({"ntasks_per_core": 0xFFFF, "threads_per_core": NO_VAL16, "overcommit": 0xFE},
-     completion.Job()),
-    ({"spread_job": 1}, completion.Job(spread_job=True)),
-    ({"task_dist": 0x4}, completion.Job(plane_distribution=True)),
-    ({"task_dist": 0x2, "num_tasks": 4}, completion.Job(num_tasks=4)),  # cyclic
-    ({"ntasks_per_tres": 2}, completion.Job(ntasks_per_tres=2)),
-    ({"ntasks_per_tres": NO_VAL16}, completion.Job()),
+     jobspec.Job()),
+    ({"spread_job": 1}, jobspec.Job(spread_job=True)),
+    ({"task_dist": 0x4}, jobspec.Job(plane_distribution=True)),
+    ({"task_dist": 0x2, "num_tasks": 4}, jobspec.Job(num_tasks=4)),  # cyclic
+    ({"ntasks_per_tres": 2}, jobspec.Job(ntasks_per_tres=2)),
+    ({"ntasks_per_tres": NO_VAL16}, jobspec.Job()),
 ])
 def test_job_from_c(fields, expected):
     assert embed.job_from_c(ffi, c_job(**fields)) == expected
@@ -115,20 +116,20 @@ def test_decode_job_puts_each_value_in_its_field():
     numbers["overcommit"] = 1
     numbers["spread_job"] = 1
     numbers["task_dist"] = 0x10004  # plane, with a flag bit above the base
-    numbers["pn_min_memory"] = completion.MEM_PER_CPU | 777
+    numbers["pn_min_memory"] = jobspec.MEM_PER_CPU | 777
     texts = {name: f"text-{name}" for name in embed._STRINGS}
-    job = completion.decode_job(*numbers.values(), True, *texts.values())
+    job = jobspec.decode_job(*numbers.values(), True, *texts.values())
     expected = {name: value for name, value in numbers.items()
                 if name not in ("pn_min_memory", "task_dist")}
     expected.update(texts, overcommit=True, spread_job=True, plane_distribution=True,
                     exclusive=True, mem_per_cpu=777, mem_per_node=None)
     assert job._asdict() == expected
-    assert type(job) is completion.Job
+    assert type(job) is jobspec.Job
 
 
 @pytest.mark.parametrize("fields", [
     {}, {"cpus_per_task": 3, "pn_min_memory": 4000}, {"num_tasks": 5, "min_nodes": 2},
-    {"pn_min_memory": completion.MEM_PER_CPU | 500, "partition": "a,b"},
+    {"pn_min_memory": jobspec.MEM_PER_CPU | 500, "partition": "a,b"},
     {"shared": 0, "tres_per_node": "gres:gpu:1"}, {"tres_per_node": "gres:k8scpu:x"},
     {"ntasks_per_core": 1, "threads_per_core": 1, "overcommit": 1, "num_tasks": 3},
     {"tres_per_job": "gres:k8scpu:2"}, {"pn_min_memory": 0},
@@ -151,23 +152,23 @@ def test_every_job_field_is_read_from_c():
     """A Job field the C struct does not fill would silently stay None."""
     read = (set(embed._NUMBERS) - {"pn_min_memory", "task_dist"}) | set(embed._STRINGS) | \
         {"mem_per_node", "mem_per_cpu", "exclusive", "plane_distribution"}
-    assert read == set(completion.Job._fields)
+    assert read == set(jobspec.Job._fields)
 
 
-UNSET = completion.NO_VAL64
-NO_GPU = completion.GpuDefault()
+UNSET = jobspec.NO_VAL64
+NO_GPU = jobspec.GpuDefault()
 
 
 @pytest.mark.parametrize("text,expected", [
     ("", {}),
-    (f"a={completion.MEM_PER_CPU | 300}:{completion.MEM_PER_CPU | 1000}:{UNSET}:{UNSET}",
-     {"a": (completion.MemDefault(per_cpu=300), 1000, NO_GPU)}),
+    (f"a={jobspec.MEM_PER_CPU | 300}:{jobspec.MEM_PER_CPU | 1000}:{UNSET}:{UNSET}",
+     {"a": (jobspec.MemDefault(per_cpu=300), 1000, NO_GPU)}),
     (f"b=2000:0:{UNSET}:{UNSET},c=0:4000:{UNSET}:{UNSET}",
-     {"b": (completion.MemDefault(per_node=2000), None, NO_GPU),
-      "c": (completion.MemDefault(), None, NO_GPU)}),  # MaxMemPerNode: no CPU raise
-    (f"g=0:0:4:{UNSET}", {"g": (completion.MemDefault(), None, completion.GpuDefault(cpus=4))}),
+     {"b": (jobspec.MemDefault(per_node=2000), None, NO_GPU),
+      "c": (jobspec.MemDefault(), None, NO_GPU)}),  # MaxMemPerNode: no CPU raise
+    (f"g=0:0:4:{UNSET}", {"g": (jobspec.MemDefault(), None, jobspec.GpuDefault(cpus=4))}),
     ("h=0:0:0:2500",  # a partition's own 0 is a setting (it overrides the cluster's)
-     {"h": (completion.MemDefault(), None, completion.GpuDefault(cpus=0, mem=2500))}),
+     {"h": (jobspec.MemDefault(), None, jobspec.GpuDefault(cpus=0, mem=2500))}),
     ("garbage,d=x:1:2:3,e=1:2", {}),
 ])
 def test_live_partition_memory(text, expected):
@@ -177,28 +178,28 @@ def test_live_partition_memory(text, expected):
 def test_live_partition_memory_overrides_slurm_conf():
     """`scontrol update PartitionName=a DefMemPerCPU=300` reaches the policy
     through the string the C shim builds for each job."""
-    submit.use_site(completion.Site(partitions={"a": completion.Partition(
-        mem=completion.MemDefault(per_cpu=100))}, default_partition="a"))
-    site = submit.site_for(completion.MEM_PER_CPU | 50, 0x160508, completion.CR_CORE, 0,
-                          f"a={completion.MEM_PER_CPU | 300}:0:{UNSET}:{UNSET}")
-    assert site.partitions["a"].mem == completion.MemDefault(per_cpu=300)
-    assert site.cluster_mem == completion.MemDefault(per_cpu=50)
-    assert completion.complete(completion.Job(partition="a"), site).per_node == \
+    submit.use_site(jobspec.Site(partitions={"a": jobspec.Partition(
+        mem=jobspec.MemDefault(per_cpu=100))}, default_partition="a"))
+    site = submit.site_for(jobspec.MEM_PER_CPU | 50, 0x160508, jobspec.CR_CORE, 0,
+                          f"a={jobspec.MEM_PER_CPU | 300}:0:{UNSET}:{UNSET}")
+    assert site.partitions["a"].mem == jobspec.MemDefault(per_cpu=300)
+    assert site.cluster_mem == jobspec.MemDefault(per_cpu=50)
+    assert completion.complete(jobspec.Job(partition="a"), site).per_node == \
         {"k8scpu": 1, "k8smemory": 300}
-    assert submit.site_for(completion.MEM_PER_CPU | 50, 0x160508, completion.CR_CORE, 0,
-                          None).partitions["a"].mem == completion.MemDefault(per_cpu=100)
+    assert submit.site_for(jobspec.MEM_PER_CPU | 50, 0x160508, jobspec.CR_CORE, 0,
+                          None).partitions["a"].mem == jobspec.MemDefault(per_cpu=100)
 
 
 def test_live_partition_gpu_defaults_override_slurm_conf():
     """`scontrol update PartitionName=a JobDefaults=DefCpuPerGPU=3` reaches the
     policy the same way; the cluster's own (slurm.conf) stays underneath."""
-    submit.use_site(completion.Site(
-        partitions={"a": completion.Partition(gpu=completion.GpuDefault(cpus=1))},
-        default_partition="a", cluster_gpu=completion.GpuDefault(mem=2000)))
-    site = submit.site_for(completion.MEM_PER_CPU | 100, 0x160508, completion.CR_CORE, 0,
-                          f"a={completion.MEM_PER_CPU | 100}:0:3:{UNSET}")
-    assert site.partitions["a"].gpu == completion.GpuDefault(cpus=3)
-    assert completion.complete(completion.Job(partition="a", tres_per_node="gres:gpu:2"),
+    submit.use_site(jobspec.Site(
+        partitions={"a": jobspec.Partition(gpu=jobspec.GpuDefault(cpus=1))},
+        default_partition="a", cluster_gpu=jobspec.GpuDefault(mem=2000)))
+    site = submit.site_for(jobspec.MEM_PER_CPU | 100, 0x160508, jobspec.CR_CORE, 0,
+                          f"a={jobspec.MEM_PER_CPU | 100}:0:3:{UNSET}")
+    assert site.partitions["a"].gpu == jobspec.GpuDefault(cpus=3)
+    assert completion.complete(jobspec.Job(partition="a", tres_per_node="gres:gpu:2"),
                                site).per_node == {"k8scpu": 6, "k8smemory": 4000}
 
 

@@ -4,8 +4,8 @@ import pytest
 from pyk8sres.slurmctld import config
 from pyk8sres.slurmctld import gres
 from pyk8sres.coordinator import slurm
-from pyk8sres.slurmctld import completion, slurmconf
-from pyk8sres.slurmctld.completion import MemDefault
+from pyk8sres.slurmctld import jobspec, slurmconf
+from pyk8sres.slurmctld.jobspec import MemDefault
 
 
 @pytest.mark.parametrize("text,name,count", [
@@ -147,20 +147,20 @@ def test_slurm_conf_topology_and_defaults(tmp_path):
     (tmp_path / "slurm.conf").write_text(SLURM_CONF)
     conf = slurmconf.load(str(tmp_path / "slurm.conf"))
     assert conf.select_type_param == \
-        completion.CR_CORE | completion.CR_MEMORY | completion.CR_ONE_TASK_PER_CORE
+        jobspec.CR_CORE | jobspec.CR_MEMORY | jobspec.CR_ONE_TASK_PER_CORE
     assert conf.max_mem_per_cpu == 4000
     assert conf.default_partition == "smt"
     smt, wide, every = conf.partitions["smt"], conf.partitions["wide"], conf.partitions["all"]
-    assert smt == completion.Partition(mem=MemDefault(per_cpu=300), max_mem_per_cpu=1000,
-                                       nodes=completion.Nodes(2, 8, 16000, 2, 8, 16000,
+    assert smt == jobspec.Partition(mem=MemDefault(per_cpu=300), max_mem_per_cpu=1000,
+                                       nodes=jobspec.Nodes(2, 8, 16000, 2, 8, 16000,
                                                               cores_per_socket=(4,),
                                                               cpu_counts=((8, 2),)))
     # DefMemPerNode on the line beats the DEFAULT line's DefMemPerCPU (Slurm: mutually exclusive)
     assert wide.mem == MemDefault(per_node=2000)
-    assert wide.nodes == completion.Nodes(1, 16, 64000, 2, 16, 64000,  # CPUs from sockets x cores x threads
+    assert wide.nodes == jobspec.Nodes(1, 16, 64000, 2, 16, 64000,  # CPUs from sockets x cores x threads
                                           cores_per_socket=(8,), cpu_counts=((16, 2),))
     assert every.mem == MemDefault(per_cpu=50) and \
-        every.nodes == completion.Nodes(2, 16, 64000, 4, 8, 16000, cores_per_socket=(4, 8),
+        every.nodes == jobspec.Nodes(2, 16, 64000, 4, 8, 16000, cores_per_socket=(4, 8),
                                         cpu_counts=((16, 2), (8, 2)))
 
 
@@ -201,10 +201,10 @@ def test_slurm_conf_gpu_defaults_and_counts(tmp_path):
     line's too), and the most GPUs on a partition's nodes (typed ones added up)."""
     (tmp_path / "slurm.conf").write_text(GPU_SLURM_CONF)
     conf = slurmconf.load(str(tmp_path / "slurm.conf"))
-    assert conf.cluster_gpu == completion.GpuDefault(cpus=3, mem=3000)
+    assert conf.cluster_gpu == jobspec.GpuDefault(cpus=3, mem=3000)
     gpu, cpu = conf.partitions["gpu"], conf.partitions["cpu"]
-    assert gpu.gpu == completion.GpuDefault(cpus=2, mem=8000)
-    assert cpu.gpu == completion.GpuDefault(cpus=0)
+    assert gpu.gpu == jobspec.GpuDefault(cpus=2, mem=8000)
+    assert cpu.gpu == jobspec.GpuDefault(cpus=0)
     assert (gpu.nodes.gpus, cpu.nodes.gpus, conf.all_nodes.gpus) == (4, None, 4)
 
 

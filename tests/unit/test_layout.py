@@ -31,7 +31,10 @@ def _room_modules(room: str) -> list[str]:
 
 def test_slurmctld_side_never_loads_a_network_library():
     names = _room_modules("slurmctld") + _room_modules("policy")
-    assert "pyk8sres.slurmctld.embed" in names and "pyk8sres.slurmctld.completion" in names
+    assert {"pyk8sres.slurmctld.embed", "pyk8sres.slurmctld.completion",
+            "pyk8sres.slurmctld.plans", "pyk8sres.slurmctld.nodefigures",
+            "pyk8sres.slurmctld.jobspec", "pyk8sres.policy.usage",
+            "pyk8sres.policy.quantities"} <= set(names)
     loaded = _modules_after_import(names)
     assert set(names) <= loaded
     assert not loaded & set(NETWORK_MODULES), sorted(loaded & set(NETWORK_MODULES))
@@ -135,6 +138,15 @@ def test_no_import_circles():
     # cluster.py; coordinator/scope.py what placeholder.py and webhook.py share.
     assert "pyk8sres.testbed.daemons" in graph["pyk8sres.testbed.accounting"]
     assert "pyk8sres.coordinator.scope" in graph["pyk8sres.coordinator.placeholder"]
+    # The job_submit policy, top down: completion (the entry points) -> plans
+    # (per-option rules) -> nodefigures (per-node arithmetic) -> jobspec (data);
+    # the sync policy: usage (desired state) -> quantities.
+    assert "pyk8sres.slurmctld.plans" in graph["pyk8sres.slurmctld.completion"]
+    assert "pyk8sres.slurmctld.nodefigures" in graph["pyk8sres.slurmctld.plans"]
+    assert "pyk8sres.slurmctld.jobspec" in graph["pyk8sres.slurmctld.nodefigures"]
+    assert not graph["pyk8sres.slurmctld.jobspec"]
+    assert "pyk8sres.policy.quantities" in graph["pyk8sres.policy.usage"]
+    assert not graph["pyk8sres.policy.quantities"]
     assert _circles(graph) == []
     # The check can fail: a made-up edge back from daemons closes a circle.
     graph["pyk8sres.testbed.daemons"] = {"pyk8sres.testbed.cluster"}

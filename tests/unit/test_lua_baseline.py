@@ -5,7 +5,7 @@ Random jobs (fixed seeds) as slurmctld hands them to job_submit/lua (its
 getters: min_mem_per_node/min_mem_per_cpu, bitflags, nil for NULL strings)
 go through the script's slurm_job_submit in a real Lua 5.1 interpreter (the
 one Debian's job_submit/lua links), and the same raw values through
-completion.decode_job + completion.complete.  Each answer must match: the same
+jobspec.decode_job + completion.complete.  Each answer must match: the same
 refusal or the same tres_per_node and tres_per_task.  -O and --distribution
 are never drawn: job_submit/lua cannot see them.
 """
@@ -18,8 +18,8 @@ import sys
 
 import pytest
 
-from pyk8sres.slurmctld import completion
-from pyk8sres.slurmctld.completion import MEM_PER_CPU, NO_VAL, NO_VAL16, NO_VAL64, INFINITE, \
+from pyk8sres.slurmctld import completion, jobspec
+from pyk8sres.slurmctld.jobspec import MEM_PER_CPU, NO_VAL, NO_VAL16, NO_VAL64, INFINITE, \
     INFINITE16
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
@@ -69,7 +69,7 @@ TRES_SOCKET = [None] * 8 + ["gres:gpu:1"]
 PER_GPU = [None] * 5 + ["gres:gpu:2", "gres:gpu:3000"]
 
 
-def conf_site(name: str, tmp_path) -> completion.Site:
+def conf_site(name: str, tmp_path) -> jobspec.Site:
     """The Site our plugin reads from CONFS[name] (through bench/lua_site.py)."""
     version, under_request, text = CONFS[name]
     conf = tmp_path / "slurm.conf"
@@ -103,13 +103,13 @@ def random_job(rng: random.Random, partitions: list[str]) -> dict:
         cpus_per_tres=pick(PER_GPU), mem_per_tres=pick(PER_GPU))
 
 
-def python_answer(raw: dict, site: completion.Site) -> tuple:
+def python_answer(raw: dict, site: jobspec.Site) -> tuple:
     """("error",) or ("ok", final tres_per_node, final tres_per_task)."""
-    job = completion.decode_job(
+    job = jobspec.decode_job(
         raw["cpus_per_task"], raw["num_tasks"], raw["ntasks_per_node"], raw["min_cpus"],
         raw["min_nodes"], raw["max_nodes"], raw["pn_min_cpus"], raw["ntasks_per_core"],
         raw["threads_per_core"], 0, raw["pn_min_memory"], int(bool(raw["bitflags"] & SPREAD_JOB)),
-        0, raw["ntasks_per_tres"], raw["shared"] == completion.JOB_SHARED_NONE,
+        0, raw["ntasks_per_tres"], raw["shared"] == jobspec.JOB_SHARED_NONE,
         raw["partition"], raw["tres_per_node"], raw["tres_per_task"], raw["tres_per_job"],
         raw["tres_per_socket"], raw["cpus_per_tres"], raw["mem_per_tres"])
     try:
@@ -131,7 +131,7 @@ def lua_job_desc(raw: dict) -> str:
     return lua_site.lua({k: v for k, v in fields.items() if v is not None})
 
 
-def part_list(site: completion.Site) -> str:
+def part_list(site: jobspec.Site) -> str:
     """job_submit/lua's part_list: each partition's live memory settings."""
     parts = {}
     for name, part in site.partitions.items():
@@ -146,7 +146,7 @@ def part_list(site: completion.Site) -> str:
     return lua_site.lua(parts)
 
 
-def lua_answers(jobs: list[dict], site: completion.Site, tmp_path) -> list[tuple]:
+def lua_answers(jobs: list[dict], site: jobspec.Site, tmp_path) -> list[tuple]:
     script = tmp_path / "job_submit.lua"
     script.write_text(lua_site.script(site))
     driver = tmp_path / "driver.lua"
@@ -187,10 +187,10 @@ def test_lua_baseline_answers_as_the_policy(name, tmp_path):
 
 
 def test_site_literal():
-    nodes = completion.Nodes(cpus=0, memory=None, least_memory=0, cpu_counts=((8, 2),))
-    text = lua_site.lua(completion.Partition(nodes=nodes, max_mem_per_cpu=0))
+    nodes = jobspec.Nodes(cpus=0, memory=None, least_memory=0, cpu_counts=((8, 2),))
+    text = lua_site.lua(jobspec.Partition(nodes=nodes, max_mem_per_cpu=0))
     assert '["cpus"] = nil' in text and '["least_memory"] = 0' in text
     assert '["cpu_counts"] = { { 8, 2 } }' in text and '["max_mem_per_cpu"] = nil' in text
-    assert lua_site.cluster_memory(["DefMemPerCPU=100"]) == completion.MemDefault(per_cpu=100)
+    assert lua_site.cluster_memory(["DefMemPerCPU=100"]) == jobspec.MemDefault(per_cpu=100)
     assert lua_site.cluster_memory(["PartitionName=a DefMemPerCPU=5"]) == \
-        completion.MemDefault(per_node=0)
+        jobspec.MemDefault(per_node=0)

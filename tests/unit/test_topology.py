@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 
 from pyk8sres.slurmctld import completion, embed, submit, topology
-from pyk8sres.slurmctld.completion import (CR_CORE, CR_MEMORY, Job, MemDefault, Nodes,
-                                           Partition, PolicyError, Site)
+from pyk8sres.slurmctld.jobspec import (CR_CORE, CR_MEMORY, MEM_PER_CPU, Job, MemDefault, Nodes,
+                                        Partition, PolicyError, Site)
 
 N1 = "N 0 8 8000 1 8 0"
 N2 = "N 1 32 32000 1 32 0"
@@ -96,7 +96,7 @@ COMPLETED = [
 def test_completion_follows_the_live_view(conf_site, name, live, job, expected):
     if live is not None:
         submit.use_topology(topology.parse(live))
-    site = submit.site_for(completion.MEM_PER_CPU | 100, 0x160508, CR_CORE | CR_MEMORY, 0)
+    site = submit.site_for(MEM_PER_CPU | 100, 0x160508, CR_CORE | CR_MEMORY, 0)
     if isinstance(expected, str):
         with pytest.raises(PolicyError, match=expected):
             completion.complete(job, site)

@@ -1,11 +1,12 @@
-"""Table-driven tests of the pure sync policy in pyk8sres.policy.usage."""
+"""Table-driven tests of the pure sync policy in pyk8sres.policy.usage and
+pyk8sres.policy.quantities."""
 
 from dataclasses import dataclass, field
 from fractions import Fraction as F
 
 import pytest
 
-from pyk8sres.policy import usage as u
+from pyk8sres.policy import quantities, usage
 
 MI = 1024 * 1024
 
@@ -43,7 +44,7 @@ def N(*cores):
     ("0.1", F(1, 10)),          # exact, no float rounding
 ])
 def test_parse_quantity(text, value):
-    assert u.parse_quantity(text) == value
+    assert quantities.parse_quantity(text) == value
 
 
 @pytest.mark.parametrize("text", [
@@ -51,14 +52,14 @@ def test_parse_quantity(text, value):
     None, 1.5, True, {}, "1e9999",
 ])
 def test_parse_quantity_rejects(text):
-    with pytest.raises(u.QuantityError):
-        u.parse_quantity(text)
+    with pytest.raises(quantities.QuantityError):
+        quantities.parse_quantity(text)
 
 
 def test_negative_request_rejected():
-    assert u.parse_quantity("-1") == -1
-    with pytest.raises(u.QuantityError):
-        u.request_quantity("-1")
+    assert quantities.parse_quantity("-1") == -1
+    with pytest.raises(quantities.QuantityError):
+        quantities.request_quantity("-1")
 
 
 @pytest.mark.parametrize("cores,text", [
@@ -66,7 +67,7 @@ def test_negative_request_rejected():
     (F(1, 3000), "1m"),  # below a millicore rounds up, never hides usage
 ])
 def test_format_cpu(cores, text):
-    assert u.format_cpu(cores) == text
+    assert quantities.format_cpu(cores) == text
 
 
 @pytest.mark.parametrize("nbytes,text", [
@@ -74,7 +75,7 @@ def test_format_cpu(cores, text):
     (F(1536 * 1024), "1536Ki"), (F(1000), "1000"), (F(1, 2), "1"),
 ])
 def test_format_memory(nbytes, text):
-    assert u.format_memory(nbytes) == text
+    assert quantities.format_memory(nbytes) == text
 
 
 # ---------------------------------------------------------------- pod requests
@@ -143,9 +144,9 @@ def pod(containers=(), init=(), overhead=None, node="n1", phase="Running",
     ("exact decimal", pod([ctr("0.1"), ctr("0.2")]), "300m", "0"),
 ])
 def test_pod_requests(case, p, cpu, mem):
-    r = u.pod_requests(p)
-    assert r["cpu"] == u.parse_quantity(cpu), case
-    assert r["memory"] == u.parse_quantity(mem), case
+    r = quantities.pod_requests(p)
+    assert r["cpu"] == quantities.parse_quantity(cpu), case
+    assert r["memory"] == quantities.parse_quantity(mem), case
 
 
 def reported(p, *statuses, pending=None, init=()):
@@ -224,15 +225,15 @@ CPU1 = {"cpu": "1", "memory": "1Gi"}
                                  ("c", {"cpu": "2"}, None)), "2100m", "0"),
 ])
 def test_pod_requests_as_kube_scheduler_counts_a_reported_pod(case, p, cpu, mem):
-    r = u.pod_requests(p)
-    assert (r["cpu"], r["memory"]) == (u.parse_quantity(cpu), u.parse_quantity(mem)), case
+    r = quantities.pod_requests(p)
+    assert (r["cpu"], r["memory"]) == (quantities.parse_quantity(cpu), quantities.parse_quantity(mem)), case
 
 
 def test_only_the_first_resize_pending_condition_decides():
     p = reported(pod([ctr("2")]), ("c", {"cpu": "1"}, None))
     p["status"]["conditions"] = [{"type": "PodResizePending", "reason": "Deferred"},
                                  {"type": "PodResizePending", "reason": "Infeasible"}]
-    assert u.pod_requests(p)["cpu"] == 2
+    assert quantities.pod_requests(p)["cpu"] == 2
 
 
 def test_a_terminating_pod_holds_its_share():
@@ -240,12 +241,12 @@ def test_a_terminating_pod_holds_its_share():
     kube-scheduler keeps counting it, so do we."""
     p = pod([ctr("1")])
     p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert u.pod_usage(p, EX).cpu == N(1)
+    assert usage.pod_usage(p, EX).cpu == N(1)
 
 
 # What the admin configured: namespace "slurm" is Slurm's; in "hpc" only the
 # service account "slurmd"; placeholders live in "pyk8sres-system".
-EX = u.exemptions(["slurm", "hpc/slurmd"], "pyk8sres-system")
+EX = usage.exemptions(["slurm", "hpc/slurmd"], "pyk8sres-system")
 SELF_SERVICE = {"pyk8sres.io/slurm-worker": "true", "pyk8sres.io/exempt": "true"}
 
 
@@ -272,23 +273,23 @@ SELF_SERVICE = {"pyk8sres.io/slurm-worker": "true", "pyk8sres.io/exempt": "true"
      ("n1", "1")),
 ])
 def test_pod_usage(case, p, expect):
-    got = u.pod_usage(p, EX)
+    got = usage.pod_usage(p, EX)
     if expect is None:
         assert got is None, case
     else:
-        assert (got.node, got.cpu, got.error) == (expect[0], N(u.parse_quantity(expect[1])), None)
+        assert (got.node, got.cpu, got.error) == (expect[0], N(quantities.parse_quantity(expect[1])), None)
 
 
 def test_no_exemption_without_config():
     for p in (pod([ctr("1")], namespace="slurm"), pod([ctr("1")], labels=SELF_SERVICE),
               pod([ctr("1")], namespace="pyk8sres-system", name="slurm-share-n1")):
-        assert u.pod_usage(p).cpu == N(1)
+        assert usage.pod_usage(p).cpu == N(1)
 
 
 @pytest.mark.parametrize("entry", ["", "/", "a/b/c", "a/", "/b", 7])
 def test_exemptions_reject(entry):
     with pytest.raises(ValueError):
-        u.exemptions([entry])
+        usage.exemptions([entry])
 
 
 @pytest.mark.parametrize("key,ok", [
@@ -301,10 +302,10 @@ def test_exemptions_reject(entry):
 ])
 def test_check_node_label(key, ok):
     if ok:
-        assert u.check_node_label(key) == key
+        assert usage.check_node_label(key) == key
     else:
         with pytest.raises(ValueError):
-            u.check_node_label(key)
+            usage.check_node_label(key)
 
 
 @pytest.mark.parametrize("bad", [
@@ -316,14 +317,14 @@ def test_check_node_label(key, ok):
     {"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"resources": "oops"}]}},
 ])
 def test_malformed_pod_is_an_error_not_zero(bad):
-    got = u.pod_usage(bad, EX)
+    got = usage.pod_usage(bad, EX)
     assert got is not None and got.node == "n1"
     assert got.error and "pod" in got.error
 
 
 # ---------------------------------------------------------------- mapping
 
-KEY = u.NODE_LABEL
+KEY = usage.NODE_LABEL
 SLURM = {"n1", "n2", "worker-0"}
 
 
@@ -350,29 +351,29 @@ def knode(name, annotations=None, labels=None):
      None),
 ])
 def test_slurm_node_for(case, node, by_name, node_map, expect):
-    assert u.slurm_node_for(node, KEY, SLURM, by_name, node_map) == expect, case
+    assert usage.slurm_node_for(node, KEY, SLURM, by_name, node_map) == expect, case
 
 
 def test_usage_by_k8s_node():
-    pods = [u.PodUsage("a", N(1), 5), u.PodUsage("a", N(1, 2), 1), u.PodUsage("b", 0, 0, "bad")]
-    assert u.usage_by_k8s_node(pods) == {"a": u.NodeUsage(N(3, 2), 6),
-                                         "b": u.NodeUsage(0, 0, ("bad",))}
+    pods = [usage.PodUsage("a", N(1), 5), usage.PodUsage("a", N(1, 2), 1), usage.PodUsage("b", 0, 0, "bad")]
+    assert usage.usage_by_k8s_node(pods) == {"a": usage.NodeUsage(N(3, 2), 6),
+                                         "b": usage.NodeUsage(0, 0, ("bad",))}
 
 
 def test_two_k8s_nodes_on_one_slurm_node_add_up():
-    got = u.usage_by_slurm_node({"a": u.NodeUsage(1, 2), "b": u.NodeUsage(3, 4, ("x",))},
+    got = usage.usage_by_slurm_node({"a": usage.NodeUsage(1, 2), "b": usage.NodeUsage(3, 4, ("x",))},
                                 {"a": "n1", "b": "n1"}, SLURM)
-    assert got == {"n1": u.NodeUsage(4, 6, ("x",))}
+    assert got == {"n1": usage.NodeUsage(4, 6, ("x",))}
 
 
 def test_usage_by_slurm_node():
-    pods = [u.PodUsage("k1", N(1), MI), u.PodUsage("k1", N(1, 2), 0),
-            u.PodUsage("n2", N(2), 0),            # no node object: same name
-            u.PodUsage("kx", N(8), 0),            # unmapped: ignored
-            u.PodUsage("k1", error="pod a/b: bad")]
-    got = u.usage_by_slurm_node(u.usage_by_k8s_node(pods), {"k1": "n1", "kx": None}, SLURM)
-    assert got == {"n1": u.NodeUsage(N(3, 2), MI, ("pod a/b: bad",)),
-                   "n2": u.NodeUsage(N(2), 0)}
+    pods = [usage.PodUsage("k1", N(1), MI), usage.PodUsage("k1", N(1, 2), 0),
+            usage.PodUsage("n2", N(2), 0),            # no node object: same name
+            usage.PodUsage("kx", N(8), 0),            # unmapped: ignored
+            usage.PodUsage("k1", error="pod a/b: bad")]
+    got = usage.usage_by_slurm_node(usage.usage_by_k8s_node(pods), {"k1": "n1", "kx": None}, SLURM)
+    assert got == {"n1": usage.NodeUsage(N(3, 2), MI, ("pod a/b: bad",)),
+                   "n2": usage.NodeUsage(N(2), 0)}
 
 
 # ---------------------------------------------------------------- desired counts
@@ -392,20 +393,20 @@ class SNode:
 
 def test_generic_node_body_matches_reference():
     node = SNode(name="slurm-test-worker-cpu-0", alloc_cpus=3, alloc_memory=4000)
-    spec, status = u.generic_node_body(
-        "cn-hongkong.10.1.0.19", node, u.NodeUsage(N(2735, 1000), 3417 * MI), "c1")
+    spec, status = usage.generic_node_body(
+        "cn-hongkong.10.1.0.19", node, usage.NodeUsage(N(2735, 1000), 3417 * MI), "c1")
     assert spec == {"clusterName": "c1", "alias": "slurm-test-worker-cpu-0", "type": "Slurm"}
     assert status["allocatedResources"] == [
         {"type": "Slurm", "allocated": {"cpu": "3", "memory": "4000Mi"}},
         {"type": "Kubernetes", "allocated": {"cpu": "2735m", "memory": "3417Mi"}}]
     assert status["capacity"] == {"cpu": "4", "memory": "8000Mi"}
-    _, idle = u.generic_node_body("k", SNode(), None, "c1")
+    _, idle = usage.generic_node_body("k", SNode(), None, "c1")
     assert idle["allocatedResources"][0]["allocated"] == {"cpu": "0", "memory": "0"}
 
 
 def test_generic_node_body_says_when_a_node_is_oversubscribed():
-    _, fine = u.generic_node_body("k", SNode(), None, "c1")
-    _, over = u.generic_node_body("k", SNode(), None, "c1", oversubscribed=True)
+    _, fine = usage.generic_node_body("k", SNode(), None, "c1")
+    _, over = usage.generic_node_body("k", SNode(), None, "c1", oversubscribed=True)
     assert [(c["type"], c["status"]) for c in fine["conditions"]] == [("Oversubscribed", "False")]
     assert over["conditions"][0]["status"] == "True"
     assert "no new Slurm job starts here" in over["conditions"][0]["message"]
@@ -419,30 +420,30 @@ def test_generic_node_body_says_when_a_node_is_oversubscribed():
 ])
 def test_slurm_node_of(k8s, expect):
     mapping = {"k8s-a": "n1", "gpu-1": None}
-    assert u.slurm_node_of(k8s, mapping, {"n1", "n2"}) == expect
-    assert u.slurm_node_of("n2", mapping, {"n1", "n2"}, map_by_name=False) is None
+    assert usage.slurm_node_of(k8s, mapping, {"n1", "n2"}) == expect
+    assert usage.slurm_node_of("n2", mapping, {"n1", "n2"}, map_by_name=False) is None
 
 
 def test_counting_on_and_refreshed_usage():
     mapping = {"k8s-a": "n1", "k8s-b": "n1", "k8s-c": "n3", "gpu-1": None}
     # and pods on a Kubernetes node named n1 we have no object for
-    here = u.mapped_here(mapping)
+    here = usage.mapped_here(mapping)
     assert here == {"n1": ("k8s-a", "k8s-b"), "n3": ("k8s-c",)}
-    assert u.counting_on({"n1"}, mapping, here) == {"k8s-a", "k8s-b", "n1"}
-    assert u.counting_on({"n2"}, mapping, here) == {"n2"}   # pods on an unknown node named n2
-    usage = {"n1": u.NodeUsage(1, 1), "n3": u.NodeUsage(5, 5)}
-    part = {"k8s-a": u.NodeUsage(2, 20), "k8s-b": u.NodeUsage(3, 30)}
-    assert u.refreshed_usage(usage, part, {"n1"}, mapping, {"n1", "n3"}) == {
-        "n1": u.NodeUsage(5, 50), "n3": u.NodeUsage(5, 5)}
-    assert u.refreshed_usage(usage, {}, {"n1"}, mapping, {"n1", "n3"}) == {"n3": u.NodeUsage(5, 5)}
+    assert usage.counting_on({"n1"}, mapping, here) == {"k8s-a", "k8s-b", "n1"}
+    assert usage.counting_on({"n2"}, mapping, here) == {"n2"}   # pods on an unknown node named n2
+    before = {"n1": usage.NodeUsage(1, 1), "n3": usage.NodeUsage(5, 5)}
+    part = {"k8s-a": usage.NodeUsage(2, 20), "k8s-b": usage.NodeUsage(3, 30)}
+    assert usage.refreshed_usage(before, part, {"n1"}, mapping, {"n1", "n3"}) == {
+        "n1": usage.NodeUsage(5, 50), "n3": usage.NodeUsage(5, 5)}
+    assert usage.refreshed_usage(before, {}, {"n1"}, mapping, {"n1", "n3"}) == {"n3": usage.NodeUsage(5, 5)}
 
 
 @pytest.mark.parametrize("case,node,offered,want", [
     ("name and the mapping label only",
-     {"metadata": {"name": "k1", "labels": {u.NODE_LABEL: "n1", "team": "x"},
-                   "annotations": {u.NODE_LABEL: "n9"}},
+     {"metadata": {"name": "k1", "labels": {usage.NODE_LABEL: "n1", "team": "x"},
+                   "annotations": {usage.NODE_LABEL: "n9"}},
       "status": {"allocatable": {"cpu": "8", "memory": "1Gi"}}}, False,
-     {"metadata": {"name": "k1", "labels": {u.NODE_LABEL: "n1"}}}),
+     {"metadata": {"name": "k1", "labels": {usage.NODE_LABEL: "n1"}}}),
     ("offered: allocatable cpu and memory",
      {"metadata": {"name": "k1"}, "status": {
          "allocatable": {"cpu": "7", "memory": "1Gi", "pods": "110"}, "capacity": {"cpu": "8"}}},
@@ -453,14 +454,14 @@ def test_counting_on_and_refreshed_usage():
     ("offered, no status", {"metadata": {"name": "k1"}}, True, {"metadata": {"name": "k1"}}),
 ])
 def test_slim_node(case, node, offered, want):
-    assert u.slim_node(node, u.NODE_LABEL, offered=offered) == want, case
+    assert usage.slim_node(node, usage.NODE_LABEL, offered=offered) == want, case
 
 
 def test_spec_counts_keeps_an_infeasible_resize_spec():
     """Admission of the next resize: the kubelet judges its spec afresh."""
     p = reported(pod([ctr("3")]), ("c", {"cpu": "1"}, {"cpu": "1"}), pending="Infeasible")
-    assert u.pod_requests(p)["cpu"] == 1
-    assert u.pod_requests(p, spec_counts=True)["cpu"] == 3
+    assert quantities.pod_requests(p)["cpu"] == 1
+    assert quantities.pod_requests(p, spec_counts=True)["cpu"] == 3
 
 
 # What the ledger holds (held_requests, what pod_usage counts): the larger of
@@ -498,10 +499,10 @@ def test_spec_counts_keeps_an_infeasible_resize_spec():
               pending="Infeasible"), "3", "0"),
 ])
 def test_held_requests(case, p, cpu, mem):
-    r = u.held_requests(p)
-    assert (r["cpu"], r["memory"]) == (u.parse_quantity(cpu), u.parse_quantity(mem)), case
+    r = quantities.held_requests(p)
+    assert (r["cpu"], r["memory"]) == (quantities.parse_quantity(cpu), quantities.parse_quantity(mem)), case
     # ...and that is what the sync daemon counts for the pod
-    assert u.pod_usage(p, EX).cpu == N(u.parse_quantity(cpu)), case
+    assert usage.pod_usage(p, EX).cpu == N(quantities.parse_quantity(cpu)), case
     # never less than kube-scheduler counts
-    s = u.pod_requests(p)
+    s = quantities.pod_requests(p)
     assert r["cpu"] >= s["cpu"] and r["memory"] >= s["memory"], case
