@@ -28,7 +28,7 @@ CACHES = ["--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,16,64"]
 
 def args(i: int) -> tuple:
     """-c (1 + i % 4) --mem=(1000 + i) on a 22.05 CR_Core cluster, in
-    the order plugins/pyk8sres_core.c hot_args passes them."""
+    the order plugins/pyk8sres_core.c _hot_args passes them."""
     from pyk8sres.slurmctld import jobspec
     nv, nv16 = jobspec.NO_VAL, jobspec.NO_VAL16
     return (0x160508, jobspec.MEM_PER_CPU | 100, jobspec.CR_CORE, 0, 1 + i % 4, nv, nv16, nv, nv, nv,
@@ -82,7 +82,7 @@ def main() -> int:
     wanted = len(submit.HOT_ARGS)
     if len(args(0)) != wanted:  # else the child dies of a TypeError under valgrind
         print(f"args() gives {len(args(0))} values, job_submit_values takes {wanted}: "
-              "update args() to pyk8sres_core.c hot_args", file=sys.stderr)
+              "update args() to pyk8sres_core.c _hot_args", file=sys.stderr)
         return 2
     work = tempfile.mkdtemp(prefix="pyk8sres-footprint-")
     env = dict(os.environ, PYTHONHASHSEED="0")  # same dict layouts in both runs

@@ -50,7 +50,7 @@ static uint32_t conf_hash_seen;
 
 /* OnInternalError=accept bypasses the invariant for the jobs it lets
  * through: say so whenever it is switched on. */
-static void warn_accept(int was_on)
+static void _warn_accept(int was_on)
 {
 	if (!accept_on_error || was_on)
 		return;
@@ -60,7 +60,7 @@ static void warn_accept(int was_on)
 
 /* The job is accepted unchanged after an internal error: log it, at most
  * one line per ACCEPT_LOG_SECONDS, each counting the jobs since the last. */
-static void log_accepted(uint32_t uid, const char *err)
+static void _log_accepted(uint32_t uid, const char *err)
 {
 	time_t now = time(NULL);
 
@@ -85,7 +85,7 @@ int init(void)
 		slurm_error("%s: %s: %s", plugin_type, __func__, err);
 		return SLURM_ERROR;
 	}
-	warn_accept(0);
+	_warn_accept(0);
 	conf_seen = slurm_conf.last_update;
 	conf_hash_seen = slurm_conf.hash_val;
 	slurm_verbose("%s: %s: loaded (Slurm %d.%d.%d)", plugin_type, __func__,
@@ -101,8 +101,8 @@ int fini(void)
 	return SLURM_SUCCESS;
 }
 
-static void fill_request(struct pyk8sres_job *req, const job_desc_msg_t *d,
-			 uint32_t uid, int is_modify)
+static void _fill_request(struct pyk8sres_job *req, const job_desc_msg_t *d,
+			  uint32_t uid, int is_modify)
 {
 	memset(req, 0, sizeof(*req));
 	req->slurm_version = SLURM_VERSION_NUMBER;
@@ -162,7 +162,7 @@ struct gpu_defaults {
 
 /* list_for_each callback: the first entry of each type counts, as in
  * cons_tres common_get_def_cpu_per_gpu(). */
-static int gpu_default(void *item, void *arg)
+static int _gpu_default(void *item, void *arg)
 {
 	job_defaults_t *def = item;
 	struct gpu_defaults *out = arg;
@@ -180,7 +180,7 @@ static int gpu_default(void *item, void *arg)
  * (Slurm's encodings).  Read here because `scontrol update PartitionName=...`
  * (JobDefaults= too) changes them without any reconfigure; slurmctld holds
  * the partition read lock around job_submit. */
-static const char *partition_memory(const char *names, char *out, size_t len)
+static const char *_partition_memory(const char *names, char *out, size_t len)
 {
 #ifdef PYK8SRES_SLURM_SOURCE
 	char list[PYK8SRES_OUT_LEN], *save = NULL, *name;
@@ -202,7 +202,7 @@ static const char *partition_memory(const char *names, char *out, size_t len)
 		if (!part)
 			continue;
 		if (part->job_defaults_list)
-			list_for_each(part->job_defaults_list, gpu_default, &gpu);
+			list_for_each(part->job_defaults_list, _gpu_default, &gpu);
 		n = snprintf(out + used, len - used,
 			     "%s%s=%" PRIu64 ":%" PRIu64 ":%" PRIu64 ":%" PRIu64,
 			     used ? "," : "", part->name, part->def_mem_per_cpu,
@@ -242,14 +242,14 @@ static struct {
 } topo;
 
 /* One multiply per value: the walk runs whenever a node changed state. */
-static uint64_t fnv(uint64_t h, uint64_t v)
+static uint64_t _fnv(uint64_t h, uint64_t v)
 {
 	return (h ^ v) * 0x100000001b3ULL;
 }
 
 /* GPUs in a node's Gres= ("gpu:2,gpu:a100:1(S:0),k8scpu:8"), as slurm.conf
  * names them (what the slurm.conf reader counts too). */
-static uint64_t gres_gpus(const char *gres)
+static uint64_t _gres_gpus(const char *gres)
 {
 	uint64_t total = 0;
 
@@ -289,7 +289,7 @@ static uint64_t gres_gpus(const char *gres)
 	return total;
 }
 
-static const char *node_gres(node_record_t *node)
+static const char *_node_gres(node_record_t *node)
 {
 	if (node->gres)
 		return node->gres;
@@ -303,9 +303,9 @@ struct text {
 	int failed;
 };
 
-static void put(struct text *t, const char *fmt, ...)
+static void _put(struct text *t, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
-static void put(struct text *t, const char *fmt, ...)
+static void _put(struct text *t, const char *fmt, ...)
 {
 	va_list ap;
 	int n;
@@ -339,7 +339,7 @@ struct walk {
 	struct text *out;  /* NULL: hash only */
 };
 
-static int walk_part(void *item, void *arg)
+static int _walk_part(void *item, void *arg)
 {
 	part_record_t *part = item;
 	struct walk *w = arg;
@@ -348,20 +348,20 @@ static int walk_part(void *item, void *arg)
 	if (!part || !part->name)
 		return 0;
 	for (const char *c = part->name; *c; c++)
-		w->hash = fnv(w->hash, (unsigned char) *c);
+		w->hash = _fnv(w->hash, (unsigned char) *c);
 	if (w->out)
-		put(w->out, "P %s", part->name);
+		_put(w->out, "P %s", part->name);
 	size = part->node_bitmap ? bit_size(part->node_bitmap) : 0;
 	for (int64_t i = 0; i < size && i < node_record_count; i++) {
 		if (!bit_test(part->node_bitmap, i) || !node_record_table_ptr[i])
 			continue;
-		w->hash = fnv(w->hash, (uint64_t) i);
+		w->hash = _fnv(w->hash, (uint64_t) i);
 		if (w->out)
-			put(w->out, " %" PRId64, i);
+			_put(w->out, " %" PRId64, i);
 	}
-	w->hash = fnv(w->hash, UINT64_MAX);
+	w->hash = _fnv(w->hash, UINT64_MAX);
 	if (w->out)
-		put(w->out, "\n");
+		_put(w->out, "\n");
 	return 0;
 }
 
@@ -371,40 +371,40 @@ static int walk_part(void *item, void *arg)
  *   N <index> <cpus> <real_memory> <threads_per_core> <cores_per_socket> <gpus>
  *   P <partition> <index> <index> ...
  *   D <default partition> */
-static uint64_t walk(struct text *out)
+static uint64_t _walk(struct text *out)
 {
 	struct walk w = { 0xcbf29ce484222325ULL, out };
 	node_record_t *node;
 
-	w.hash = fnv(w.hash, (uint64_t) node_record_count);
+	w.hash = _fnv(w.hash, (uint64_t) node_record_count);
 	for (int i = 0; (node = next_node(&i)); i++) {
-		uint64_t gpus = gres_gpus(node_gres(node));
+		uint64_t gpus = _gres_gpus(_node_gres(node));
 
-		w.hash = fnv(w.hash, (uint64_t) i);
-		w.hash = fnv(w.hash, node->cpus);
-		w.hash = fnv(w.hash, node->real_memory);
-		w.hash = fnv(w.hash, node->threads);
-		w.hash = fnv(w.hash, node->cores);
-		w.hash = fnv(w.hash, gpus);
+		w.hash = _fnv(w.hash, (uint64_t) i);
+		w.hash = _fnv(w.hash, node->cpus);
+		w.hash = _fnv(w.hash, node->real_memory);
+		w.hash = _fnv(w.hash, node->threads);
+		w.hash = _fnv(w.hash, node->cores);
+		w.hash = _fnv(w.hash, gpus);
 		if (out)
-			put(out, "N %d %u %" PRIu64 " %u %u %" PRIu64 "\n", i,
-			    (unsigned) node->cpus, (uint64_t) node->real_memory,
-			    (unsigned) node->threads, (unsigned) node->cores,
-			    gpus);
+			_put(out, "N %d %u %" PRIu64 " %u %u %" PRIu64 "\n", i,
+			     (unsigned) node->cpus, (uint64_t) node->real_memory,
+			     (unsigned) node->threads, (unsigned) node->cores,
+			     gpus);
 	}
 	if (part_list)
-		list_for_each(part_list, walk_part, &w);
+		list_for_each(part_list, _walk_part, &w);
 	if (default_part_loc && default_part_loc->name) {
 		for (const char *c = default_part_loc->name; *c; c++)
-			w.hash = fnv(w.hash, (unsigned char) *c);
+			w.hash = _fnv(w.hash, (unsigned char) *c);
 		if (out)
-			put(out, "D %s\n", default_part_loc->name);
+			_put(out, "D %s\n", default_part_loc->name);
 	}
 	return w.hash;
 }
 
 /* Give Python slurmctld's current partitions and nodes if they changed. */
-static void topology_refresh(void)
+static void _topology_refresh(void)
 {
 	struct text text = { 0 };
 	char err[PYK8SRES_OUT_LEN] = "";
@@ -422,10 +422,10 @@ static void topology_refresh(void)
 	topo.node_seen = last_node_update;
 	topo.count_seen = node_record_count;
 	topo.walked_at = time(NULL);
-	hash = walk(NULL);
+	hash = _walk(NULL);
 	if (topo.sent && hash == topo.hash)
 		return;
-	(void) walk(&text);
+	(void) _walk(&text);
 	if (text.failed || !text.buf || core.topology(text.buf, err, sizeof(err))) {
 		if (!topo.failed_logged)
 			slurm_error("%s: %s: cannot pass slurmctld's partitions and nodes to the policy (%s): per-node counts follow the last view it had (slurm.conf's at first); tried again with each job",
@@ -441,7 +441,7 @@ static void topology_refresh(void)
 	free(text.buf);
 }
 #else
-static void topology_refresh(void)
+static void _topology_refresh(void)
 {
 	static int logged;
 
@@ -453,7 +453,7 @@ static void topology_refresh(void)
 #endif
 
 /* job_modify: the current job, so a partial update can be completed. */
-static void fill_current(struct pyk8sres_job *req, void *job)
+static void _fill_current(struct pyk8sres_job *req, void *job)
 {
 #ifdef PYK8SRES_SLURM_SOURCE
 	job_record_t *job_ptr = job;
@@ -500,15 +500,15 @@ static void fill_current(struct pyk8sres_job *req, void *job)
 /* An empty answer clears the field: NULL at submission; "" in job_modify,
  * where NULL would mean "unchanged" and "" is Slurm's "clear it"
  * (gres.c gres_job_state_validate). */
-static void replace(char **field, const char *value, int is_modify)
+static void _replace(char **field, const char *value, int is_modify)
 {
 	slurm_xfree((void **) field);
 	*field = (value[0] || is_modify) ? slurm_xstrdup(value) : NULL;
 }
 
 /* Returns SLURM_SUCCESS, or an error with *err_msg set for the user. */
-static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
-		    int is_modify, char **err_msg)
+static int _complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
+		     int is_modify, char **err_msg)
 {
 	struct pyk8sres_job req;
 	char node_tres[PYK8SRES_OUT_LEN], task_tres[PYK8SRES_OUT_LEN];
@@ -528,23 +528,23 @@ static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
 				     err, sizeof(err)))
 			slurm_error("%s: %s: reconfigure: %s (keeping the previous settings)",
 				    plugin_type, __func__, err);
-		warn_accept(was_on);
+		_warn_accept(was_on);
 		err[0] = '\0';
 #if defined(PYK8SRES_SLURM_SOURCE) && PYK8SRES_TOPOLOGY
 		topo.sent = 0;  /* Python re-read slurm.conf: send the live view again */
 #endif
 	}
-	topology_refresh();
-	fill_request(&req, d, uid, is_modify);
+	_topology_refresh();
+	_fill_request(&req, d, uid, is_modify);
 	if (is_modify)
-		fill_current(&req, job_ptr);
-	req.part_mem = partition_memory(d->partition ? d->partition :
-					req.cur_partition, part_mem,
-					sizeof(part_mem));
+		_fill_current(&req, job_ptr);
+	req.part_mem = _partition_memory(d->partition ? d->partition :
+					 req.cur_partition, part_mem,
+					 sizeof(part_mem));
 	rc = core.job_submit(&req, &changed, node_tres, sizeof(node_tres),
 			     task_tres, sizeof(task_tres), err, sizeof(err));
 	if (rc == PYK8SRES_INTERNAL_ERROR && accept_on_error) {
-		log_accepted(uid, err);
+		_log_accepted(uid, err);
 		return SLURM_SUCCESS;
 	}
 	if (rc) {
@@ -555,11 +555,11 @@ static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
 		return ESLURM_INVALID_GRES;
 	}
 	if (changed & 1)
-		replace(&d->tres_per_node, node_tres, is_modify);
+		_replace(&d->tres_per_node, node_tres, is_modify);
 	if (changed & 2)
-		replace(&d->tres_per_task, task_tres, is_modify);
+		_replace(&d->tres_per_task, task_tres, is_modify);
 	if ((changed & 4) && is_modify)
-		replace(&d->tres_per_job, "", 1);
+		_replace(&d->tres_per_job, "", 1);
 	slurm_debug("%s: %s: uid %u tres_per_node=%s tres_per_task=%s",
 		    plugin_type, __func__, uid,
 		    d->tres_per_node ? d->tres_per_node : "",
@@ -572,10 +572,10 @@ static int complete(job_desc_msg_t *d, void *job_ptr, uint32_t uid,
  * 24.11's _update_job returns errno as the error when a partition change
  * finds no association (no accounting): "Resource temporarily unavailable"
  * for one partition update in a few, with or without this plugin. */
-static int complete_clearing_errno(job_desc_msg_t *d, void *job_ptr,
-				   uint32_t uid, int is_modify, char **err_msg)
+static int _complete_clearing_errno(job_desc_msg_t *d, void *job_ptr,
+				    uint32_t uid, int is_modify, char **err_msg)
 {
-	int rc = complete(d, job_ptr, uid, is_modify, err_msg);
+	int rc = _complete(d, job_ptr, uid, is_modify, err_msg);
 
 	if (rc == SLURM_SUCCESS)
 		errno = 0;
@@ -584,7 +584,7 @@ static int complete_clearing_errno(job_desc_msg_t *d, void *job_ptr,
 
 int job_submit(job_desc_msg_t *job_desc, uint32_t submit_uid, char **err_msg)
 {
-	return complete_clearing_errno(job_desc, NULL, submit_uid, 0, err_msg);
+	return _complete_clearing_errno(job_desc, NULL, submit_uid, 0, err_msg);
 }
 
 /* PYK8SRES_JOB_MODIFY_ERR_MSG: meson read the release's job_submit ops table
@@ -599,5 +599,5 @@ int job_modify(job_desc_msg_t *job_desc, void *job_ptr, uint32_t submit_uid)
 #if !PYK8SRES_JOB_MODIFY_ERR_MSG
 	char **err_msg = NULL;
 #endif
-	return complete_clearing_errno(job_desc, job_ptr, submit_uid, 1, err_msg);
+	return _complete_clearing_errno(job_desc, job_ptr, submit_uid, 1, err_msg);
 }

@@ -1,8 +1,8 @@
 /*
  * The ledger's request socket, served inside slurmctld by
- * node_features/k8s_resources (ledger_server.c).  The plugin owns the shares
- * and how they are carried in Slurm's GRES records; the server owns the
- * socket, its callers, the journal lock and when to answer at all.
+ * node_features/k8s_resources (ledger_server.c).  gres_carry.c owns the
+ * shares and how they are carried in Slurm's GRES records; the server owns
+ * the socket, its callers, the journal lock and when to answer at all.
  */
 #ifndef PYK8SRES_LEDGER_SERVER_H
 #define PYK8SRES_LEDGER_SERVER_H

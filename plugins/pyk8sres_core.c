@@ -29,7 +29,7 @@ static char core_path[PATH_MAX];
  * code in _core_build.py adds the package next to this library).  cffi then
  * finds Python running and only runs its init code, which refuses to go on
  * in an interpreter that is not isolated. */
-static void start_isolated_python(void)
+static void _start_isolated_python(void)
 {
 	PyConfig config;
 	PyStatus status;
@@ -52,15 +52,15 @@ static void start_isolated_python(void)
 	PyEval_SaveThread(); /* release the GIL: every call takes it again */
 }
 
-__attribute__((constructor)) static void pyk8sres_core_preinit(void)
+__attribute__((constructor)) static void _preinit(void)
 {
 	Dl_info info;
 
-	if (dladdr((void *) pyk8sres_core_preinit, &info) && info.dli_fname)
+	if (dladdr((void *) _preinit, &info) && info.dli_fname)
 		if (!realpath(info.dli_fname, core_path))
 			core_path[0] = '\0';
 	if (!Py_IsInitialized())
-		start_isolated_python();
+		_start_isolated_python();
 }
 
 /* Python's log lines go to slurmctld's log when we run inside it. */
@@ -80,10 +80,10 @@ static void pyk8sres_log(int level, const char *msg)
 }
 
 /* --- pyk8sres_job_submit: the hot path ---------------------------------
- * Measured inside slurmctld, a cffi entry point costs ~90 us per job:
- * slurmctld runs each RPC on a new thread (a new Python thread state each
- * time) and the interpreter's code and data are cold by the time the next
- * job arrives (the same call costs ~6 us when caches are warm).  So:
+ * Inside slurmctld a cffi entry point is costly for every job: slurmctld
+ * runs each RPC on a new thread (a new Python thread state each time), and
+ * the interpreter's code and data are cold by the time the next job arrives
+ * (docs/performance.md, "How the plugin is built", has the figures).  So:
  *  1. Memo: the completion is a pure function of the job fields in
  *     struct memo_key and of the configuration, so an identical submission
  *     reuses Python's earlier answer without entering Python.  Python
@@ -92,9 +92,8 @@ static void pyk8sres_log(int level, const char *msg)
  *     thread under hot_lock (calls are serialized anyway), and a direct
  *     call of pyk8sres.slurmctld.submit.job_submit_values with the memo key's
  *     fields as plain arguments (so Python reads exactly what the memo
- *     keys on).  Reading them from the struct through cffi instead cost
- *     ~40 us of a ~230 us miss (an A/B run of bench/bench_job_submit.py,
- *     issue 9).
+ *     keys on), rather than Python reading them from the struct through
+ *     cffi, which costs a large part of a miss.
  *     job_modify (rare, and it needs the job as it stands) and Python >=
  *     3.12 (which ties thread states to OS threads) use the plain cffi
  *     entry point.
@@ -132,8 +131,8 @@ static void pyk8sres_memo_clear(void)
 	__atomic_add_fetch(&memo_generation, 1, __ATOMIC_SEQ_CST);
 }
 
-static void memo_fill(const struct pyk8sres_job *j, struct memo_key *k,
-		      const char **strings)
+static void _memo_fill(const struct pyk8sres_job *j, struct memo_key *k,
+		       const char **strings)
 {
 	memset(k, 0, sizeof(*k));  /* padding too: keys are compared by memcmp */
 	k->pn_min_memory = j->pn_min_memory;
@@ -165,7 +164,7 @@ static void memo_fill(const struct pyk8sres_job *j, struct memo_key *k,
 	strings[7] = j->part_mem;
 }
 
-static uint64_t memo_hash(const struct memo_key *k, const char **strings)
+static uint64_t _memo_hash(const struct memo_key *k, const char **strings)
 {
 	uint64_t h = 1469598103934665603ULL;  /* FNV-1a */
 	const unsigned char *p = (const unsigned char *) k;
@@ -180,31 +179,31 @@ static uint64_t memo_hash(const struct memo_key *k, const char **strings)
 	return h;
 }
 
-static int same_string(const char *a, const char *b)
+static int _same_string(const char *a, const char *b)
 {
 	return (!a || !b) ? a == b : !strcmp(a, b);
 }
 
-static struct memo_entry *memo_find(struct memo_entry *e, const struct memo_key *k,
-				    const char **strings)
+static struct memo_entry *_memo_find(struct memo_entry *e, const struct memo_key *k,
+				     const char **strings)
 {
 	if (e->generation != memo_generation || memcmp(&e->key, k, sizeof(*k)))
 		return NULL;
 	for (int s = 0; s < MEMO_STRINGS; s++)
-		if (!same_string(e->strings[s], strings[s]))
+		if (!_same_string(e->strings[s], strings[s]))
 			return NULL;
 	return e;
 }
 
-static char *dup_or_null(const char *s)
+static char *_dup_or_null(const char *s)
 {
 	return s ? strdup(s) : NULL;
 }
 
-static void memo_store(struct memo_entry *e, unsigned generation,
-		       const struct memo_key *k, const char **strings, int rc,
-		       int changed, const char *node, const char *task,
-		       const char *err)
+static void _memo_store(struct memo_entry *e, unsigned generation,
+			const struct memo_key *k, const char **strings, int rc,
+			int changed, const char *node, const char *task,
+			const char *err)
 {
 	for (int s = 0; s < MEMO_STRINGS; s++)
 		free(e->strings[s]);
@@ -214,7 +213,7 @@ static void memo_store(struct memo_entry *e, unsigned generation,
 	memset(e, 0, sizeof(*e));
 	e->key = *k;
 	for (int s = 0; s < MEMO_STRINGS; s++)
-		e->strings[s] = dup_or_null(strings[s]);
+		e->strings[s] = _dup_or_null(strings[s]);
 	e->node = strdup(node);
 	e->task = strdup(task);
 	e->err = strdup(err);
@@ -227,7 +226,7 @@ static void memo_store(struct memo_entry *e, unsigned generation,
 		e->generation = generation;
 }
 
-static int hot_init(void)
+static int _hot_init(void)
 {
 	static int tried;
 	PyGILState_STATE gil;
@@ -252,7 +251,7 @@ static int hot_init(void)
 	return hot_ts ? 0 : -1;
 }
 
-static void copy_out(char *dst, size_t len, PyObject *text)
+static void _copy_out(char *dst, size_t len, PyObject *text)
 {
 	Py_ssize_t n = 0;
 	const char *src = text ? PyUnicode_AsUTF8AndSize(text, &n) : NULL;
@@ -275,8 +274,8 @@ static void copy_out(char *dst, size_t len, PyObject *text)
 /* The memo key as Python values, in the order of the parameters of
  * pyk8sres.slurmctld.submit.job_submit_values (tests/unit/test_embed.py checks
  * it): raw numbers (Python decodes Slurm's NO_VAL family), str or None. */
-static int hot_args(const struct memo_key *k, const char **strings,
-		    PyObject **args)
+static int _hot_args(const struct memo_key *k, const char **strings,
+		     PyObject **args)
 {
 	const uint64_t numbers[] = {
 		k->slurm_version, k->def_mem_per_cpu, k->select_type_param,
@@ -304,28 +303,28 @@ static int hot_args(const struct memo_key *k, const char **strings,
 }
 
 /* One Python call on the shared thread state; caller holds hot_lock. */
-static int call_python(const struct pyk8sres_job *job,
-		       const struct memo_key *key, const char **strings,
-		       int *changed, char *node_out, size_t node_len,
-		       char *task_out, size_t task_len, char *err, size_t errlen)
+static int _call_python(const struct pyk8sres_job *job,
+			const struct memo_key *key, const char **strings,
+			int *changed, char *node_out, size_t node_len,
+			char *task_out, size_t task_len, char *err, size_t errlen)
 {
 	PyObject *res = NULL, *args[HOT_ARGS] = { NULL };
 	int rc = PYK8SRES_INTERNAL_ERROR;
 
 #if PY_VERSION_HEX < 0x030C0000
-	if (!job->is_modify && Py_IsInitialized() && (hot_ts || !hot_init())) {
+	if (!job->is_modify && Py_IsInitialized() && (hot_ts || !_hot_init())) {
 		PyEval_RestoreThread(hot_ts);
 		/* -> (rc, changed, tres_per_node, tres_per_task, err) */
-		if (!hot_args(key, strings, args))
+		if (!_hot_args(key, strings, args))
 			res = PyObject_Vectorcall(hot_fn, args, HOT_ARGS, NULL);
 		for (size_t i = 0; i < HOT_ARGS; i++)
 			Py_XDECREF(args[i]);
 		if (res && PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 5) {
 			rc = (int) PyLong_AsLong(PyTuple_GET_ITEM(res, 0));
 			*changed = (int) PyLong_AsLong(PyTuple_GET_ITEM(res, 1));
-			copy_out(node_out, node_len, PyTuple_GET_ITEM(res, 2));
-			copy_out(task_out, task_len, PyTuple_GET_ITEM(res, 3));
-			copy_out(err, errlen, PyTuple_GET_ITEM(res, 4));
+			_copy_out(node_out, node_len, PyTuple_GET_ITEM(res, 2));
+			_copy_out(task_out, task_len, PyTuple_GET_ITEM(res, 3));
+			_copy_out(err, errlen, PyTuple_GET_ITEM(res, 4));
 			if (PyErr_Occurred())
 				rc = PYK8SRES_INTERNAL_ERROR;
 		} else {
@@ -353,10 +352,10 @@ int pyk8sres_job_submit(const struct pyk8sres_job *job, int *changed,
 	int rc;
 
 	pthread_mutex_lock(&hot_lock);
-	memo_fill(job, &key, strings);
+	_memo_fill(job, &key, strings);
 	if (!job->is_modify) {
-		slot = &memo[memo_hash(&key, strings) % MEMO_SLOTS];
-		hit = memo_find(slot, &key, strings);
+		slot = &memo[_memo_hash(&key, strings) % MEMO_SLOTS];
+		hit = _memo_find(slot, &key, strings);
 		if (hit) {
 			*changed = hit->changed;
 			snprintf(node_out, node_len, "%s", hit->node);
@@ -368,11 +367,11 @@ int pyk8sres_job_submit(const struct pyk8sres_job *job, int *changed,
 		}
 	}
 	generation = memo_generation;  /* before the call: a reload wins */
-	rc = call_python(job, &key, strings, changed, node_out, node_len,
-			 task_out, task_len, err, errlen);
+	rc = _call_python(job, &key, strings, changed, node_out, node_len,
+			  task_out, task_len, err, errlen);
 	if (slot && rc != PYK8SRES_INTERNAL_ERROR)
-		memo_store(slot, generation, &key, strings, rc, *changed,
-			   node_out, task_out, err);
+		_memo_store(slot, generation, &key, strings, rc, *changed,
+			    node_out, task_out, err);
 	pthread_mutex_unlock(&hot_lock);
 	return rc;
 }

@@ -74,7 +74,7 @@ def _gpus(gres_list: str | None) -> int:
     counted as Slurm does (gres.c _get_gres_cnt): socket bindings ignored, a
     type without a count ("gpu:a100") or a bare "gpu" is one, K/M suffixes
     multiply.  The job_submit plugin counts the node table the same way
-    (gres_gpus)."""
+    (_gres_gpus)."""
     total = 0
     for item in (gres_list or "").split(","):
         item = item.split("(", 1)[0]

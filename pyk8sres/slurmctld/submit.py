@@ -18,7 +18,7 @@ from . import completion, jobspec
 from .jobspec import Site
 
 OK, USER_ERROR, INTERNAL_ERROR = 0, 1, 2
-# job_submit_values' parameters, in the order pyk8sres_core.c hot_args passes
+# job_submit_values' parameters, in the order pyk8sres_core.c _hot_args passes
 # them (tests/unit/test_embed.py reads both; a compiled function has no
 # signature to inspect).
 HOT_ARGS = ("slurm_version", "def_mem_per_cpu", "select_type_param", "max_mem_per_cpu",
@@ -195,7 +195,7 @@ def job_submit_values(slurm_version: int, def_mem_per_cpu: int, select_type_para
                       tres_per_job: str | None, tres_per_socket: str | None,
                       cpus_per_tres: str | None, mem_per_tres: str | None,
                       part_mem: str | None) -> tuple:
-    """The hot path from C (plugins/pyk8sres_core.c, hot_args): a submission
+    """The hot path from C (plugins/pyk8sres_core.c, _hot_args): a submission
     the memo has not seen, as the memo key's fields (HOT_ARGS); the same
     answer as embed.job_submit()."""
     try:

@@ -2,7 +2,7 @@
 
 Pure parsing (no I/O).  The plugin walks slurmctld's partition list and
 node table under its read locks and passes a flat description whenever it
-changed (plugins/job_submit_k8s_resource_completion.c, topology_refresh):
+changed (plugins/job_submit_k8s_resource_completion.c, _topology_refresh):
 
     N <index> <cpus> <real_memory MB> <threads_per_core> <cores_per_socket> <gpus>
     P <partition> <index> <index> ...

@@ -382,7 +382,7 @@ def test_no_per_job_log_lines_at_default_level(c):
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python >= 3.12 always uses cffi's entry")
 def test_new_shapes_take_the_direct_call(c):
     """A shape the memo has not seen goes to Python through the direct call
-    (pyk8sres_core.c hot_args), not cffi's slower entry point: a failure
+    (pyk8sres_core.c _hot_args), not cffi's slower entry point: a failure
     there would only show as a slower slurmctld."""
     job_id = sbatch("-c", "3", "--mem=1234")
     assert "k8smemory:1234" in job(job_id)["TresPerNode"]

@@ -16,7 +16,7 @@ SPREAD_JOB = 1 << 8
 
 
 def hot_args(raw: dict, site: jobspec.Site) -> tuple:
-    """A random job as pyk8sres_core.c hot_args passes it (submit.HOT_ARGS)."""
+    """A random job as pyk8sres_core.c _hot_args passes it (submit.HOT_ARGS)."""
     values = dict(raw, slurm_version=site.slurm_version,
                   def_mem_per_cpu=jobspec.MEM_PER_CPU | 100, select_type_param=site.select_type_param, max_mem_per_cpu=0, overcommit=0xFE,
                   spread_job=int(bool(raw["bitflags"] & SPREAD_JOB)), task_dist=0,

@@ -88,8 +88,8 @@ def test_memo_key_covers_every_field_the_policy_reads():
 
 
 def _hot_args_order():
-    """The names C passes to job_submit_values, in order (pyk8sres_core.c hot_args)."""
-    body = re.search(r"static int hot_args\(.*?\n\}", CORE_C, re.S).group(0)
+    """The names C passes to job_submit_values, in order (pyk8sres_core.c _hot_args)."""
+    body = re.search(r"static int _hot_args\(.*?\n\}", CORE_C, re.S).group(0)
     numbers = re.findall(r"k->(\w+)", re.search(r"numbers\[\] = \{(.*?)\};", body, re.S).group(1))
     strings = dict((int(i), name) for i, name in re.findall(r"strings\[(\d)\] = j->(\w+);", CORE_C))
     return numbers + [strings[i] for i in sorted(strings)]
@@ -139,7 +139,7 @@ def test_decode_job_puts_each_value_in_its_field():
 ])
 def test_hot_path_answers_as_the_cffi_path(fields, monkeypatch):
     """Same struct, both ways in: the arguments C builds from the memo key
-    (hot_args), and the struct read through cffi (job_modify, Python >= 3.12)."""
+    (_hot_args), and the struct read through cffi (job_modify, Python >= 3.12)."""
     monkeypatch.setattr(embed, "_ffi", ffi)
     c = c_job(**fields)
     values = [getattr(c, name) for name in _hot_args_order()]

@@ -140,7 +140,7 @@ GRES = ["", "k8scpu:8,k8smemory:8000", "gpu:2", "gpu:a100:2,gpu:v100:1", "gpu",
 
 
 def test_the_plugin_counts_gpus_as_the_slurm_conf_reader(tmp_path):
-    """plugins/job_submit_k8s_resource_completion.c gres_gpus (node table)
+    """plugins/job_submit_k8s_resource_completion.c _gres_gpus (node table)
     and slurmconf._gpus (slurm.conf) agree, compiled and run here."""
     import re
     import shutil
@@ -152,13 +152,13 @@ def test_the_plugin_counts_gpus_as_the_slurm_conf_reader(tmp_path):
         pytest.skip("no C compiler")
     source = (Path(__file__).resolve().parents[2] / "plugins" /
               "job_submit_k8s_resource_completion.c").read_text()
-    body = re.search(r"static uint64_t gres_gpus\(const char \*gres\)\n\{.*?\n\}\n", source,
+    body = re.search(r"static uint64_t _gres_gpus\(const char \*gres\)\n\{.*?\n\}\n", source,
                      re.S).group(0)
     program = tmp_path / "gpus.c"
     program.write_text("#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n"
                        "#include <string.h>\n" + body +
                        "int main(int argc, char **argv)\n{\n\tfor (int i = 1; i < argc; i++)\n"
-                       "\t\tprintf(\"%llu\\n\", (unsigned long long) gres_gpus(argv[i]));\n"
+                       "\t\tprintf(\"%llu\\n\", (unsigned long long) _gres_gpus(argv[i]));\n"
                        "\treturn 0;\n}\n")
     subprocess.run([cc, "-o", str(tmp_path / "gpus"), str(program)], check=True)
     out = subprocess.run([str(tmp_path / "gpus"), *GRES], capture_output=True, text=True,
