@@ -564,7 +564,7 @@ def test_embedded_python_ignores_the_daemons_environment(tmp_path, monkeypatch):
            "PYTHONSTARTUP": str(startup), "HOME": str(home), "PYTHONUSERBASE": str(home / ".local")}
     # The hooks are real: a plain interpreter with this environment runs them.
     check = subprocess.run([sys.executable, "-c", "pass"],
-                           env={**os.environ, **env, "PYTHONHOME": sys.prefix},
+                           env={**os.environ, **env, "PYTHONHOME": sys.base_prefix},
                            capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stderr
     assert sorted(p.name for p in markers.iterdir()) == ["sitecustomize", "usercustomize"]
