@@ -197,22 +197,17 @@ class Reserving:
      ("CREATE", "pods", "binding", "n1"), {"ok": True}, 5.0, True, True),
 ])
 def test_admission_reads_reserved_creates_back(case, request_, reply, blocked, allowed,
-                                               tracked):
+                                               tracked, monkeypatch):
     from test_admission import pod, req, binding
     from test_not_ready import _scope
-    from pyk8sres.coordinator.webhook import Admission
+    from pyk8sres.coordinator import webhook
     op, res, sub, node = request_
     obj = binding(node) if sub == "binding" else pod(node=node, ns="q")
     confirmer, ledger = Tracking(blocked), Reserving(reply)
-    adm = Admission(kube=None, ledger=ledger, scope=_scope(), confirmer=confirmer)
+    adm = webhook.Admission(kube=None, ledger=ledger, scope=_scope(), confirmer=confirmer)
     if sub == "binding":
-        K_get = K.get_pod
-        K.get_pod = lambda kube, ns, name: pod(node=None, ns="q")
-    try:
-        review = adm.review({"request": req(op, res, sub, obj, ns="q")})
-    finally:
-        if sub == "binding":
-            K.get_pod = K_get
+        monkeypatch.setattr(webhook, "get_pod", lambda kube, ns, name: pod(node=None, ns="q"))
+    review = adm.review({"request": req(op, res, sub, obj, ns="q")})
     answer = review["response"]
     assert answer["allowed"] is allowed, (case, answer)
     assert bool(confirmer.tracked) is tracked, case
@@ -229,8 +224,8 @@ def test_admission_reads_reserved_creates_back(case, request_, reply, blocked, a
     ({"phantom_hold_seconds": -1}, "phantom_hold_seconds"),
 ])
 def test_webhook_settings_are_checked(settings, words):
-    from pyk8sres.coordinator import sync
+    from pyk8sres.coordinator.config import ConfigError, SyncConfig
     from pyk8sres.coordinator import webhook as W
-    with pytest.raises(sync.ConfigError) as e:
-        W.Webhook(W.WebhookConfig(**settings), sync.SyncConfig(), None, None)
+    with pytest.raises(ConfigError) as e:
+        W.Webhook(W.WebhookConfig(**settings), SyncConfig(), None, None)
     assert words in str(e.value)
