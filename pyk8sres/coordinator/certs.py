@@ -14,7 +14,6 @@ import datetime as dt
 import ipaddress
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from cryptography import x509
@@ -22,10 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from .config import ConfigError
-
-if TYPE_CHECKING:
-    from .webhook import WebhookConfig
+from .config import ConfigError, WebhookConfig
 
 
 def _pem_cert(cert) -> bytes:

@@ -1,8 +1,10 @@
-"""The coordinator's settings (`SyncConfig`): what they are, how a TOML
-file sets them, and the checks that refuse a file before anything runs.
+"""The coordinator's settings: what they are, how a TOML file sets them,
+and the checks that refuse a file before anything runs.
 
-The sync daemon, the webhook, the scope they share and `pyk8sres status`
-all read the same settings, so a node maps the same way everywhere.
+`SyncConfig` (the file's top level or its [sync] table) is read by the
+sync daemon, the webhook, the scope they share and `pyk8sres status`, so a
+node maps the same way everywhere; `WebhookConfig` (its [webhook] table)
+by the webhook alone.
 """
 
 from __future__ import annotations
@@ -135,3 +137,68 @@ def fill_from_slurm_conf(cfg: SyncConfig) -> SyncConfig:
     return dataclasses.replace(
         cfg, ledger_socket=cfg.ledger_socket or slurm.ledger_socket_path(slurm_conf))
 
+
+@dataclasses.dataclass
+class WebhookConfig:
+    listen: str = "0.0.0.0:8443"
+    configuration: str = "pyk8sres-admission"     # ValidatingWebhookConfiguration name
+    webhook_name: str = "admission.pyk8sres.io"
+    url: str | None = None          # clientConfig.url (outside a cluster); else the manifest's service
+    service_dns: tuple = ("pyk8sres-coordinator.pyk8sres-system.svc",)  # names in our certificate
+    cert_dir: str = "/var/lib/pyk8sres/webhook-tls"
+    tls_cert_file: str | None = None   # cert-manager: the mounted Secret's tls.crt/tls.key
+    tls_key_file: str | None = None
+    # Only the API server may ask for a reservation: the CA of the client
+    # certificate it presents (AdmissionConfiguration kubeConfigFile), and
+    # the names (certificate CN or DNS SAN) that CA issued to it.
+    client_ca_file: str | None = None
+    client_names: tuple = ("kube-apiserver",)
+    cert_days: float = 90.0
+    ca_days: float = 3650.0
+    ca_promote_seconds: float = 120.0  # a new CA is in the bundle this long before it signs
+    ledger_socket: str | None = None   # None: as sync's (k8s_resources.conf / StateSaveLocation)
+    ledger_timeout: float = 2.0
+    refresh_seconds: float = 5.0       # shared node list, certificates, configuration
+    metrics_address: str = "127.0.0.1:9711"   # /metrics, /healthz, /readyz over HTTP ("": none)
+    events: bool = True                # post Kubernetes Events for refusals
+    # A reserved create (spec.nodeName) is read back this long after it was
+    # admitted; one that never became a pod (ResourceQuota, AlreadyExists)
+    # has its reservation released, and its namespace's creates on shared
+    # nodes are refused for phantom_hold_seconds (0: never refused).
+    confirm_create_seconds: float = 2.0
+    phantom_hold_seconds: float = 10.0
+    # Connection limits (webhook_server.py says how they work together).
+    handshake_timeout: float = 5.0     # accept to finished TLS handshake
+    request_timeout: float = 5.0       # a caller without the API server's certificate: one request
+    idle_timeout: float = 120.0        # the API server's kept-alive connection between reviews
+    max_pending_connections: int = 1024       # handshakes under way; one more closes the oldest
+    max_anonymous_connections: int = 32       # no API server certificate; one more cuts the oldest
+    max_api_server_connections: int = 256
+    listener_stall_seconds: float = 30.0      # /healthz fails once the listener stops this long
+
+
+def load_webhook_config(path: str | None) -> WebhookConfig:
+    """[webhook] table of the coordinator config (unknown keys are errors)."""
+    cfg = WebhookConfig()
+    if not path:
+        return cfg
+    with open(path, "rb") as f:
+        doc = tomllib.load(f).get("webhook") or {}
+    fields = {f.name for f in dataclasses.fields(WebhookConfig)}
+    values = {}
+    for k, v in doc.items():
+        name = k.replace("-", "_")
+        if name not in fields:
+            raise ConfigError(f"{path}: unknown webhook setting {k!r}")
+        values[name] = tuple(v) if name in ("service_dns", "client_names") else v
+    return dataclasses.replace(cfg, **values)
+
+
+def check_webhook_config(wcfg: WebhookConfig, scfg: SyncConfig) -> None:
+    """Refuse webhook settings that cannot work with the sync daemon's."""
+    if not 0 < wcfg.confirm_create_seconds < scfg.reservation_grace:
+        raise ConfigError(
+            f"webhook: confirm_create_seconds ({wcfg.confirm_create_seconds}) must be above 0 "
+            f"and below the sync daemon's reservation_grace ({scfg.reservation_grace})")
+    if wcfg.phantom_hold_seconds < 0:
+        raise ConfigError("webhook: phantom_hold_seconds must be 0 (never) or more")

@@ -12,11 +12,13 @@ only the shares that differ (every repair_seconds also those the ledger may
 hold otherwise, which expires reservations that never became bound pods).
 A pod event recomputes only the Slurm nodes its pods count on.
 
-Threads: one informer per kind (pods, nodes) fills the cache; a poller
-re-reads Slurm's nodes every resync period; the main thread reconciles and
-sets the shares; one writer thread updates GenericNodes.  So neither a
-slow `scontrol show node` nor a slow API server delays the reaction to a
-pod.  All Kubernetes calls live in kube.py, all Slurm calls in slurm.py.
+Threads: one informer per kind (pods, nodes) fills the cache (cache.py); a
+poller re-reads Slurm's nodes every resync period; the main thread
+reconciles and sets the shares; one writer thread updates GenericNodes
+(both in threads.py).  So neither a slow `scontrol show node` nor a slow
+API server delays the reaction to a pod.  The settings are config.py's,
+which node is which mapping.py's; all Kubernetes calls live in kube.py,
+all Slurm calls in slurm.py.
 
 Safety rules: while the Kubernetes data is not trusted (no list yet, a
 watch broken, an unparsable pod on the node) a node's share only grows;
@@ -89,7 +91,7 @@ class Reconciler:
         self.slurm_view = None   # name -> SlurmNode as of the last refresh
         self.ledger_nodes = None  # name -> the ledger's view of it (the poller's last show)
         self.gn_thread: GenericNodeWriter | None = None  # None: write inline
-        self.events = None       # events.Recorder (None: no Events)
+        self.events = None       # a Recorder (None: no Events)
         self.shared: dict[str, str] | None = None   # Slurm node -> Kubernetes node, last cycle
         self.over_lock = threading.Lock()
         self.over_flipped: set[str] = set()   # Slurm nodes whose flag changed since a GN pass

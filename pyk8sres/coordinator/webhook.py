@@ -12,13 +12,14 @@ unexpected is a denial.  The API server's failurePolicy Fail covers this
 process being down.  The HTTPS listener (webhook_server.py) bounds what
 anyone who reaches the port can hold, so that the API server always gets in.
 
-TLS out of the box: a self-signed CA is made at start under cert_dir (kept
-across restarts), it signs our serving certificate, and its PEM goes into the
-configuration's caBundle.  The serving certificate is renewed at 2/3 of its
-life; the CA too, in two steps (the new CA joins the bundle first, serving
-certificates switch to it once the API server had time to see it).  With
-cert-manager, point tls_cert_file/tls_key_file at the mounted Secret (reloaded
-when it changes) and let its cainjector fill caBundle.
+TLS out of the box (certs.py): a self-signed CA is made at start under
+cert_dir (kept across restarts), it signs our serving certificate, and its
+PEM goes into the configuration's caBundle.  The serving certificate is
+renewed at 2/3 of its life; the CA too, in two steps (the new CA joins the
+bundle first, serving certificates switch to it once the API server had
+time to see it).  With cert-manager, point tls_cert_file/tls_key_file at
+the mounted Secret (reloaded when it changes) and let its cainjector fill
+caBundle.
 
     python -m pyk8sres.coordinator.webhook --kubeconfig K --ledger-socket S \
         --listen 127.0.0.1:8443 --url https://127.0.0.1:8443/validate --cert-dir D
@@ -35,11 +36,11 @@ import ssl
 import sys
 import threading
 import time
-import tomllib
 
 from . import certs
 from . import metrics
-from .config import ConfigError, SyncConfig, load_config
+from .config import (ConfigError, SyncConfig, WebhookConfig, check_webhook_config, load_config,
+                     load_webhook_config)
 from .confirm import CreateConfirmer
 from .events import Recorder
 from .kube import ApiException, Informer, Kube, get_pod, get_webhook_config, put_webhook_config
@@ -52,53 +53,6 @@ from ..policy import admission
 from ..policy.events import refusal_reason
 
 log = logging.getLogger("pyk8sres.coordinator.webhook")
-
-@dataclasses.dataclass
-class WebhookConfig:
-    listen: str = "0.0.0.0:8443"
-    configuration: str = "pyk8sres-admission"     # ValidatingWebhookConfiguration name
-    webhook_name: str = "admission.pyk8sres.io"
-    url: str | None = None          # clientConfig.url (outside a cluster); else the manifest's service
-    service_dns: tuple = ("pyk8sres-coordinator.pyk8sres-system.svc",)  # names in our certificate
-    cert_dir: str = "/var/lib/pyk8sres/webhook-tls"
-    tls_cert_file: str | None = None   # cert-manager: the mounted Secret's tls.crt/tls.key
-    tls_key_file: str | None = None
-    # Only the API server may ask for a reservation: the CA of the client
-    # certificate it presents (AdmissionConfiguration kubeConfigFile), and
-    # the names (certificate CN or DNS SAN) that CA issued to it.
-    client_ca_file: str | None = None
-    client_names: tuple = ("kube-apiserver",)
-    cert_days: float = 90.0
-    ca_days: float = 3650.0
-    ca_promote_seconds: float = 120.0  # a new CA is in the bundle this long before it signs
-    ledger_socket: str | None = None   # None: as sync's (k8s_resources.conf / StateSaveLocation)
-    ledger_timeout: float = 2.0
-    refresh_seconds: float = 5.0       # shared node list, certificates, configuration
-    metrics_address: str = "127.0.0.1:9711"   # /metrics, /healthz, /readyz over HTTP ("": none)
-    events: bool = True                # post Kubernetes Events for refusals
-    # A reserved create (spec.nodeName) is read back this long after it was
-    # admitted; one that never became a pod (ResourceQuota, AlreadyExists)
-    # has its reservation released, and its namespace's creates on shared
-    # nodes are refused for phantom_hold_seconds (0: never refused).
-    confirm_create_seconds: float = 2.0
-    phantom_hold_seconds: float = 10.0
-    # Connection limits (webhook_server.py says how they work together).
-    handshake_timeout: float = 5.0     # accept to finished TLS handshake
-    request_timeout: float = 5.0       # a caller without the API server's certificate: one request
-    idle_timeout: float = 120.0        # the API server's kept-alive connection between reviews
-    max_pending_connections: int = 1024       # handshakes under way; one more closes the oldest
-    max_anonymous_connections: int = 32       # no API server certificate; one more cuts the oldest
-    max_api_server_connections: int = 256
-    listener_stall_seconds: float = 30.0      # /healthz fails once the listener stops this long
-
-    def limits(self) -> Limits:
-        return Limits(handshake_timeout=self.handshake_timeout,
-                      request_timeout=self.request_timeout, idle_timeout=self.idle_timeout,
-                      max_pending=self.max_pending_connections,
-                      max_anonymous=self.max_anonymous_connections,
-                      max_authenticated=self.max_api_server_connections,
-                      stall_seconds=self.listener_stall_seconds)
-
 
 # ----------------------------------------------------------------- admission
 
@@ -185,17 +139,22 @@ class Admission:
 
 # ----------------------------------------------------------------- the daemon
 
+def server_limits(wcfg: WebhookConfig) -> Limits:
+    """What the HTTPS listener bounds (webhook_server.py says how)."""
+    return Limits(handshake_timeout=wcfg.handshake_timeout,
+                  request_timeout=wcfg.request_timeout, idle_timeout=wcfg.idle_timeout,
+                  max_pending=wcfg.max_pending_connections,
+                  max_anonymous=wcfg.max_anonymous_connections,
+                  max_authenticated=wcfg.max_api_server_connections,
+                  stall_seconds=wcfg.listener_stall_seconds)
+
+
 class Webhook:
     """The webhook server plus its refresher (shared nodes, certificates,
     configuration).  start() returns once it serves; stop() ends both."""
 
     def __init__(self, wcfg: WebhookConfig, scfg: SyncConfig, kube, ledger, events=None):
-        if not 0 < wcfg.confirm_create_seconds < scfg.reservation_grace:
-            raise ConfigError(
-                f"webhook: confirm_create_seconds ({wcfg.confirm_create_seconds}) must be above 0 "
-                f"and below the sync daemon's reservation_grace ({scfg.reservation_grace})")
-        if wcfg.phantom_hold_seconds < 0:
-            raise ConfigError("webhook: phantom_hold_seconds must be 0 (never) or more")
+        check_webhook_config(wcfg, scfg)
         self.wcfg, self.kube, self.ledger = wcfg, kube, ledger
         self.scope = Scope(scfg)
         host, _, port = wcfg.listen.rpartition(":")
@@ -207,7 +166,7 @@ class Webhook:
         self.server = WebhookServer(self.addr, Admission(kube, ledger, self.scope, events,
                                                          self.confirmer),
                                     cert, key, client_ca, wcfg.client_names,
-                                    wcfg.limits())
+                                    server_limits(wcfg))
         self.stop_event = threading.Event()
         self.missing: str | None = None   # why the configuration cannot be kept current
         self.follower = ShowFollower(ledger)   # Slurm's nodes, asking only for changes
@@ -351,23 +310,6 @@ def parse_args(argv):
                    help="do not keep slurm-share-<node> placeholder pods")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
-
-
-def load_webhook_config(path: str | None) -> WebhookConfig:
-    """[webhook] table of the coordinator config (unknown keys are errors)."""
-    cfg = WebhookConfig()
-    if not path:
-        return cfg
-    with open(path, "rb") as f:
-        doc = tomllib.load(f).get("webhook") or {}
-    fields = {f.name for f in dataclasses.fields(WebhookConfig)}
-    values = {}
-    for k, v in doc.items():
-        name = k.replace("-", "_")
-        if name not in fields:
-            raise ConfigError(f"{path}: unknown webhook setting {k!r}")
-        values[name] = tuple(v) if name in ("service_dns", "client_names") else v
-    return dataclasses.replace(cfg, **values)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,7 @@ from ground_truth import over_capacity
 from local_slurm import SLURM, port, requires_slurm, slurm_conf
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator import slurm as S
-from pyk8sres.coordinator.config import SyncConfig
+from pyk8sres.coordinator.config import SyncConfig, WebhookConfig
 from pyk8sres.coordinator import webhook as W
 from pyk8sres.coordinator.certs import Certs
 from pyk8sres.policy.admission import MIRROR_ANNOTATION as A_MIRROR
@@ -352,7 +352,7 @@ def in_process_webhook(slurm, control_plane, ledger, **cfg):
     cluster.stop_process(slurm.work, "webhook")
     p = control_plane.ports.webhook
     sa = control_plane.service_account_kubeconfig(hybrid.WEBHOOK_ACCOUNT, hybrid.NAMESPACE)
-    wcfg = W.WebhookConfig(listen=f"127.0.0.1:{p}", url=f"https://127.0.0.1:{p}/validate",
+    wcfg = WebhookConfig(listen=f"127.0.0.1:{p}", url=f"https://127.0.0.1:{p}/validate",
                            client_ca_file=control_plane.webhook_client_ca,
                            client_names=(kubernetes.WEBHOOK_CLIENT,), **cfg)
     hook = W.Webhook(wcfg, SyncConfig(), K.Kube(sa), ledger).start()

@@ -258,11 +258,10 @@ def test_placeholders_plan_from_changes_and_never_lose_one(world, monkeypatch):
     from pyk8sres.coordinator import placeholder as PH
     from pyk8sres.coordinator import scope as SC
     from pyk8sres.coordinator.config import SyncConfig
-    from pyk8sres.coordinator.threads import SlurmPoller
     ledger, copy = world
     api = FakeApi()
     for name in ("list_namespace_pods", "create_pod"):
-        monkeypatch.setattr(PH.K, name, getattr(api, name))
+        monkeypatch.setattr(PH, name, getattr(api, name))
     scope = SC.Scope(SyncConfig())
     scope.replace_slim("nodes", [scope.slim("nodes", {
         "metadata": {"name": f"n{i}"},
@@ -289,7 +288,6 @@ def test_placeholders_plan_from_changes_and_never_lose_one(world, monkeypatch):
 
 def test_sync_reads_slurm_when_the_ledger_saw_a_change_and_now_and_then(world, monkeypatch):
     import types
-    from pyk8sres.coordinator.config import SyncConfig
     from pyk8sres.coordinator.threads import SlurmPoller
     ledger, copy = world
     clock = [1000.0]
