@@ -43,9 +43,9 @@ import threading
 import time
 from typing import NamedTuple
 
-from . import kube as K
-from ..policy import admission as A
-from ..policy import ledger as L
+from .kube import get_pod
+from ..policy import admission
+from ..policy.ledger import not_ready
 
 log = logging.getLogger("pyk8sres.coordinator.confirm")
 
@@ -153,11 +153,11 @@ class CreateConfirmer:
     def check(self, c: Created) -> bool:
         """One look at a tracked create; True when nothing is left to do."""
         try:
-            stored = K.get_pod(self.kube, c.namespace, c.name)
+            stored = get_pod(self.kube, c.namespace, c.name)
         except Exception as e:
             log.info("create %s/%s: cannot read it back (%s); trying again", c.namespace, c.name, e)
             return False
-        if A.landed(c.uid, c.node, stored):
+        if admission.landed(c.uid, c.node, stored):
             return True
         try:
             reply = self.ledger.release_unbound(c.slurm_node, c.uid)
@@ -182,7 +182,7 @@ class CreateConfirmer:
                             "sync daemon's grace period (%s)", reply.get("error"))
                 self._old_ledger = True
             return True
-        if not L.not_ready(reply):
+        if not not_ready(reply):
             log.warning("release of create %s/%s on %s: %s", c.namespace, c.name,
                         c.slurm_node, reply)
         return False

@@ -23,9 +23,9 @@ import socket
 import threading
 import time
 
-from . import kube as K
 from . import metrics
-from ..policy import events as E
+from .kube import ApiException, GROUP, VERSION, create_event, patch_event
+from ..policy import events
 
 log = logging.getLogger("pyk8sres.coordinator.events")
 
@@ -39,7 +39,7 @@ def _stamp(t: float) -> str:
 class Recorder:
     """emit() from any thread; start() the worker, stop() it."""
 
-    def __init__(self, kube, component: str, limits: E.Limits = E.Limits(),
+    def __init__(self, kube, component: str, limits: events.Limits = events.Limits(),
                  queue_size: int = 256, clock=time.time, uid_of=None):
         """uid_of(GenericNode name) -> its UID or None (kubectl describe matches
         Events by UID); None: GenericNode Events carry no UID."""
@@ -48,7 +48,7 @@ class Recorder:
         self.instance = f"{socket.gethostname()}-{os.getpid()}"
         self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self.table: dict = {}              # key -> policy.events.Seen
-        self.bucket = E.Bucket(float(limits.burst), clock())
+        self.bucket = events.Bucket(float(limits.burst), clock())
         self.posted: dict = {}             # key -> (namespace, Event name, latest message)
         self.gn_uids: dict[str, str] = {}
         self.stop_event = threading.Event()
@@ -64,7 +64,7 @@ class Recorder:
         self.emit(namespace, ref, reason, message, type_)
 
     def generic_node(self, name: str, reason: str, message: str, type_: str = "Warning") -> None:
-        ref = {"apiVersion": f"{K.GROUP}/{K.VERSION}", "kind": "GenericNode", "name": name}
+        ref = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GenericNode", "name": name}
         self.emit(GENERIC_NODE_NAMESPACE, ref, reason, message, type_)
 
     def emit(self, namespace: str, ref: dict, reason: str, message: str, type_: str) -> None:
@@ -103,7 +103,7 @@ class Recorder:
                 self._flush()
             now = self.clock()
             if now - last_prune > 60:
-                self.table = E.prune(self.table, now, self.limits)
+                self.table = events.prune(self.table, now, self.limits)
                 self.posted = {k: v for k, v in self.posted.items() if k in self.table}
                 last_prune = now
 
@@ -112,15 +112,15 @@ class Recorder:
 
     def _handle(self, namespace, ref, reason, message, type_, at) -> None:
         key = self._key(namespace, ref, reason)
-        action, seen, self.bucket = E.throttled(key, at, self.table, self.bucket, self.limits)
-        if action == E.SUPPRESS:
+        action, seen, self.bucket = events.throttled(key, at, self.table, self.bucket, self.limits)
+        if action == events.SUPPRESS:
             metrics.EVENTS.labels("suppressed").inc()
             return
         self.table[key] = seen
         try:
-            if action == E.CREATE:
+            if action == events.CREATE:
                 self._create(key, namespace, ref, reason, message, type_, seen)
-            elif action == E.UPDATE:
+            elif action == events.UPDATE:
                 self._update(key, seen, message)
             else:
                 old = self.posted.get(key)
@@ -137,11 +137,11 @@ class Recorder:
     def _flush(self, final: bool = False) -> None:
         """Write counts folded since the last write, once each key may be written."""
         now = self.clock()
-        for key in list(self.table) if final else E.due(self.table, now, self.limits):
+        for key in list(self.table) if final else events.due(self.table, now, self.limits):
             seen = self.table[key]
             if seen.count <= seen.written or key not in self.posted:
                 continue
-            ok, self.bucket = E.take(self.bucket, now, self.limits)
+            ok, self.bucket = events.take(self.bucket, now, self.limits)
             if not ok and not final:
                 return
             try:
@@ -149,7 +149,7 @@ class Recorder:
             except Exception as e:
                 metrics.EVENTS.labels("failed").inc()
                 log.warning("cannot update Event %s: %s", self.posted[key][1], e)
-            self.table[key] = E.flushed(seen, now)
+            self.table[key] = events.flushed(seen, now)
 
     def _create(self, key, namespace, ref, reason, message, type_, seen) -> None:
         if ref["kind"] == "GenericNode" and "uid" not in ref and self.uid_of is not None:
@@ -167,7 +167,7 @@ class Recorder:
             "reportingComponent": f"pyk8sres.io/{self.component}",
             "reportingInstance": self.instance[:128],
         }
-        K.create_event(self.kube, namespace, body)
+        create_event(self.kube, namespace, body)
         self.posted[key] = (namespace, name, message)
         metrics.EVENTS.labels("created").inc()
         log.debug("Event %s/%s: %s %s", namespace, name, reason, message)
@@ -175,15 +175,15 @@ class Recorder:
     def _update(self, key, seen, message) -> None:
         namespace, name, _ = self.posted[key]
         try:
-            K.patch_event(self.kube, namespace, name, {
+            patch_event(self.kube, namespace, name, {
                 "count": seen.count, "lastTimestamp": _stamp(seen.last), "message": message})
-        except K.ApiException as e:
+        except ApiException as e:
             if e.status != 404:
                 raise
             # Expired (the API server keeps Events an hour) or deleted: start anew.
-            self.table[key] = E.flushed(seen, self.clock())
+            self.table[key] = events.flushed(seen, self.clock())
             ns, kind, obj, uid, reason = key
-            ref = {"apiVersion": "v1" if kind == "Pod" else f"{K.GROUP}/{K.VERSION}",
+            ref = {"apiVersion": "v1" if kind == "Pod" else f"{GROUP}/{VERSION}",
                    "kind": kind, "name": obj}
             if kind == "Pod":
                 ref["namespace"] = ns

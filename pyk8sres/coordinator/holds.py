@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Iterable, Mapping
 
-from ..policy import departures as D
+from ..policy import departures
 
 log = logging.getLogger("pyk8sres.coordinator.holds")
 
@@ -33,11 +33,11 @@ log = logging.getLogger("pyk8sres.coordinator.holds")
 class Holds:
     def __init__(self, margin: float):
         self.margin = margin
-        self.by_node: dict[str, dict[str, D.Held]] = {}
+        self.by_node: dict[str, dict[str, departures.Held]] = {}
         self.sticky: dict[str, set[str]] = {}     # Kubernetes node -> Slurm nodes kept
 
     # -- departures
-    def add(self, slurm_nodes: Iterable[str], uid: str, held: D.Held | None) -> None:
+    def add(self, slurm_nodes: Iterable[str], uid: str, held: departures.Held | None) -> None:
         for s in slurm_nodes:
             if held is None:
                 self.by_node.get(s, {}).pop(uid, None)
@@ -80,7 +80,7 @@ class Holds:
         changed = set()
         for s, held in list(self.by_node.items()):
             for uid, h in list(held.items()):
-                new = D.next_hold(h, states.get(h.k8s_node, D.ABSENT), now=now, margin=self.margin)
+                new = departures.next_hold(h, states.get(h.k8s_node, departures.ABSENT), now=now, margin=self.margin)
                 if new == h:
                     continue
                 changed.add(s)

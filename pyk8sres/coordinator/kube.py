@@ -2,7 +2,8 @@
 
 Everything comes back as plain JSON dicts (we ask the client for the raw
 response and parse it ourselves): the policy in usage.py works on dicts, and
-at 30,000 pods the client's model objects would cost far too much memory.
+the client's model objects would cost many times the memory of a large
+cluster's pods.
 
 Every call has a client-side timeout.  Watches follow the usual informer
 rules: list (paged) then watch from the list's resourceVersion, follow
@@ -19,9 +20,11 @@ import threading
 import time
 from typing import Iterator
 
+import yaml  # a dependency of the kubernetes client
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from .. import data
 from . import metrics, permissions
 
 log = logging.getLogger("pyk8sres.coordinator.kube")
@@ -37,19 +40,18 @@ CRD_MANIFEST = ("deploy", "helm", "pyk8sres", "crds", "genericnode.yaml")
 
 # Seconds a watch waits, once it has read all that has arrived, before it
 # reads again.  Every node reports its status every few minutes (kwok and
-# kubelets alike): ~30 events a second at 10,000 nodes.  Waking up for each
-# cost 0.18 ms of CPU, read in batches 0.045 ms (bench_watch_read.py), and
-# the nodes watches were most of an idle coordinator's CPU.  A node change
-# may wait half a second; pod events are read at once (their latency is what
-# admission and sync are measured by).
+# kubelets alike), so a large cluster's nodes watch never rests: waking up
+# for each event costs several times what reading them in batches does, and
+# the nodes watches would be most of an idle coordinator's CPU
+# (bench/bench_watch_read.py measures both; docs/development.md has the
+# figures).  A node change may wait half a second; pod events are
+# read at once (their latency is what admission and sync are measured by).
 READ_PAUSE = {"nodes": 0.5}
 
 
 def generic_node_crd() -> dict:
     """The GenericNode CRD, read from the manifest the package ships (the same
     file Helm installs), so code and the chart can never disagree."""
-    import yaml  # a dependency of the kubernetes client
-    from .. import data
     return yaml.safe_load(data.path(*CRD_MANIFEST).read_text(encoding="utf-8"))
 
 
@@ -146,8 +148,8 @@ class Kube:
         """All objects (paged, one consistent snapshot) and the list's resourceVersion.
 
         reduce(obj), if given, is applied to each object as its page arrives
-        and only its result is kept: 30,000 full pod objects would cost
-        ~100 MB, their reductions a few MB.
+        and only its result is kept: full pod objects cost many times
+        their reductions, and a large cluster holds many.
         """
         items: list = []
         token = None

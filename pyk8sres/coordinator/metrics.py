@@ -154,7 +154,7 @@ class NodeGauges:
         """only: the nodes to export (the shared ones); None: every node the
         ledger knows with k8scpu/k8smemory.  Sets the series of a node only
         when its view changed: setting every series of every node each time
-        was a fifth of an idle sync's CPU at 3,000 nodes."""
+        would cost an idle sync CPU in proportion to the cluster."""
         if not shown.get("ok"):
             return
         seen = set()

@@ -22,8 +22,8 @@ import logging
 import threading
 import time
 
-from . import kube as K
-from ..policy import placeholder as P
+from .kube import create_pod, delete_pod, get_pod, list_namespace_pods, list_nodes, resize_pod
+from ..policy import placeholder
 from .scope import Scope, slurm_names
 from .slurm import ShowFollower
 
@@ -34,9 +34,9 @@ RELIST_SECONDS = 30.0
 
 class Placeholders:
     def __init__(self, kube, ledger, scope: Scope, namespace: str,
-                 priority_class: str = P.PRIORITY_CLASS, image: str = P.IMAGE,
+                 priority_class: str = placeholder.PRIORITY_CLASS, image: str = placeholder.IMAGE,
                  period: float = 0.5, relist_seconds: float = RELIST_SECONDS,
-                 max_pods: int = P.MAX_PODS):
+                 max_pods: int = placeholder.MAX_PODS):
         self.kube, self.ledger, self.scope = kube, ledger, scope
         self.namespace, self.priority_class, self.image = namespace, priority_class, image
         self.period, self.relist_seconds, self.max_pods = period, relist_seconds, max_pods
@@ -53,22 +53,22 @@ class Placeholders:
 
     def _relist(self) -> None:
         if not self.scope.nodes_watched:   # no Informer feeds the scope (or its watch broke)
-            self.scope.update(k8s_nodes=K.list_nodes(self.kube))
-        self.pods = {p["metadata"]["name"]: p for p in K.list_namespace_pods(self.kube, self.namespace)
-                     if P.current(p) is not None}
-        self.resizing = {n for n, p in self.pods.items() if P.resize_in_flight(p)}
+            self.scope.update(k8s_nodes=list_nodes(self.kube))
+        self.pods = {p["metadata"]["name"]: p for p in list_namespace_pods(self.kube, self.namespace)
+                     if placeholder.current(p) is not None}
+        self.resizing = {n for n, p in self.pods.items() if placeholder.resize_in_flight(p)}
         self.listed_at = time.monotonic()
 
     def _reread_resizing(self) -> bool:
         """Read again the pods we downsized; True if one changed."""
         changed = False
         for name in sorted(self.resizing):
-            fresh = K.get_pod(self.kube, self.namespace, name)
+            fresh = get_pod(self.kube, self.namespace, name)
             if fresh is None:
                 self.pods.pop(name, None)
             else:
                 self.pods[name] = fresh
-            if fresh is None or not P.resize_in_flight(fresh):
+            if fresh is None or not placeholder.resize_in_flight(fresh):
                 self.resizing.discard(name)
                 changed = True
         return changed
@@ -90,7 +90,7 @@ class Placeholders:
         done = {"created": [], "resized": [], "deleted": []}
         if self.scope.unshared() is None:   # nodes not listed: never plan from nothing
             return done
-        # Planning 1000 nodes every period holds the GIL the admission threads
+        # Planning every node every period holds the GIL the admission threads
         # need: skip it while no job moved, no node changed and no resize
         # came back (our pods change only through our own writes and a relist).
         k8s_nodes, version = self.scope.snapshot()
@@ -100,7 +100,7 @@ class Placeholders:
         self.planned_for = None
         names = self.scope.slurm_names or frozenset()
         nodes = {n: shown["nodes"][n] for n in names if n in shown["nodes"]}
-        plans = P.plan(self.scope.shared(), k8s_nodes, nodes, self.pods, self.max_pods)
+        plans = placeholder.plan(self.scope.shared(), k8s_nodes, nodes, self.pods, self.max_pods)
         complete = True
         for k8s, node_plan in sorted(plans.items()):
             if not self._apply(k8s, node_plan, done):
@@ -120,14 +120,14 @@ class Placeholders:
             return jobs == {n: shown[n].get("jobs") for n in self.scope.slurm_names or ()}
         return all(jobs.get(n) == (shown.get(n) or {}).get("jobs") for n in self.moved)
 
-    def _apply(self, k8s: str, plan: P.NodePlan, done: dict) -> bool:
+    def _apply(self, k8s: str, plan: placeholder.NodePlan, done: dict) -> bool:
         """Create, then downsize, then delete; nothing is deleted on a node
         whose create failed (kube-scheduler would count less than Slurm holds)."""
         if plan.create:
-            body = P.pod(k8s, self.namespace, *plan.create, plan.alloc,
+            body = placeholder.pod(k8s, self.namespace, *plan.create, plan.alloc,
                          self.priority_class, self.image)
             try:
-                made = K.create_pod(self.kube, self.namespace, body)
+                made = create_pod(self.kube, self.namespace, body)
             except Exception as e:   # noqa: BLE001 - logged, retried next pass
                 log.warning("placeholder for node %s (%d m CPU, %d bytes) not created: %s",
                             k8s, *plan.create, e)
@@ -136,12 +136,13 @@ class Placeholders:
             self.pods[made["metadata"]["name"]] = made
             done["created"].append(k8s)
         for name, (cpu_m, mem) in sorted(plan.resize.items()):
-            self.pods[name] = K.resize_pod(self.kube, self.namespace, name, [
-                {"name": P.CONTAINER, "resources": P.resources(cpu_m, mem, plan.alloc)}])
+            self.pods[name] = resize_pod(self.kube, self.namespace, name, [
+                {"name": placeholder.CONTAINER,
+                 "resources": placeholder.resources(cpu_m, mem, plan.alloc)}])
             self.resizing.add(name)
             done["resized"].append(name)
         for name in plan.delete:
-            K.delete_pod(self.kube, self.namespace, name)
+            delete_pod(self.kube, self.namespace, name)
             self.pods.pop(name, None)
             self.resizing.discard(name)
             done["deleted"].append(name)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import threading
 import time
 
-from . import sync
-from ..policy import ledger as L
-from ..policy import usage as U
+from . import mapping
+from .config import SyncConfig, exemptions_of
+from ..policy import ledger
+from ..policy import usage
 
 
 class LedgerNotReady(RuntimeError):
@@ -22,8 +23,8 @@ def slurm_names(shown: dict) -> list[str]:
     (LedgerNotReady), any other refusal, or every node unknown (slurmctld
     has not read its node table yet) is never taken for "no shared nodes":
     callers keep the last known set."""
-    if L.not_ready(shown):
-        raise LedgerNotReady(f"ledger show: {L.NOT_READY_TEXT}: {shown.get('error')}")
+    if ledger.not_ready(shown):
+        raise LedgerNotReady(f"ledger show: {ledger.NOT_READY_TEXT}: {shown.get('error')}")
     if not shown.get("ok"):
         raise RuntimeError(f"ledger show: {shown.get('error')}")
     nodes = shown.get("nodes") or {}
@@ -39,13 +40,13 @@ class Scope:
 
     Fed by a nodes Informer (the handler interface: slim/replace_slim/event/
     health), so neither the webhook nor the placeholders list every node
-    again and again: at 1000 nodes each list cost the API server and this
-    process's GIL tens of ms.  Nodes are kept slim: the mapping label and
+    again and again: a list's cost to the API server and to this process's
+    GIL grows with the cluster.  Nodes are kept slim: the mapping label and
     what the placeholders cap at (allocatable, else capacity)."""
 
-    def __init__(self, cfg: sync.SyncConfig):
+    def __init__(self, cfg: SyncConfig):
         self.cfg = cfg
-        self.exempt = sync.exemptions_of(cfg)
+        self.exempt = exemptions_of(cfg)
         self.lock = threading.Lock()
         self.nodes: dict[str, dict] = {}
         self.nodes_listed = False
@@ -64,7 +65,7 @@ class Scope:
 
     # -- Informer handler interface
     def slim(self, kind: str, obj: dict):
-        return (obj.get("metadata") or {}).get("name"), U.slim_node(obj, self.cfg.node_key,
+        return (obj.get("metadata") or {}).get("name"), usage.slim_node(obj, self.cfg.node_key,
                                                                      offered=True)
 
     def replace_slim(self, kind: str, items: list[tuple], watched: bool = True) -> None:
@@ -125,24 +126,22 @@ class Scope:
             # Slurm's nodes unknown (the ledger has not answered show yet):
             # treat the node as shared and let the ledger decide (fail closed:
             # it refuses unless it answers, and knows the node).
-            names = frozenset([k8s_node, *(self.cfg.node_map.values()),
-                               (node["metadata"].get("labels") or {}).get(self.cfg.node_key, "")])
-        return U.slurm_node_for(node, self.cfg.node_key, names, self.cfg.map_by_name,
-                                self.cfg.node_map)
+            names = mapping.possible_slurm_names(self.cfg, k8s_node, node)
+        return mapping.slurm_node(self.cfg, node, names)
 
     def _mapped(self) -> dict[str, str | None] | None:
         """Every Kubernetes node -> its Slurm node (None: not shared), or
         None while either side is not known.  Kept until the version moves:
         the placeholders ask every period, and mapping every node each time
-        was half of an idle webhook's CPU.  Callers must not change it."""
+        would cost an idle webhook CPU in proportion to the cluster.  Callers
+        must not change it."""
         with self.lock:
             if not self.nodes_listed or self.slurm_names is None:
                 return None
             if self._mapped_at[0] == self.version:
                 return self._mapped_at[1]
             version, nodes, names = self.version, dict(self.nodes), self.slurm_names
-        mapped = {k: U.slurm_node_for(n, self.cfg.node_key, names, self.cfg.map_by_name,
-                                      self.cfg.node_map) for k, n in nodes.items()}
+        mapped = mapping.slurm_nodes(self.cfg, nodes, names)
         with self.lock:
             self._mapped_at = (version, mapped)
         return mapped

@@ -7,12 +7,20 @@ Every call has a timeout; failures raise SlurmError with scontrol's words.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import re
+import socket
 import subprocess
+import threading
+import time
 
 from .. import GRES_CPU, GRES_MEMORY
+from . import metrics
 from ..policy import backstop
 from ..policy.hostlist import expand_hostlist
+from ..policy.ledger import encode, merged_show
+from ..slurmctld import config as plugin_config
 
 TIMEOUT = 15.0
 
@@ -102,7 +110,7 @@ def node_from_record(rec: dict) -> SlurmNode:
 
 # The node fields we use never contain spaces (others, like OS= or Reason=,
 # may): one findall per line picks them out, cheaply enough for the sync
-# daemon to read 1000 nodes every second.
+# daemon to read every node each resync period.
 _NODE_FIELDS = re.compile(
     r"(?:^|\s)(NodeName|CPUTot|RealMemory|Gres|GresUsed|CPUAlloc|AllocMem|State)=(\S*)")
 
@@ -114,7 +122,7 @@ def node_from_line(line: str) -> SlurmNode:
 
 # The last read's nodes by their line.  On an idle cluster nearly every line
 # comes back byte for byte, and looking it up costs far less than parsing
-# it: parsing was a third of the sync daemon's idle CPU at 3,000 nodes.  An
+# it, which would otherwise be much of an idle sync daemon's CPU.  An
 # unchanged node is the same object as before, so comparing views is cheap.
 _last_read: dict[str, SlurmNode] = {}
 
@@ -173,8 +181,6 @@ def ledger_socket_path(slurm_conf: str | None = None) -> str:
     """Where node_features/k8s_resources serves the ledger: LedgerSocket= in
     k8s_resources.conf, else StateSaveLocation/k8s_resources.socket, both
     read from the local configuration files (no slurmctld round trip)."""
-    import os
-    from ..slurmctld import config as plugin_config
     conf = slurm_conf or os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
     settings = plugin_config.load(conf)
     if settings.ledger_socket:
@@ -195,7 +201,6 @@ REFUSES_CALLER = frozenset({"busy", "denied"})
 
 
 def _refuses_caller(line: bytes) -> bool:
-    import json
     try:
         return line.endswith(b"\n") and json.loads(line).get("code") in REFUSES_CALLER
     except (ValueError, AttributeError):
@@ -215,15 +220,12 @@ class Ledger:
     queues every thread behind it."""
 
     def __init__(self, socket_path: str, timeout: float = 2.0):
-        import threading
         self.socket_path, self.timeout = socket_path, timeout
         self._sock = None
         self._buf = b""
         self._lock = threading.Lock()
 
     def _connect(self, deadline: float):
-        import socket
-        import time
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(max(0.001, deadline - time.monotonic()))
         try:
@@ -241,7 +243,6 @@ class Ledger:
     def _readline(self, deadline: float, flowing: bool) -> bytes:
         """One reply line, whole, by `deadline` (TimeoutError otherwise);
         `flowing`: the deadline moves on with each part of it that comes."""
-        import time
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -262,8 +263,6 @@ class Ledger:
     def call(self, op: str, **fields) -> dict:
         """One request; the reply dict ({"ok": ...}).  LedgerError if unreachable.
         Counted in the coordinator's metrics (calls, errors, latency by op)."""
-        import time
-        from . import metrics
         t0 = time.perf_counter()
         try:
             answer = self._call(op, **fields)
@@ -276,9 +275,6 @@ class Ledger:
         return answer
 
     def _call(self, op: str, **fields) -> dict:
-        import json
-        import time
-        from ..policy.ledger import encode
         line = encode(op, **fields)
         if not self._lock.acquire(timeout=self.timeout):
             raise LedgerError(
@@ -360,8 +356,6 @@ class ShowFollower:
         """(a `show` reply holding every node's current view, the names
         whose view changed since the last refresh or None for "maybe all").
         A refusal ("notready", ...) is returned as it came, with None."""
-        import time
-        from ..policy.ledger import merged_show
         now = time.monotonic()
         since = self.token if now - self.full_at < self.full_seconds else None
         reply = self.ledger.show(since=since)

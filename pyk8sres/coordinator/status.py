@@ -10,28 +10,31 @@ from __future__ import annotations
 import json
 from typing import Mapping
 
-from ..policy import ledger as L
-from ..policy import usage as U
+from . import mapping
+from . import slurm
+from .config import SyncConfig, exemptions_of, load_config
+from .kube import Kube, list_nodes, list_pods
+from ..policy import ledger
+from ..policy import usage
 
 
 def pods_share(pods: list[dict], k8s_nodes: list[dict], slurm_names: set[str], cfg) -> dict:
     """Slurm node -> (CPUs, MB) the non-exempt pods bound there request,
     each sum rounded up once, as the ledger counts them (pure)."""
-    exempt = U.exemptions(cfg.slurm_workers, cfg.placeholder_namespace)
-    mapping = {(n.get("metadata") or {}).get("name"):
-               U.slurm_node_for(n, cfg.node_key, frozenset(slurm_names), cfg.map_by_name,
-                                cfg.node_map) for n in k8s_nodes}
+    exempt = exemptions_of(cfg)
+    slurm_of = mapping.slurm_nodes(
+        cfg, {(n.get("metadata") or {}).get("name"): n for n in k8s_nodes}, frozenset(slurm_names))
     sums: dict[str, list[int]] = {}
     for pod in pods:
-        pu = U.pod_usage(pod, exempt)
-        slurm = mapping.get(pu.node) if pu else None
-        if pu is None or slurm is None:
+        pu = usage.pod_usage(pod, exempt)
+        slurm_node = slurm_of.get(pu.node) if pu else None
+        if pu is None or slurm_node is None:
             continue
-        cpu_m, mem = U.ledger_entry(pu)
-        s = sums.setdefault(slurm, [0, 0])
+        cpu_m, mem = usage.ledger_entry(pu)
+        s = sums.setdefault(slurm_node, [0, 0])
         s[0] += cpu_m
         s[1] += mem
-    return {n: (-(-c // 1000), -(-m // L.MIB)) for n, (c, m) in sums.items()}
+    return {n: (-(-c // 1000), -(-m // ledger.MIB)) for n, (c, m) in sums.items()}
 
 
 def rows(ledger_nodes: Mapping[str, dict], pods: Mapping[str, tuple] | None) -> list[dict]:
@@ -74,15 +77,12 @@ def render(table: list[dict], api_error: str | None) -> str:
 
 
 def main(args) -> int:
-    from . import slurm
-    from .sync import SyncConfig, load_config
     cfg = load_config(args.config) if args.config else SyncConfig()
-    ledger = slurm.Ledger(args.socket or slurm.ledger_socket_path(), timeout=5)
-    nodes = ledger.show()["nodes"]
+    ledger_client = slurm.Ledger(args.socket or slurm.ledger_socket_path(), timeout=5)
+    nodes = ledger_client.show()["nodes"]
     shared = {n: v for n, v in nodes.items() if not v.get("unknown")}
     pods, api_error = None, None
     try:
-        from .kube import Kube, list_nodes, list_pods
         kube = Kube(args.kubeconfig, None, 5)
         pods = pods_share(list_pods(kube), list_nodes(kube), set(shared), cfg)
     except Exception as exc:  # API server down or unreachable: say so, show Slurm's side

@@ -12,13 +12,14 @@ unexpected is a denial.  The API server's failurePolicy Fail covers this
 process being down.  The HTTPS listener (webhook_server.py) bounds what
 anyone who reaches the port can hold, so that the API server always gets in.
 
-TLS out of the box: a self-signed CA is made at start under cert_dir (kept
-across restarts), it signs our serving certificate, and its PEM goes into the
-configuration's caBundle.  The serving certificate is renewed at 2/3 of its
-life; the CA too, in two steps (the new CA joins the bundle first, serving
-certificates switch to it once the API server had time to see it).  With
-cert-manager, point tls_cert_file/tls_key_file at the mounted Secret (reloaded
-when it changes) and let its cainjector fill caBundle.
+TLS out of the box (certs.py): a self-signed CA is made at start under
+cert_dir (kept across restarts), it signs our serving certificate, and its
+PEM goes into the configuration's caBundle.  The serving certificate is
+renewed at 2/3 of its life; the CA too, in two steps (the new CA joins the
+bundle first, serving certificates switch to it once the API server had
+time to see it).  With cert-manager, point tls_cert_file/tls_key_file at
+the mounted Secret (reloaded when it changes) and let its cainjector fill
+caBundle.
 
     python -m pyk8sres.coordinator.webhook --kubeconfig K --ledger-socket S \
         --listen 127.0.0.1:8443 --url https://127.0.0.1:8443/validate --cert-dir D
@@ -29,228 +30,29 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
-import datetime as dt
-import ipaddress
 import logging
-import os
 import signal
 import ssl
 import sys
 import threading
 import time
-from pathlib import Path
-from urllib.parse import urlparse
 
-from . import kube as K
+from . import certs
 from . import metrics
+from .config import (ConfigError, SyncConfig, WebhookConfig, check_webhook_config, load_config,
+                     load_webhook_config)
 from .confirm import CreateConfirmer
-from . import sync
+from .events import Recorder
+from .kube import ApiException, Informer, Kube, get_pod, get_webhook_config, put_webhook_config
 from .permissions import error_text
+from .placeholder import Placeholders
 from .scope import Scope, slurm_names
-from .slurm import ShowFollower
+from .slurm import Ledger, ShowFollower, ledger_socket_path
 from .webhook_server import HEALTH_NAME, Limits, WebhookServer  # noqa: F401 (callers' names)
-from ..policy import admission as A
-from ..policy import events as E
+from ..policy import admission
+from ..policy.events import refusal_reason
 
 log = logging.getLogger("pyk8sres.coordinator.webhook")
-
-@dataclasses.dataclass
-class WebhookConfig:
-    listen: str = "0.0.0.0:8443"
-    configuration: str = "pyk8sres-admission"     # ValidatingWebhookConfiguration name
-    webhook_name: str = "admission.pyk8sres.io"
-    url: str | None = None          # clientConfig.url (outside a cluster); else the manifest's service
-    service_dns: tuple = ("pyk8sres-coordinator.pyk8sres-system.svc",)  # names in our certificate
-    cert_dir: str = "/var/lib/pyk8sres/webhook-tls"
-    tls_cert_file: str | None = None   # cert-manager: the mounted Secret's tls.crt/tls.key
-    tls_key_file: str | None = None
-    # Only the API server may ask for a reservation: the CA of the client
-    # certificate it presents (AdmissionConfiguration kubeConfigFile), and
-    # the names (certificate CN or DNS SAN) that CA issued to it.
-    client_ca_file: str | None = None
-    client_names: tuple = ("kube-apiserver",)
-    cert_days: float = 90.0
-    ca_days: float = 3650.0
-    ca_promote_seconds: float = 120.0  # a new CA is in the bundle this long before it signs
-    ledger_socket: str | None = None   # None: as sync's (k8s_resources.conf / StateSaveLocation)
-    ledger_timeout: float = 2.0
-    refresh_seconds: float = 5.0       # shared node list, certificates, configuration
-    metrics_address: str = "127.0.0.1:9711"   # /metrics, /healthz, /readyz over HTTP ("": none)
-    events: bool = True                # post Kubernetes Events for refusals
-    # A reserved create (spec.nodeName) is read back this long after it was
-    # admitted; one that never became a pod (ResourceQuota, AlreadyExists)
-    # has its reservation released, and its namespace's creates on shared
-    # nodes are refused for phantom_hold_seconds (0: never refused).
-    confirm_create_seconds: float = 2.0
-    phantom_hold_seconds: float = 10.0
-    # Connection limits (webhook_server.py says how they work together).
-    handshake_timeout: float = 5.0     # accept to finished TLS handshake
-    request_timeout: float = 5.0       # a caller without the API server's certificate: one request
-    idle_timeout: float = 120.0        # the API server's kept-alive connection between reviews
-    max_pending_connections: int = 1024       # handshakes under way; one more closes the oldest
-    max_anonymous_connections: int = 32       # no API server certificate; one more cuts the oldest
-    max_api_server_connections: int = 256
-    listener_stall_seconds: float = 30.0      # /healthz fails once the listener stops this long
-
-    def limits(self) -> Limits:
-        return Limits(handshake_timeout=self.handshake_timeout,
-                      request_timeout=self.request_timeout, idle_timeout=self.idle_timeout,
-                      max_pending=self.max_pending_connections,
-                      max_anonymous=self.max_anonymous_connections,
-                      max_authenticated=self.max_api_server_connections,
-                      stall_seconds=self.listener_stall_seconds)
-
-
-# ----------------------------------------------------------------- TLS
-
-def _pem_cert(cert) -> bytes:
-    from cryptography.hazmat.primitives import serialization
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _pem_key(key) -> bytes:
-    from cryptography.hazmat.primitives import serialization
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-
-
-def _write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-class Certs:
-    """Our own CA and serving certificate under a directory (kept across restarts).
-
-    Files: ca.crt/ca.key (signing), next-ca.* (rotation in progress),
-    prev-ca.crt (still trusted until it expires), tls.crt/tls.key (served).
-    """
-
-    def __init__(self, directory: str, dns_names, ips, cert_days: float, ca_days: float,
-                 promote_seconds: float):
-        self.dir = Path(directory)
-        self.dns = sorted(set(dns_names))
-        self.ips = sorted(set(ips))
-        self.cert_life = dt.timedelta(days=cert_days)
-        self.ca_life = dt.timedelta(days=ca_days)
-        self.promote = dt.timedelta(seconds=promote_seconds)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.dir, 0o700)
-
-    @property
-    def cert_file(self) -> str:
-        return str(self.dir / "tls.crt")
-
-    @property
-    def key_file(self) -> str:
-        return str(self.dir / "tls.key")
-
-    def _load(self, name: str):
-        from cryptography import x509
-        from cryptography.hazmat.primitives import serialization
-        crt, key = self.dir / f"{name}.crt", self.dir / f"{name}.key"
-        if not crt.exists():
-            return None, None
-        cert = x509.load_pem_x509_certificate(crt.read_bytes())
-        k = serialization.load_pem_private_key(key.read_bytes(), None) if key.exists() else None
-        return cert, k
-
-    def _new_ca(self, now: dt.datetime):
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import NameOID
-        key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
-                                             f"pyk8sres webhook CA {now:%Y%m%d%H%M%S}")])
-        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-                .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(now - self._backdate(self.ca_life)).not_valid_after(now + self.ca_life)
-                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                             content_commitment=False, key_encipherment=False,
-                                             data_encipherment=False, key_agreement=False,
-                                             encipher_only=False, decipher_only=False), critical=True)
-                .sign(key, hashes.SHA256()))
-        return cert, key
-
-    def _issue(self, ca, ca_key, now: dt.datetime) -> None:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-        key = ec.generate_private_key(ec.SECP256R1())
-        sans = [x509.DNSName(d) for d in self.dns] + [
-            x509.IPAddress(ipaddress.ip_address(i)) for i in self.ips]
-        cert = (x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, (self.dns or self.ips)[0])]))
-                .issuer_name(ca.subject).public_key(key.public_key())
-                .serial_number(x509.random_serial_number())
-                .not_valid_before(now - self._backdate(self.cert_life))
-                .not_valid_after(min(now + self.cert_life, ca.not_valid_after_utc))
-                .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-                .sign(ca_key, hashes.SHA256()))
-        _write(self.dir / "tls.key", _pem_key(key), 0o600)
-        _write(self.dir / "tls.crt", _pem_cert(cert) + _pem_cert(ca))
-
-    @staticmethod
-    def _backdate(life: dt.timedelta) -> dt.timedelta:
-        """How far before now a certificate starts (clock skew between hosts)."""
-        return min(dt.timedelta(minutes=5), life / 10)
-
-    @staticmethod
-    def _aged(cert, now: dt.datetime) -> bool:
-        """Past 2/3 of its life (time to renew)."""
-        start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-        return now >= start + (end - start) * 2 / 3
-
-    def ensure(self, now: dt.datetime | None = None) -> bool:
-        """Create or renew what is due; True if the served files changed."""
-        now = now or dt.datetime.now(dt.timezone.utc)
-        changed = False
-        ca, ca_key = self._load("ca")
-        if ca is None or ca_key is None or now >= ca.not_valid_after_utc:
-            ca, ca_key = self._new_ca(now)
-            _write(self.dir / "ca.key", _pem_key(ca_key), 0o600)
-            _write(self.dir / "ca.crt", _pem_cert(ca))
-            changed = True
-        nxt, nxt_key = self._load("next-ca")
-        if nxt is None and self._aged(ca, now):
-            nxt, nxt_key = self._new_ca(now)   # joins the bundle now, signs later
-            _write(self.dir / "next-ca.key", _pem_key(nxt_key), 0o600)
-            _write(self.dir / "next-ca.crt", _pem_cert(nxt))
-            changed = True
-        elif nxt is not None and now >= (nxt.not_valid_before_utc + self._backdate(self.ca_life)
-                                         + self.promote):
-            _write(self.dir / "prev-ca.crt", _pem_cert(ca))
-            os.replace(self.dir / "next-ca.key", self.dir / "ca.key")
-            os.replace(self.dir / "next-ca.crt", self.dir / "ca.crt")
-            ca, ca_key = nxt, nxt_key
-            changed = True
-        served, _ = self._load("tls")
-        if (served is None or changed or served.issuer != ca.subject or self._aged(served, now)
-                or now >= served.not_valid_after_utc):
-            self._issue(ca, ca_key, now)
-            changed = True
-        return changed
-
-    def bundle(self, now: dt.datetime | None = None) -> bytes:
-        """PEM of every CA a client must trust now (current, next, previous)."""
-        from cryptography import x509
-        now = now or dt.datetime.now(dt.timezone.utc)
-        out = b""
-        for name in ("ca", "next-ca", "prev-ca"):
-            p = self.dir / f"{name}.crt"
-            if p.exists():
-                c = x509.load_pem_x509_certificate(p.read_bytes())
-                if now < c.not_valid_after_utc:
-                    out += _pem_cert(c)
-        return out
-
 
 # ----------------------------------------------------------------- admission
 
@@ -264,37 +66,37 @@ class Admission:
         self.kube, self.ledger, self.scope, self.events = kube, ledger, scope, events
         self.confirmer = confirmer if confirmer is not None else CreateConfirmer(kube, ledger)
 
-    def decide(self, request: dict) -> A.Allow | A.Deny:
+    def decide(self, request: dict) -> admission.Allow | admission.Deny:
         return self._decide(request)[0]
 
     def _decide(self, request: dict):
         """(decision, the Target or None, the pod or None)."""
-        t = A.classify(request)
-        if not isinstance(t, A.Target):
+        t = admission.classify(request)
+        if not isinstance(t, admission.Target):
             return t, None, None
         snode = self.scope.slurm_node(t.node)
         pod = None
         if t.pod is None and snode is not None:
             try:
-                pod = K.get_pod(self.kube, t.namespace, t.pod_name)
+                pod = get_pod(self.kube, t.namespace, t.pod_name)
             except Exception as e:
-                return A.Deny(f"pyk8sres: cannot read pod {t.namespace}/{t.pod_name} "
+                return admission.Deny(f"pyk8sres: cannot read pod {t.namespace}/{t.pod_name} "
                               f"({error_text(e)}); "
                               "failing closed", "pod_unreadable"), t, None
-        d = A.plan(t, pod, snode, self.scope.exempt)
-        if not isinstance(d, A.Reserve):
+        d = admission.plan(t, pod, snode, self.scope.exempt)
+        if not isinstance(d, admission.Reserve):
             return d, t, pod
         creates = t.op == "create" and not d.static
         if creates and (left := self.confirmer.blocked_for(t.namespace)) > 0:
-            return A.phantom_refusal(t, left), t, pod
+            return admission.phantom_refusal(t, left), t, pod
         try:
             reply = self.ledger.reserve(d.slurm_node, d.key, d.cpu_m, d.mem_bytes)
         except Exception as e:   # LedgerError (unreachable, malformed reply) or anything else
-            return A.Deny(f"pyk8sres: Slurm's ledger did not answer for node {t.node} ({e}); "
+            return admission.Deny(f"pyk8sres: Slurm's ledger did not answer for node {t.node} ({e}); "
                           "no pod is placed on a shared node until it does",
                           "ledger_unreachable"), t, pod
-        decision = A.verdict(t, d, reply)
-        if t.op in ("create", "bind") and not d.static and isinstance(decision, A.Allow):
+        decision = admission.verdict(t, d, reply)
+        if t.op in ("create", "bind") and not d.static and isinstance(decision, admission.Allow):
             # Quota or the store may still refuse it: read it back shortly.
             self.confirmer.track(t.namespace, t.pod_name, d.key, d.slurm_node, t.node,
                                  create=creates)
@@ -308,8 +110,8 @@ class Admission:
             decision, target, pod = self._decide(request)
         except Exception as e:
             log.exception("admission failed")
-            decision = A.Deny(f"pyk8sres: internal error ({type(e).__name__}: {e}); failing closed")
-        if isinstance(decision, A.Deny):
+            decision = admission.Deny(f"pyk8sres: internal error ({type(e).__name__}: {e}); failing closed")
+        if isinstance(decision, admission.Deny):
             log.info("denied %s %s/%s: %s", request.get("operation"), request.get("namespace"),
                      request.get("name"), decision.message)
             if target is not None and not target.dry_run:
@@ -317,12 +119,12 @@ class Admission:
         else:
             log.debug("allowed %s %s/%s: %s", request.get("operation"), request.get("namespace"),
                       request.get("name"), decision.reason)
-        answer = A.review_response(request, decision)
-        metrics.admission("deny" if isinstance(decision, A.Deny) else "allow", decision.code,
+        answer = admission.review_response(request, decision)
+        metrics.admission("deny" if isinstance(decision, admission.Deny) else "allow", decision.code,
                           time.perf_counter() - t0)
         return answer
 
-    def _refused(self, t: A.Target, pod, decision: A.Deny) -> None:
+    def _refused(self, t: admission.Target, pod, decision: admission.Deny) -> None:
         """The Event on the pod (queued, posted by the recorder's thread).
         The GenericNode's LedgerUnreachable is the sync daemon's."""
         if self.events is None:
@@ -331,53 +133,40 @@ class Admission:
         # name the pod only, so attempts add up in one Event.
         p = pod if t.op != "create" else None
         uid = ((p or {}).get("metadata") or {}).get("uid")
-        self.events.pod(t.namespace, t.pod_name, uid, E.refusal_reason(decision.code),
+        self.events.pod(t.namespace, t.pod_name, uid, refusal_reason(decision.code),
                         decision.message)
 
 
 # ----------------------------------------------------------------- the daemon
 
+def server_limits(wcfg: WebhookConfig) -> Limits:
+    """What the HTTPS listener bounds (webhook_server.py says how)."""
+    return Limits(handshake_timeout=wcfg.handshake_timeout,
+                  request_timeout=wcfg.request_timeout, idle_timeout=wcfg.idle_timeout,
+                  max_pending=wcfg.max_pending_connections,
+                  max_anonymous=wcfg.max_anonymous_connections,
+                  max_authenticated=wcfg.max_api_server_connections,
+                  stall_seconds=wcfg.listener_stall_seconds)
+
+
 class Webhook:
     """The webhook server plus its refresher (shared nodes, certificates,
     configuration).  start() returns once it serves; stop() ends both."""
 
-    def __init__(self, wcfg: WebhookConfig, scfg: sync.SyncConfig, kube, ledger, events=None):
-        if not 0 < wcfg.confirm_create_seconds < scfg.reservation_grace:
-            raise sync.ConfigError(
-                f"webhook: confirm_create_seconds ({wcfg.confirm_create_seconds}) must be above 0 "
-                f"and below the sync daemon's reservation_grace ({scfg.reservation_grace})")
-        if wcfg.phantom_hold_seconds < 0:
-            raise sync.ConfigError("webhook: phantom_hold_seconds must be 0 (never) or more")
+    def __init__(self, wcfg: WebhookConfig, scfg: SyncConfig, kube, ledger, events=None):
+        check_webhook_config(wcfg, scfg)
         self.wcfg, self.kube, self.ledger = wcfg, kube, ledger
         self.scope = Scope(scfg)
         host, _, port = wcfg.listen.rpartition(":")
         self.addr = (host or "0.0.0.0", int(port))
-        self.certs = None
-        if wcfg.tls_cert_file:
-            cert, key = wcfg.tls_cert_file, wcfg.tls_key_file or wcfg.tls_cert_file
-        else:
-            dns, ips = ["localhost", *wcfg.service_dns], ["127.0.0.1"]
-            if wcfg.url:
-                h = urlparse(wcfg.url).hostname or ""
-                try:
-                    ipaddress.ip_address(h)
-                    ips.append(h)
-                except ValueError:
-                    dns.append(h)
-            self.certs = Certs(wcfg.cert_dir, dns, ips, wcfg.cert_days, wcfg.ca_days,
-                               wcfg.ca_promote_seconds)
-            self.certs.ensure()
-            cert, key = self.certs.cert_file, self.certs.key_file
-        if not wcfg.client_ca_file:
-            raise sync.ConfigError(
-                "webhook: client_ca_file is required (the CA of the client certificate the "
-                "API server presents to webhooks; docs/security.md)")
+        self.certs, cert, key = certs.serving(wcfg)
+        client_ca = certs.client_ca(wcfg)
         self.confirmer = CreateConfirmer(kube, ledger, after=wcfg.confirm_create_seconds,
                                          hold=wcfg.phantom_hold_seconds)
         self.server = WebhookServer(self.addr, Admission(kube, ledger, self.scope, events,
                                                          self.confirmer),
-                                    cert, key, wcfg.client_ca_file, wcfg.client_names,
-                                    wcfg.limits())
+                                    cert, key, client_ca, wcfg.client_names,
+                                    server_limits(wcfg))
         self.stop_event = threading.Event()
         self.missing: str | None = None   # why the configuration cannot be kept current
         self.follower = ShowFollower(ledger)   # Slurm's nodes, asking only for changes
@@ -407,21 +196,21 @@ class Webhook:
         client_config = ({"url": self.wcfg.url} if self.wcfg.url else None)
         for _ in range(3):   # 409: someone else wrote it; read again
             try:
-                current = K.get_webhook_config(self.kube, self.wcfg.configuration)
+                current = get_webhook_config(self.kube, self.wcfg.configuration)
                 if current is None:
                     self.missing = (f"ValidatingWebhookConfiguration {self.wcfg.configuration} "
                                     "does not exist (install the Helm chart)")
                     log.warning("%s", self.missing)
                     return
                 self.missing = None
-                new = A.updated_webhook_config(current, self.wcfg.webhook_name,
+                new = admission.updated_webhook_config(current, self.wcfg.webhook_name,
                                                self.scope.unshared(), bundle, client_config)
                 if new is None:
                     return
-                K.put_webhook_config(self.kube, new)
+                put_webhook_config(self.kube, new)
                 log.info("webhook configuration %s updated", self.wcfg.configuration)
                 return
-            except K.ApiException as e:
+            except ApiException as e:
                 if e.status != 409:
                     self.missing = (f"cannot update ValidatingWebhookConfiguration "
                                     f"{self.wcfg.configuration}: {e.status} {e.reason}")
@@ -474,7 +263,7 @@ class Webhook:
         self.threads.append(t)
         self.listener = t
         # Not joined on stop: it only feeds the scope, and may sit in a watch.
-        informer = K.Informer(self.kube, "nodes", self.scope, stop=self.stop_event)
+        informer = Informer(self.kube, "nodes", self.scope, stop=self.stop_event)
         self.scope.stale_after = informer.stale_after()
         informer.start()
         # The first configuration names the shared nodes: wait (briefly) for the list.
@@ -523,29 +312,10 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def load_webhook_config(path: str | None) -> WebhookConfig:
-    """[webhook] table of the coordinator config (unknown keys are errors)."""
-    cfg = WebhookConfig()
-    if not path:
-        return cfg
-    import tomllib
-    with open(path, "rb") as f:
-        doc = tomllib.load(f).get("webhook") or {}
-    fields = {f.name for f in dataclasses.fields(WebhookConfig)}
-    values = {}
-    for k, v in doc.items():
-        name = k.replace("-", "_")
-        if name not in fields:
-            raise sync.ConfigError(f"{path}: unknown webhook setting {k!r}")
-        values[name] = tuple(v) if name in ("service_dns", "client_names") else v
-    return dataclasses.replace(cfg, **values)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from .slurm import Ledger, ledger_socket_path
-    scfg = sync.load_config(args.config)
+    scfg = load_config(args.config)
     # The sync settings may sit in a [sync] table next to [webhook].
     wcfg = load_webhook_config(args.config)
     over = {k: v for k, v in (("ledger_socket", args.ledger_socket), ("listen", args.listen),
@@ -557,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     wcfg = dataclasses.replace(wcfg, **over)
     if not wcfg.ledger_socket:
         wcfg = dataclasses.replace(wcfg, ledger_socket=scfg.ledger_socket or ledger_socket_path())
-    kube = K.Kube(args.kubeconfig or scfg.kubeconfig, scfg.context, timeout=scfg.request_timeout)
+    kube = Kube(args.kubeconfig or scfg.kubeconfig, scfg.context, timeout=scfg.request_timeout)
     if wcfg.metrics_address:
         try:
             metrics.serve(wcfg.metrics_address)
@@ -567,18 +337,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     events = None
     if wcfg.events:
-        from .events import Recorder
         events = Recorder(kube, "pyk8sres-webhook").start()
     try:
         hook = Webhook(wcfg, scfg, kube, Ledger(wcfg.ledger_socket, timeout=wcfg.ledger_timeout),
                        events).start()
-    except (sync.ConfigError, OSError, ssl.SSLError) as e:
+    except (ConfigError, OSError, ssl.SSLError) as e:
         print(f"pyk8sres webhook: {e}", file=sys.stderr)
         return 2
     log.info("admission webhook serving on https://%s:%d", *hook.addr)
     placeholders = None
     if args.placeholders:
-        from .placeholder import Placeholders
         # Its own ledger connection: its show() calls never queue admissions.
         placeholders = Placeholders(kube, Ledger(wcfg.ledger_socket, timeout=wcfg.ledger_timeout),
                                     hook.scope, scfg.placeholder_namespace).start()

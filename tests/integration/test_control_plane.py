@@ -24,6 +24,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 from pyk8sres.coordinator import webhook as W
+from pyk8sres.coordinator.certs import Certs
 from pyk8sres.policy import admission as A
 from pyk8sres.testbed import chart, kubernetes, pki
 
@@ -248,7 +249,7 @@ def webhook(tmp_path, ns, kube_server):
     on the port the API server presents its certificate to, with the test's
     Recorder as its admission logic; a configuration scoped to `ns` that
     skips nodes known unshared (n-other, elsewhere)."""
-    certs = W.Certs(str(tmp_path / "tls"), ["localhost"], ["127.0.0.1"], 1, 10, 60)
+    certs = Certs(str(tmp_path / "tls"), ["localhost"], ["127.0.0.1"], 1, 10, 60)
     certs.ensure()
     rec = Recorder()
     port = kube_server.ports.webhook

@@ -39,8 +39,9 @@ from ground_truth import over_capacity
 from local_slurm import SLURM, port, requires_slurm, slurm_conf
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator import slurm as S
-from pyk8sres.coordinator import sync
+from pyk8sres.coordinator.config import SyncConfig, WebhookConfig
 from pyk8sres.coordinator import webhook as W
+from pyk8sres.coordinator.certs import Certs
 from pyk8sres.policy.admission import MIRROR_ANNOTATION as A_MIRROR
 from pyk8sres.testbed import cluster, hybrid, kubernetes
 from pyk8sres.testbed.faults import Caller
@@ -351,10 +352,10 @@ def in_process_webhook(slurm, control_plane, ledger, **cfg):
     cluster.stop_process(slurm.work, "webhook")
     p = control_plane.ports.webhook
     sa = control_plane.service_account_kubeconfig(hybrid.WEBHOOK_ACCOUNT, hybrid.NAMESPACE)
-    wcfg = W.WebhookConfig(listen=f"127.0.0.1:{p}", url=f"https://127.0.0.1:{p}/validate",
+    wcfg = WebhookConfig(listen=f"127.0.0.1:{p}", url=f"https://127.0.0.1:{p}/validate",
                            client_ca_file=control_plane.webhook_client_ca,
                            client_names=(kubernetes.WEBHOOK_CLIENT,), **cfg)
-    hook = W.Webhook(wcfg, sync.SyncConfig(), K.Kube(sa), ledger).start()
+    hook = W.Webhook(wcfg, SyncConfig(), K.Kube(sa), ledger).start()
     served = []                      # monotonic times of the calls that reached us
     review = hook.server.admission.review
     hook.server.admission.review = lambda body: served.append(time.monotonic()) or review(body)
@@ -410,7 +411,7 @@ def test_cert_manager_mode(slurm, control_plane, kube, ledger, ns):
     leaves caBundle to cert-manager's cainjector (played by the test, as
     the admin)."""
     root = tempfile.mkdtemp(prefix="pyk8sres-cm-", dir=slurm.work)
-    issuer = W.Certs(f"{root}/cert-manager", ["localhost"], ["127.0.0.1"], 1, 10, 60)
+    issuer = Certs(f"{root}/cert-manager", ["localhost"], ["127.0.0.1"], 1, 10, 60)
     issuer.ensure()
     name = "pyk8sres-admission"
     before = K.get_webhook_config(kube, name)["webhooks"][0]["clientConfig"]["caBundle"]
@@ -438,7 +439,7 @@ def test_cert_manager_mode(slurm, control_plane, kube, ledger, ns):
         wait_for(calls_get_through, 20, "calls with the injected CA")
         # cert-manager renews with a new CA: files change, cainjector updates the bundle
         shutil.rmtree(f"{root}/cert-manager")
-        fresh = W.Certs(f"{root}/cert-manager", ["localhost"], ["127.0.0.1"], 1, 10, 60)
+        fresh = Certs(f"{root}/cert-manager", ["localhost"], ["127.0.0.1"], 1, 10, 60)
         fresh.ensure()
         inject(fresh)
         wait_for(calls_get_through, 20, "calls after the renewal")

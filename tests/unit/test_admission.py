@@ -249,10 +249,10 @@ def test_scope_fed_by_the_nodes_informer_keeps_mapping_and_capacity_only():
     """The webhook's Scope as an Informer handler: a node keeps its name, the
     admin's mapping label and what it offers pods; heartbeats (anything
     else) do not bump the version the placeholders plan on."""
-    from pyk8sres.coordinator import sync
+    from pyk8sres.coordinator.config import SyncConfig
     from pyk8sres.coordinator.scope import Scope
     from pyk8sres.policy import usage as U
-    s = Scope(sync.SyncConfig())
+    s = Scope(SyncConfig())
 
     def node(name, label=None, cpu="8", beat="t0"):
         labels = {"team": "x", **({U.NODE_LABEL: label} if label else {})}
@@ -282,11 +282,13 @@ def test_scope_fed_by_the_nodes_informer_keeps_mapping_and_capacity_only():
 def test_scope_maps_the_nodes_again_only_when_its_version_moves(monkeypatch):
     """The placeholders ask for the scope every period: an unchanged scope
     is not mapped again, and any change (a node, Slurm's names) is."""
-    from pyk8sres.coordinator import scope as S, sync
+    from pyk8sres.coordinator import scope as S
+    from pyk8sres.coordinator.config import SyncConfig
     calls = []
-    real = S.U.slurm_node_for
-    monkeypatch.setattr(S.U, "slurm_node_for", lambda n, *a: calls.append(1) or real(n, *a))
-    s = S.Scope(sync.SyncConfig())
+    real = S.mapping.usage.slurm_node_for
+    monkeypatch.setattr(S.mapping.usage, "slurm_node_for",
+                        lambda n, *a: calls.append(1) or real(n, *a))
+    s = S.Scope(SyncConfig())
     s.replace_slim("nodes", [(n, {"metadata": {"name": n}}) for n in ("n1", "n2", "k8s-only")])
     s.update(slurm_names=["n1", "n2"])
     assert s.unshared() == ["k8s-only"] and s.shared() == {"n1": "n1", "n2": "n2"}

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from pyk8sres.coordinator import sync
+from pyk8sres.coordinator import cache as cache_mod, config, sync
 from pyk8sres.policy import backstop as B
 from test_sync_logic import SlurmWorld, knode, pod
 
@@ -59,8 +59,8 @@ def world(tmp_path):
     slurm = SlurmWorld(str(tmp_path), "n1", "n2")
     slurm.completing = {}
     slurm.completing_allocations = lambda: dict(slurm.completing)
-    cfg = sync.SyncConfig(ledger_socket="unused")
-    cache = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
+    cfg = config.SyncConfig(ledger_socket="unused")
+    cache = cache_mod.Cache(config.exemptions_of(cfg), cfg.node_key)
     cache.replace("nodes", [knode("n1"), knode("n2")])
     cache.replace("pods", [pod("a", "n1", "1", "1000Mi")])
     rec = sync.Reconciler(cfg, cache, slurm, ledger=slurm.ledger)

@@ -7,7 +7,6 @@ server's answers are scripted; the ledger's rules are the real ones
 import pytest
 
 from pyk8sres.coordinator import confirm as C
-from pyk8sres.coordinator import kube as K
 from pyk8sres.policy import admission as A
 from pyk8sres.policy import ledger as L
 from pyk8sres.policy.ledger import Entry, Facts, Request
@@ -60,7 +59,7 @@ def stored(uid, node="n1"):
     ("already gone from the ledger", None, {}, set(), True),
 ])
 def test_check(monkeypatch, case, pod, entries, left, blocked):
-    monkeypatch.setattr(K, "get_pod", lambda kube, ns, name: pod)
+    monkeypatch.setattr(C, "get_pod", lambda kube, ns, name: pod)
     ledger, clock = Ledger(entries), Clock()
     c = C.CreateConfirmer(None, ledger, hold=10.0, clock=clock)
     assert c.check(C.Created("q", "p", "u-1", "n1", clock.t, "n1")) is True, case
@@ -80,7 +79,7 @@ def test_check(monkeypatch, case, pod, entries, left, blocked):
 
 
 def test_failures_further_apart_than_hold_are_forgiven(monkeypatch):
-    monkeypatch.setattr(K, "get_pod", lambda kube, ns, name: None)
+    monkeypatch.setattr(C, "get_pod", lambda kube, ns, name: None)
     clock = Clock()
     c = C.CreateConfirmer(None, Ledger(), hold=10.0, clock=clock)
     for i in range(5):
@@ -101,7 +100,7 @@ def test_check_when_something_does_not_answer(monkeypatch, case, get, answer, do
         if get == "raise":
             raise OSError("connection refused")
         return None
-    monkeypatch.setattr(K, "get_pod", read)
+    monkeypatch.setattr(C, "get_pod", read)
     ledger = Ledger({"u-1": Entry(6000, 0, 0.0)}, answer=answer)
     c = C.CreateConfirmer(None, ledger)
     assert c.check(C.Created("q", "p", "u-1", "n1", 0.0, "n1")) is done, case
@@ -109,7 +108,7 @@ def test_check_when_something_does_not_answer(monkeypatch, case, get, answer, do
 
 
 def test_the_worker_releases_a_refused_create_after_the_delay(monkeypatch):
-    monkeypatch.setattr(K, "get_pod", lambda kube, ns, name: None)
+    monkeypatch.setattr(C, "get_pod", lambda kube, ns, name: None)
     ledger = Ledger({"u-1": Entry(6000, 0, 0.0)})
     c = C.CreateConfirmer(None, ledger, after=0.05)
     try:
@@ -146,7 +145,7 @@ def test_landed():
 
 def test_a_failed_binding_is_released_but_never_pauses_the_namespace(monkeypatch):
     """Bindings are kube-scheduler's, not the namespace's doing."""
-    monkeypatch.setattr(K, "get_pod", lambda kube, ns, name: stored("u-1", "n2"))
+    monkeypatch.setattr(C, "get_pod", lambda kube, ns, name: stored("u-1", "n2"))
     ledger, clock = Ledger({"u-1": Entry(6000, 0, 0.0)}), Clock()
     c = C.CreateConfirmer(None, ledger, hold=10.0, clock=clock)
     for _ in range(3):
@@ -197,22 +196,17 @@ class Reserving:
      ("CREATE", "pods", "binding", "n1"), {"ok": True}, 5.0, True, True),
 ])
 def test_admission_reads_reserved_creates_back(case, request_, reply, blocked, allowed,
-                                               tracked):
+                                               tracked, monkeypatch):
     from test_admission import pod, req, binding
     from test_not_ready import _scope
-    from pyk8sres.coordinator.webhook import Admission
+    from pyk8sres.coordinator import webhook
     op, res, sub, node = request_
     obj = binding(node) if sub == "binding" else pod(node=node, ns="q")
     confirmer, ledger = Tracking(blocked), Reserving(reply)
-    adm = Admission(kube=None, ledger=ledger, scope=_scope(), confirmer=confirmer)
+    adm = webhook.Admission(kube=None, ledger=ledger, scope=_scope(), confirmer=confirmer)
     if sub == "binding":
-        K_get = K.get_pod
-        K.get_pod = lambda kube, ns, name: pod(node=None, ns="q")
-    try:
-        review = adm.review({"request": req(op, res, sub, obj, ns="q")})
-    finally:
-        if sub == "binding":
-            K.get_pod = K_get
+        monkeypatch.setattr(webhook, "get_pod", lambda kube, ns, name: pod(node=None, ns="q"))
+    review = adm.review({"request": req(op, res, sub, obj, ns="q")})
     answer = review["response"]
     assert answer["allowed"] is allowed, (case, answer)
     assert bool(confirmer.tracked) is tracked, case
@@ -229,8 +223,8 @@ def test_admission_reads_reserved_creates_back(case, request_, reply, blocked, a
     ({"phantom_hold_seconds": -1}, "phantom_hold_seconds"),
 ])
 def test_webhook_settings_are_checked(settings, words):
-    from pyk8sres.coordinator import sync
+    from pyk8sres.coordinator.config import ConfigError, SyncConfig, WebhookConfig
     from pyk8sres.coordinator import webhook as W
-    with pytest.raises(sync.ConfigError) as e:
-        W.Webhook(W.WebhookConfig(**settings), sync.SyncConfig(), None, None)
+    with pytest.raises(ConfigError) as e:
+        W.Webhook(WebhookConfig(**settings), SyncConfig(), None, None)
     assert words in str(e.value)

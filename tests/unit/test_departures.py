@@ -7,6 +7,8 @@ import time
 import pytest
 
 from pyk8sres.coordinator import sync
+from pyk8sres.coordinator.cache import Cache
+from pyk8sres.coordinator.config import SyncConfig, exemptions_of
 from pyk8sres.policy import departures as D
 
 from test_sync_logic import SlurmWorld, knode, pod
@@ -130,8 +132,8 @@ def terminating(p, seconds_from_now, period=None):
 @pytest.fixture
 def world(tmp_path, monkeypatch):
     slurm = SlurmWorld(str(tmp_path), "n1", "n2")
-    cfg = sync.SyncConfig(ledger_socket="unused", departed_margin_seconds=MARGIN)
-    cache = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
+    cfg = SyncConfig(ledger_socket="unused", departed_margin_seconds=MARGIN)
+    cache = Cache(exemptions_of(cfg), cfg.node_key)
     cache.replace("nodes", [ready_node("n1"), ready_node("k8s-b", **{cfg.node_key: "n2"})])
     cache.replace("pods", [])
     rec = sync.Reconciler(cfg, cache, slurm, ledger=slurm.ledger)
@@ -245,7 +247,7 @@ def test_a_restarted_daemon_holds_ledger_entries_no_pod_explains(world, monkeypa
     cache.event("pods", "ADDED", pod("a", "n1", "3", "0"))
     rec.cycle()
     # The daemon stops; meanwhile pod a is force-deleted.  A new daemon starts.
-    cache2 = sync.Cache(sync.exemptions_of(rec.cfg), rec.cfg.node_key)
+    cache2 = Cache(exemptions_of(rec.cfg), rec.cfg.node_key)
     cache2.replace("nodes", [ready_node("n1"), ready_node("k8s-b", **{rec.cfg.node_key: "n2"})])
     cache2.replace("pods", [pod("x", "n1", "1", "0")])
     rec2 = sync.Reconciler(rec.cfg, cache2, slurm, ledger=slurm.ledger)

@@ -428,7 +428,7 @@ def test_status_rows_compare_the_ledger_with_the_bound_pods():
 
 def test_status_counts_pods_as_the_ledger_does():
     from pyk8sres.coordinator import status
-    from pyk8sres.coordinator.sync import SyncConfig
+    from pyk8sres.coordinator.config import SyncConfig
 
     def pod(name, node, cpu, ns="default"):
         return {"metadata": {"name": name, "namespace": ns, "uid": name},

@@ -257,12 +257,12 @@ class FakeApi:
 def test_placeholders_plan_from_changes_and_never_lose_one(world, monkeypatch):
     from pyk8sres.coordinator import placeholder as PH
     from pyk8sres.coordinator import scope as SC
-    from pyk8sres.coordinator import sync
+    from pyk8sres.coordinator.config import SyncConfig
     ledger, copy = world
     api = FakeApi()
     for name in ("list_namespace_pods", "create_pod"):
-        monkeypatch.setattr(PH.K, name, getattr(api, name))
-    scope = SC.Scope(sync.SyncConfig())
+        monkeypatch.setattr(PH, name, getattr(api, name))
+    scope = SC.Scope(SyncConfig())
     scope.replace_slim("nodes", [scope.slim("nodes", {
         "metadata": {"name": f"n{i}"},
         "status": {"allocatable": {"cpu": "8", "memory": "16000Mi"}}}) for i in range(1, 6)])
@@ -288,7 +288,7 @@ def test_placeholders_plan_from_changes_and_never_lose_one(world, monkeypatch):
 
 def test_sync_reads_slurm_when_the_ledger_saw_a_change_and_now_and_then(world, monkeypatch):
     import types
-    from pyk8sres.coordinator import sync
+    from pyk8sres.coordinator.threads import SlurmPoller
     ledger, copy = world
     clock = [1000.0]
     monkeypatch.setattr("time.monotonic", lambda: clock[0])
@@ -331,6 +331,6 @@ def test_sync_reads_slurm_when_the_ledger_saw_a_change_and_now_and_then(world, m
                 clock[0] += 9
             return False
 
-    poller = sync.SlurmPoller(rec, 1.0, Periods(), LocalLedger(ledger, copy), read_period=10)
+    poller = SlurmPoller(rec, 1.0, Periods(), LocalLedger(ledger, copy), read_period=10)
     poller.run()
     assert [b > a for a, b in zip(seen, seen[1:])] == reads

@@ -10,6 +10,8 @@ import pytest
 
 from pyk8sres.coordinator import scope as SC
 from pyk8sres.coordinator import sync
+from pyk8sres.coordinator.cache import Cache
+from pyk8sres.coordinator.config import SyncConfig, exemptions_of
 from pyk8sres.coordinator.placeholder import Placeholders
 from pyk8sres.coordinator.slurm import ShowFollower
 from pyk8sres.coordinator.webhook import Admission, Webhook
@@ -68,7 +70,7 @@ class ScriptedLedger:
 
 
 def _scope(names=("n1", "n2")):
-    s = SC.Scope(sync.SyncConfig())
+    s = SC.Scope(SyncConfig())
     s.replace_slim("nodes", [s.slim("nodes", knode(n)) for n in ("n1", "n2", "k8s-only")])
     s.update(slurm_names=list(names))
     return s
@@ -130,8 +132,8 @@ def test_placeholders_plan_nothing_while_not_ready():
 
 def test_sync_keeps_shares_while_not_ready_and_sends_them_again(tmp_path):
     slurm = SlurmWorld(str(tmp_path), "n1", "n2")
-    cfg = sync.SyncConfig(ledger_socket="unused")
-    cache = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
+    cfg = SyncConfig(ledger_socket="unused")
+    cache = Cache(exemptions_of(cfg), cfg.node_key)
     cache.replace("nodes", [knode("n1"), knode("n2")])
     cache.replace("pods", [bound_pod("a", "n1", "2", "0")])
     rec = sync.Reconciler(cfg, cache, slurm, ledger=slurm.ledger)

@@ -11,6 +11,8 @@ import threading
 import time
 
 from pyk8sres.coordinator import sync
+from pyk8sres.coordinator.cache import Cache
+from pyk8sres.coordinator.config import SyncConfig, exemptions_of
 from pyk8sres.coordinator.kube import Informer
 from pyk8sres.coordinator.scope import Scope
 from pyk8sres.policy import usage as U
@@ -52,8 +54,8 @@ def _wait(cond, seconds=5.0):
 
 def test_a_stuck_pods_watch_is_detected_and_releases_nothing(tmp_path):
     slurm = SlurmWorld(str(tmp_path), "n1")
-    cfg = sync.SyncConfig(ledger_socket="unused")
-    cache = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
+    cfg = SyncConfig(ledger_socket="unused")
+    cache = Cache(exemptions_of(cfg), cfg.node_key)
     servers = {"nodes": StuckServer([knode("n1")]),
                "pods": StuckServer([pod("a", "n1", "2", "0")])}
     stop = threading.Event()
@@ -82,7 +84,7 @@ def test_a_stuck_pods_watch_is_detected_and_releases_nothing(tmp_path):
 
 
 def test_the_webhook_scope_checks_every_node_while_the_nodes_watch_is_quiet():
-    s = Scope(sync.SyncConfig())
+    s = Scope(SyncConfig())
     s.stale_after = 0.2
     s.replace_slim("nodes", [s.slim("nodes", knode(n)) for n in ("n1", "k8s-only")])
     s.update(slurm_names=["n1"])
@@ -93,14 +95,14 @@ def test_the_webhook_scope_checks_every_node_while_the_nodes_watch_is_quiet():
     s.contact("nodes")
     assert s.unshared() == ["k8s-only"]
     # A scope no Informer feeds (stale_after None) is never silent.
-    t = Scope(sync.SyncConfig())
+    t = Scope(SyncConfig())
     t.replace_slim("nodes", [t.slim("nodes", knode("k8s-only"))])
     t.update(slurm_names=["n1"])
     assert t.unshared() == ["k8s-only"]
 
 
 def test_the_webhook_scope_follows_a_live_informer_and_detects_a_stuck_one():
-    s = Scope(sync.SyncConfig())
+    s = Scope(SyncConfig())
     server = StuckServer([knode("n1"), knode("k8s-only", **{U.NODE_LABEL: ""})])
     stop = threading.Event()
     inf = Informer(server, "nodes", s, watch_timeout=1, stop=stop)

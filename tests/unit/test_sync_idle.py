@@ -4,6 +4,8 @@ daemon from recomputing every node each second."""
 import pytest
 
 from pyk8sres.coordinator import sync
+from pyk8sres.coordinator.cache import Cache
+from pyk8sres.coordinator.config import SyncConfig, exemptions_of
 
 from test_sync_logic import SlurmWorld, knode, pod
 
@@ -11,8 +13,8 @@ from test_sync_logic import SlurmWorld, knode, pod
 @pytest.fixture
 def rec(tmp_path):
     slurm = SlurmWorld(str(tmp_path), "n1")
-    cfg = sync.SyncConfig(ledger_socket="unused", idle_full_seconds=30.0)
-    cache = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
+    cfg = SyncConfig(ledger_socket="unused", idle_full_seconds=30.0)
+    cache = Cache(exemptions_of(cfg), cfg.node_key)
     cache.replace("nodes", [knode("n1")])
     cache.replace("pods", [pod("a", "n1", "2", "0")])
     r = sync.Reconciler(cfg, cache, slurm, ledger=slurm.ledger)

@@ -13,6 +13,9 @@ import pytest
 
 from pyk8sres.coordinator import slurm as S
 from pyk8sres.coordinator import sync
+from pyk8sres.coordinator.cache import Cache
+from pyk8sres.coordinator.config import ConfigError, SyncConfig, exemptions_of, load_config
+from pyk8sres.coordinator.threads import GenericNodeWriter
 from pyk8sres.policy import ledger as L
 from pyk8sres.slurmctld.ledger import Ledger
 from pyk8sres.policy import usage as U
@@ -99,8 +102,8 @@ def knode(name, **labels):
 @pytest.fixture
 def world(tmp_path):
     slurm = SlurmWorld(str(tmp_path), "n1", "n2", "n3")
-    cfg = sync.SyncConfig(ledger_socket="unused")
-    cache = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
+    cfg = SyncConfig(ledger_socket="unused")
+    cache = Cache(exemptions_of(cfg), cfg.node_key)
     cache.replace("nodes", [knode("n1"), knode("k8s-b", **{cfg.node_key: "n2"})])
     cache.replace("pods", [])
     rec = sync.Reconciler(cfg, cache, slurm, ledger=slurm.ledger)
@@ -110,7 +113,7 @@ def world(tmp_path):
 # ----------------------------------------------------------------- cache
 
 def test_cache_tracks_watch_events():
-    c = sync.Cache(U.exemptions(["slurm"]))
+    c = Cache(U.exemptions(["slurm"]))
     c.replace("pods", [pod("a", "n1"), pod("u", None), pod("done", "n1", phase="Succeeded")])
     c.replace("nodes", [])
     assert set(c.pods) == {"ns/a"}
@@ -130,7 +133,7 @@ def test_cache_tracks_watch_events():
 
 
 def test_cache_health_needs_both_lists_and_live_watches():
-    c = sync.Cache()
+    c = Cache()
     assert not c.snapshot()[2]
     c.replace("pods", [])
     assert not c.snapshot()[2]                 # nodes never listed
@@ -143,7 +146,7 @@ def test_cache_health_needs_both_lists_and_live_watches():
 
 
 def test_cache_keeps_only_mapping_fields_of_nodes():
-    c = sync.Cache(node_key="k")
+    c = Cache(node_key="k")
     c.replace("nodes", [{"metadata": {"name": "a", "labels": {"k": "n1", "big": "x" * 1000},
                                       "annotations": {"other": "y"}}, "status": {"x": 1}}])
     assert c.nodes == {"a": {"metadata": {"name": "a", "labels": {"k": "n1"}}}}
@@ -278,7 +281,7 @@ def test_daemon_restart_remembers_state(world):
     rec.cycle()
     slurm.restart()
     # New daemon process: nothing listed yet; the ledger keeps the share.
-    cache2 = sync.Cache()
+    cache2 = Cache()
     rec2 = sync.Reconciler(cfg, cache2, slurm, ledger=slurm.ledger)
     rec2.cycle()
     assert slurm.counts("n1") == (1, 8000)
@@ -312,13 +315,13 @@ def test_config_file(tmp_path):
     p.write_text('resync_seconds = 2\nnode-key = "example.node-restriction.kubernetes.io/slurm"\n'
                  'slurm_workers = ["slurm", "hpc/slurmd"]\n'
                  '[node_map]\nk8s-a = "n1"\n')
-    cfg = sync.load_config(str(p))
+    cfg = load_config(str(p))
     assert (cfg.resync_seconds, cfg.node_key) == (
         2.0, "example.node-restriction.kubernetes.io/slurm")
     assert cfg.node_map == {"k8s-a": "n1"}
-    assert sync.exemptions_of(cfg).worker_service_accounts == {("hpc", "slurmd")}
+    assert exemptions_of(cfg).worker_service_accounts == {("hpc", "slurmd")}
     p.write_text('[sync]\nmap_by_name = false\n')
-    assert sync.load_config(str(p)).map_by_name is False
+    assert load_config(str(p)).map_by_name is False
 
 
 @pytest.mark.parametrize("text", ['resync_secs = 1\n', 'map_by_name = "yes"\n',
@@ -330,8 +333,8 @@ def test_config_file(tmp_path):
 def test_config_rejects(tmp_path, text):
     p = tmp_path / "sync.toml"
     p.write_text(text)
-    with pytest.raises(sync.ConfigError):
-        sync.load_config(str(p))
+    with pytest.raises(ConfigError):
+        load_config(str(p))
 
 
 def test_cli_flags_override(tmp_path, monkeypatch):
@@ -344,7 +347,7 @@ def test_cache_sums_match_a_full_recount():
     random adds, modifies, moves, terminal phases, bad data and deletes."""
     import random
     rnd = random.Random(7)
-    c = sync.Cache(U.exemptions(["slurm"]))
+    c = Cache(U.exemptions(["slurm"]))
     c.replace("pods", [])
     c.replace("nodes", [])
     for _ in range(2000):
@@ -413,7 +416,7 @@ def test_pod_cycles_touch_only_their_nodes_and_equal_a_full_cycle(world):
 
 
 def test_cache_dirty_tracks_pod_nodes_and_anything_else_means_all():
-    c = sync.Cache()
+    c = Cache()
     assert c.take_dirty() is None                  # nothing listed yet: everything
     c.replace("pods", [])
     c.replace("nodes", [])
@@ -463,8 +466,8 @@ def publishing(tmp_path, count, **settings):
     to a GenericNodeStore: (slurm, cache, store, rec), after its first cycle."""
     names = [f"n{i}" for i in range(1, count + 1)]
     slurm = SlurmWorld(str(tmp_path), *names)
-    cfg = sync.SyncConfig(ledger_socket="unused", **settings)
-    cache = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
+    cfg = SyncConfig(ledger_socket="unused", **settings)
+    cache = Cache(exemptions_of(cfg), cfg.node_key)
     cache.replace("nodes", [knode(n) for n in names])
     cache.replace("pods", [])
     store = GenericNodeStore()
@@ -577,7 +580,7 @@ def test_pod_cycles_write_the_generic_nodes_of_their_nodes_only(tmp_path):
 ])
 def test_generic_node_writer_folds_waiting_decisions(offers, want):
     import threading
-    w = sync.GenericNodeWriter(None, threading.Event())
+    w = GenericNodeWriter(None, threading.Event())
     for i, only in enumerate(offers):
         w.offer(f"decision {i}", {}, only)
     assert w.pending == (f"decision {len(offers) - 1}", {}, want)
@@ -629,7 +632,7 @@ def test_informer_rewatch_relist_and_health():
             [ev("DELETED", "a", "31"), Gone("too old")],
             [ev("ADDED", "y", "51")],
         ])
-    c = sync.Cache()
+    c = Cache()
     c.replace("nodes", [])
     stop = threading.Event()
     inf = Informer(server, "pods", c, watch_timeout=1, backoff_max=0.01, stop=stop)
@@ -651,7 +654,7 @@ def test_informer_marks_the_cache_unhealthy_on_410_until_relisted():
     import threading
     from pyk8sres.coordinator.kube import Gone, Informer
 
-    class Recorder(sync.Cache):
+    class Recorder(Cache):
         def __init__(self):
             super().__init__()
             self.calls = []
@@ -707,7 +710,7 @@ def test_a_new_daemon_lowers_nothing_before_its_pods_are_listed(world):
     rec.cycle()
     assert slurm.counts("n1") == (1, 8000)
     # A new process: nodes listed, pods not yet (or their watch broke).
-    cache2 = sync.Cache(sync.exemptions_of(cfg), cfg.node_key)
+    cache2 = Cache(exemptions_of(cfg), cfg.node_key)
     cache2.replace("nodes", [knode("n1")])
     rec2 = sync.Reconciler(cfg, cache2, slurm, ledger=slurm.ledger)
     rec2.cycle()
@@ -722,5 +725,5 @@ def test_a_new_daemon_lowers_nothing_before_its_pods_are_listed(world):
 def test_config_reservation_grace_must_outlast_a_silent_watch(tmp_path):
     p = tmp_path / "s.toml"
     p.write_text("reservation_grace = 20.0\nwatch_timeout = 15\n")
-    with pytest.raises(sync.ConfigError, match="reservation_grace"):
-        sync.load_config(str(p))
+    with pytest.raises(ConfigError, match="reservation_grace"):
+        load_config(str(p))

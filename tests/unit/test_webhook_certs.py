@@ -6,7 +6,7 @@ import ssl
 
 from cryptography import x509
 
-from pyk8sres.coordinator.webhook import Certs
+from pyk8sres.coordinator.certs import Certs
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 

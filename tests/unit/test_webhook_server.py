@@ -13,7 +13,7 @@ import pytest
 
 from pyk8sres.coordinator import metrics as M
 from pyk8sres.coordinator import webhook_server as WS
-from pyk8sres.coordinator.webhook import Certs
+from pyk8sres.coordinator.certs import Certs
 from pyk8sres.testbed import pki
 
 API_SERVER = "kube-apiserver-webhook-client"

@@ -70,7 +70,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if and .Values.networkPolicy.enabled (eq .Values.coordinator.mode "deployment") }}true{{ end }}
 {{- end }}
 
-{{/* The coordinator's settings file (TOML: pyk8sres.coordinator.sync.SyncConfig
+{{/* The coordinator's settings file (TOML: pyk8sres.coordinator.config.SyncConfig
      and the [webhook] table). */}}
 {{- define "pyk8sres.config" -}}
 [sync]
