@@ -105,6 +105,9 @@ class Reconciler:
         self.seeded: set[str] = set()   # Slurm nodes whose ledger entries this process has read
         self.departure_ctx: tuple | None = None   # (mappings, Slurm view) of this cycle's departures
         self.backstop = Backstop(self._backstop_event)
+        # Slurm nodes newly mapped while the pods' data is not trusted: held
+        # whole (backstop.FENCE_KEY) until their pods are counted.
+        self.fenced: set[str] = set()
 
     def _warn_new(self, warnings: list[str]) -> None:
         now = set(warnings)
@@ -143,6 +146,8 @@ class Reconciler:
         self._warn_new(d.warnings)
         self.shared = mapping.by_slurm_node(d.k8s_to_slurm)
         before = self.last.mapping if self.last else {}
+        if self.last is not None:
+            self.fenced |= {s for k, s in d.k8s_to_slurm.items() if before.get(k) != s}
         self._hold_departures((before, d.mapping), view)
         self.holds.keep_mappings(before, d.mapping, self.cache.has_pods)
         self.holds.forget_unknown(view)
@@ -260,6 +265,9 @@ class Reconciler:
                 # What this process set there plus what it sees, and every
                 # reservation kept: the share cannot go down.
                 out[name] = ({**self.last_set[name], **entries}, ledger.MAX_KEEP_SECONDS)
+            elif name in self.fenced and (fence := backstop.fence(self.slurm_view.get(name))):
+                # Newly mapped, its pods not yet counted: no job starts there.
+                out[name] = ({backstop.FENCE_KEY: fence}, ledger.MAX_KEEP_SECONDS)
             # else: never set by this process (it just started, or the ledger
             # failed): the ledger keeps what it holds until the data is trusted.
         return out
@@ -334,6 +342,8 @@ class Reconciler:
                                      f"pods bound there hold {share.get('cpu')} CPUs and "
                                      f"{share.get('mem')} MB")
             self.last_set[name] = entries
+            if keep != ledger.MAX_KEEP_SECONDS:
+                self.fenced.discard(name)     # its pods are counted
         if repair:
             self.last_repair = now
 
@@ -352,7 +362,7 @@ class Reconciler:
         view = (reply.get("nodes") or {}).get(name) or {}
         k8s = self.k8s_name(name)
         for uid, (cpu_m, mem) in (view.get("entries") or {}).items():
-            if uid not in entries and uid != backstop.KEY:
+            if uid not in entries and uid not in backstop.KEYS:
                 # Its grace period and node unknown: the default, counted from now.
                 self.holds.add([name], uid, departures.first_hold(
                     cpu_m, mem, k8s, departures.DEFAULT_GRACE, None, departures.READY, now=now,

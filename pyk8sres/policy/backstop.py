@@ -16,16 +16,23 @@ The sync daemon holds the difference in the node's ledger as one entry of
 its own (KEY), next to the pods'.  Pods are then admitted against the
 larger of what jobs hold and what Slurm allocated; jobs are not held back
 twice (Slurm's own CPU and memory accounting already counts the first case,
-and does not start jobs on a node while one completes).  Pure: no I/O.
+and does not start jobs on a node while one completes).  A node newly
+mapped while its pods cannot be counted is held whole (fence).  Pure: no I/O.
 """
 from __future__ import annotations
 
 from typing import Mapping, NamedTuple
 
+from .. import GRES_CPU, GRES_MEMORY
 from .hostlist import ascii_digits
 
 # The ledger entry that holds the difference (a name no pod UID can take).
 KEY = "slurm:unheld"
+# The entry that holds a whole node newly mapped to a Kubernetes node while
+# the pods there cannot be counted yet (a watch broken, an unparsable pod):
+# pods may already run on it, so no job may start until they are counted.
+FENCE_KEY = "slurm:fence"
+KEYS = (KEY, FENCE_KEY)      # entries of Slurm's, never a departed pod's
 
 
 class Gap(NamedTuple):
@@ -62,6 +69,15 @@ def entry(g: Gap | None) -> tuple[int, int] | None:
     if g is None or (g.cpus <= 0 and g.mb <= 0):
         return None
     return g.cpus * 1000, g.mb << 20
+
+
+def fence(node) -> tuple[int, int] | None:
+    """The entry (millicores, bytes) that holds all of a Slurm node's
+    k8scpu/k8smemory; None for a node Slurm does not list or without them."""
+    if node is None:
+        return None
+    cpus, mb = node.gres.get(GRES_CPU, 0), node.gres.get(GRES_MEMORY, 0)
+    return (cpus * 1000, mb << 20) if cpus or mb else None
 
 
 def completing_per_node(jobs: list[tuple[str, list[tuple[list[str], int, int]]]]

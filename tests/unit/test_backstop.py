@@ -129,3 +129,41 @@ def test_a_failed_read_of_completing_jobs_keeps_the_last(world):
     slurm.completing_allocations = broken
     rec.cycle()
     assert slurm.core.nodes["n1"][B.KEY][:2] == (1000, 0)
+
+
+# ----------------------------------------------------------------- newly mapped nodes
+
+def test_a_node_newly_mapped_while_its_pods_cannot_be_counted_is_held_whole(world):
+    """A Kubernetes node gains its mapping (a label) while the pods watch is
+    broken: its pods may run there already, so no job may start on the Slurm
+    node until they are counted; then it holds exactly its pods."""
+    slurm, rec, seen = world
+    slurm.nodes["n3"] = dataclasses.replace(slurm.nodes["n1"], name="n3")
+    rec.cycle()
+    assert slurm.counts("n3") == (4, 8000)               # unmapped: nothing held
+    rec.cache.health("pods", False)
+    rec.cache.event("nodes", "ADDED", knode("k8s-c", **{rec.cfg.node_key: "n3"}))
+    rec.cycle()
+    assert slurm.counts("n3") == (0, 0)                  # fenced: all of it held
+    assert set(slurm.core.nodes["n3"]) == {B.FENCE_KEY}
+    rec.cache.event("pods", "ADDED", pod("c", "k8s-c", "2", "1000Mi"))
+    rec.cache.health("pods", True)
+    rec.cycle()
+    assert slurm.counts("n3") == (2, 7000)               # its pod, counted
+    assert B.FENCE_KEY not in slurm.core.nodes["n3"]
+
+
+def test_a_node_mapped_when_the_daemon_starts_is_not_fenced(world):
+    slurm, rec, seen = world
+    slurm.nodes["n3"] = dataclasses.replace(slurm.nodes["n1"], name="n3")
+    rec.cache.health("pods", False)
+    rec.cache.event("nodes", "ADDED", knode("k8s-c", **{rec.cfg.node_key: "n3"}))
+    rec.cycle()       # the first cycle: the ledger keeps what it held
+    assert slurm.counts("n3") == (4, 8000)
+
+
+@pytest.mark.parametrize("gres, want", [
+    ({"k8scpu": 4, "k8smemory": 8000}, (4000, 8000 << 20)), ({}, None)])
+def test_fence_table(gres, want):
+    node = type("N", (), {"gres": gres})()
+    assert B.fence(node) == want and B.fence(None) is None
