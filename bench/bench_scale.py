@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""pyk8sres at growing node counts (issue 27), each figure also as a ratio
+"""pyk8sres at growing node counts, each figure also as a ratio
 against the smallest count, measured in the same run.
 
 Every count N runs its own cluster from `cluster up --scale-nodes`

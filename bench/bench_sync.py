@@ -25,7 +25,7 @@ hour) draw one curve; each row keeps its date and load average.
 --plots DIR writes sync-latency.png from every row of FILE with this run's
 pods per node.
 
-Goals (issue 27): p99 < 100 ms at 1,000 nodes and < 1 s at 10,000; sync < 500 MB.
+Goals: p99 < 100 ms at 1,000 nodes and < 1 s at 10,000; sync < 500 MB.
 """
 
 from __future__ import annotations

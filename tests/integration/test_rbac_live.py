@@ -14,7 +14,7 @@ the Helm chart, with tokens, as the coordinator's uid).
    the set derived from the code, all granted by the chart (the API server
    answered none of them 403) except the CRD check, which the API server
    must refuse.
-2. A grant taken away (issue 25): the coordinator fails closed -- no pod is
+2. A grant taken away: the coordinator fails closed -- no pod is
    admitted on a shared node while the webhook may not read pods, no share
    is lowered while sync may not list them -- and its log and /readyz name
    the verb and resource missing; given back, it recovers by itself.
