@@ -115,9 +115,10 @@ REQUEST_TOTAL = re.compile(r'^apiserver_request_total\{([^}]*)\} (\S+)$', re.M)
 def api_writes(kube) -> collections.Counter:
     """The API server's own count of the writes it served so far, by
     resource[/subresource] and verb (its /metrics: apiserver_request_total)."""
-    text = kube.core.api_client.call_api(
-        "/metrics", "GET", auth_settings=["BearerToken"], response_type="str",
-        _return_http_data_only=True, _preload_content=False).data.decode()
+    api = kube.core.api_client
+    resp = api.call_api(*api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"]))
+    resp.read()
+    text = resp.data.decode()
     out: collections.Counter = collections.Counter()
     for labels, value in REQUEST_TOTAL.findall(text):
         label = dict(re.findall(r'(\w+)="([^"]*)"', labels))
