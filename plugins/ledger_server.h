@@ -2,7 +2,8 @@
  * The ledger's request socket, served inside slurmctld by
  * node_features/k8s_resources (ledger_server.c).  gres_carry.c owns the
  * shares and how they are carried in Slurm's GRES records; the server owns
- * the socket, its callers, the journal lock and when to answer at all.
+ * the journal lock and when to answer at all, ledger_access.c who may
+ * connect, ledger_clients.c the connections.
  */
 #ifndef PYK8SRES_LEDGER_SERVER_H
 #define PYK8SRES_LEDGER_SERVER_H

@@ -212,7 +212,7 @@ class Ledger:
     # --- the two calls per request ------------------------------------------
     def prepare(self, uid: int, line: bytes) -> tuple[int, dict | None]:
         """(ticket, None) to go on to apply(), or (0, reply) when done.
-        The caller is authorised before a byte is parsed (ledger_server.c
+        The caller is authorised before a byte is parsed (ledger_clients.c
         does it at accept; checked here again)."""
         if uid not in self.allowed_uids:
             return 0, {"ok": False, "code": "denied", "error": (

@@ -64,7 +64,7 @@ def test_readiness_fails_while_the_ledger_answers_busy(tmp_path):
             except OSError:
                 return
             with conn:
-                if busy["on"]:          # as ledger_server.c: refuse at accept, close
+                if busy["on"]:          # as ledger_clients.c: refuse at accept, close
                     conn.sendall(busy_line)
                     continue
                 f = conn.makefile("rb")
