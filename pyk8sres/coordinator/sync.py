@@ -142,7 +142,8 @@ class Reconciler:
         self.last_full, self.last_healthy, self.failed = time.monotonic(), healthy, False
         d = usage.desired_state(
             k8s_usage, knodes, list(view.values()),
-            key=self.cfg.node_key, map_by_name=self.cfg.map_by_name, node_map=self.cfg.node_map)
+            key=self.cfg.node_key, map_by_name=self.cfg.map_by_name, node_map=self.cfg.node_map,
+            workers=self.cache.worker_pods() if self.cfg.worker_pods else None)
         self._warn_new(d.warnings)
         self.shared = mapping.by_slurm_node(d.k8s_to_slurm)
         before = self.last.mapping if self.last else {}
