@@ -39,7 +39,8 @@ def with_workers(cfg: SyncConfig, mapped: Mapping[str, str | None], k8s_nodes,
     if sel is None:
         return dict(mapped)
     found = [w for p in pods if (w := workers.worker_pod(p, sel)) is not None]
-    return workers.merge(mapped, found, k8s_nodes, slurm_names)[0]
+    return workers.merge(mapped, found, k8s_nodes, slurm_names,
+                         usage.named_by_admin(k8s_nodes, cfg.node_key, cfg.node_map))[0]
 
 
 def possible_slurm_names(cfg: SyncConfig, k8s_name: str, k8s_node: Mapping) -> frozenset:

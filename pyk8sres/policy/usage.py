@@ -186,6 +186,13 @@ def slurm_node_for(k8s_node: Mapping, key: str, slurm_names: set[str] | frozense
     return None
 
 
+def named_by_admin(k8s_nodes: Mapping[str, Mapping], key: str,
+                   node_map: Mapping[str, str] | None) -> set[str]:
+    """The Kubernetes nodes node_map or the label `key` name a Slurm node for."""
+    return {k for k, n in k8s_nodes.items() if k in (node_map or {})
+            or key in ((n.get("metadata") or {}).get("labels") or {})}
+
+
 def slim_node(obj: Mapping, key: str, offered: bool = False, state: bool = False) -> dict:
     """What a node cache keeps of a Kubernetes Node: its name and the mapping
     label ``key`` (what slurm_node_for reads); with offered, also its
@@ -355,7 +362,8 @@ def desired_state(k8s_usage: Mapping[str, NodeUsage], k8s_nodes: Mapping[str, Ma
                for k, n in k8s_nodes.items()}
     warnings: list[str] = []
     if workers is not None:
-        mapping, warnings = worker_pods.merge(mapping, workers, k8s_nodes, slurm_names)
+        mapping, warnings = worker_pods.merge(mapping, workers, k8s_nodes, slurm_names,
+                                              named_by_admin(k8s_nodes, key, node_map))
     usage = usage_by_slurm_node(k8s_usage, mapping, slurm_names, map_by_name)
     by_name = {n.name: n for n in slurm_nodes}
     for name in sorted({s for s in mapping.values() if s} | set(usage)):

@@ -138,10 +138,12 @@ def worker_pod(pod: Mapping, sel: Selector | None) -> WorkerPod | None:
 
 
 def merge(base: Mapping[str, str | None], pods: Iterable[WorkerPod], k8s_nodes,
-          slurm_names) -> tuple[dict[str, str | None], list[str]]:
+          slurm_names, settled=()) -> tuple[dict[str, str | None], list[str]]:
     """(Kubernetes node -> Slurm node, warnings): `base` (node_map, the
     admin's label, the same name) with the workers' mappings added where
-    base maps nothing.  base wins where both say something.
+    base maps nothing.  base wins where both say something, and on the
+    `settled` nodes (node_map or the label name a Slurm node for them) even
+    where that name maps nothing: the admin said which node it is.
 
     A worker maps nothing new, with a warning, when it has no usable name,
     names a Slurm node Slurm does not have, runs on a node with no Node
@@ -192,9 +194,10 @@ def merge(base: Mapping[str, str | None], pods: Iterable[WorkerPod], k8s_nodes,
         elif others:
             warnings.append(f"{where}, already mapped to kubernetes node {', '.join(others)} "
                             "(node_map, node label or same name): not mapped")
-        elif base.get(k) not in (None, s):
+        elif base.get(k) not in (None, s) or (k in settled and base.get(k) is None):
             warnings.append(f"{where}, but node_map, its node label or its name maps it to "
-                            f"Slurm node {base[k]}: that is kept")
+                            + (f"Slurm node {base[k]}" if base.get(k) else
+                               "a Slurm node Slurm does not have") + ": that is kept")
         else:
             out[k] = s
     return out, warnings

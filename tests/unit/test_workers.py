@@ -177,6 +177,21 @@ def test_merge(case, base, pods, want, warns):
         assert text in w, (case, w)
 
 
+def test_the_admins_word_stands_even_where_it_names_no_slurm_node():
+    # node_map says k1 is s9, which Slurm lacks: the worker there does not
+    # override it (k1 maps to nothing, as without workers).
+    got, warnings = W.merge(BASE, [wp("a", "k1", "s1")], NODES, SLURM, {"k1"})
+    assert got == BASE and len(warnings) == 1
+    assert "maps it to a Slurm node Slurm does not have: that is kept" in warnings[0]
+    knodes = {"k1": knode("k1", **{U.NODE_LABEL: "s9"}), "k2": knode("k2")}
+    d = U.desired_state({}, knodes, [SNodeLike("s1"), SNodeLike("s2")],
+                        workers=[wp("a", "k1", "s1"), wp("b", "k2", "s2")])
+    assert d.k8s_to_slurm == {"k2": "s2"}
+    d = U.desired_state({}, knodes, [SNodeLike("s1")], node_map={"k2": "s1"},
+                        workers=[wp("b", "k2", "s2")])
+    assert d.k8s_to_slurm == {"k2": "s1"}
+
+
 def test_desired_state_maps_worker_nodes_and_leaves_others_alone():
     nodes = [SNodeLike(n) for n in ("slurm-test-worker-cpu-0", "h1")]
     knodes = {"cn-hongkong.10.1.0.19": knode("cn-hongkong.10.1.0.19"), "h1": knode("h1")}
