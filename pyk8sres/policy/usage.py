@@ -351,19 +351,21 @@ class Desired:
 def desired_state(k8s_usage: Mapping[str, NodeUsage], k8s_nodes: Mapping[str, Mapping], slurm_nodes,
                   *, key: str = NODE_LABEL, map_by_name: bool = True,
                   node_map: Mapping[str, str] | None = None,
-                  workers: Iterable[worker_pods.WorkerPod] | None = None) -> Desired:
+                  workers: Iterable[worker_pods.WorkerPod] | None = None,
+                  before: Mapping[str, str | None] | None = None) -> Desired:
     """desired = f(cache, slurm_nodes, config): which Kubernetes node is
     which Slurm node, and what Kubernetes holds on each Slurm node (the
     ledger entries themselves come from the cache's per-node pods).
     workers: the worker pods seen (None: worker_pods is off); they map the
-    nodes the settings leave unmapped (worker_pods.merge)."""
+    nodes the settings leave unmapped (worker_pods.merge; before: the last
+    decision's mapping, what a node whose workers conflict keeps)."""
     slurm_names = frozenset(n.name for n in slurm_nodes)
     mapping = {k: slurm_node_for(n, key, slurm_names, map_by_name, node_map)
                for k, n in k8s_nodes.items()}
     warnings: list[str] = []
     if workers is not None:
         mapping, warnings = worker_pods.merge(mapping, workers, k8s_nodes, slurm_names,
-                                              named_by_admin(k8s_nodes, key, node_map))
+                                              named_by_admin(k8s_nodes, key, node_map), before)
     usage = usage_by_slurm_node(k8s_usage, mapping, slurm_names, map_by_name)
     by_name = {n.name: n for n in slurm_nodes}
     for name in sorted({s for s in mapping.values() if s} | set(usage)):

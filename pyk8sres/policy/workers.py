@@ -138,7 +138,8 @@ def worker_pod(pod: Mapping, sel: Selector | None) -> WorkerPod | None:
 
 
 def merge(base: Mapping[str, str | None], pods: Iterable[WorkerPod], k8s_nodes,
-          slurm_names, settled=()) -> tuple[dict[str, str | None], list[str]]:
+          slurm_names, settled=(), before: Mapping[str, str | None] | None = None
+          ) -> tuple[dict[str, str | None], list[str]]:
     """(Kubernetes node -> Slurm node, warnings): `base` (node_map, the
     admin's label, the same name) with the workers' mappings added where
     base maps nothing.  base wins where both say something, and on the
@@ -148,35 +149,12 @@ def merge(base: Mapping[str, str | None], pods: Iterable[WorkerPod], k8s_nodes,
     A worker maps nothing new, with a warning, when it has no usable name,
     names a Slurm node Slurm does not have, runs on a node with no Node
     object (k8s_nodes), shares its node with a worker naming another Slurm
-    node, names the same Slurm node as a worker on another node (both
-    refused), or names a Slurm node base maps to another node.  Its node
-    keeps base's mapping; what it had before is kept by the caller's
-    sticky mappings while its pods run (fail closed)."""
+    node, names the same Slurm node as a worker on another node (all of
+    them refused), or names a Slurm node base maps to another node.  A node
+    whose workers conflict keeps what it had (`before`: the last mapping),
+    so its pods, those still to come included, go on counting there."""
+    claims, bad, warnings = _claims(pods)
     out = dict(base)
-    warnings: list[str] = []
-    claims: dict[str, dict[str, list[str]]] = {}     # k8s node -> Slurm node -> pod keys
-    bad: set[str] = set()
-    for p in sorted(pods, key=lambda p: p.key):
-        if p.slurm_node is None:
-            warnings.append(f"worker pod {p.key} on kubernetes node {p.k8s_node}: no Slurm "
-                            "node name (worker_node_name); the node maps nothing new")
-            bad.add(p.k8s_node)
-        else:
-            claims.setdefault(p.k8s_node, {}).setdefault(p.slurm_node, []).append(p.key)
-    holders: dict[str, list[str]] = {}
-    for k, named in sorted(claims.items()):
-        if len(named) > 1:
-            warnings.append(f"kubernetes node {k}: worker pods name different Slurm nodes ("
-                            + "; ".join(f"{s}: {', '.join(ps)}" for s, ps in sorted(named.items()))
-                            + "); the node maps nothing new")
-            bad.add(k)
-        for s in named:
-            holders.setdefault(s, []).append(k)
-    for s, ks in sorted(holders.items()):
-        if len(ks) > 1:
-            warnings.append(f"Slurm node {s} is named by worker pods on several kubernetes nodes "
-                            f"({', '.join(sorted(ks))}); none of them maps to it")
-            bad.update(ks)
     owners: dict[str, list[str]] = {}
     for k, s in base.items():
         if s is not None:
@@ -200,4 +178,49 @@ def merge(base: Mapping[str, str | None], pods: Iterable[WorkerPod], k8s_nodes,
                                "a Slurm node Slurm does not have") + ": that is kept")
         else:
             out[k] = s
+    _keep_conflicted(out, bad, before or {}, slurm_names, settled)
     return out, warnings
+
+
+def _claims(pods: Iterable[WorkerPod]) -> tuple[dict, set[str], list[str]]:
+    """(Kubernetes node -> Slurm node -> the pods naming it, the nodes whose
+    workers conflict, warnings)."""
+    warnings: list[str] = []
+    claims: dict[str, dict[str, list[str]]] = {}
+    bad: set[str] = set()
+    for p in sorted(pods, key=lambda p: p.key):
+        if p.slurm_node is None:
+            warnings.append(f"worker pod {p.key} on kubernetes node {p.k8s_node}: no Slurm "
+                            "node name (worker_node_name); the node maps nothing new")
+            bad.add(p.k8s_node)
+        else:
+            claims.setdefault(p.k8s_node, {}).setdefault(p.slurm_node, []).append(p.key)
+    holders: dict[str, list[str]] = {}
+    for k, named in sorted(claims.items()):
+        if len(named) > 1:
+            warnings.append(f"kubernetes node {k}: worker pods name different Slurm nodes ("
+                            + "; ".join(f"{s}: {', '.join(ps)}" for s, ps in sorted(named.items()))
+                            + "); the node maps nothing new")
+            bad.add(k)
+        for s in named:
+            holders.setdefault(s, []).append(k)
+    for s, ks in sorted(holders.items()):
+        if len(ks) > 1:
+            warnings.append(f"Slurm node {s} is named by worker pods on several kubernetes nodes "
+                            f"({', '.join(sorted(ks))}); none of them newly maps to it")
+            bad.update(ks)
+    return claims, bad, warnings
+
+
+def _keep_conflicted(out: dict, bad: set[str], before: Mapping[str, str | None],
+                     slurm_names, settled) -> None:
+    """A node whose workers conflict keeps the Slurm node it was mapped to,
+    where nothing else maps it (the admin's settings first) and no other
+    node has that Slurm node now."""
+    taken = {s for s in out.values() if s}
+    for k in sorted(bad):
+        s = before.get(k)
+        if (s and s in slurm_names and s not in taken and k in out and out[k] is None
+                and k not in settled):
+            out[k] = s
+            taken.add(s)

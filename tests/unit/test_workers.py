@@ -177,6 +177,25 @@ def test_merge(case, base, pods, want, warns):
         assert text in w, (case, w)
 
 
+@pytest.mark.parametrize("case, pods, before, want", [
+    ("a second worker names k1's Slurm node: k1 keeps it, k2 gets nothing",
+     [wp("a", "k1", "s1"), wp("b", "k2", "s1")], {"k1": "s1"}, {"k1": "s1"}),
+    ("k1's worker loses its name: k1 keeps what it had",
+     [wp("a", "k1", None)], {"k1": "s1"}, {"k1": "s1"}),
+    ("k1 runs workers naming two nodes: it keeps the one it had",
+     [wp("a", "k1", "s1"), wp("b", "k1", "s2")], {"k1": "s1"}, {"k1": "s1"}),
+    ("what k1 had is now k3's, cleanly: k1 keeps nothing",
+     [wp("a", "k1", None), wp("c", "k3", "s1")], {"k1": "s1"}, {"k3": "s1"}),
+    ("what k1 had Slurm no longer has", [wp("a", "k1", None)], {"k1": "s8"}, {"k1": None}),
+    ("a node that had nothing keeps nothing", [wp("a", "k2", "s1"), wp("b", "k3", "s1")],
+     {}, {}),
+])
+def test_a_conflict_keeps_what_the_node_had(case, pods, before, want):
+    got, warnings = W.merge(BASE, pods, NODES, SLURM, (), before)
+    assert got == {**BASE, **want}, case
+    assert warnings, case
+
+
 def test_the_admins_word_stands_even_where_it_names_no_slurm_node():
     # node_map says k1 is s9, which Slurm lacks: the worker there does not
     # override it (k1 maps to nothing, as without workers).
@@ -271,14 +290,20 @@ def test_a_worker_maps_its_node_and_holds_no_share(world):
 
 def test_a_conflict_maps_nothing_new_and_keeps_the_pods_counted(world):
     slurm, cache, rec = world
-    # A second worker names slinky-0 from the other node: neither node maps...
+    # A second worker names slinky-0 from the other node: K19 keeps what it
+    # had, K20 maps nothing...
     cache.event("pods", "ADDED", slinky("slinky-0-dup", K20, "slinky-0"))
     cache.event("pods", "ADDED", pod("z", K20, "2", "0"))
     rec.cycle()
-    assert rec.last.k8s_to_slurm == {}
+    assert rec.last.k8s_to_slurm == {K19: "slinky-0"}
     assert any("Slurm node slinky-0 is named by worker pods" in w for w in rec.warned)
-    # ...and x keeps counting where it was; z, never counted there, is not added.
+    # ...so x keeps counting, and so does a pod that comes to K19 meanwhile;
+    # z, never counted there, is not added.
     assert slurm.counts("slinky-0") == (3, 8000) and slurm.counts("slinky-1") == (4, 8000)
+    cache.event("pods", "ADDED", pod("y", K19, "1", "0"))
+    rec.cycle(refresh=False, dirty=cache.take_dirty())
+    assert slurm.counts("slinky-0") == (2, 8000)
+    cache.event("pods", "DELETED", pod("y", K19, "1", "0", phase="Succeeded"))
     cache.event("pods", "DELETED", slinky("slinky-0-dup", K20, "slinky-0"))
     rec.cycle()
     assert rec.last.k8s_to_slurm == {K19: "slinky-0"} and not rec.warned
