@@ -129,7 +129,8 @@ class Cache:
             if kind == "pods" and (isinstance(new, workers.WorkerPod) or key in self.workers):
                 self._worker_event(key, new)
                 if isinstance(new, workers.WorkerPod):
-                    new = None   # a worker holds nothing (a pod that counted may just have become one)
+                    # A worker holds nothing (a pod that counted may just have become one).
+                    new = None
             old = table.get(key)
             if old == new:      # status-only pod updates change nothing we count
                 return

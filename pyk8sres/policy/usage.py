@@ -129,7 +129,7 @@ def exempt_reason(pod: Mapping, ex: Exemptions) -> str | None:
     if (ns, sa) in ex.worker_service_accounts:
         return f"Slurm worker pod (service account {ns}/{sa} is configured as Slurm's)"
     if worker_pods.is_worker(pod, ex.workers):
-        return f"Slurm worker pod (a {ex.workers.kind} worker in namespace {ns}): it is a Slurm node"
+        return f"Slurm worker pod ({ex.workers.kind}, namespace {ns}): it is a Slurm node"
     if ex.placeholder_namespace and ns == ex.placeholder_namespace and (
             meta.get("name") or "").startswith(PLACEHOLDER_PREFIX):
         return "placeholder pod showing Slurm's jobs to kube-scheduler"

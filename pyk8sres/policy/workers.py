@@ -98,7 +98,8 @@ def is_worker(pod: Mapping, sel: Selector | None) -> bool:
     have = meta.get("labels") or {}
     if any(have.get(k) != v for k, v in sel.labels):
         return False
-    return sel.name_pattern is None or re.fullmatch(sel.name_pattern, meta.get("name") or "") is not None
+    name = meta.get("name") or ""
+    return sel.name_pattern is None or re.fullmatch(sel.name_pattern, name) is not None
 
 
 @dataclass(frozen=True)

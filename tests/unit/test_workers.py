@@ -125,7 +125,8 @@ def test_worker_pod(case, sel, p, want):
 def test_a_worker_is_exempt_because_it_is_a_worker():
     ex = U.exemptions((), None, SL)
     assert U.pod_usage(slinky("w", "k1", "s0"), ex) is None
-    assert "slinky worker" in U.exempt_reason(slinky("w", "k1", "s0"), ex)
+    why = U.exempt_reason(slinky("w", "k1", "s0"), ex)
+    assert why.startswith("Slurm worker pod (slinky, namespace slurm)")
     # The same labels elsewhere hold their requests: anyone can write labels.
     assert U.pod_usage(slinky("w", "k1", "s0", ns="team-a"), ex).cpu == 4 * 10**9
     # Off: a slinky-labelled pod counts like any other, as before.
