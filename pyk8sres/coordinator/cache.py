@@ -11,6 +11,7 @@ from typing import Mapping
 
 from ..policy import departures
 from ..policy import usage
+from ..policy import workers
 
 log = logging.getLogger("pyk8sres.coordinator.cache")
 
@@ -21,7 +22,9 @@ class Cache:
     Pods are stored as PodUsage (node + requests as ints), nodes as the few
     metadata fields the mapping reads, so that memory grows with what is
     counted, not with the objects' size.  Per-node sums are kept as events
-    arrive, so a reconcile costs O(nodes), not O(pods).
+    arrive, so a reconcile costs O(nodes), not O(pods).  Slurm's worker pods
+    (when the settings name them) hold nothing: they are kept apart as
+    WorkerPods, what the mapping reads.
     Implements the Informer handler interface (replace/event/health).
     """
 
@@ -33,6 +36,7 @@ class Cache:
         self.node_key = node_key
         self.lock = threading.Lock()
         self.pods: dict[str, usage.PodUsage] = {}
+        self.workers: dict[str, workers.WorkerPod] = {}
         self.nodes: dict[str, dict] = {}
         # k8s node -> [cpu, memory, {pod key: error}, {pod uid: ledger entry}]
         self.sums: dict[str, list] = {}
@@ -54,7 +58,9 @@ class Cache:
         m = obj.get("metadata") or {}
         return f"{m.get('namespace', '')}/{m.get('name', '')}"
 
-    def _pod(self, obj: Mapping) -> usage.PodUsage | None:
+    def _pod(self, obj: Mapping) -> usage.PodUsage | workers.WorkerPod | None:
+        if self.exempt.workers is not None and workers.is_worker(obj, self.exempt.workers):
+            return workers.worker_pod(obj, self.exempt.workers)
         pu = usage.pod_usage(obj, self.exempt)
         if pu is not None and pu.error:
             old = self.pods.get(self._key(obj))
@@ -94,6 +100,8 @@ class Cache:
         new = {k: v for k, v in items if v is not None}
         with self.lock:
             if kind == "pods":
+                self.workers = {k: v for k, v in new.items() if isinstance(v, workers.WorkerPod)}
+                new = {k: v for k, v in new.items() if k not in self.workers}
                 # Gone while we were not watching: nobody saw their containers stop.
                 uids = {pu.uid for pu in new.values()}
                 self.departed += [(pu, time.time()) for pu in self.pods.values()
@@ -118,6 +126,11 @@ class Cache:
         else:
             new = usage.slim_node(obj, self.node_key, state=True)
         with self.lock:
+            if kind == "pods" and (isinstance(new, workers.WorkerPod) or key in self.workers):
+                self._worker_event(key, new)
+                if isinstance(new, workers.WorkerPod):
+                    # A worker holds nothing (a pod that counted may just have become one).
+                    new = None
             old = table.get(key)
             if old == new:      # status-only pod updates change nothing we count
                 return
@@ -137,6 +150,23 @@ class Cache:
             else:
                 self.dirty = None
         self.changed.set()
+
+    def _worker_event(self, key: str, new) -> None:   # lock held
+        """Keep a worker pod's change.  A worker that comes, goes or moves
+        may change the mapping: every node is recomputed."""
+        old = self.workers.get(key)
+        if isinstance(new, workers.WorkerPod):
+            self.workers[key] = new
+        else:
+            self.workers.pop(key, None)
+        if old != new:
+            self.dirty = None
+            self.changed.set()
+
+    def worker_pods(self) -> list[workers.WorkerPod]:
+        """The bound, running worker pods (what the mapping reads)."""
+        with self.lock:
+            return list(self.workers.values())
 
     def health(self, kind: str, ok: bool) -> None:
         with self.lock:

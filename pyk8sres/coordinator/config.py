@@ -15,6 +15,7 @@ import tomllib
 
 from . import slurm
 from ..policy import usage
+from ..policy import workers
 
 
 @dataclasses.dataclass
@@ -33,6 +34,16 @@ class SyncConfig:
     # Pods that hold nothing (Slurm's own workers): "namespace" or
     # "namespace/serviceaccount" entries.  Nothing a pod creator sets counts.
     slurm_workers: list = dataclasses.field(default_factory=list)
+    # Slurm run inside Kubernetes (policy/workers.py): its worker pods are
+    # the Slurm nodes.  "slinky" or "ack" (the operators' presets), "custom"
+    # (worker_labels and worker_node_name say), "" (off).  Each worker in
+    # worker_namespace (required: only the admin's namespace is trusted)
+    # maps its spec.nodeName to its Slurm node where node_map, node_key and
+    # map_by_name map nothing, and holds no share: it is a Slurm node.
+    worker_pods: str = ""
+    worker_namespace: str = ""
+    worker_labels: dict = dataclasses.field(default_factory=dict)  # more labels a worker has
+    worker_node_name: str = ""      # "pod-name", "hostname" or "label:<key>" ("": the preset's)
     placeholder_namespace: str = "pyk8sres-placeholders"  # slurm-share-<node> pods (the chart's)
     cluster_name: str | None = None             # GenericNode spec.clusterName; None: Slurm's
     resync_seconds: float = 1.0     # check health and retry failures even without events
@@ -128,7 +139,14 @@ def load_config(path: str | None, base: SyncConfig | None = None) -> SyncConfig:
 
 
 def exemptions_of(cfg: SyncConfig) -> usage.Exemptions:
-    return usage.exemptions(cfg.slurm_workers, cfg.placeholder_namespace)
+    return usage.exemptions(cfg.slurm_workers, cfg.placeholder_namespace, worker_selector(cfg))
+
+
+def worker_selector(cfg: SyncConfig) -> workers.Selector | None:
+    """The worker pods' selector (None: worker_pods is off); ValueError
+    for settings that cannot be used."""
+    return workers.selector(cfg.worker_pods, cfg.worker_namespace, cfg.worker_labels,
+                            cfg.worker_node_name)
 
 
 def fill_from_slurm_conf(cfg: SyncConfig) -> SyncConfig:

@@ -1,5 +1,6 @@
 """Kubernetes node <-> Slurm node, as the admin's settings say (SyncConfig:
-node_map, else the node_key label, else the same name with map_by_name).
+node_map, else the node_key label, else the same name with map_by_name;
+then, with worker_pods, the node each Slurm worker pod runs on).
 
 The rules themselves are pure (policy/usage.py); this module applies them
 with the coordinator's settings, so that the sync daemon, the webhook's
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from .config import SyncConfig
+from .config import SyncConfig, exemptions_of
 from ..policy import usage
+from ..policy import workers
 
 
 def slurm_node(cfg: SyncConfig, k8s_node: Mapping, slurm_names) -> str | None:
@@ -26,6 +28,19 @@ def slurm_nodes(cfg: SyncConfig, k8s_nodes: Mapping[str, Mapping],
     """Kubernetes node name -> the Slurm node it is shared as (None: not
     shared), for every node in `k8s_nodes` (name -> node object)."""
     return {k: slurm_node(cfg, n, slurm_names) for k, n in k8s_nodes.items()}
+
+
+def with_workers(cfg: SyncConfig, mapped: Mapping[str, str | None], k8s_nodes,
+                 slurm_names, pods: Iterable[Mapping]) -> dict[str, str | None]:
+    """`mapped` (slurm_nodes') with the worker pods among `pods` (whole pod
+    objects) mapping the nodes it leaves unmapped (policy/workers.py);
+    unchanged when worker_pods is off."""
+    sel = exemptions_of(cfg).workers
+    if sel is None:
+        return dict(mapped)
+    found = [w for p in pods if (w := workers.worker_pod(p, sel)) is not None]
+    return workers.merge(mapped, found, k8s_nodes, slurm_names,
+                         usage.named_by_admin(k8s_nodes, cfg.node_key, cfg.node_map))[0]
 
 
 def possible_slurm_names(cfg: SyncConfig, k8s_name: str, k8s_node: Mapping) -> frozenset:

@@ -22,8 +22,9 @@ def pods_share(pods: list[dict], k8s_nodes: list[dict], slurm_names: set[str], c
     """Slurm node -> (CPUs, MB) the non-exempt pods bound there request,
     each sum rounded up once, as the ledger counts them (pure)."""
     exempt = exemptions_of(cfg)
-    slurm_of = mapping.slurm_nodes(
-        cfg, {(n.get("metadata") or {}).get("name"): n for n in k8s_nodes}, frozenset(slurm_names))
+    by_name = {(n.get("metadata") or {}).get("name"): n for n in k8s_nodes}
+    slurm_of = mapping.with_workers(cfg, mapping.slurm_nodes(cfg, by_name, frozenset(slurm_names)),
+                                    by_name, frozenset(slurm_names), pods)
     sums: dict[str, list[int]] = {}
     for pod in pods:
         pu = usage.pod_usage(pod, exempt)

@@ -139,13 +139,14 @@ class Reconciler:
         if dirty is not None and self.last is not None and not refresh:
             return self._cycle_pods(dirty, view)
         k8s_usage, knodes, healthy = self.cache.snapshot()
+        before = self.last.mapping if self.last else {}
         self.last_full, self.last_healthy, self.failed = time.monotonic(), healthy, False
         d = usage.desired_state(
             k8s_usage, knodes, list(view.values()),
-            key=self.cfg.node_key, map_by_name=self.cfg.map_by_name, node_map=self.cfg.node_map)
+            key=self.cfg.node_key, map_by_name=self.cfg.map_by_name, node_map=self.cfg.node_map,
+            workers=self.cache.worker_pods() if self.cfg.worker_pods else None, before=before)
         self._warn_new(d.warnings)
         self.shared = mapping.by_slurm_node(d.k8s_to_slurm)
-        before = self.last.mapping if self.last else {}
         if self.last is not None:
             self.fenced |= {s for k, s in d.k8s_to_slurm.items() if before.get(k) != s}
         self._hold_departures((before, d.mapping), view)

@@ -17,6 +17,7 @@ from fractions import Fraction
 from typing import Iterable, Mapping
 
 from . import departures
+from . import workers as worker_pods
 from .quantities import MI, NANO, QuantityError, format_cpu, format_memory, held_requests
 
 CPU_GRES = "k8scpu"
@@ -91,14 +92,19 @@ class Exemptions:
       creator in that namespace may name that service account, so this is as
       strong as who may create pods there.
     placeholder_namespace: where the coordinator keeps slurm-share-<node> pods.
+    workers: the worker pods of a Slurm run inside Kubernetes (policy/workers.py:
+      only in the namespace the admin names); None: none.
     """
     worker_namespaces: frozenset = frozenset()
     worker_service_accounts: frozenset = frozenset()
     placeholder_namespace: str | None = None
+    workers: worker_pods.Selector | None = None
 
 
-def exemptions(workers=(), placeholder_namespace: str | None = None) -> Exemptions:
-    """From config entries "namespace" or "namespace/serviceaccount"."""
+def exemptions(workers=(), placeholder_namespace: str | None = None,
+               selector: worker_pods.Selector | None = None) -> Exemptions:
+    """From config entries "namespace" or "namespace/serviceaccount", and
+    the worker pods' selector (worker_pods.selector)."""
     ns, sas = set(), set()
     for w in workers:
         if not isinstance(w, str) or not w.strip("/") or w.count("/") > 1:
@@ -110,7 +116,7 @@ def exemptions(workers=(), placeholder_namespace: str | None = None) -> Exemptio
             sas.add((n, sa))
         else:
             ns.add(w)
-    return Exemptions(frozenset(ns), frozenset(sas), placeholder_namespace or None)
+    return Exemptions(frozenset(ns), frozenset(sas), placeholder_namespace or None, selector)
 
 
 def exempt_reason(pod: Mapping, ex: Exemptions) -> str | None:
@@ -122,6 +128,8 @@ def exempt_reason(pod: Mapping, ex: Exemptions) -> str | None:
     sa = (pod.get("spec") or {}).get("serviceAccountName") or "default"
     if (ns, sa) in ex.worker_service_accounts:
         return f"Slurm worker pod (service account {ns}/{sa} is configured as Slurm's)"
+    if worker_pods.is_worker(pod, ex.workers):
+        return f"Slurm worker pod ({ex.workers.kind}, namespace {ns}): it is a Slurm node"
     if ex.placeholder_namespace and ns == ex.placeholder_namespace and (
             meta.get("name") or "").startswith(PLACEHOLDER_PREFIX):
         return "placeholder pod showing Slurm's jobs to kube-scheduler"
@@ -176,6 +184,13 @@ def slurm_node_for(k8s_node: Mapping, key: str, slurm_names: set[str] | frozense
     if map_by_name and name in slurm_names:
         return name
     return None
+
+
+def named_by_admin(k8s_nodes: Mapping[str, Mapping], key: str,
+                   node_map: Mapping[str, str] | None) -> set[str]:
+    """The Kubernetes nodes node_map or the label `key` name a Slurm node for."""
+    return {k for k, n in k8s_nodes.items() if k in (node_map or {})
+            or key in ((n.get("metadata") or {}).get("labels") or {})}
 
 
 def slim_node(obj: Mapping, key: str, offered: bool = False, state: bool = False) -> dict:
@@ -335,15 +350,23 @@ class Desired:
 
 def desired_state(k8s_usage: Mapping[str, NodeUsage], k8s_nodes: Mapping[str, Mapping], slurm_nodes,
                   *, key: str = NODE_LABEL, map_by_name: bool = True,
-                  node_map: Mapping[str, str] | None = None) -> Desired:
+                  node_map: Mapping[str, str] | None = None,
+                  workers: Iterable[worker_pods.WorkerPod] | None = None,
+                  before: Mapping[str, str | None] | None = None) -> Desired:
     """desired = f(cache, slurm_nodes, config): which Kubernetes node is
     which Slurm node, and what Kubernetes holds on each Slurm node (the
-    ledger entries themselves come from the cache's per-node pods)."""
+    ledger entries themselves come from the cache's per-node pods).
+    workers: the worker pods seen (None: worker_pods is off); they map the
+    nodes the settings leave unmapped (worker_pods.merge; before: the last
+    decision's mapping, what a node whose workers conflict keeps)."""
     slurm_names = frozenset(n.name for n in slurm_nodes)
     mapping = {k: slurm_node_for(n, key, slurm_names, map_by_name, node_map)
                for k, n in k8s_nodes.items()}
-    usage = usage_by_slurm_node(k8s_usage, mapping, slurm_names, map_by_name)
     warnings: list[str] = []
+    if workers is not None:
+        mapping, warnings = worker_pods.merge(mapping, workers, k8s_nodes, slurm_names,
+                                              named_by_admin(k8s_nodes, key, node_map), before)
+    usage = usage_by_slurm_node(k8s_usage, mapping, slurm_names, map_by_name)
     by_name = {n.name: n for n in slurm_nodes}
     for name in sorted({s for s in mapping.values() if s} | set(usage)):
         node = by_name.get(name)

@@ -863,3 +863,54 @@ def test_a_node_that_loses_its_mapping_keeps_its_pods_share(slurm, api, daemon, 
     pending_while(slurm, api, job, p, 6.0, node="k8s-b")
     _delete_pod(api, p)        # grace 0: gone once its kubelet is told
     wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "the job, once the pod is gone")
+
+
+SLINKY = ('worker_pods = "slinky"\nworker_namespace = "slurm"\n')
+
+
+def slinky_worker(api, name, node, slurm_node, cpu="4"):
+    """A worker pod as Slinky's slurm-operator labels it, bound to `node`
+    (as its StatefulSet's pod would be once placed)."""
+    ensure_namespace(api, "slurm")
+    return bound_pod(api, node, cpu, "1000Mi", name=name, ns="slurm", labels={
+        "app.kubernetes.io/name": "slurmd", "app.kubernetes.io/component": "worker",
+        "nodeset.slinky.slurm.net/pod-hostname": slurm_node})
+
+
+@pytest.mark.parametrize("daemon", [SLINKY], indirect=True)
+def test_worker_pods_map_their_node_without_a_map(slurm, api, daemon):
+    """Slurm run by Slinky: the Kubernetes node running the worker pod of
+    Slurm node n2 is shared as n2 with no node_map or label; the worker
+    itself holds nothing, the other pods there do.  A second worker naming
+    n2 from another node maps nothing new: the first node keeps n2, and
+    its pods (one that comes meanwhile too) count there all the while."""
+    k19, k20 = "cn-hongkong.10.1.0.19", "cn-hongkong.10.1.0.20"
+    k8s_node(api, k19)
+    k8s_node(api, k20)
+    running(api, slinky_worker(api, "slinky-0", k19, "n2"), ns="slurm")
+    p = bound_pod(api, k19, "2", "2000Mi")
+    running(api, p)
+    wait_used(slurm, (2, 2000), node="n2")         # the pod, not the worker's 4 CPUs
+    gn = wait_for(lambda: generic_node(api, k19), what=f"GenericNode {k19}")
+    assert gn["spec"]["alias"] == "n2"
+    wait_for(lambda: allocated(api, k19)["Kubernetes"] == {"cpu": "2", "memory": "2000Mi"})
+    assert used(slurm, "n1") == (0, 0)
+
+    running(api, slinky_worker(api, "slinky-dup", k20, "n2"), ns="slurm")
+    bound_pod(api, k20, "3", "0")
+    wait_for(lambda: "Slurm node n2 is named by worker pods on several kubernetes nodes"
+             in daemon.log_text(), what="the conflict logged")
+    # k19 keeps what it had: its pods, and one that comes meanwhile, count on n2;
+    # k20's do not, and k20 gets no GenericNode.
+    q = bound_pod(api, k19, "1", "0")
+    running(api, q)
+    wait_used(slurm, (3, 2000), node="n2")
+    held(slurm, (3, 2000), node="n2", seconds=2.0)
+    assert generic_node(api, k19)["spec"]["alias"] == "n2"
+    names = {g["metadata"]["name"] for g in
+             api.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]}
+    assert k20 not in names
+    _delete_pod(api, "slinky-dup", "slurm")
+    _delete_pod(api, q)
+    _delete_pod(api, p)
+    wait_used(slurm, (0, 0), node="n2")

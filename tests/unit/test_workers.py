@@ -1,0 +1,323 @@
+"""Slurm's worker pods as Slurm nodes (Slinky, ACK, custom): the settings,
+which pods are workers and which Slurm node each one is (policy/workers.py),
+the mapping they add and its conflicts, and the sync daemon's cycle against
+the real ledger code (test_sync_logic.SlurmWorld), judged by what Slurm
+leaves to jobs."""
+
+import pytest
+
+from pyk8sres.coordinator import mapping, status, sync
+from pyk8sres.coordinator.cache import Cache
+from pyk8sres.coordinator.config import ConfigError, SyncConfig, exemptions_of, load_config
+from pyk8sres.policy import usage as U
+from pyk8sres.policy import workers as W
+
+from test_sync_logic import SlurmWorld, knode, pod
+
+HOST = W.SLINKY_HOSTNAME_LABEL
+SLINKY_LABELS = dict(W.SLINKY_LABELS)
+
+
+def slinky(name, node, hostname_label=None, hostname=None, ns="slurm", cpu="4", **more):
+    labels = {**SLINKY_LABELS, **more}
+    if hostname_label is not None:
+        labels[HOST] = hostname_label
+    p = pod(name, node, cpu, "1Gi", labels=labels, ns=ns)
+    if hostname is not None:
+        p["spec"]["hostname"] = hostname
+    return p
+
+
+# ----------------------------------------------------------------- settings
+
+@pytest.mark.parametrize("case, args, want", [
+    ("off", ("",), None),
+    ("slinky preset", ("slinky", "slurm"),
+     W.Selector("slinky", "slurm", W.SLINKY_LABELS, None, ("label:" + HOST, "hostname", "pod-name"))),
+    ("slinky narrowed to one cluster", ("slinky", "slurm", {"slinky.slurm.net/cluster": "c1"}),
+     W.Selector("slinky", "slurm", W.SLINKY_LABELS + (("slinky.slurm.net/cluster", "c1"),), None,
+                ("label:" + HOST, "hostname", "pod-name"))),
+    ("ack preset", ("ack", "slurm-test"), W.Selector("ack", "slurm-test", (), W.ACK_NAME, ("pod-name",))),
+    ("ack, name from the hostname", ("ack", "s", {}, "hostname"),
+     W.Selector("ack", "s", (), W.ACK_NAME, ("hostname",))),
+    ("custom", ("custom", "hpc", {"role": "slurmd"}, "label:slurm/node"),
+     W.Selector("custom", "hpc", (("role", "slurmd"),), None, ("label:slurm/node",))),
+])
+def test_selector(case, args, want):
+    assert W.selector(*args) == want, case
+
+
+@pytest.mark.parametrize("case, args, text", [
+    ("unknown preset", ("slurm-operator", "slurm"), "worker_pods 'slurm-operator'"),
+    ("no namespace: labels alone are anyone's", ("slinky", ""), "needs worker_namespace"),
+    ("custom without labels", ("custom", "hpc", {}, "pod-name"), "needs worker_labels"),
+    ("custom without a name source", ("custom", "hpc", {"a": "b"}), "needs worker_labels"),
+    ("bad name source", ("ack", "s", {}, "annotation:x"), "worker_node_name 'annotation:x'"),
+    ("empty label key as a source", ("ack", "s", {}, "label:"), "worker_node_name 'label:'"),
+    ("label values are strings", ("slinky", "s", {"a": 1}), "worker_labels maps"),
+    ("settings without worker_pods", ("", "slurm"), "need worker_pods"),
+])
+def test_selector_refused(case, args, text):
+    with pytest.raises(ValueError, match=text):
+        W.selector(*args)
+
+
+def test_config_file(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text('worker_pods = "slinky"\nworker_namespace = "slurm"\n'
+                    '[worker_labels]\n"slinky.slurm.net/cluster" = "c1"\n')
+    cfg = load_config(str(good))
+    assert exemptions_of(cfg).workers.labels[-1] == ("slinky.slurm.net/cluster", "c1")
+    assert exemptions_of(SyncConfig()).workers is None        # off: as before
+    for text, msg in [('worker_pods = "ack"\n', "needs worker_namespace"),
+                      ('worker_pods = "yes"\nworker_namespace = "s"\n', "want one of"),
+                      ('worker_pods = true\n', "worker_pods must be str"),
+                      ('worker_namespace = "slurm"\n', "need worker_pods")]:
+        bad = tmp_path / "bad.toml"
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=msg):
+            load_config(str(bad))
+
+
+# ----------------------------------------------------------------- which pods, which Slurm node
+
+SL = W.selector("slinky", "slurm")
+ACK = W.selector("ack", "slurm")
+CUSTOM = W.selector("custom", "hpc", {"role": "slurmd"}, "label:slurm/node")
+
+
+def renamed(p, **labels):
+    p["metadata"]["labels"].update(labels)
+    return p
+
+
+@pytest.mark.parametrize("case, sel, p, want", [
+    ("slinky: the pod-hostname label", SL, slinky("ns0-abc", "k1", "slinky-0", "h"),
+     W.WorkerPod("slurm/ns0-abc", "k1", "slinky-0")),
+    ("slinky: no label, spec.hostname", SL, slinky("ns0-abc", "k1", hostname="slinky-1"),
+     W.WorkerPod("slurm/ns0-abc", "k1", "slinky-1")),
+    ("slinky: neither, the pod name", SL, slinky("slinky-2", "k1"),
+     W.WorkerPod("slurm/slinky-2", "k1", "slinky-2")),
+    ("slinky: a blank label is not a name", SL, slinky("slinky-3", "k1", " "),
+     W.WorkerPod("slurm/slinky-3", "k1", "slinky-3")),
+    ("slinky labels in another namespace: not a worker", SL,
+     slinky("x", "k1", "slinky-0", ns="team-a"), None),
+    ("one of slinky's labels missing", SL,
+     renamed(slinky("x", "k1", "slinky-0"), **{"app.kubernetes.io/component": "login"}), None),
+    ("not bound yet", SL, slinky("x", None, "slinky-0"), None),
+    ("terminal", SL, {**slinky("x", "k1", "slinky-0"), "status": {"phase": "Failed"}}, None),
+    ("ack: the pod name", ACK, pod("slurm-test-worker-cpu-0", "cn-hongkong.10.1.0.19", ns="slurm"),
+     W.WorkerPod("slurm/slurm-test-worker-cpu-0", "cn-hongkong.10.1.0.19", "slurm-test-worker-cpu-0")),
+    ("ack: the controller is no worker", ACK, pod("slurm-test-head-0", "k1", ns="slurm"), None),
+    ("ack: no index", ACK, pod("slurm-test-worker-cpu", "k1", ns="slurm"), None),
+    ("ack: another namespace", ACK, pod("slurm-test-worker-cpu-0", "k1", ns="default"), None),
+    ("custom: the label named", CUSTOM,
+     pod("w", "k1", ns="hpc", labels={"role": "slurmd", "slurm/node": "n7"}),
+     W.WorkerPod("hpc/w", "k1", "n7")),
+    ("custom: the label missing, no name", CUSTOM, pod("w", "k1", ns="hpc", labels={"role": "slurmd"}),
+     W.WorkerPod("hpc/w", "k1", None)),
+    ("off", None, slinky("x", "k1", "slinky-0"), None),
+])
+def test_worker_pod(case, sel, p, want):
+    assert W.worker_pod(p, sel) == want, case
+
+
+def test_a_worker_is_exempt_because_it_is_a_worker():
+    ex = U.exemptions((), None, SL)
+    assert U.pod_usage(slinky("w", "k1", "s0"), ex) is None
+    why = U.exempt_reason(slinky("w", "k1", "s0"), ex)
+    assert why.startswith("Slurm worker pod (slinky, namespace slurm)")
+    # The same labels elsewhere hold their requests: anyone can write labels.
+    assert U.pod_usage(slinky("w", "k1", "s0", ns="team-a"), ex).cpu == 4 * 10**9
+    # Off: a slinky-labelled pod counts like any other, as before.
+    assert U.pod_usage(slinky("w", "k1", "s0"), U.Exemptions()).cpu == 4 * 10**9
+
+
+# ----------------------------------------------------------------- the mapping
+
+def wp(name, k, s):
+    return W.WorkerPod(f"slurm/{name}", k, s)
+
+
+NODES = {"k1": {}, "k2": {}, "k3": {}, "n1": {}}
+SLURM = frozenset({"s1", "s2", "s3", "n1"})
+BASE = {"k1": None, "k2": None, "k3": None, "n1": "n1"}
+
+
+@pytest.mark.parametrize("case, base, pods, want, warns", [
+    ("no workers: base as it is", BASE, [], {}, []),
+    ("one worker per node", BASE, [wp("a", "k1", "s1"), wp("b", "k2", "s2")],
+     {"k1": "s1", "k2": "s2"}, []),
+    ("two workers, one node, one Slurm node (a replacement starting)", BASE,
+     [wp("a", "k1", "s1"), wp("a2", "k1", "s1")], {"k1": "s1"}, []),
+    ("two workers claim one Slurm node: neither node maps", BASE,
+     [wp("a", "k1", "s1"), wp("b", "k2", "s1")], {}, ["Slurm node s1 is named by worker pods on "
+                                                      "several kubernetes nodes (k1, k2)"]),
+    ("one node, workers naming two Slurm nodes", BASE,
+     [wp("a", "k1", "s1"), wp("b", "k1", "s2"), wp("c", "k3", "s3")], {"k3": "s3"},
+     ["kubernetes node k1: worker pods name different Slurm nodes"]),
+    ("a worker without a name", BASE, [wp("a", "k1", None), wp("b", "k1", "s1")], {},
+     ["worker pod slurm/a on kubernetes node k1: no Slurm node name"]),
+    ("a Slurm node another node maps to (same name)", BASE, [wp("a", "k1", "n1")], {},
+     ["names Slurm node n1, already mapped to kubernetes node n1"]),
+    ("a Slurm node another node maps to (node_map)", {**BASE, "k3": "s1"}, [wp("a", "k1", "s1")],
+     {"k3": "s1"}, ["already mapped to kubernetes node k3"]),
+    ("the node's own setting wins", {**BASE, "k1": "s2"}, [wp("a", "k1", "s1")], {"k1": "s2"},
+     ["maps it to Slurm node s2: that is kept"]),
+    ("the node's own setting agrees", {**BASE, "k1": "s1"}, [wp("a", "k1", "s1")], {"k1": "s1"}, []),
+    ("same-name node running its own worker", BASE, [wp("a", "n1", "n1")], {}, []),
+    ("a Slurm node Slurm does not have (yet)", BASE, [wp("a", "k1", "s9")], {},
+     ["names Slurm node s9, which Slurm does not have"]),
+    ("a node with no Node object", BASE, [wp("a", "k9", "s1")], {}, ["there is no Node k9"]),
+])
+def test_merge(case, base, pods, want, warns):
+    got, warnings = W.merge(base, pods, NODES, SLURM)
+    assert got == {**base, **want}, case
+    assert len(warnings) == len(warns), (case, warnings)
+    for w, text in zip(warnings, warns):
+        assert text in w, (case, w)
+
+
+@pytest.mark.parametrize("case, pods, before, want", [
+    ("a second worker names k1's Slurm node: k1 keeps it, k2 gets nothing",
+     [wp("a", "k1", "s1"), wp("b", "k2", "s1")], {"k1": "s1"}, {"k1": "s1"}),
+    ("k1's worker loses its name: k1 keeps what it had",
+     [wp("a", "k1", None)], {"k1": "s1"}, {"k1": "s1"}),
+    ("k1 runs workers naming two nodes: it keeps the one it had",
+     [wp("a", "k1", "s1"), wp("b", "k1", "s2")], {"k1": "s1"}, {"k1": "s1"}),
+    ("what k1 had is now k3's, cleanly: k1 keeps nothing",
+     [wp("a", "k1", None), wp("c", "k3", "s1")], {"k1": "s1"}, {"k3": "s1"}),
+    ("what k1 had Slurm no longer has", [wp("a", "k1", None)], {"k1": "s8"}, {"k1": None}),
+    ("a node that had nothing keeps nothing", [wp("a", "k2", "s1"), wp("b", "k3", "s1")],
+     {}, {}),
+])
+def test_a_conflict_keeps_what_the_node_had(case, pods, before, want):
+    got, warnings = W.merge(BASE, pods, NODES, SLURM, (), before)
+    assert got == {**BASE, **want}, case
+    assert warnings, case
+
+
+def test_the_admins_word_stands_even_where_it_names_no_slurm_node():
+    # node_map says k1 is s9, which Slurm lacks: the worker there does not
+    # override it (k1 maps to nothing, as without workers).
+    got, warnings = W.merge(BASE, [wp("a", "k1", "s1")], NODES, SLURM, {"k1"})
+    assert got == BASE and len(warnings) == 1
+    assert "maps it to a Slurm node Slurm does not have: that is kept" in warnings[0]
+    knodes = {"k1": knode("k1", **{U.NODE_LABEL: "s9"}), "k2": knode("k2")}
+    d = U.desired_state({}, knodes, [SNodeLike("s1"), SNodeLike("s2")],
+                        workers=[wp("a", "k1", "s1"), wp("b", "k2", "s2")])
+    assert d.k8s_to_slurm == {"k2": "s2"}
+    d = U.desired_state({}, knodes, [SNodeLike("s1")], node_map={"k2": "s1"},
+                        workers=[wp("b", "k2", "s2")])
+    assert d.k8s_to_slurm == {"k2": "s1"}
+
+
+def test_desired_state_maps_worker_nodes_and_leaves_others_alone():
+    nodes = [SNodeLike(n) for n in ("slurm-test-worker-cpu-0", "h1")]
+    knodes = {"cn-hongkong.10.1.0.19": knode("cn-hongkong.10.1.0.19"), "h1": knode("h1")}
+    pods = [U.pod_usage(pod("x", "cn-hongkong.10.1.0.19", "1")), U.pod_usage(pod("y", "h1", "2"))]
+    k8s = U.usage_by_k8s_node(pods)
+    off = U.desired_state(k8s, knodes, nodes)
+    on = U.desired_state(k8s, knodes, nodes, workers=[
+        W.WorkerPod("slurm/slurm-test-worker-cpu-0", "cn-hongkong.10.1.0.19", "slurm-test-worker-cpu-0")])
+    assert off.k8s_to_slurm == {"h1": "h1"} and off == U.desired_state(k8s, knodes, nodes, workers=None)
+    assert on.k8s_to_slurm == {"cn-hongkong.10.1.0.19": "slurm-test-worker-cpu-0", "h1": "h1"}
+    assert on.usage["slurm-test-worker-cpu-0"].cpu == 10**9 and on.usage["h1"].cpu == 2 * 10**9
+
+
+class SNodeLike:
+    def __init__(self, name):
+        self.name = name
+        self.gres = self.reported_gres = {"k8scpu": 4, "k8smemory": 8000}
+
+
+def test_status_maps_worker_nodes_too():
+    cfg = SyncConfig(worker_pods="ack", worker_namespace="slurm")
+    pods = [pod("slurm-test-worker-cpu-0", "k1", "4", "0", ns="slurm"), pod("x", "k1", "1", "0")]
+    assert status.pods_share(pods, [knode("k1")], {"slurm-test-worker-cpu-0"}, cfg) == {
+        "slurm-test-worker-cpu-0": (1, 0)}
+    assert status.pods_share(pods, [knode("k1")], {"slurm-test-worker-cpu-0"}, SyncConfig()) == {}
+    assert mapping.with_workers(SyncConfig(), {"k1": None}, {"k1": {}}, set(), pods) == {"k1": None}
+
+
+# ----------------------------------------------------------------- the cache
+
+def test_cache_keeps_workers_apart_and_counts_the_rest():
+    c = Cache(U.exemptions((), None, SL))
+    c.replace("pods", [slinky("w0", "k1", "s1"), pod("x", "k1", "1"),
+                       slinky("w1", "k2", "s2", ns="team-a")])   # not the admin's namespace
+    assert set(c.workers) == {"slurm/w0"} and set(c.pods) == {"ns/x", "team-a/w1"}
+    assert c.worker_pods() == [W.WorkerPod("slurm/w0", "k1", "s1")]
+    c.take_dirty()
+    c.event("pods", "MODIFIED", slinky("w0", "k3", "s1"))        # recreated elsewhere
+    assert c.take_dirty() is None and c.worker_pods()[0].k8s_node == "k3"
+    c.event("pods", "MODIFIED", slinky("w0", "k3", "s1"))        # no change: no full cycle
+    assert c.take_dirty() == set()
+    # Relabelled out of the workers: it counts from now on, and back.
+    c.event("pods", "MODIFIED", renamed(slinky("w0", "k3", "s1"), **{"app.kubernetes.io/name": "x"}))
+    assert "slurm/w0" in c.pods and not c.workers and c.snapshot()[0]["k3"].cpu == 4 * 10**9
+    c.event("pods", "MODIFIED", slinky("w0", "k3", "s1"))
+    assert "slurm/w0" not in c.pods and c.workers and "k3" not in c.snapshot()[0]
+    assert [pu.uid for pu, _ in c.take_departures()] == ["uid-w0"]   # held as a pod that left
+    c.event("pods", "DELETED", slinky("w0", "k3", "s1"))
+    assert not c.workers and c.take_dirty() is None
+
+
+# ----------------------------------------------------------------- the cycle
+
+K19, K20 = "cn-hongkong.10.1.0.19", "cn-hongkong.10.1.0.20"
+
+
+@pytest.fixture
+def world(tmp_path):
+    slurm = SlurmWorld(str(tmp_path), "slinky-0", "slinky-1")
+    cfg = SyncConfig(ledger_socket="unused", worker_pods="slinky", worker_namespace="slurm")
+    cache = Cache(exemptions_of(cfg), cfg.node_key)
+    cache.replace("nodes", [knode(K19), knode(K20)])
+    cache.replace("pods", [slinky("slinky-0", K19, "slinky-0"), pod("x", K19, "1", "0")])
+    rec = sync.Reconciler(cfg, cache, slurm, ledger=slurm.ledger)
+    rec.cycle()
+    return slurm, cache, rec
+
+
+def test_a_worker_maps_its_node_and_holds_no_share(world):
+    slurm, cache, rec = world
+    assert rec.last.k8s_to_slurm == {K19: "slinky-0"} and rec.k8s_name("slinky-0") == K19
+    assert slurm.counts("slinky-0") == (3, 8000)       # x alone, not the worker's 4 CPUs
+    cache.event("pods", "ADDED", pod("y", K19, "2", "0"))
+    rec.cycle(refresh=False, dirty=cache.take_dirty())
+    assert slurm.counts("slinky-0") == (1, 8000)
+
+
+def test_a_conflict_maps_nothing_new_and_keeps_the_pods_counted(world):
+    slurm, cache, rec = world
+    # A second worker names slinky-0 from the other node: K19 keeps what it
+    # had, K20 maps nothing...
+    cache.event("pods", "ADDED", slinky("slinky-0-dup", K20, "slinky-0"))
+    cache.event("pods", "ADDED", pod("z", K20, "2", "0"))
+    rec.cycle()
+    assert rec.last.k8s_to_slurm == {K19: "slinky-0"}
+    assert any("Slurm node slinky-0 is named by worker pods" in w for w in rec.warned)
+    # ...so x keeps counting, and so does a pod that comes to K19 meanwhile;
+    # z, never counted there, is not added.
+    assert slurm.counts("slinky-0") == (3, 8000) and slurm.counts("slinky-1") == (4, 8000)
+    cache.event("pods", "ADDED", pod("y", K19, "1", "0"))
+    rec.cycle(refresh=False, dirty=cache.take_dirty())
+    assert slurm.counts("slinky-0") == (2, 8000)
+    cache.event("pods", "DELETED", pod("y", K19, "1", "0", phase="Succeeded"))
+    cache.event("pods", "DELETED", slinky("slinky-0-dup", K20, "slinky-0"))
+    rec.cycle()
+    assert rec.last.k8s_to_slurm == {K19: "slinky-0"} and not rec.warned
+    assert slurm.counts("slinky-0") == (3, 8000)
+
+
+def test_a_worker_rescheduled_leaves_its_old_nodes_pods_counted(world):
+    slurm, cache, rec = world
+    cache.event("pods", "DELETED", slinky("slinky-0", K19, "slinky-0"))
+    cache.event("pods", "ADDED", slinky("slinky-0", K20, "slinky-0"))
+    rec.cycle()
+    assert rec.last.k8s_to_slurm == {K20: "slinky-0"}
+    assert slurm.counts("slinky-0") == (3, 8000)        # x still runs on K19: still counted
+    cache.event("pods", "DELETED", pod("x", K19, "1", "0", phase="Succeeded"))
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (4, 8000)
