@@ -91,7 +91,6 @@ class Api:
                 raise
 
 
-
 def coordinator_kubeconfig(slurm, api) -> str:
     """pyk8sres-sync's token in a kubeconfig only the coordinator's uid reads."""
     return hybrid.coordinator_kubeconfig(slurm, api.kube, hybrid.SYNC_ACCOUNT)

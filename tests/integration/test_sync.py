@@ -515,7 +515,6 @@ def test_pods_beyond_what_jobs_leave_are_clamped_and_reported(slurm, api, daemon
     wait_for(lambda: job_state(slurm, small)[0] == "RUNNING", 30, "the job starts")
 
 
-
 def test_a_forced_delete_holds_the_share_for_the_pods_grace_period(slurm, api, daemon):
     """`kubectl delete --grace-period=0 --force`: the object goes at once, the
     kubelet kills the containers only afterwards, within the pod's grace
