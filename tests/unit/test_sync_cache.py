@@ -121,8 +121,23 @@ class ScriptedServer:
         return gen()
 
 
-def test_informer_rewatch_relist_and_health():
+def play(server, cache, settle=0.0) -> Informer:
+    """An informer over `server`'s script until it is played (5 s at most)
+    and `settle` seconds more, then stopped."""
+    stop = threading.Event()
+    inf = Informer(server, "pods", cache, watch_timeout=1, backoff_max=0.01, stop=stop)
+    inf.start()
+    deadline = time.monotonic() + 5
+    while server.watches and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if settle:
+        time.sleep(settle)
+    stop.set()
+    inf.join(2)
+    return inf
 
+
+def test_informer_rewatch_relist_and_health():
     def ev(typ, name, rv, cpu="1"):
         p = pod(name, "n1", cpu)
         p["metadata"]["resourceVersion"] = rv
@@ -139,15 +154,7 @@ def test_informer_rewatch_relist_and_health():
         ])
     c = Cache()
     c.replace("nodes", [])
-    stop = threading.Event()
-    inf = Informer(server, "pods", c, watch_timeout=1, backoff_max=0.01, stop=stop)
-    inf.start()
-    deadline = time.monotonic() + 5
-    while server.watches and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.05)
-    stop.set()
-    inf.join(2)
+    inf = play(server, c, settle=0.05)
     # A normal end resumes from the bookmark's rv; an error or 410 relists.
     assert server.watch_rvs[:4] == ["10", "20", "30", "50"]
     assert set(c.pods) == {"ns/z", "ns/y"}
@@ -156,7 +163,6 @@ def test_informer_rewatch_relist_and_health():
 
 
 def test_informer_marks_the_cache_unhealthy_on_410_until_relisted():
-
     class Recorder(Cache):
         def __init__(self):
             super().__init__()
@@ -173,14 +179,7 @@ def test_informer_marks_the_cache_unhealthy_on_410_until_relisted():
     server = ScriptedServer(lists=[([pod("a", "n1")], "10"), ([], "30")],
                             watches=[[Gone("too old")], []])
     c = Recorder()
-    stop = threading.Event()
-    inf = Informer(server, "pods", c, watch_timeout=1, backoff_max=0.01, stop=stop)
-    inf.start()
-    deadline = time.monotonic() + 5
-    while server.watches and time.monotonic() < deadline:
-        time.sleep(0.01)
-    stop.set()
-    inf.join(2)
+    play(server, c)
     # open (True), 410 (False), relist, open again (True): never "in sync"
     # between the 410 and the relist.
     assert c.calls[:4] == [("replace", 1), ("health", True), ("health", False), ("replace", 0)]
