@@ -153,9 +153,9 @@ def world():
             shutil.rmtree(work, ignore_errors=True)
 
 
-def test_churn_with_faults_never_double_books(world):
-    c, cp, kube = world
-    churn = ChurnWithFaults(c, cp, kube, seed=int(os.environ.get("PYK8SRES_CHURN_SEED", "8")))
+def run_the_churn(churn) -> None:
+    """The workload, the checker and the faults, each in its thread, for
+    SECONDS and until every fault has happened once."""
     workers = [threading.Thread(target=f, daemon=True) for f in
                (churn.submit_jobs, churn.create_pods, churn.scale_deployments, churn.delete_pods,
                 churn.resize_pods, churn.quota_refused_creates, churn.check, churn.inject,
@@ -169,10 +169,11 @@ def test_churn_with_faults_never_double_books(world):
     for w in workers:
         w.join(180)
 
-    refused_bindings = sum(e.get("count") or 1 for e in K.list_events(
-        kube, NAMESPACE, field_selector="reason=InsufficientSharedCapacity"))
 
-    # Nothing stuck: with the pods gone, every job starts (or has run).
+def run_the_backlog(c, kube, churn) -> tuple:
+    """The pods gone, the queue drained: (jobs still pending when it stopped
+    draining, nodes resumed and jobs released that Slurm held itself,
+    seconds it took, sruns lost with a slurmctld killed -9)."""
     apps = kclient.AppsV1Api(kube.api)
     for name in DEPLOYMENTS:
         apps.patch_namespaced_deployment_scale(name, NAMESPACE, {"spec": {"replicas": 0}})
@@ -209,6 +210,52 @@ def test_churn_with_faults_never_double_books(world):
                 lost += 1
                 p.kill()
                 p.wait()
+    return pending, resumed, refused_copies, drained_in, lost
+
+
+def report(churn, summary: dict) -> None:
+    """What the churn did, for the CI log."""
+    print("\nchurn summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
+    print("faults: " + "; ".join(churn.faults))
+    sides = {}
+    for side, *_ in churn.not_sampled:
+        sides[side] = sides.get(side, 0) + 1
+    print(f"samples not taken (each must overlap a fault of its side): {sides or 'none'}; "
+          f"creates answered 5xx: {[e[2] for e in churn.server_errors[:3]]}")
+    print("daemons found dead or hung after a fault, started again: "
+          + ("; ".join(churn.revived) or "none"))
+    if churn.flood_ms:
+        ms = sorted(churn.flood_ms)
+        print(f"root's ledger show during floods: {len(ms)} calls, median "
+              f"{ms[len(ms) // 2]:.1f} ms, p99 {ms[int(len(ms) * 0.99)]:.1f} ms, "
+              f"max {ms[-1]:.1f} ms")
+
+
+def stuck(c, pending: list[str]) -> str:
+    """What a CI log must carry to explain jobs still pending after the churn."""
+    ledger = subprocess.run([sys.executable, "-m", "pyk8sres", "ledger", "show"],
+                            capture_output=True, text=True, env=c.env).stdout
+    jobs = subprocess.run(["squeue", "-o", "%i %T %C %m %N %r %b %S"], capture_output=True,
+                          text=True, env=c.env).stdout
+    first = subprocess.run(["scontrol", "-d", "show", "job", pending[0].split()[0]],
+                           capture_output=True, text=True, env=c.env).stdout
+    nodes = subprocess.run(["scontrol", "-d", "show", "node"], capture_output=True,
+                           text=True, env=c.env).stdout
+    return (f"stuck after the churn: {pending}\nledger:\n{ledger}\njobs:\n{jobs}\n"
+            f"{first}\n{nodes}\nsync log: {c.log_tail('sync.out', 10)}\n"
+            f"daemon logs kept in {c.work}/log")
+
+
+def test_churn_with_faults_never_double_books(world):
+    c, cp, kube = world
+    churn = ChurnWithFaults(c, cp, kube, seed=int(os.environ.get("PYK8SRES_CHURN_SEED", "8")))
+    run_the_churn(churn)
+
+    refused_bindings = sum(e.get("count") or 1 for e in K.list_events(
+        kube, NAMESPACE, field_selector="reason=InsufficientSharedCapacity"))
+
+    # Nothing stuck: with the pods gone, every job starts (or has run).
+    pending, resumed, refused_copies, drained_in, lost = run_the_backlog(c, kube, churn)
     states = subprocess.run(["scontrol", "-o", "show", "job"], capture_output=True, text=True,
                             env=c.env).stdout
     started = len(re.findall(r"JobState=(?:COMPLETED|RUNNING|COMPLETING)", states))
@@ -224,20 +271,7 @@ def test_churn_with_faults_never_double_books(world):
                                         len(resumed),
                                     "seconds the backlog took to run": round(drained_in),
                                     "violations": len(churn.violations)})
-    print("\nchurn summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
-    print("faults: " + "; ".join(churn.faults))
-    sides = {}
-    for side, *_ in churn.not_sampled:
-        sides[side] = sides.get(side, 0) + 1
-    print(f"samples not taken (each must overlap a fault of its side): {sides or 'none'}; "
-          f"creates answered 5xx: {[e[2] for e in churn.server_errors[:3]]}")
-    print("daemons found dead or hung after a fault, started again: "
-          + ("; ".join(churn.revived) or "none"))
-    if churn.flood_ms:
-        ms = sorted(churn.flood_ms)
-        print(f"root's ledger show during floods: {len(ms)} calls, median "
-              f"{ms[len(ms) // 2]:.1f} ms, p99 {ms[int(len(ms) * 0.99)]:.1f} ms, "
-              f"max {ms[-1]:.1f} ms")
+    report(churn, summary)
     assert not churn.violations, (f"{len(churn.violations)} violations: "
                                   f"{churn.violations[:5]}\n{churn.first_violation}\n"
                                   f"faults: {churn.faults}")
@@ -248,17 +282,7 @@ def test_churn_with_faults_never_double_books(world):
     assert not unexplained, (f"{len(unexplained)} unexplained: {unexplained[:5]}\n"
                              f"faults: {churn.faults}")
     if pending:
-        ledger = subprocess.run([sys.executable, "-m", "pyk8sres", "ledger", "show"],
-                                capture_output=True, text=True, env=c.env).stdout
-        jobs = subprocess.run(["squeue", "-o", "%i %T %C %m %N %r %b %S"], capture_output=True,
-                              text=True, env=c.env).stdout
-        first = subprocess.run(["scontrol", "-d", "show", "job", pending[0].split()[0]],
-                               capture_output=True, text=True, env=c.env).stdout
-        nodes = subprocess.run(["scontrol", "-d", "show", "node"], capture_output=True,
-                               text=True, env=c.env).stdout
-        pytest.fail(f"stuck after the churn: {pending}\nledger:\n{ledger}\njobs:\n{jobs}\n"
-                    f"{first}\n{nodes}\nsync log: {c.log_tail('sync.out', 10)}\n"
-                    f"daemon logs kept in {c.work}/log")
+        pytest.fail(stuck(c, pending))
     # The churn really churned, and the faults really happened.
     counts = churn.counts
     assert counts["samples"] > 50 and counts["faults"] >= 8 and counts["node outages"] >= 1
