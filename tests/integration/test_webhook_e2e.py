@@ -16,16 +16,15 @@ the tests' pods on n1/n2).  Pods a test binds itself name a scheduler nobody
 runs; the others are the real kube-scheduler's.
 Ports: port(27600...) Slurm; the control plane and the coordinator
 pick_ports(27700, 27790) (kubernetes.Ports).
+The helpers and the hostile callers are in webhook_world.py.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -35,20 +34,19 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from conftest_kube import http_get, pick_ports
-from ground_truth import over_capacity
 from local_slurm import SLURM, port, requires_slurm, slurm_conf
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator import slurm as S
-from pyk8sres.coordinator.config import SyncConfig, WebhookConfig
-from pyk8sres.coordinator import webhook as W
 from pyk8sres.coordinator.certs import Certs
 from pyk8sres.policy.admission import MIRROR_ANNOTATION as A_MIRROR
-from pyk8sres.testbed import cluster, hybrid, kubernetes
+from pyk8sres.testbed import cluster, hybrid
 from pyk8sres.testbed.faults import Caller
+from webhook_world import (KUBELET_RESIZE, NODE_CPUS, NODE_MEM, NOBODY_SCHEDULES, active,
+                           cpu_to, flood_webhook, hold_ledger, http_status, in_process_webhook,
+                           job_state, no_double_booking, node_of, pod, probe_reach, ran_with,
+                           resize_pending, restart_coordinator_webhook, sbatch, timed_create,
+                           used, wait_for)
 
-NODE_CPUS, NODE_MEM = 8, 16000
-CAPACITY = {"n1": (NODE_CPUS, NODE_MEM), "n2": (NODE_CPUS, NODE_MEM)}
-NOBODY_SCHEDULES = "test-binds-it-itself"
 pytestmark = requires_slurm
 
 
@@ -66,23 +64,6 @@ def world():
         subprocess.run(["scancel", "--full", "-u", "root"], env=c.env, capture_output=True)
         hybrid.down(work)
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _probe(queue, stop, path, state, journal, key):
-    """As the coordinator's uid: the ledger answers; Slurm's state, the
-    journal and the munge key do not open."""
-    with socket.socket(socket.AF_UNIX) as s:
-        s.connect(path)
-        s.sendall(b'{"op":"show"}\n')
-        shown = json.loads(s.makefile("rb").readline())
-    denied = []
-    for what, fn in (("state", lambda: os.listdir(state)), ("journal", lambda: open(journal)),
-                     ("munge key", lambda: open(key, "rb"))):
-        try:
-            fn()
-        except PermissionError:
-            denied.append(what)
-    queue.put(("done", (shown.get("ok"), sorted(shown.get("nodes", {})), sorted(denied))))
 
 
 def test_the_coordinator_runs_as_its_own_uid_with_the_ledger_and_nothing_else(world):
@@ -104,7 +85,7 @@ def test_the_coordinator_runs_as_its_own_uid_with_the_ledger_and_nothing_else(wo
     path = S.ledger_socket_path(c.conf)
     assert os.path.dirname(path) == os.path.join(c.work, "ledger")
     state = os.path.join(c.work, "state")
-    child = Caller(me.pw_uid, [me.pw_gid], _probe, path, state,
+    child = Caller(me.pw_uid, [me.pw_gid], probe_reach, path, state,
                    os.path.join(state, "k8s_resources.ledger"),
                    os.path.join(c.work, "munge", "munge.key"))
     event = child.queue.get(timeout=30)
@@ -150,88 +131,6 @@ def ns(kube, slurm, ledger):
              "nodes empty")
 
 
-# ----------------------------------------------------------------- helpers
-
-def wait_for(pred, timeout=15.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
-
-
-def used(slurm, node):
-    """Slurm's own word: k8scpu/k8smemory allocated = jobs + Kubernetes' share."""
-    n = S.get_node(node)
-    return n.gres_used.get("k8scpu", 0), n.gres_used.get("k8smemory", 0)
-
-
-def sbatch(slurm, node, cpus, mem=1000):
-    out = subprocess.run(["sbatch", "--parsable", "-w", node, "-c", str(cpus), f"--mem={mem}",
-                          "-o", "/dev/null", "--wrap", "sleep 300"],
-                         env=slurm.env, capture_output=True, text=True, check=True,
-                         cwd="/tmp").stdout
-    return out.strip().split(";")[0]
-
-
-def job_state(slurm, job):
-    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], env=slurm.env,
-                         capture_output=True, text=True).stdout.split()
-    return tuple(out[:2]) if out else ("GONE", "")
-
-
-def pod(name, cpu, mem="1Gi", node=None, scheduler=None):
-    spec = {"containers": [{"name": "c", "image": "x",
-                            "resources": {"requests": {"cpu": cpu, "memory": mem}}}],
-            "terminationGracePeriodSeconds": 0}
-    if node:
-        spec["nodeName"] = node
-    if scheduler:
-        spec["schedulerName"] = scheduler
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
-
-
-def node_of(kube, ns, name):
-    return ((K.get_pod(kube, ns, name) or {}).get("spec") or {}).get("nodeName")
-
-
-def active(kube, ns):
-    """Wait until the webhook is in force: its configuration reaches the API
-    server's plugin through an informer, and the ledger answers (slurmctld
-    may have just restarted).  The probe asks for more than any node has:
-    refused by the ledger, so it reserves nothing."""
-    last = []
-
-    def refused():
-        try:
-            K.create_pod(kube, ns, pod("probe", "100", node="n1"))
-        except ApiException as e:
-            last[:] = [e.status, e.body]
-            return e.status == 403 and "does not fit" in (e.body or "")
-        last[:] = ["created"]
-        K.delete_pod(kube, ns, "probe")
-        return False
-    try:
-        wait_for(refused, 30, "webhook in force")
-    except AssertionError:
-        raise AssertionError(f"webhook not in force: last answer {last}; configuration "
-                             f"{K.get_webhook_config(kube, 'pyk8sres-admission')}") from None
-
-
-def no_double_booking(slurm, kube):
-    assert over_capacity(slurm.env, kube, CAPACITY) == []
-
-
-def restart_coordinator_webhook(slurm, control_plane, kube, ns):
-    """`pyk8sres webhook` again as its ServiceAccount (it was stopped)."""
-    hybrid.start_webhook(slurm, control_plane)
-    hybrid.wait_webhook(control_plane, slurm)
-    active(kube, ns)
-
-
 # ----------------------------------------------------------------- tests
 
 def test_refusal_names_node_and_slurm_and_nothing_is_double_booked(slurm, kube, ns):
@@ -244,7 +143,7 @@ def test_refusal_names_node_and_slurm_and_nothing_is_double_booked(slurm, kube, 
     assert e.value.status == 403
     assert "does not fit on node n1" in e.value.body and "Slurm jobs hold 6 of 8 CPUs" in e.value.body
     print("refusal:", e.value.body)
-    # nothing the pod's creator writes exempts it (issue 8 item 9)
+    # nothing the pod's creator writes exempts it: any user could write it
     selfish = pod("selfish", "4", node="n1")
     selfish["metadata"]["labels"] = {"pyk8sres.io/slurm-worker": "true"}
     selfish["metadata"]["annotations"] = {"pyk8sres.io/slurm-worker": "true"}
@@ -343,23 +242,6 @@ def test_fail_closed_when_coordinator_is_down(slurm, control_plane, kube, ns):
         restart_coordinator_webhook(slurm, control_plane, kube, ns)
     # back: the scheduler's retry goes through
     assert wait_for(lambda: node_of(kube, ns, "sched"), 30, "bound after restart") in ("n1", "n2")
-
-
-def in_process_webhook(slurm, control_plane, ledger, **cfg):
-    """The coordinator's webhook in this process, as its ServiceAccount, on
-    the port the API server presents its client certificate to (the
-    `pyk8sres webhook` process is stopped first)."""
-    cluster.stop_process(slurm.work, "webhook")
-    p = control_plane.ports.webhook
-    sa = control_plane.service_account_kubeconfig(hybrid.WEBHOOK_ACCOUNT, hybrid.NAMESPACE)
-    wcfg = WebhookConfig(listen=f"127.0.0.1:{p}", url=f"https://127.0.0.1:{p}/validate",
-                           client_ca_file=control_plane.webhook_client_ca,
-                           client_names=(kubernetes.WEBHOOK_CLIENT,), **cfg)
-    hook = W.Webhook(wcfg, SyncConfig(), K.Kube(sa), ledger).start()
-    served = []                      # monotonic times of the calls that reached us
-    review = hook.server.admission.review
-    hook.server.admission.review = lambda body: served.append(time.monotonic()) or review(body)
-    return hook, served
 
 
 def test_certificate_and_ca_rotation_under_traffic(slurm, control_plane, kube, ledger, ns):
@@ -494,28 +376,6 @@ def test_static_pod_from_its_kubelet_is_allowed_and_counted_even_over_capacity(
 
 # ----------------------------------------------------------------- resizes
 
-KUBELET_RESIZE = "pyk8sres.io/kubelet-resize"   # kube/kwok.yaml: leave a resize pending
-
-
-def ran_with(kube, ns, name):
-    """CPU the kubelet (kwok) reports the pod's container running with."""
-    st = ((K.get_pod(kube, ns, name) or {}).get("status") or {})
-    return ((st.get("containerStatuses") or [{}])[0].get("resources") or {}).get(
-        "requests", {}).get("cpu")
-
-
-def resize_pending(kube, ns, name):
-    for c in ((K.get_pod(kube, ns, name) or {}).get("status") or {}).get("conditions") or []:
-        if c.get("type") == "PodResizePending":
-            return c.get("reason")
-    return None
-
-
-def cpu_to(kube, ns, name, cpu):
-    K.resize_pod(kube, ns, name, [{"name": "c", "resources": {"requests": {
-        "cpu": cpu, "memory": "1Gi"}}}])
-
-
 def test_a_shrink_after_an_infeasible_growth_stays_held(slurm, kube, ns):
     """A pod at 1 CPU is resized to 4, which its kubelet leaves Infeasible;
     then to 3.  The PodResizePending condition still says Infeasible (it is
@@ -592,122 +452,6 @@ IDLE_CONNECTIONS = 4000
 STALLED_HANDSHAKES = 1100      # more than the descriptors systemd gives a service
 
 
-def _client_hello() -> bytes:
-    """A real TLS ClientHello, to dribble byte by byte."""
-    import ssl
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = ctx.wrap_bio(incoming, outgoing)
-    try:
-        tls.do_handshake()
-    except ssl.SSLWantReadError:
-        pass
-    return outgoing.read()
-
-
-def _stall_handshakes(port, n, hello, batch=4, timeout=0.5, total=10.0) -> list:
-    """n TCP connections that send a whole ClientHello, wait for the
-    server's answer (so each is accepted and its handshake under way), then
-    never go on; `batch` at a time (within a listen backlog of 5, so none
-    waits on a dropped ACK), each batch given up after `timeout`, all of
-    them after `total` seconds."""
-    import select
-    stalled = []
-    end = time.monotonic() + total
-    while len(stalled) < n and time.monotonic() < end:
-        socks = []
-        for _ in range(min(batch, n - len(stalled))):
-            s = socket.socket()
-            s.setblocking(False)
-            s.connect_ex(("127.0.0.1", port))
-            socks.append(s)
-        poller, waiting = select.poll(), {s.fileno(): s for s in socks}
-        for s in socks:
-            poller.register(s, select.POLLOUT)
-        sent, deadline = set(), time.monotonic() + timeout
-        while waiting and time.monotonic() < deadline:
-            for fd, ev in poller.poll(50):
-                if fd not in sent:        # connected: the whole ClientHello
-                    try:
-                        waiting[fd].send(hello)
-                    except OSError:
-                        pass
-                    sent.add(fd)
-                    poller.modify(fd, select.POLLIN)
-                else:                     # the server answered (or closed)
-                    poller.unregister(fd)
-                    del waiting[fd]
-        stalled += socks
-    return stalled
-
-
-def _flood_webhook(queue, stop, port, idle, stalled, hellos, headers):
-    """As an unprivileged user: `headers` TLS connections (no certificate)
-    dribbling an HTTP request's headers a byte every 0.1 s, `stalled` TLS
-    handshakes started and never finished, `hellos` TCP connections
-    dribbling a ClientHello a byte every 0.1 s, then `idle` TCP connections
-    that never send a byte.  Nothing is reopened."""
-    import ssl
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    request = (b"POST /validate HTTP/1.1\r\nHost: webhook\r\nContent-Length: 10\r\n"
-               + b"X-Slow: 1\r\n" * 1000)
-    dribbling, failed = [], 0
-    for _ in range(headers):
-        try:
-            s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=2))
-        except OSError:
-            failed += 1
-            continue
-        s.setblocking(False)
-        dribbling.append([s, request, 0])
-    hello = _client_hello()
-    held = _stall_handshakes(port, stalled, hello)
-    stalled_n = len(held)
-    for n, data in ((hellos, hello), (idle, None)):
-        for _ in range(n):
-            s = socket.socket()
-            s.setblocking(False)
-            s.connect_ex(("127.0.0.1", port))
-            (held.append(s) if data is None else dribbling.append([s, data, 0]))
-    queue.put(("flooding", {"held": len(held), "stalled": stalled_n,
-                            "dribbling": len(dribbling), "tls_failed": failed}))
-    cut = 0
-    while not stop.is_set():
-        for d in dribbling:
-            if d[0] is None or d[2] >= len(d[1]):
-                continue
-            try:
-                d[2] += d[0].send(d[1][d[2]:d[2] + 1])
-            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
-                pass
-            except OSError:          # the webhook closed it
-                d[0].close()
-                d[0] = None
-                cut += 1
-        stop.wait(0.1)
-    closed = 0
-    for s in held:
-        try:
-            closed += s.recv(65536) == b""
-        except BlockingIOError:
-            pass
-        except OSError:
-            closed += 1
-        s.close()
-    queue.put(("done", {"dribblers_cut": cut, "held_closed_by_webhook": closed}))
-
-
-def _timed_create(kube, ns, body) -> tuple[float, object]:
-    t0 = time.monotonic()
-    try:
-        K.create_pod(kube, ns, body)
-        return time.monotonic() - t0, "created"
-    except ApiException as e:
-        return time.monotonic() - t0, e
-
-
 def test_admission_holds_under_idle_connections_and_slowloris(slurm, control_plane, kube, ns):
     """An unprivileged local user (nobody) holds 4,000 idle TCP connections
     to the webhook's port and 1,100 TLS handshakes it never finishes, and
@@ -730,15 +474,15 @@ def test_admission_holds_under_idle_connections_and_slowloris(slurm, control_pla
     port = control_plane.ports.webhook
     metrics_url = f"http://127.0.0.1:{control_plane.ports.webhook_metrics}/readyz"
     wait_for(lambda: http_status(metrics_url) == 200, 30, "the new webhook ready")
-    flood = Caller(nobody.pw_uid, [nobody.pw_gid], _flood_webhook, port, IDLE_CONNECTIONS,
+    flood = Caller(nobody.pw_uid, [nobody.pw_gid], flood_webhook, port, IDLE_CONNECTIONS,
                    STALLED_HANDSHAKES, 100, 50)
     try:
         print("flood:", flood.started(60))
         time.sleep(0.5)
         answers = []
         for i in range(3):                        # at once, then while the flood is held
-            answers.append(_timed_create(kube, ns, pod(f"fits-{i}", "1", "100Mi", node="n1")))
-            answers.append(_timed_create(kube, ns, pod(f"big-{i}", "100", node="n1")))
+            answers.append(timed_create(kube, ns, pod(f"fits-{i}", "1", "100Mi", node="n1")))
+            answers.append(timed_create(kube, ns, pod(f"big-{i}", "100", node="n1")))
             time.sleep(1.5)
         print("answers (seconds, outcome):",
               [(round(s, 3), a if a == "created" else (a.status, a.body[:120]))
@@ -766,40 +510,6 @@ def test_admission_holds_under_idle_connections_and_slowloris(slurm, control_pla
     no_double_booking(slurm, kube)
 
 
-def http_status(url: str) -> int | None:
-    import urllib.error
-    import urllib.request
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return None
-
-
-def _hold_ledger(queue, stop, path, n):
-    socks = []
-    for _ in range(n):
-        s = socket.socket(socket.AF_UNIX)
-        s.settimeout(5)
-        s.connect(path)
-        try:                  # over the budget: "busy", or closed before we wrote
-            s.sendall(b'{"op":"show"}\n')
-            ok = json.loads(s.makefile("rb").readline()).get("ok")
-        except (OSError, ValueError):
-            ok = False
-        if not ok:
-            s.close()
-            break
-        socks.append(s)
-    queue.put(("holding", len(socks)))
-    stop.wait(60)
-    for s in socks:
-        s.close()
-    queue.put(("done", None))
-
-
 def test_readiness_fails_while_the_ledger_answers_busy(slurm, control_plane, kube, ns):
     """The coordinator's uid holds its whole connection budget
     (LedgerConnectionsPerUser=, every replica's together): a webhook
@@ -810,7 +520,7 @@ def test_readiness_fails_while_the_ledger_answers_busy(slurm, control_plane, kub
     readyz = f"http://127.0.0.1:{control_plane.ports.webhook_metrics}/readyz"
     cluster.stop_process(slurm.work, "webhook")
     _, gid, groups = hybrid.run_as_coordinator(slurm)
-    hog = Caller(me.pw_uid, [gid, *groups], _hold_ledger, path, 1000)
+    hog = Caller(me.pw_uid, [gid, *groups], hold_ledger, path, 1000)
     try:
         held = hog.started(30)
         print("connections held by the coordinator's uid:", held)

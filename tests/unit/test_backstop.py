@@ -1,12 +1,12 @@
 """The backstop's rules (policy/backstop.py) and the sync daemon holding
-them in a real ledger (in-process, as test_sync_logic does)."""
+them in a real ledger (in-process, memory_slurm.SlurmWorld)."""
 import dataclasses
 
 import pytest
 
 from pyk8sres.coordinator import cache as cache_mod, config, sync
 from pyk8sres.policy import backstop as B
-from test_sync_logic import SlurmWorld, knode, pod
+from memory_slurm import SlurmWorld, knode, pod
 
 
 @pytest.mark.parametrize("alloc, jobs, completing, want", [

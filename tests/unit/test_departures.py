@@ -1,6 +1,6 @@
 """How long a pod that left the API server still holds its share: the pure
 rules (policy/departures.py), then the sync daemon's cycle against the real
-ledger code (test_sync_logic.SlurmWorld), judged by what Slurm leaves to jobs."""
+ledger code (memory_slurm.SlurmWorld), judged by what Slurm leaves to jobs."""
 
 import time
 
@@ -11,7 +11,7 @@ from pyk8sres.coordinator.cache import Cache
 from pyk8sres.coordinator.config import SyncConfig, exemptions_of
 from pyk8sres.policy import departures as D
 
-from test_sync_logic import SlurmWorld, knode, pod
+from memory_slurm import SlurmWorld, knode, pod
 
 NOW, WALL, MARGIN = 1000.0, 1_700_000_000.0, 5.0
 

@@ -18,9 +18,9 @@ from pyk8sres.coordinator.webhook import Admission, Webhook
 from pyk8sres.policy import admission as A
 from pyk8sres.policy import ledger as L
 
+from memory_slurm import SlurmWorld, knode
+from memory_slurm import pod as bound_pod
 from test_admission import MI, pod, req, target
-from test_sync_logic import SlurmWorld, knode
-from test_sync_logic import pod as bound_pod
 
 NOT_READY = {"ok": False, "code": "notready",
              "error": "slurmctld has not recovered its node and job state yet"}

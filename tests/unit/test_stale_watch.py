@@ -17,7 +17,7 @@ from pyk8sres.coordinator.kube import Informer
 from pyk8sres.coordinator.scope import Scope
 from pyk8sres.policy import usage as U
 
-from test_sync_logic import SlurmWorld, knode, pod
+from memory_slurm import SlurmWorld, knode, pod
 
 
 class StuckServer:

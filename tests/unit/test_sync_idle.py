@@ -7,7 +7,7 @@ from pyk8sres.coordinator import sync
 from pyk8sres.coordinator.cache import Cache
 from pyk8sres.coordinator.config import SyncConfig, exemptions_of
 
-from test_sync_logic import SlurmWorld, knode, pod
+from memory_slurm import SlurmWorld, knode, pod
 
 
 @pytest.fixture

@@ -1,0 +1,165 @@
+"""The sync daemon's GenericNode objects without any server: a Reconciler
+over an in-memory Slurm (memory_slurm.py) writing to an in-memory store --
+the write budget, the relist that puts back what someone else changed, and
+which nodes a pod change writes."""
+
+import threading
+
+import pytest
+
+from memory_slurm import SlurmWorld, knode, pod
+from pyk8sres.coordinator import sync
+from pyk8sres.coordinator.cache import Cache
+from pyk8sres.coordinator.config import SyncConfig, exemptions_of
+from pyk8sres.coordinator.kube import MANAGED_BY
+from pyk8sres.coordinator.threads import GenericNodeWriter
+from pyk8sres.policy import usage as U
+
+
+class GenericNodeStore:
+    """Stands in for kube.Kube's GenericNode calls: the objects, and the
+    writes in order."""
+
+    def __init__(self):
+        self.objects, self.writes = {}, []
+
+    def ensure_crd(self):
+        pass
+
+    def list_generic_nodes(self):
+        return {n: {"metadata": {"name": n, "labels": dict(MANAGED_BY)}, **o}
+                for n, o in self.objects.items()}
+
+    def create_generic_node(self, name, spec, status):
+        self.writes.append(name)
+        self.objects[name] = {"spec": spec, "status": status}
+
+    def patch_generic_node(self, name, spec=None, status=None):
+        self.writes.append(name)
+        o = self.objects[name]
+        o["spec"] = spec or o["spec"]
+        o["status"] = {**o["status"], **{k: v for k, v in (status or {}).items() if v is not None}}
+
+
+def publishing(tmp_path, count, **settings):
+    """A Reconciler over `count` nodes without pods that writes GenericNodes
+    to a GenericNodeStore: (slurm, cache, store, rec), after its first cycle."""
+    names = [f"n{i}" for i in range(1, count + 1)]
+    slurm = SlurmWorld(str(tmp_path), *names)
+    cfg = SyncConfig(ledger_socket="unused", **settings)
+    cache = Cache(exemptions_of(cfg), cfg.node_key)
+    cache.replace("nodes", [knode(n) for n in names])
+    cache.replace("pods", [])
+    store = GenericNodeStore()
+    rec = sync.Reconciler(cfg, cache, slurm, kube=store, ledger=slurm.ledger)
+    rec.cluster = "c1"
+    rec.cycle()
+    return slurm, cache, store, rec
+
+
+def test_generic_node_writes_keep_a_budget_oldest_change_first(tmp_path, monkeypatch):
+    """A burst of pod changes on many nodes costs at most generic_node_burst
+    writes at once and generic_node_qps after; the nodes left behind are
+    written oldest change first, each with its newest state, and once the
+    budget refills every object equals what Slurm and the pods hold."""
+    now = [1000.0]
+    monkeypatch.setattr(sync.time, "monotonic", lambda: now[0])
+    names = [f"n{i}" for i in range(1, 11)]
+    slurm, cache, store, rec = publishing(tmp_path, 10, generic_node_qps=2.0,
+                                          generic_node_burst=3)   # creating is not budgeted
+    assert len(store.writes) == 10 and not rec.gn_behind
+    for i, n in enumerate(reversed(names)):           # a burst: every node changes, n1 last
+        now[0] += 0.001
+        cache.event("pods", "ADDED", pod(f"p{i}", n, "1", "1Gi"))
+        rec.cycle(refresh=False, dirty=cache.take_dirty())
+    assert len(store.writes) == 13 and rec.gn_behind  # three tokens
+    assert "n1" not in store.writes[10:], "n1 changed last: the older ones go first"
+    now[0] += 1.0                                     # two more tokens
+    cache.event("pods", "ADDED", pod("late", "n2", "2", "1Gi"))   # n2 again: keeps its turn
+    rec.cycle()
+    assert len(store.writes) == 15
+    for _ in range(10):
+        now[0] += 1.0
+        rec.cycle()
+    assert not rec.gn_behind and len(store.writes) == 10 + 10     # each node once, newest state
+    want = {n: U.generic_node_body(n, slurm.nodes[n], rec.last.usage.get(n), "c1") for n in names}
+    assert {n: (o["spec"], o["status"]) for n, o in store.objects.items()} == want
+    assert want["n2"][1]["allocatedResources"][1]["allocated"]["cpu"] == "3"
+    writes = len(store.writes)
+    now[0] += 100.0
+    rec.cycle()
+    assert len(store.writes) == writes                # nothing changed: nothing written
+
+
+def test_generic_nodes_edited_or_deleted_by_hand_are_put_back_by_the_relist(tmp_path, monkeypatch):
+    """sync owns its GenericNodes: one deleted or edited by someone else is
+    put back once GN_RELIST_SECONDS have passed since the last list (not
+    before: listing 10,000 of them is the costly part), and nothing else
+    is written."""
+    now = [1000.0]
+    monkeypatch.setattr(sync.time, "monotonic", lambda: now[0])
+    slurm, cache, store, rec = publishing(tmp_path, 3)
+    want = {n: dict(o) for n, o in store.objects.items()}
+    del store.objects["n1"]
+    store.objects["n2"] = {"spec": {"edited": True}, "status": {}}
+    writes = len(store.writes)
+    now[0] += sync.GN_RELIST_SECONDS - 1
+    rec.cycle()
+    assert len(store.writes) == writes and "n1" not in store.objects
+    now[0] += 2
+    rec.cycle()
+    assert sorted(store.writes[writes:]) == ["n1", "n2"]
+    assert store.objects == want
+
+
+class LookedUp(dict):
+    """A Slurm view that records which nodes a GenericNode pass looked at."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.looked = set()
+
+    def get(self, name, default=None):
+        self.looked.add(name)
+        return super().get(name, default)
+
+
+def test_pod_cycles_write_the_generic_nodes_of_their_nodes_only(tmp_path):
+    """After a pod event the GenericNode pass looks at the node the pod is
+    on, not at every node (O(its node) at 10,000 nodes), plus any node
+    whose oversubscription flag flipped meanwhile without a pod event; and
+    a full pass afterwards finds nothing left to write."""
+    names = [f"n{i}" for i in range(1, 7)]
+    slurm, cache, store, rec = publishing(tmp_path, 6)
+    assert sorted(store.writes) == names
+    cache.take_dirty()                                      # what the daemon's loop does
+    rec.slurm_view = LookedUp(rec.slurm_view)
+
+    cache.event("pods", "ADDED", pod("a", "n2", "1", "1Gi"))
+    rec.cycle(refresh=False, dirty=cache.take_dirty())
+    assert rec.slurm_view.looked == {"n2"} and store.writes[6:] == ["n2"]
+
+    rec.slurm_view.looked.clear()
+    rec.note_oversubscribed("n5", True, "a static pod")     # from the ledger's poller
+    cache.event("pods", "ADDED", pod("b", "n2", "1", "1Gi"))
+    rec.cycle(refresh=False, dirty=cache.take_dirty())
+    assert rec.slurm_view.looked == {"n2", "n5"} and sorted(store.writes[7:]) == ["n2", "n5"]
+    assert (store.objects["n5"]["spec"], store.objects["n5"]["status"]) == U.generic_node_body(
+        "n5", slurm.nodes["n5"], None, "c1", oversubscribed=True)
+
+    writes = len(store.writes)
+    rec.cycle(refresh=False)                                # a full pass over every node
+    assert rec.slurm_view.looked >= set(names) and len(store.writes) == writes
+
+
+@pytest.mark.parametrize("offers, want", [
+    ([{"a"}], {"a"}),
+    ([{"a"}, {"b"}], {"a", "b"}),       # not yet written: the nodes of both
+    ([{"a"}, None], None),              # a full pass covers any node
+    ([None, {"b"}], None),
+])
+def test_generic_node_writer_folds_waiting_decisions(offers, want):
+    w = GenericNodeWriter(None, threading.Event())
+    for i, only in enumerate(offers):
+        w.offer(f"decision {i}", {}, only)
+    assert w.pending == (f"decision {len(offers) - 1}", {}, want)
