@@ -36,7 +36,7 @@ from local_slurm import SLURM, port  # noqa: E402
 from pyk8sres.policy import quantities  # noqa: E402
 from pyk8sres.testbed import cluster as slurm_cluster  # noqa: E402
 from pyk8sres.testbed import hybrid  # noqa: E402
-from sync_world import (NODE_CPUS, NODE_MEM, Api, Daemon, allocated,  # noqa: E402
+from sync_world import (GROUP, NODE_CPUS, NODE_MEM, PLURAL, VERSION, Api, Daemon, allocated,  # noqa: E402
                         as_coordinator, bound_pod, clean, coordinator_kubeconfig, delete_pod,
                         done, ensure_namespace, exists, generic_node, held, job_state, k8s_node,
                         new_pod, node_ready, pending_while, running, sbatch, scheduled_pod, used,
@@ -599,7 +599,7 @@ def test_worker_pods_map_their_node_without_a_map(slurm, api, daemon):
     names = {g["metadata"]["name"] for g in
              api.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]}
     assert k20 not in names
-    _delete_pod(api, "slinky-dup", "slurm")
-    _delete_pod(api, q)
-    _delete_pod(api, p)
+    delete_pod(api, "slinky-dup", "slurm")
+    delete_pod(api, q)
+    delete_pod(api, p)
     wait_used(slurm, (0, 0), node="n2")
