@@ -27,6 +27,10 @@ class Backstop:
         self.lock = threading.Lock()
         self.completing: dict[str, tuple[int, int]] = {}
         self.gaps: dict[str, backstop.Gap] = {}
+        # What the ledger held under backstop.KEY when this process first
+        # read a node: kept until Slurm's side can be computed there (a
+        # restarted daemon before its first read of the ledger's counts).
+        self.inherited: dict[str, tuple[int, int]] = {}
         self.emit = emit     # (Slurm node, reason, message): an Event on its GenericNode
 
     def read_completing(self, slurm, view: Mapping) -> None:
@@ -62,9 +66,22 @@ class Backstop:
                    if node is not None else None)
             if gap is None:
                 gap = self.gaps.get(name)
+                if gap is None:
+                    return self.inherited.get(name)
             else:
+                self.inherited.pop(name, None)
                 self._note(name, gap)
             return backstop.entry(gap)
+
+    def inherit(self, name: str, held: tuple[int, int]) -> dict:
+        """The ledger held `held` under backstop.KEY on node `name` before this
+        process set it: the entry to keep there while nothing newer is
+        known ({} once something is)."""
+        with self.lock:
+            if name in self.gaps:
+                return {}
+            self.inherited[name] = held
+            return {backstop.KEY: held}
 
     def _note(self, name: str, gap: backstop.Gap) -> None:   # lock held
         old = self.gaps.get(name, backstop.Gap())

@@ -362,6 +362,9 @@ class Reconciler:
             return False
         view = (reply.get("nodes") or {}).get(name) or {}
         k8s = self.k8s_name(name)
+        held = (view.get("entries") or {}).get(backstop.KEY)
+        if held and backstop.KEY not in entries:
+            entries.update(self.backstop.inherit(name, tuple(held[:2])))
         for uid, (cpu_m, mem) in (view.get("entries") or {}).items():
             if uid not in entries and uid not in backstop.KEYS:
                 # Its grace period and node unknown: the default, counted from now.

@@ -167,3 +167,18 @@ def test_a_node_mapped_when_the_daemon_starts_is_not_fenced(world):
 def test_fence_table(gres, want):
     node = type("N", (), {"gres": gres})()
     assert B.fence(node) == want and B.fence(None) is None
+
+
+def test_a_restarted_daemon_keeps_the_entry_until_it_can_compute_it(world):
+    slurm, rec, seen = world
+    _slurm_side(slurm, rec, "n1", alloc_cpus=3, gres_used={"k8scpu": 0})
+    rec.cycle()
+    assert slurm.core.nodes["n1"][B.KEY][:2] == (3000, 0)
+    # A new daemon, before its poller has read the ledger's counts.
+    again = sync.Reconciler(rec.cfg, rec.cache, slurm, ledger=slurm.ledger)
+    again.cycle()
+    assert slurm.core.nodes["n1"][B.KEY][:2] == (3000, 0)
+    # Once it can: the job has ended meanwhile, the entry goes.
+    _slurm_side(slurm, again, "n1", alloc_cpus=0, gres_used={})
+    again.cycle()
+    assert B.KEY not in slurm.core.nodes["n1"]
