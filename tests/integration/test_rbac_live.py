@@ -214,26 +214,38 @@ def _pod(name, node=None, cpu="500m"):
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded):
-    c, kas, direct = world
-    proxies = recorded
+def placeholder_cpu(direct) -> dict:
+    """node -> millicores its placeholder pods ask (by node: one pod per
+    node or several, however the placeholders are cut)."""
+    out: dict[str, int] = {}
+    for p in K.list_namespace_pods(direct, PLACEHOLDERS):
+        if P.current(p) is not None:
+            node = p["spec"]["nodeName"]
+            out[node] = out.get(node, 0) + P.current(p)[0]
+    return out
+
+
+def event_count(direct, ns, name, reason):
+    evs = [e for e in K.list_events(direct, ns, f"involvedObject.name={name}")
+           if e["reason"] == reason]
+    return evs[0]["count"] if evs else 0
+
+
+def _repairs_what_others_changed(direct) -> None:
+    """The sync daemon deletes a stray GenericNode and corrects a stale
+    spec; the webhook deletes a stray placeholder."""
     gns = lambda: set(direct.list_generic_nodes())          # noqa: E731
     wait("stray GenericNode deleted", lambda: "ghost" not in gns())
     wait("stale spec corrected", lambda: direct.list_generic_nodes()["n1"]["spec"]["alias"] == "n1")
-    def placeholder_cpu():
-        """node -> millicores its placeholder pods ask (by node: one pod per
-        node or several, however the placeholders are cut)."""
-        out: dict[str, int] = {}
-        for p in K.list_namespace_pods(direct, PLACEHOLDERS):
-            if P.current(p) is not None:
-                node = p["spec"]["nodeName"]
-                out[node] = out.get(node, 0) + P.current(p)[0]
-        return out
     # Made by someone else, the stray is seen at the webhook's next relist of
     # its pods (placeholder.Placeholders relist_seconds, 30 s), not at once.
-    wait("stray placeholder deleted", lambda: "ghost" not in placeholder_cpu(),
+    wait("stray placeholder deleted", lambda: "ghost" not in placeholder_cpu(direct),
          timeout=PH.RELIST_SECONDS + 15)
 
+
+def _admits_counts_and_refuses(direct) -> None:
+    """Pods bound by kube-scheduler and created on a node, and a refusal
+    counted in its Event."""
     # A pod kube-scheduler binds through pods/binding (the webhook reads the
     # pod) and one created on a node; the sync daemon counts both.
     done(direct.core.create_namespaced_pod("default", _pod("bound"),
@@ -249,13 +261,12 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded
             direct.core.create_namespaced_pod("default", _pod("too-big", node="n1", cpu="64"),
                                               _preload_content=False)
         assert refused.value.status in (400, 403, 422) and "n1" in str(refused.value.body)
-
-    def event_count(ns, name, reason):
-        evs = [e for e in K.list_events(direct, ns, f"involvedObject.name={name}")
-               if e["reason"] == reason]
-        return evs[0]["count"] if evs else 0
     wait("refusal Event counted twice",
-         lambda: event_count("default", "too-big", "InsufficientSharedCapacity") == 2)
+         lambda: event_count(direct, "default", "too-big", "InsufficientSharedCapacity") == 2)
+
+
+def _reports_oversubscription(c, direct) -> None:
+    """The sync daemon's Oversubscribed Event on a GenericNode."""
     # n2 held beyond its capacity in the ledger (as pods bound without
     # admission would; set straight in the ledger, because the pod watch
     # through the recording proxy only delivers when it ends): the sync
@@ -272,11 +283,15 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded
         now = n2_entries()
         if "rbac-live-over" not in now:     # at first, and after each repair
             assert ledger.set("n2", {**now, "rbac-live-over": (8000, 1 << 20)}, 0)["oversubscribed"]
-        return event_count("default", "n2", "Oversubscribed") >= 2
+        return event_count(direct, "default", "n2", "Oversubscribed") >= 2
     try:
         wait("Oversubscribed Event bumped", bumped_while_held_over)
     finally:
         ledger.set("n2", held, 0)
+
+
+def _placeholders_follow_jobs(c, direct) -> None:
+    """Placeholders grown, downsized in place and deleted as jobs come and go."""
     # Two 1-CPU jobs on n1 started in one scheduling pass (an array): one
     # placeholder pod grows for both; when the first ends it is downsized in
     # place (pods/resize, then read until the kubelet applied it); when the
@@ -284,16 +299,19 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded
     job = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "-w", "n1", "-c", "1",
                           "--array=0-1", "--wrap", "sleep $((4 + 6 * SLURM_ARRAY_TASK_ID))"],
                          capture_output=True, text=True, env=c.env, check=True).stdout.strip()
-    wait("placeholders grown for both jobs", lambda: placeholder_cpu().get("n1", 0) >= 2000)
+    wait("placeholders grown for both jobs", lambda: placeholder_cpu(direct).get("n1", 0) >= 2000)
     wait("placeholders follow the first job's end",
-         lambda: placeholder_cpu().get("n1", 0) == 1000, timeout=30)
+         lambda: placeholder_cpu(direct).get("n1", 0) == 1000, timeout=30)
     wait("jobs ended", lambda: not subprocess.run(
         ["squeue", "-h", "-j", job], capture_output=True, text=True, env=c.env).stdout.strip(),
         timeout=30)
-    wait("placeholders back to 0", lambda: max(placeholder_cpu().values(), default=0) == 0)
+    wait("placeholders back to 0", lambda: max(placeholder_cpu(direct).values(), default=0) == 0)
     K.delete_pod(direct, "default", "bound")
-    # Someone edits the webhook configuration: the webhook puts its
-    # shared-node condition back (an update of what it created at start).
+
+
+def _webhook_configuration_repaired(kas, direct) -> None:
+    """Someone edits the webhook configuration: the webhook puts its
+    shared-node condition back (an update of what it created at start)."""
     def condition():
         cfg = K.get_webhook_config(direct, "pyk8sres-admission")
         return next(c["expression"] for c in cfg["webhooks"][0]["matchConditions"]
@@ -304,6 +322,16 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded
                 "-p", json.dumps([{"op": "replace", "path": "/webhooks/0/matchConditions",
                                    "value": [{"name": "shared-node", "expression": "true"}]}]))
     wait("webhook configuration repaired", lambda: condition() == published, timeout=30)
+
+
+def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded):
+    c, kas, direct = world
+    proxies = recorded
+    _repairs_what_others_changed(direct)
+    _admits_counts_and_refuses(direct)
+    _reports_oversubscription(c, direct)
+    _placeholders_follow_jobs(c, direct)
+    _webhook_configuration_repaired(kas, direct)
     time.sleep(3)          # a few more reconcile and refresh cycles
     for name in ("sync", "webhook"):
         cluster.stop_process(c.work, name)
