@@ -174,6 +174,59 @@ def pct(values, p):
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
+def wait_started(daemon, server, nodes: int, expect: dict, t0: float) -> tuple[float, float]:
+    """Seconds since t0 (the daemon's start) until it has set every node's
+    share, and until every GenericNode exists with its newest state (their
+    writes are paced, generic_node_qps), so that the idle figure is idle."""
+    seen: dict[str, tuple[int, int]] = {}
+    while {n: seen.get(n) for n in expect} != expect:
+        for _, n, c, m in daemon.applied():
+            seen[n] = (c, m)
+        if not daemon.alive():
+            raise RuntimeError(f"daemon exited; see {daemon.log}")
+        if time.monotonic() - t0 > 600:
+            raise RuntimeError("initial sync took over 600 s")
+        time.sleep(0.05)
+    startup = time.monotonic() - t0
+    while True:
+        port = daemon.metrics_port()
+        if port is not None and hybrid.generic_nodes_current(server, nodes, port):
+            break
+        if time.monotonic() - t0 > 900:
+            raise RuntimeError("GenericNodes not all written within 900 s")
+        time.sleep(0.5)
+    return startup, time.monotonic() - t0
+
+
+def sample_latency(daemon, core, nodes: int, expect: dict, samples: int) -> list[float]:
+    """Seconds from a pod's create to its node's new share in the ledger,
+    for `samples` pods on random nodes."""
+    lat = []
+    rnd = random.Random(1)
+    for k in range(samples):
+        node = f"n{rnd.randint(1, nodes)}"
+        cpu_now, mem_now = expect[node]
+        want = (cpu_now + 1, mem_now + 100)
+        daemon.applied()                      # skip older lines
+        tb = time.time()
+        pod(core, node, f"s{k}", "1", "100Mi")
+        deadline = time.monotonic() + 10
+        got = None
+        while got is None and time.monotonic() < deadline:
+            for ta, n, c, m in daemon.applied():
+                if n == node and (c, m) == want:
+                    got = ta
+            time.sleep(0.002)
+        if got is None:
+            print(f"  sample {k}: {node} not updated within 10 s", flush=True)
+            lat.append(10.0)
+        else:
+            lat.append(max(0.0, got - tb))
+        expect[node] = want
+        time.sleep(0.05)
+    return lat
+
+
 def bench(nodes: int, per_node: int, samples: int) -> dict:
     from kubernetes import client, config
     work = f"{ROOT}/{nodes}"
@@ -193,65 +246,20 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
         populate(server, core, nodes, per_node)
         print(f"  [{nodes} nodes] created {nodes} nodes, {nodes * per_node} pods in "
               f"{time.monotonic() - t:.1f}s", flush=True)
-
         used_cpu = -(-per_node * 250 // 1000)
         used_mem = per_node * 256
         expect = {f"n{i}": (used_cpu, used_mem) for i in range(1, nodes + 1)}   # the share
-
         t0 = time.monotonic()
         daemon = Daemon(work, sync_kubeconfig, slurm)
-        seen: dict[str, tuple[int, int]] = {}
-        while {n: seen.get(n) for n in expect} != expect:
-            for _, n, c, m in daemon.applied():
-                seen[n] = (c, m)
-            if not daemon.alive():
-                raise RuntimeError(f"daemon exited; see {daemon.log}")
-            if time.monotonic() - t0 > 600:
-                raise RuntimeError("initial sync took over 600 s")
-            time.sleep(0.05)
-        startup = time.monotonic() - t0
-        # GenericNode writes are paced (generic_node_qps): wait until every
-        # one exists and shows its newest state, so the idle figure is idle.
-        while True:
-            port = daemon.metrics_port()
-            if port is not None and hybrid.generic_nodes_current(server, nodes, port):
-                break
-            if time.monotonic() - t0 > 900:
-                raise RuntimeError("GenericNodes not all written within 900 s")
-            time.sleep(0.5)
-        gn_ready = time.monotonic() - t0
+        startup, gn_ready = wait_started(daemon, server, nodes, expect, t0)
         time.sleep(2)
         cpu_start = daemon.cpu()
-
         # Idle: only the periodic comparison with Slurm runs.
         c0, w0 = daemon.cpu(), time.monotonic()
         time.sleep(10)
         idle_cpu = (daemon.cpu() - c0) / (time.monotonic() - w0)
-
-        lat = []
         c0 = daemon.cpu()
-        rnd = random.Random(1)
-        for k in range(samples):
-            node = f"n{rnd.randint(1, nodes)}"
-            cpu_now, mem_now = expect[node]
-            want = (cpu_now + 1, mem_now + 100)
-            daemon.applied()                      # skip older lines
-            tb = time.time()
-            pod(core, node, f"s{k}", "1", "100Mi")
-            deadline = time.monotonic() + 10
-            got = None
-            while got is None and time.monotonic() < deadline:
-                for ta, n, c, m in daemon.applied():
-                    if n == node and (c, m) == want:
-                        got = ta
-                time.sleep(0.002)
-            if got is None:
-                print(f"  sample {k}: {node} not updated within 10 s", flush=True)
-                lat.append(10.0)
-            else:
-                lat.append(max(0.0, got - tb))
-            expect[node] = want
-            time.sleep(0.05)
+        lat = sample_latency(daemon, core, nodes, expect, samples)
         sample_cpu = (daemon.cpu() - c0) / samples
         rss, hwm = daemon.mem_mb()
         return {"nodes": nodes, "pods": nodes * per_node, "per_node": per_node, "samples": samples,
