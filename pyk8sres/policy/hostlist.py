@@ -27,6 +27,7 @@ def expand_hostlist(text: str) -> list[str]:
 
 
 def ascii_digits(value: str) -> bool:
-    """ASCII digits only, as Slurm reads numbers: str.isdigit() alone is
-    true for "²", which int() refuses."""
+    """ASCII digits only, as Slurm reads numbers: str.isdigit() is true for
+    "²" (which int() refuses) and for other scripts' digits (which int()
+    reads): neither is a number Slurm would read."""
     return value.isascii() and value.isdigit()

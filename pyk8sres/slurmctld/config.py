@@ -9,18 +9,13 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from ..policy.hostlist import ascii_digits as _digits
+
 CONF_NAME = "k8s_resources.conf"
 
 
 class ConfigError(ValueError):
     pass
-
-
-def _digits(value: str) -> bool:
-    """ASCII digits only: str.isdigit() is true for "²" (which int() refuses)
-    and for other scripts' digits (which int() reads): neither is a number
-    Slurm would read, so neither is one here."""
-    return value.isascii() and value.isdigit()
 
 
 @dataclasses.dataclass(frozen=True)
