@@ -91,3 +91,12 @@ def kube_api_client(kube_server):
     client = config.new_client_from_config(config_file=kube_server.kubeconfig)
     yield client
     client.close()
+
+
+def done(resp) -> None:
+    """Read a raw response's body, then give its connection back (put back
+    unread, it could answer the next request with that body)."""
+    try:
+        resp.read()
+    finally:
+        resp.release_conn()

@@ -18,7 +18,7 @@ import uuid
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from conftest_kube import CRD_MANIFEST, pick_ports, rbac_manifest
+from conftest_kube import CRD_MANIFEST, done, pick_ports, rbac_manifest  # noqa: F401 (done: test_sync)
 from pyk8sres.coordinator import slurm as S
 from pyk8sres.policy.usage import NODE_LABEL
 from pyk8sres.testbed import hybrid
@@ -163,15 +163,6 @@ def clean(slurm, api):
                 assert ledger.release(node, key)["ok"]
     finally:
         ledger.close()
-
-
-def done(resp) -> None:
-    """Read a raw response's body, then give its connection back (put back
-    unread, it could answer the next request with that body)."""
-    try:
-        resp.read()
-    finally:
-        resp.release_conn()
 
 
 def wait_for(pred, timeout=15.0, what="condition"):

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from conftest_kube import http_get, pick_ports
+from conftest_kube import done, http_get, pick_ports
 from local_slurm import SLURM, port, slurm_conf
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator import slurm as S
@@ -145,15 +145,6 @@ def wait_for(pred, timeout=30.0, what="condition"):
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
-
-
-def done(resp) -> None:
-    """Read a raw response's body, then give its connection back (put back
-    unread, it could answer the next request with that body)."""
-    try:
-        resp.read()
-    finally:
-        resp.release_conn()
 
 
 def query(prom: str, expr: str) -> list:

@@ -43,7 +43,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from conftest_kube import http_get, pick_ports, rbac_manifest
+from conftest_kube import done, http_get, pick_ports, rbac_manifest
 from local_slurm import SLURM, port
 from pyk8sres.coordinator import kube as K
 from pyk8sres.coordinator import placeholder as PH
@@ -114,15 +114,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
 
-
-
-def done(resp) -> None:
-    """Read a raw response's body, then give its connection back (put back
-    unread, it could answer the next request with that body)."""
-    try:
-        resp.read()
-    finally:
-        resp.release_conn()
 
 
 def classify(seen) -> set:

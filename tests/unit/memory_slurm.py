@@ -20,7 +20,7 @@ def N(*cores):
 
 @dataclass(frozen=True)
 class SNode:
-    name: str
+    name: str = "n1"
     cpus: int = 4
     real_memory: int = 8000
     gres: dict = field(default_factory=lambda: {"k8scpu": 4, "k8smemory": 8000})

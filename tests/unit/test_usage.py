@@ -1,11 +1,11 @@
 """Table-driven tests of the pure sync policy in pyk8sres.policy.usage and
 pyk8sres.policy.quantities."""
 
-from dataclasses import dataclass, field
 from fractions import Fraction as F
 
 import pytest
 
+from memory_slurm import SNode
 from pyk8sres.policy import quantities, usage
 
 MI = 1024 * 1024
@@ -377,19 +377,6 @@ def test_usage_by_slurm_node():
 
 
 # ---------------------------------------------------------------- desired counts
-
-@dataclass(frozen=True)
-class SNode:
-    name: str = "n1"
-    cpus: int = 4
-    real_memory: int = 8000
-    gres: dict = field(default_factory=lambda: {"k8scpu": 4, "k8smemory": 8000})
-    gres_used: dict = field(default_factory=dict)
-    alloc_cpus: int = 0
-    alloc_memory: int = 0
-    state: str = "IDLE"
-    reported_gres: dict = field(default_factory=lambda: {"k8scpu": 4, "k8smemory": 8000})
-
 
 def test_generic_node_body_matches_reference():
     node = SNode(name="slurm-test-worker-cpu-0", alloc_cpus=3, alloc_memory=4000)
