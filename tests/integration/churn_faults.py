@@ -88,6 +88,7 @@ class ChurnWithFaults(Churn):
         self.fault_errors: list[str] = []    # a fault that could not be carried out
         self.revived: list[str] = []         # daemons found dead or hung after a fault
         self.takeover_how = ["kill -9", "takeover"]
+        self.reregistered = 0                # Node objects deleted and registered again
         self.ledger_path = ledger_socket_path(c.conf)
         self.flood_ms: list[float] = []      # root's `show` while a flood runs
         # How sync and the webhook were started: they are started again so.
@@ -404,6 +405,7 @@ class ChurnWithFaults(Churn):
                 ["scontrol", "update", "PartitionName=debug", "MaxTime=UNLIMITED"],
                 env=self.c.env, capture_output=True, timeout=60)),
             ("partition's nodes changed at runtime, then back", self._partition_nodes),
+            ("Node object deleted under its pods, registered again", self._node_reregisters),
             ("kube-controller-manager restart",
              lambda: self.cp.restart("kube-controller-manager")),
             ("kube-apiserver restart", lambda: self.cp.restart("kube-apiserver")),
@@ -448,6 +450,22 @@ class ChurnWithFaults(Churn):
                            env=self.c.env, capture_output=True, timeout=60, check=True)
             if self.stop.wait(2.0) and nodes == every:
                 break
+
+    def _node_reregisters(self):
+        """A node's mapping lost and gained under running pods: its Node
+        object deleted (an admin, an autoscaler, a kubelet re-registering),
+        then registered again by its kubelet's identity.  The pods stay
+        bound and running all along (back well within pod GC's quarantine
+        for pods of a missing node), so ground truth counts them: their
+        share must stay while the node is gone, and count again at once
+        when it is back."""
+        self.reregistered += 1
+        node = sorted(n for n in CAPACITY if n != LOST_NODE)[self.reregistered % 2]
+        bound = len(K.list_pods(self.kube, field_selector=f"spec.nodeName={node}"))
+        self._kubectl("delete", "node", node, "--wait=true")
+        time.sleep(2.0)     # long enough for sync and the webhook to see it gone
+        self.cp.register_nodes({node: CAPACITY[node]}, timeout=60)
+        return f"{node}, {bound} pods bound there"
 
     def _coordinator_alive(self):
         """sync and the webhook never exit of a fault; one that did is an

@@ -7,7 +7,8 @@ run them for their grace period after the object is gone); pods resized in
 place, up and down; creates on shared nodes that a ResourceQuota of 0 pods
 refuses after admission -- while the coordinator, slurmctld,
 kube-apiserver, kube-scheduler and kube-controller-manager are killed or
-restarted, slurmctld reconfigured, a partition updated (its nodes too), the webhook made
+restarted, slurmctld reconfigured, a partition updated (its nodes too), a
+node's Node object deleted under its pods and registered again, the webhook made
 unreachable for longer than its timeoutSeconds (a pod created on a shared
 node meanwhile must be refused for want of its answer: admission fails
 closed), and a node's kubelet (kwok) reports NotReady or is cut off
