@@ -179,31 +179,38 @@ class Scope:
             node = self.nodes.get(k8s_node) or {"metadata": {"name": k8s_node}}
             names = self.slurm_names
             trusted = self._workers_trusted()
-            claims = {w.slurm_node for w in self.workers.values()
-                      if w.k8s_node == k8s_node and w.slurm_node}
-            last = self._mapped_at[1].get(k8s_node)
         if names is None:
             # Slurm's nodes unknown (the ledger has not answered show yet):
             # treat the node as shared and let the ledger decide (fail closed:
             # it refuses unless it answers, and knows the node).
-            names = mapping.possible_slurm_names(self.cfg, k8s_node, node) | claims
+            names = mapping.possible_slurm_names(self.cfg, k8s_node, node) | \
+                self._claims(k8s_node)
         base = mapping.slurm_node(self.cfg, node, names)
         if self.workers_sel is None:
             return base
         if trusted and (mapped := self._mapped()) is not None:
             return mapped.get(k8s_node, base)
-        return self._unknown_worker_node(k8s_node, node, base, trusted, claims, last)
+        return self._unknown_worker_node(k8s_node, node, base, trusted)
+
+    def _claims(self, k8s_node: str) -> set[str]:
+        """The Slurm nodes the workers last seen on k8s_node name."""
+        with self.lock:
+            return {w.slurm_node for w in self.workers.values()
+                    if w.k8s_node == k8s_node and w.slurm_node}
 
     def _unknown_worker_node(self, k8s_node: str, node: dict, base: str | None,
-                             trusted: bool, claims: set, last: str | None) -> str | None:
+                             trusted: bool) -> str | None:
         """slurm_node() while the full mapping is not known: the admin's
         mapping first (it wins over any worker), then what the last full
         view mapped, then the worker last seen there (the ledger decides
         whether Slurm has that node: it refuses one it does not know)."""
         if base is not None or mapping.settled(self.cfg, k8s_node, node):
             return base
+        with self.lock:
+            last = self._mapped_at[1].get(k8s_node)
         if last:
             return last
+        claims = self._claims(k8s_node)
         if len(claims) == 1:
             return next(iter(claims))
         if trusted:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from pyk8sres.coordinator import mapping
-from pyk8sres.coordinator.config import SyncConfig
+from pyk8sres.coordinator.config import SyncConfig, exemptions_of
 from pyk8sres.coordinator.kube import Informer
 from pyk8sres.coordinator.scope import Scope, WorkersUnknown
 from pyk8sres.policy import admission as A
@@ -147,9 +147,7 @@ def test_the_webhook_refuses_a_pod_where_the_mapping_is_unknown_unless_exempt():
     assert d.code in A.DENY_CODES
     assert isinstance(A.plan(t, pod, None, ex), A.Allow)       # known not shared
     w = worker("w-0", K20, "n2")
-    sel = SLINKY
-    from pyk8sres.coordinator.config import exemptions_of
-    d = A.plan(A.Target("bind", "slurm", "w-0", K20, False), w, None, exemptions_of(sel),
+    d = A.plan(A.Target("bind", "slurm", "w-0", K20, False), w, None, exemptions_of(SLINKY),
                unknown=why)
     assert isinstance(d, A.Allow) and d.code == "exempt"       # Slurm's own worker
     assert isinstance(A.plan(t, None, None, ex, unknown=why), A.Deny)   # pod not found
