@@ -12,6 +12,7 @@ bookmarks, relist on 410 Gone, back off on errors.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -119,7 +120,9 @@ class Kube:
 
     # ------------------------------------------------------------ pods/nodes
 
-    def _lister(self, kind: str):
+    def _lister(self, kind: str, namespace: str | None = None):
+        if kind == "pods" and namespace:
+            return functools.partial(self.core.list_namespaced_pod, namespace)
         if kind == "pods":
             return self.core.list_pod_for_all_namespaces
         if kind == "nodes":
@@ -131,9 +134,10 @@ class Kube:
             return "spec.nodeName!="
         return None
 
-    def _call(self, kind: str, **kw):
-        """One list/watch request; falls back once if the field selector is refused."""
-        fn = self._lister(kind)
+    def _call(self, kind: str, namespace: str | None = None, **kw):
+        """One list/watch request (namespace: that namespace's objects only);
+        falls back once if the field selector is refused."""
+        fn = self._lister(kind, namespace)
         try:
             return fn(field_selector=self._selector(kind), _preload_content=False, **kw)
         except ApiException as e:
@@ -144,7 +148,8 @@ class Kube:
                 return fn(_preload_content=False, **kw)
             raise
 
-    def list(self, kind: str, page: int = 500, reduce=None) -> tuple[list, str]:
+    def list(self, kind: str, page: int = 500, reduce=None,
+             namespace: str | None = None) -> tuple[list, str]:
         """All objects (paged, one consistent snapshot) and the list's resourceVersion.
 
         reduce(obj), if given, is applied to each object as its page arrives
@@ -158,7 +163,7 @@ class Kube:
             if token:
                 kw["_continue"] = token
             try:
-                body = _json(self._call(kind, **kw))
+                body = _json(self._call(kind, namespace, **kw))
             except ApiException as e:
                 if e.status == 410:  # continue token expired: start over
                     items, token = [], None
@@ -172,8 +177,8 @@ class Kube:
             if not token:
                 return items, meta.get("resourceVersion", "")
 
-    def watch(self, kind: str, resource_version: str, timeout_seconds: int = 60
-              ) -> Iterator[tuple[str, dict]]:
+    def watch(self, kind: str, resource_version: str, timeout_seconds: int = 60,
+              namespace: str | None = None) -> Iterator[tuple[str, dict]]:
         """Open a watch from resource_version; return an iterator of (type, object).
 
         The request is made here (so the caller knows the watch is open when
@@ -183,7 +188,7 @@ class Kube:
         timeout plus a margin raises a read timeout (a stale connection).
         """
         try:
-            resp = self._call(kind, watch=True, resource_version=resource_version,
+            resp = self._call(kind, namespace, watch=True, resource_version=resource_version,
                               allow_watch_bookmarks=True, timeout_seconds=timeout_seconds,
                               _request_timeout=(self.timeout, timeout_seconds + self.timeout))
         except ApiException as e:
@@ -311,9 +316,12 @@ class Informer(threading.Thread):
     """
 
     def __init__(self, kube: Kube, kind: str, handler, watch_timeout: int = 15,
-                 backoff_max: float = 30.0, stop: threading.Event | None = None):
+                 backoff_max: float = 30.0, stop: threading.Event | None = None,
+                 namespace: str | None = None):
         super().__init__(name=f"informer-{kind}", daemon=True)
         self.kube, self.kind, self.handler = kube, kind, handler
+        # One namespace's objects only (else every namespace's).
+        self.scoped = {"namespace": namespace} if namespace else {}
         self.watch_timeout = watch_timeout
         self.backoff_max = backoff_max
         self.stop_event = stop or threading.Event()
@@ -339,17 +347,17 @@ class Informer(threading.Thread):
                     slim = getattr(self.handler, "slim", None)
                     if slim is not None:
                         items, self.rv = self.kube.list(
-                            self.kind, reduce=lambda o: slim(self.kind, o))
+                            self.kind, reduce=lambda o: slim(self.kind, o), **self.scoped)
                         self.handler.replace_slim(self.kind, items)
                     else:
-                        items, self.rv = self.kube.list(self.kind)
+                        items, self.rv = self.kube.list(self.kind, **self.scoped)
                         self.handler.replace(self.kind, items)
                     del items
                     self.relists += 1
                 # Server-side timeout jittered so pod and node watches do not
                 # reconnect in lockstep.
                 t = max(1, int(self.watch_timeout * random.uniform(0.8, 1.0)))
-                events = self.kube.watch(self.kind, self.rv, t)
+                events = self.kube.watch(self.kind, self.rv, t, **self.scoped)
                 self._contact()
                 self.handler.health(self.kind, True)  # open, from a known rv: in sync
                 backoff = 0.5

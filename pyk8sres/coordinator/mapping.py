@@ -39,8 +39,23 @@ def with_workers(cfg: SyncConfig, mapped: Mapping[str, str | None], k8s_nodes,
     if sel is None:
         return dict(mapped)
     found = [w for p in pods if (w := workers.worker_pod(p, sel)) is not None]
+    return with_worker_pods(cfg, mapped, k8s_nodes, slurm_names, found)
+
+
+def with_worker_pods(cfg: SyncConfig, mapped: Mapping[str, str | None], k8s_nodes,
+                     slurm_names, found: Iterable[workers.WorkerPod],
+                     before: Mapping[str, str | None] | None = None) -> dict[str, str | None]:
+    """with_workers' from the WorkerPods already found (what the sync
+    daemon's decision does: usage.desired_state); before: the last mapping,
+    what a node whose workers conflict keeps."""
     return workers.merge(mapped, found, k8s_nodes, slurm_names,
-                         usage.named_by_admin(k8s_nodes, cfg.node_key, cfg.node_map))[0]
+                         usage.named_by_admin(k8s_nodes, cfg.node_key, cfg.node_map), before)[0]
+
+
+def settled(cfg: SyncConfig, k8s_name: str, k8s_node: Mapping) -> bool:
+    """node_map or the node label names a Slurm node for this Kubernetes
+    node: no worker pod maps it (policy/workers.merge)."""
+    return k8s_name in usage.named_by_admin({k8s_name: k8s_node}, cfg.node_key, cfg.node_map)
 
 
 def possible_slurm_names(cfg: SyncConfig, k8s_name: str, k8s_node: Mapping) -> frozenset:

@@ -46,7 +46,7 @@ from .events import Recorder
 from .kube import ApiException, Informer, Kube, get_pod, get_webhook_config, put_webhook_config
 from .permissions import error_text
 from .placeholder import Placeholders
-from .scope import Scope, slurm_names
+from .scope import Scope, WorkersUnknown, slurm_names
 from .slurm import Ledger, ShowFollower, ledger_socket_path
 from .webhook_server import HEALTH_NAME, Limits, WebhookServer  # noqa: F401 (callers' names)
 from ..policy import admission
@@ -74,16 +74,19 @@ class Admission:
         t = admission.classify(request)
         if not isinstance(t, admission.Target):
             return t, None, None
-        snode = self.scope.slurm_node(t.node)
+        try:
+            snode, unknown = self.scope.slurm_node(t.node), None
+        except WorkersUnknown as e:
+            snode, unknown = None, str(e)
         pod = None
-        if t.pod is None and snode is not None:
+        if t.pod is None and (snode is not None or unknown):
             try:
                 pod = get_pod(self.kube, t.namespace, t.pod_name)
             except Exception as e:
                 return admission.Deny(f"pyk8sres: cannot read pod {t.namespace}/{t.pod_name} "
                               f"({error_text(e)}); "
                               "failing closed", "pod_unreadable"), t, None
-        d = admission.plan(t, pod, snode, self.scope.exempt)
+        d = admission.plan(t, pod, snode, self.scope.exempt, unknown)
         if not isinstance(d, admission.Reserve):
             return d, t, pod
         creates = t.op == "create" and not d.static
@@ -247,6 +250,10 @@ class Webhook:
             return "Kubernetes nodes not listed yet"
         if self.scope.slurm_names is None:
             return "Slurm's nodes not known yet (no ledger show answered)"
+        if not self.scope.workers_known():
+            sel = self.scope.workers_sel
+            return (f"Slurm's worker pods (namespace {sel.namespace}) not known now "
+                    "(not listed yet, or their watch is broken)")
         return None
 
     def start(self) -> "Webhook":
@@ -266,9 +273,16 @@ class Webhook:
         informer = Informer(self.kube, "nodes", self.scope, stop=self.stop_event)
         self.scope.stale_after = informer.stale_after()
         informer.start()
-        # The first configuration names the shared nodes: wait (briefly) for the list.
+        if self.scope.workers_sel is not None:
+            # Slurm's worker pods map the nodes they run on: only their
+            # namespace is read (and granted: the chart's Role there).
+            Informer(self.kube, "pods", self.scope, stop=self.stop_event,
+                     namespace=self.scope.workers_sel.namespace).start()
+        # The first configuration names the shared nodes: wait (briefly) for the lists.
         deadline = time.monotonic() + self.wcfg.refresh_seconds
-        while not self.scope.nodes_listed and time.monotonic() < deadline:
+        while not (self.scope.nodes_listed and (self.scope.workers_sel is None
+                                                or self.scope.workers_listed)) \
+                and time.monotonic() < deadline:
             time.sleep(0.02)
         self.refresh()
         r = threading.Thread(target=self._refresher, name="webhook-refresh", daemon=True)

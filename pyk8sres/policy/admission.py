@@ -59,7 +59,7 @@ ALLOW_CODES = ("reserved", "not_shared", "exempt", "dry_run", "unbound", "not_ch
                "no_growth", "static_over_capacity")
 DENY_CODES = ("nofit", "ledger_unreachable", "ledger_not_ready", "ledger_refused",
               "pod_unreadable", "pod_not_found", "bad_request", "internal", "unauthenticated",
-              "unbound_growth", "phantom_creates")
+              "unbound_growth", "phantom_creates", "workers_unknown")
 
 
 @dataclass(frozen=True)
@@ -162,15 +162,17 @@ def _unbound_resize(target: Target) -> Allow | Deny:
 
 
 def plan(target: Target, pod: Mapping | None, slurm_node: str | None,
-         exempt: usage.Exemptions) -> Reserve | Allow | Deny:
+         exempt: usage.Exemptions, unknown: str | None = None) -> Reserve | Allow | Deny:
     """Decide for one Target; pod is the stored pod for bindings (None: not found).
 
     slurm_node: the Slurm node the Kubernetes node is (None: not a shared node).
+    unknown: why whether the node is shared cannot be told now (the worker
+    pods that would map it are not known): refused unless the pod is exempt.
     """
     if target.op == "resize" and not target.node:
         why = usage.exempt_reason(target.pod or {}, exempt)
         return Allow(why, "exempt") if why else _unbound_resize(target)
-    if slurm_node is None:
+    if slurm_node is None and unknown is None:
         return Allow(f"node {target.node} is not shared with Slurm", "not_shared")
     pod = target.pod if target.pod is not None else pod
     if pod is None:
@@ -178,6 +180,9 @@ def plan(target: Target, pod: Mapping | None, slurm_node: str | None,
     why = usage.exempt_reason(pod, exempt)
     if why:
         return Allow(why, "exempt")
+    if slurm_node is None:
+        return Deny(f"pod {target.namespace}/{target.pod_name}: {unknown}; failing closed: "
+                    "retry shortly", "workers_unknown")
     uid = (pod.get("metadata") or {}).get("uid")
     if not uid:
         return Deny(f"pod {target.namespace}/{target.pod_name} has no UID yet", "bad_request")

@@ -324,15 +324,15 @@ def start_sync(c: cluster.Cluster, kube: kubernetes.ControlPlane, settings: str 
 
 
 def start_webhook(c: cluster.Cluster, kube: kubernetes.ControlPlane, *extra: str,
-                  path: str | None = None) -> None:
+                  path: str | None = None, settings: str = "") -> None:
     """`pyk8sres webhook` as its ServiceAccount, serving the certificate the
     chart made (the configuration trusts the chart's CA again if a test's
     webhook wrote its own); extra: more of its options (e.g. --no-placeholders);
-    path: as up's coordinator_path."""
+    path: as up's coordinator_path; settings: more [sync] keys (as start_sync's)."""
     chart.keep_ca_bundle(kube)
     start_coordinator(c, "webhook", coordinator_argv(
         c, kube, "webhook", coordinator_kubeconfig(c, kube, WEBHOOK_ACCOUNT),
-        coordinator_config(c, kube, "webhook"),
+        coordinator_config(c, kube, "webhook", settings),
         "--metrics-address", f"127.0.0.1:{kube.ports.webhook_metrics}", *extra), path)
 
 

@@ -108,6 +108,9 @@ def test_every_variant_is_accepted_by_the_api_server(kube, variant):
     (["--set", "coordinator.mode=daemonset"], "coordinator/mode"),       # values.schema.json
     (["--set", "webhook.replicas=0"], "webhook/replicas"),
     (["--set", "ledger.timeoutSeconds=3"], "must be under half of webhook.timeoutSeconds"),
+    (["--set", "sync.workerPods=slinky"], "needs sync.workerNamespace"),
+    (["--set", "sync.workerNamespace=slurm"], "need sync.workerPods"),
+    (["--set", "sync.workerPods=operator"], "/sync/workerPods"),          # values.schema.json
 ])
 def test_contradictions_are_refused_at_render_time(kube, values, message):
     ca = ca_args(kube) if values else []

@@ -36,6 +36,11 @@ DAEMONS = {
 # Modules whose namespaced calls stay in the coordinator's namespace (a Role
 # there, not a ClusterRole): the placeholder pods live in PLACEHOLDERS.
 OWN_NAMESPACE_ONLY = {"placeholder.py"}
+# An Informer given a namespace (Informer(..., namespace=...)) reads only
+# that one: Slurm's worker pods, in sync.workerNamespace (a Role there,
+# rendered with WORKER_VALUES).
+WORKERS = "slurm"
+WORKER_VALUES = ["--set", "sync.workerPods=slinky", "--set", f"sync.workerNamespace={WORKERS}"]
 # Run by an admin with the admin's own credentials, never by a daemon.
 ADMIN_TOOLS = {"status.py"}
 # Calls the code makes but that RBAC deliberately does not grant: ensure_crd
@@ -165,7 +170,8 @@ def _module_entries(module: str) -> set:
         if (isinstance(f, ast.Name) and f.id == "Informer" and "Informer" in imported) or \
                 (isinstance(f, ast.Attribute) and f.attr == "Informer"):
             kind = node.args[1] if len(node.args) > 1 else None
-            entries.add(f"Informer.run[{kind.value}]" if isinstance(kind, ast.Constant)
+            scoped = "@ns" if any(k.arg == "namespace" for k in node.keywords) else ""
+            entries.add(f"Informer.run[{kind.value}{scoped}]" if isinstance(kind, ast.Constant)
                         else "Informer.run")
     return {e for e in entries if e}
 
@@ -184,49 +190,68 @@ def _entry_methods(entry: str) -> set:
     """(api, client method, watch) an entry of _module_entries reaches."""
     if not entry.startswith("Informer.run["):
         return _client_methods(entry)
-    others = {m for k, m in _listers().items() if k != entry[len("Informer.run["):-1]}
-    return {c for c in _client_methods("Informer.run") if c[1] not in others}
+    kind = entry[len("Informer.run["):-1]
+    scoped = kind.endswith("@ns")
+    others = {m for k, m in _listers().items() if k != kind.removesuffix("@ns")}
+    # One namespace's Informer lists with the namespaced lister, the others not.
+    return {c for c in _client_methods("Informer.run")
+            if c[1] not in others and c[1].startswith("list_namespaced_") == scoped}
 
 
-def code_calls():
-    """{serviceaccount: (cluster-wide rules, rules in PLACEHOLDERS)} the code needs."""
-    out = {sa: (set(), set()) for sa in DAEMONS}
+@functools.lru_cache(maxsize=1)
+def _code_calls() -> dict:
+    """{serviceaccount: (cluster-wide rules, rules in PLACEHOLDERS, rules in WORKERS)}."""
+    out = {sa: (set(), set(), set()) for sa in DAEMONS}
     for sa, modules in DAEMONS.items():
         for module in modules:
             for entry in _module_entries(module):
                 for api, method, watch in _entry_methods(entry):
                     rule, namespaced = _rule(*_http(api, method), watch)
-                    if namespaced and module in OWN_NAMESPACE_ONLY:
+                    if namespaced and entry.endswith("@ns]"):
+                        out[sa][2].add(rule)
+                    elif namespaced and module in OWN_NAMESPACE_ONLY:
                         out[sa][1].add(rule)
                     else:
                         out[sa][0].add(rule)
     return out
 
 
-@functools.lru_cache(maxsize=1)
-def _rendered() -> tuple:
+def code_calls():
+    """{serviceaccount: (cluster-wide rules, rules in PLACEHOLDERS)} the code needs."""
+    return {sa: (set(c), set(p)) for sa, (c, p, _) in _code_calls().items()}
+
+
+def code_calls_in_workers():
+    """{serviceaccount: rules in the workers' namespace} the code needs."""
+    return {sa: set(w) for sa, (_, _, w) in _code_calls().items()}
+
+
+@functools.lru_cache(maxsize=2)
+def _rendered(workers: bool = False) -> tuple:
     from pyk8sres.testbed import chart, kubernetes as controlplane, pki
     with tempfile.TemporaryDirectory() as tmp:
         ca = pki.Authority(tmp, "ca", "any CA").cert_file
+        values = chart.host_values(ca, "https://127.0.0.1:1/validate")
         return tuple(chart.render(controlplane.build().helm,
-                                  chart.host_values(ca, "https://127.0.0.1:1/validate"),
-                                  "rbac.yaml"))
+                                  values + (WORKER_VALUES if workers else []), "rbac.yaml"))
 
 
-def chart_rbac() -> list[dict]:
-    """The chart's templates/rbac.yaml, rendered by helm."""
-    return list(_rendered())
+def chart_rbac(workers: bool = False) -> list[dict]:
+    """The chart's templates/rbac.yaml, rendered by helm (workers: with
+    sync.workerPods set, its workers' namespace WORKERS)."""
+    return list(_rendered(workers))
 
 
-def granted(docs: list[dict] | None = None):
+def granted(docs: list[dict] | None = None, in_workers: bool = False):
     """{serviceaccount: (cluster-wide rules, rules in PLACEHOLDERS)} the chart
-    grants (docs: the RBAC objects; default: as the chart renders them)."""
+    grants (docs: the RBAC objects; default: as the chart renders them);
+    in_workers: {serviceaccount: rules in WORKERS} instead."""
     docs = chart_rbac() if docs is None else docs
     roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]):
              {(g, r, v) for rule in d["rules"] for g in rule["apiGroups"]
               for r in rule["resources"] for v in rule["verbs"]}
              for d in docs if d["kind"] in ("ClusterRole", "Role")}
-    out = {}
+    out, workers = {}, {}
     for d in docs:
         if d["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
             continue
@@ -238,10 +263,12 @@ def granted(docs: list[dict] | None = None):
             cluster, local = out.setdefault(s["name"], (set(), set()))
             if d["kind"] == "ClusterRoleBinding":
                 cluster |= rules
+            elif ns == WORKERS:
+                workers.setdefault(s["name"], set()).update(rules)
             else:
                 assert ns == PLACEHOLDERS, d["metadata"]
                 local |= rules
-    return out
+    return workers if in_workers else out
 
 
 def test_every_module_calling_kubernetes_belongs_to_a_daemon():
@@ -274,6 +301,21 @@ def test_rbac_grants_exactly_what_the_code_calls():
             f"{sa}: granted in {PLACEHOLDERS} but never called"
     for sa, rule in DENIED_ON_PURPOSE:        # the exemptions are still real calls
         assert rule in calls[sa][0], (sa, rule)
+
+
+def test_worker_pods_are_read_only_in_their_namespace_and_only_when_set():
+    """With sync.workerPods the webhook follows Slurm's worker pods: it may
+    list and watch pods in sync.workerNamespace, nothing more there, and
+    nowhere else; the sync daemon needs no grant there (it reads every pod
+    already).  Without workerPods the chart grants nothing there."""
+    calls = code_calls_in_workers()
+    assert calls["pyk8sres-webhook"] == {("", "pods", "list"), ("", "pods", "watch")}
+    assert calls["pyk8sres-sync"] == set()
+    assert granted(chart_rbac(workers=True), in_workers=True) == \
+        {sa: rules for sa, rules in calls.items() if rules}
+    # The rest is what the chart grants without it.
+    assert granted(chart_rbac(workers=True)) == granted()
+    assert granted(in_workers=True) == {}
 
 
 def test_the_webhook_may_touch_only_its_own_configuration():

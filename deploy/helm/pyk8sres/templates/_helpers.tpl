@@ -49,6 +49,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if ge (mulf 2 (float64 .Values.ledger.timeoutSeconds)) (float64 .Values.webhook.timeoutSeconds) }}
 {{- fail (printf "ledger.timeoutSeconds (%v) must be under half of webhook.timeoutSeconds (%v): a review may wait the ledger's timeout for its turn and again for its reply, and must be refused with that reason before the API server gives up" .Values.ledger.timeoutSeconds .Values.webhook.timeoutSeconds) }}
 {{- end }}
+{{- if and .Values.sync.workerPods (not .Values.sync.workerNamespace) }}
+{{- fail (printf "sync.workerPods %q needs sync.workerNamespace: worker pods are only taken from the namespace Slurm runs in" .Values.sync.workerPods) }}
+{{- end }}
+{{- if and (not .Values.sync.workerPods) (or .Values.sync.workerNamespace .Values.sync.workerLabels .Values.sync.workerNodeName) }}
+{{- fail "sync.workerNamespace, workerLabels and workerNodeName need sync.workerPods (slinky, ack or custom)" }}
+{{- end }}
 {{- if not (hasPrefix "node-restriction.kubernetes.io/" .Values.sync.nodeKey) }}
 {{- fail (printf "sync.nodeKey: %q must be under node-restriction.kubernetes.io/ (a label kubelets cannot set)" .Values.sync.nodeKey) }}
 {{- end }}
@@ -87,9 +93,20 @@ create_crd = false
 {{- with .Values.slurm.clusterName }}
 cluster_name = {{ . | quote }}
 {{- end }}
+{{- with .Values.sync.workerPods }}
+worker_pods = {{ . | quote }}
+worker_namespace = {{ $.Values.sync.workerNamespace | quote }}
+worker_node_name = {{ $.Values.sync.workerNodeName | quote }}
+{{- end }}
 [sync.node_map]
 {{- range $k8s, $slurm := .Values.sync.nodeMap }}
 {{ $k8s | quote }} = {{ $slurm | quote }}
+{{- end }}
+{{- if .Values.sync.workerPods }}
+[sync.worker_labels]
+{{- range $k, $v := .Values.sync.workerLabels }}
+{{ $k | quote }} = {{ $v | quote }}
+{{- end }}
 {{- end }}
 
 [webhook]
