@@ -89,9 +89,8 @@ def make_gpu_device(path: str) -> None:
     """A character device node at `path` with /dev/null's numbers; an older
     plain file there (an earlier test cluster's) is replaced."""
     try:
-        if stat.S_ISCHR(os.lstat(path).st_mode) and \
-                os.major(os.stat(path).st_rdev) == NULL_DEVICE[0] and \
-                os.minor(os.stat(path).st_rdev) == NULL_DEVICE[1]:
+        st = os.lstat(path)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(*NULL_DEVICE):
             return
         os.unlink(path)
     except FileNotFoundError:

@@ -39,8 +39,12 @@ GPUS = 2
 @pytest.fixture(scope="module")
 def world():
     work = tempfile.mkdtemp(prefix="pyk8sres-gpus-")
-    c, cp = hybrid.up(work, nodes=1, cpus=4, memory=8000, base_port=port(29300),
-                      kube_port=pick_ports(29400, 29490), slurm=SLURM, gpus=GPUS)
+    try:
+        c, cp = hybrid.up(work, nodes=1, cpus=4, memory=8000, base_port=port(29300),
+                          kube_port=pick_ports(29400, 29490), slurm=SLURM, gpus=GPUS)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     try:
         yield c, cp, K.Kube(cp.kubeconfig)
     finally:
@@ -93,11 +97,11 @@ def gpu_pod(cp, name: str, index: int) -> str:
     template = gpus.claim_template(name)
     template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
         {"cel": {"expression": f'device.attributes["{gpus.DRIVER}"].index == {index}'}}]
+    resources = {"requests": {"cpu": "100m", "memory": "64Mi"}, "claims": [{"name": "gpu"}]}
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
            "spec": {"nodeSelector": {"kubernetes.io/hostname": "n1"},
                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-                    "containers": [{"name": "c", "image": "busybox", "resources": {
-                        "requests": {"cpu": "100m", "memory": "64Mi"}, "claims": [{"name": "gpu"}]}}]}}
+                    "containers": [{"name": "c", "image": "busybox", "resources": resources}]}}
     cp.kubectl("create", "-f", "-", identity="developer",
                input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [template, pod]}))
 

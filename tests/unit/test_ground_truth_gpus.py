@@ -89,7 +89,8 @@ def claim(name, pod, *devices, driver=gpus.DRIVER):
     ("two devices, two nodes", [claim("a", "p", ("n1", "gpu-1")), claim("b", "q", ("n2", "gpu-0"),
                                                                          ("n2", "gpu-1"))],
      {"p", "q"}, {"n1": {1: {"ns/a"}}, "n2": {0: {"ns/b"}, 1: {"ns/b"}}}),
-    ("not allocated yet", [{"metadata": {"name": "c", "namespace": "ns"}, "status": {}}], {"p"}, {}),
+    ("not allocated yet", [{"metadata": {"name": "c", "namespace": "ns"}, "status": {}}],
+     {"p"}, {}),
     ("another driver's device", [claim("a", "p", ("n1", "gpu-0"), driver="x.example.com")],
      {"p"}, {}),
 ])
@@ -107,7 +108,8 @@ def test_a_device_no_slice_maps_is_an_unreadable_sample():
      ["n1 gpu 0: jobs 6 and claims default/c"]),
     ({"n1": {0: {"6"}}}, {"n1": {1: {"default/c"}}}, []),          # disjoint
     ({"n1": {0: {"6"}}}, {"n2": {0: {"default/c"}}}, []),          # same index, other node
-    ({"n2": {1: {"4", "5"}}}, {"n2": {1: {"a/x", "b/y"}}}, ["n2 gpu 1: jobs 4,5 and claims a/x,b/y"]),
+    ({"n2": {1: {"4", "5"}}}, {"n2": {1: {"a/x", "b/y"}}},
+     ["n2 gpu 1: jobs 4,5 and claims a/x,b/y"]),
 ])
 def test_gpu_overlaps(jobs, pods, want):
     assert G.gpu_overlaps(jobs, pods) == want

@@ -1,6 +1,11 @@
 """The test cluster's fake GPUs as each side is told of them: gres.conf and
 the DRA objects NVIDIA's driver would publish (same index on both sides)."""
-from pyk8sres.testbed import gpus, slurm_conf
+import os
+import stat
+
+import pytest
+
+from pyk8sres.testbed import gpus, slurm_conf, workdir
 
 
 def test_gres_conf_names_one_device_per_gpu_without_autodetect():
@@ -31,3 +36,15 @@ def test_uuids_are_fixed_per_node_and_index_and_distinct():
     assert gpus.device_uuid("n1", 0) == gpus.device_uuid("n1", 0)
     assert gpus.resource_slice("n1", 1)["spec"]["devices"][0]["attributes"]["uuid"] == {
         "string": gpus.device_uuid("n1", 0)}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_gpu_devices_are_character_devices_replacing_plain_files(tmp_path):
+    old = tmp_path / "gpu0"
+    old.write_text("")                          # an earlier cluster's empty file
+    for _ in range(2):                          # a second `up` keeps them
+        for p in (old, tmp_path / "gpu1"):
+            workdir.make_gpu_device(str(p))
+    for p in (old, tmp_path / "gpu1"):
+        st = os.stat(p)
+        assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3), p
