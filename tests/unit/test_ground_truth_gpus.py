@@ -28,6 +28,7 @@ def captured() -> dict[str, str]:
     ("4", {"n2": {1}}),                         # --gpus=1
     ("5", {"n2": {0}}),
     ("6", {"n1": {0, 1}}),                      # IDX:0-1
+    ("1", {"n1": {0, 1}, "n2": {0, 1}}),        # 26.05: Nodes=n[1-2]
 ])
 def test_job_gpus_of_captured_lines(job, want):
     assert G.job_gpus(captured()[job]) == want
@@ -59,7 +60,7 @@ def test_slurm_gpus_reads_running_jobs_only(tmp_path):
     fake.write_text(f"#!/bin/sh\nexec grep ^JobId= {CAPTURED}\n")
     fake.chmod(0o755)
     assert G.slurm_gpus({"PATH": f"{tmp_path}:/usr/bin:/bin"}) == {
-        "n1": {0: {"6"}, 1: {"3", "6"}}, "n2": {0: {"3", "5"}, 1: {"4"}}}
+        "n1": {0: {"1", "6"}, 1: {"1", "3", "6"}}, "n2": {0: {"1", "3", "5"}, 1: {"1", "4"}}}
 
 
 # A claim as the API server had it (captured: kube-scheduler allocated it for
