@@ -164,8 +164,9 @@ def _add_cluster(sub) -> None:
     u.add_argument("--cores-per-socket", type=int)
     u.add_argument("--threads-per-core", type=int, help="e.g. 2: SMT nodes (Slurm allocates whole cores)")
     u.add_argument("--gpus", type=int, default=0,
-                   help="GPUs per node (Gres=gpu:N, device files that are empty files): "
-                        "for GPU jobs and DefCpuPerGPU/DefMemPerGPU without GPUs")
+                   help="fake GPUs per node: Gres=gpu:N, each a character device under "
+                        "WORKDIR/dev (mknod); with --kubernetes also DeviceClass gpu.nvidia.com "
+                        "and a ResourceSlice per node (DRA), as NVIDIA's driver publishes them")
     u.add_argument("--node-sizes", type=_node_sizes, metavar="CPUS:MB,...",
                    help="each node's CPUs and RealMemory, for nodes of different sizes "
                         "(e.g. 8:16000,4:8000,16:32000); replaces --nodes, --cpus and --memory")

@@ -35,6 +35,7 @@ import pyk8sres
 from .. import data, install
 from ..coordinator.slurm import ledger_socket_path
 from . import chart, cluster, kubernetes, pki, slurm_conf
+from . import gpus as fake_gpus
 
 NAMESPACE = chart.NAMESPACE
 SYNC_ACCOUNT, WEBHOOK_ACCOUNT = "pyk8sres-sync", "pyk8sres-webhook"
@@ -113,7 +114,8 @@ def up(work: str, *, nodes: int, cpus: int, memory: int, base_port: int, kube_po
     names = slurm_conf.node_names(nodes) + slurm_conf.scale_names(scale_nodes)
     try:
         confine(c)
-        kube = start_kubernetes(c.work, kube_port, dict(zip(slurm_conf.node_names(nodes), sizes)))
+        kube = start_kubernetes(c.work, kube_port, dict(zip(slurm_conf.node_names(nodes), sizes)),
+                                gpus=layout.get("gpus", 0))
         if scale_nodes:
             budget = int(slurm_conf.available_memory() * slurm_conf.MEMORY_HEADROOM)
             kube.create_nodes({n: (cpus, memory) for n in slurm_conf.scale_names(scale_nodes)},
@@ -147,17 +149,22 @@ def webhook_url(kube: kubernetes.ControlPlane) -> str:
     return f"https://127.0.0.1:{kube.ports.webhook}/validate"
 
 
-def start_kubernetes(work: str, kube_port: int,
-                     nodes: dict[str, tuple[int, int]]) -> kubernetes.ControlPlane:
+def start_kubernetes(work: str, kube_port: int, nodes: dict[str, tuple[int, int]],
+                     gpus: int = 0) -> kubernetes.ControlPlane:
     """The control plane under WORK/kube, the nodes registered by their
-    kubelets, the chart installed (values for a host-run coordinator: its
-    webhook at webhook_url, the API server's webhook client CA).  From here
+    kubelets (with `gpus`, each node's GPUs published as NVIDIA's DRA
+    driver would: gpus.dra_objects), the chart installed (values for a
+    host-run coordinator: its webhook at webhook_url, the API server's
+    webhook client CA).  From here
     on bindings to every node are checked: until the webhook answers, they
     are refused (fail closed)."""
     ports = kubernetes.Ports(kube_port)
     kube = kubernetes.ControlPlane(os.path.join(work, "kube"), kube_port).start(
         webhook_urls=(f"127.0.0.1:{ports.webhook}",))
     kube.register_nodes(nodes)
+    if gpus:
+        kube.kubectl("create", "-f", "-", input=json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": fake_gpus.dra_objects(list(nodes), gpus)}))
     chart.install(kube, chart.host_values(kube.webhook_client_ca, webhook_url(kube)))
     return kube
 

@@ -229,10 +229,19 @@ Name=k8smemory Flags=CountOnly
 
 
 def gres_conf_text(work: str, gpus: int = 0) -> str:
-    """gres.conf; with `gpus`, GPUs whose device files are empty files under
-    WORK/dev (slurmd only checks that they exist), so GPU jobs and the
-    DefCpuPerGPU/DefMemPerGPU defaults can be tested without GPUs."""
+    """gres.conf; with `gpus`, GPUs whose device files are character devices
+    under WORK/dev (gpu_device_paths; workdir.write_node_files makes them),
+    so GPU jobs, their IDX and the DefCpuPerGPU/DefMemPerGPU defaults can be
+    tested without GPUs.  The line names no node: every slurmd of the test
+    cluster runs on this machine and sees the same files, and Slurm only
+    needs the paths to differ within a node.  AutoDetect=off (the global
+    line: on a Name= line it would need a NodeName=): the files are the
+    whole truth, a Slurm built with NVML would otherwise look for real GPUs."""
     if not gpus:
         return GRES_CONF
-    return GRES_CONF + f"Name=gpu File={work}/dev/gpu[0-{gpus - 1}]\n"
+    return GRES_CONF + f"AutoDetect=off\nName=gpu File={work}/dev/gpu[0-{gpus - 1}]\n"
 
+
+def gpu_device_paths(work: str, gpus: int) -> list[str]:
+    """The device file of each GPU, by Slurm's index (IDX) order."""
+    return [f"{work}/dev/gpu{i}" for i in range(gpus)]

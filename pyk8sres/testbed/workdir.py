@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 import pwd
 import secrets
+import stat
 
 from .. import install
 from . import releases
 from .daemons import ClusterError, need, write_file
-from .slurm_conf import CONTROLLERS, gres_conf_text, node_names
+from .slurm_conf import CONTROLLERS, gpu_device_paths, gres_conf_text, node_names
 
 # Every directory `up` makes, with its mode (munge's key stays private).
 DIR_MODES = {"etc": 0o755, "munge": 0o700, "state": 0o755, "run": 0o755, "log": 0o755,
@@ -66,11 +67,40 @@ def write_node_files(work: str, gpus: int, k8s_conf: str) -> None:
     write_file(os.path.join(work, "etc", "gres.conf"), gres_conf_text(work, gpus))
     if gpus:
         _mkdir(os.path.join(work, "dev"), 0o755)
-        for i in range(gpus):
-            write_file(os.path.join(work, "dev", f"gpu{i}"), "")
+        for path in gpu_device_paths(work, gpus):
+            make_gpu_device(path)
     write_file(os.path.join(work, "etc", "k8s_resources.conf"),
                "# pyk8sres (slurm-conf/k8s_resources.conf); the ledger lives in state/\n"
                + k8s_conf)
+
+
+# Slurm's gres.conf wants each GPU's File= to be a character (or block)
+# device, one path per GPU: slurmd stat()s it and leaves out of the node's
+# devices, with "is not a valid character or block device", a GPU whose file
+# is anything else (22.05's gres_common.c, gres.c later); the same path twice
+# on a node is refused as a duplicate.
+# It never opens the file (task/none, no device cgroup here), so all our GPUs
+# can be the same harmless device, /dev/null's (char 1:3), under their own
+# names: that needs only mknod as root, no /dev/ttyN of the host's.
+NULL_DEVICE = (1, 3)
+
+
+def make_gpu_device(path: str) -> None:
+    """A character device node at `path` with /dev/null's numbers; an older
+    plain file there (an earlier test cluster's) is replaced."""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(*NULL_DEVICE):
+            return
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(*NULL_DEVICE))
+    except OSError as e:
+        raise ClusterError(f"cannot make the fake GPU device {path} (mknod c 1 3): {e}; "
+                           "--gpus needs root with CAP_MKNOD") from None
+    os.chmod(path, 0o666)
 
 
 def hand_to(work: str, user: str) -> None:

@@ -121,18 +121,9 @@ def count_ids(cpu_ids: str) -> int:
                (p.partition("-") if "-" in p else (p, "", p) for p in cpu_ids.split(",")))
 
 
-def slurm_jobs(env, nodes, restarted_at: float = 0.0) -> dict[str, list[int]]:
-    """node -> [CPUs, MB] that Slurm's jobs hold: RUNNING ones, and
-    COMPLETING ones whose slurmstepd still lives (their processes run until
-    killed, up to KillWait; Slurm starts no job on such a node meanwhile,
-    but its GRES are freed at once).  Raises Unreadable when slurmctld does
-    not answer.
-
-    One exception, a phantom: a job that ended while slurmctld was being
-    killed -9 is recovered from its older state file as RUNNING (with no
-    process left) until slurmd next reports; it holds nothing.  A job is
-    such a phantom only if it started before the last slurmctld restart
-    (restarted_at, epoch seconds) and no slurmstepd of it exists."""
+def _holding_jobs(env, restarted_at: float) -> list[str]:
+    """The `scontrol -d -o show job` lines of the jobs that hold resources
+    now (see slurm_jobs).  Raises Unreadable when slurmctld does not answer."""
     argv = ["scontrol", "-d", "-o", "show", "job"]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=30)
@@ -146,7 +137,7 @@ def slurm_jobs(env, nodes, restarted_at: float = 0.0) -> dict[str, list[int]]:
     # Listed after scontrol answered: a slurmstepd still here was there then.
     alive = stepd_jobs(env) if restarted_at or any("JobState=COMPLETING" in x for x in lines) \
         else set()
-    used = {n: [0, 0] for n in nodes}
+    held = []
     for line in lines:
         job = re.search(r"JobId=(\d+)", line).group(1)
         start = re.search(r"StartTime=(\S+)", line).group(1)
@@ -155,6 +146,24 @@ def slurm_jobs(env, nodes, restarted_at: float = 0.0) -> dict[str, list[int]]:
         if restarted_at and job not in alive and start != "Unknown" and \
                 time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S")) < restarted_at:
             continue
+        held.append(line)
+    return held
+
+
+def slurm_jobs(env, nodes, restarted_at: float = 0.0) -> dict[str, list[int]]:
+    """node -> [CPUs, MB] that Slurm's jobs hold: RUNNING ones, and
+    COMPLETING ones whose slurmstepd still lives (their processes run until
+    killed, up to KillWait; Slurm starts no job on such a node meanwhile,
+    but its GRES are freed at once).  Raises Unreadable when slurmctld does
+    not answer.
+
+    One exception, a phantom: a job that ended while slurmctld was being
+    killed -9 is recovered from its older state file as RUNNING (with no
+    process left) until slurmd next reports; it holds nothing.  A job is
+    such a phantom only if it started before the last slurmctld restart
+    (restarted_at, epoch seconds) and no slurmstepd of it exists."""
+    used = {n: [0, 0] for n in nodes}
+    for line in _holding_jobs(env, restarted_at):
         for hosts, ids, mem in re.findall(r" Nodes=(\S+) CPU_IDs=(\S+) Mem=(\d+)", line):
             for n in expand(hosts):
                 if n in used:
@@ -248,3 +257,121 @@ def scheduler_cache(kube, timeout: float = 5.0) -> dict[str, tuple[int, int]]:
                 r"&\{MilliCPU:(\d+) Memory:(\d+)", body)}
         time.sleep(0.02)
     raise AssertionError(f"kube-scheduler logged no cache dump in {timeout} s ({log})")
+
+
+# --- GPUs: which device each side holds, index by index ----------------------
+# Slurm: `scontrol -d -o show job` gives each node of a job as
+# " Nodes=n1 CPU_IDs=0 Mem=100 GRES=gpu:1(IDX:0),k8scpu(CNT:1),..." (typed:
+# gpu:a100:2(IDX:0-1); several: IDX:0-1,3).  Kubernetes: a claim's
+# status.allocation names (driver, pool, device); the ResourceSlice of that
+# pool gives the device's node and its `index` attribute, the number Slurm's
+# IDX counts on that node (the test cluster publishes them so: testbed/gpus.py).
+GPU_DRIVER = "gpu.nvidia.com"
+_NODE_GRES = re.compile(r" Nodes=(\S+) CPU_IDs=\S+ Mem=\d+ GRES=(\S*)")
+_GPU_IDX = re.compile(r"(?:^|,)gpu(?::[^:(),]+)?:\d+\(IDX:([^)]*)\)")
+
+
+def index_set(text: str) -> set[int]:
+    """'0-1,3' -> {0, 1, 3}; 'N/A' or '' -> set()."""
+    out: set[int] = set()
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        if a.isdigit() and (not b or b.isdigit()):
+            out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def job_gpus(line: str) -> dict[str, set[int]]:
+    """node -> the GPU indices one job holds there, from its line of
+    `scontrol -d -o show job`."""
+    out: dict[str, set[int]] = {}
+    for hosts, gres in _NODE_GRES.findall(line):
+        held = set().union(*(index_set(m.group(1)) for m in _GPU_IDX.finditer(gres)))
+        for n in expand(hosts) if held else ():
+            out.setdefault(n, set()).update(held)
+    return out
+
+
+def slurm_gpus(env, restarted_at: float = 0.0) -> dict[str, dict[int, set[str]]]:
+    """node -> GPU index -> ids of the jobs holding it (RUNNING, and
+    COMPLETING while their processes live: slurm_jobs's rules)."""
+    out: dict[str, dict[int, set[str]]] = {}
+    for line in _holding_jobs(env, restarted_at):
+        job = re.search(r"JobId=(\d+)", line).group(1)
+        for node, held in job_gpus(line).items():
+            for i in held:
+                out.setdefault(node, {}).setdefault(i, set()).add(job)
+    return out
+
+
+def slice_devices(slices: list[dict]) -> dict[tuple[str, str], tuple[str, int]]:
+    """(pool, device) -> (node, index) of every GPU_DRIVER device a
+    ResourceSlice publishes with an int `index` attribute."""
+    out = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != GPU_DRIVER:
+            continue
+        pool = (spec.get("pool") or {}).get("name")
+        for d in spec.get("devices") or []:
+            index = ((d.get("attributes") or {}).get("index") or {}).get("int")
+            if isinstance(index, int):
+                out[(pool, d.get("name"))] = (spec.get("nodeName"), index)
+    return out
+
+
+def claim_gpus(claims: list[dict], slices: list[dict],
+               running: set[str]) -> dict[str, dict[int, set[str]]]:
+    """node -> GPU index -> the claims (namespace/name) allocated that GPU
+    for a pod in `running` (uids of pods bound to a node and not
+    terminal).  A claim naming a device that no slice maps to an index
+    raises Unreadable: the sample cannot say which GPU it holds."""
+    devices = slice_devices(slices)
+    out: dict[str, dict[int, set[str]]] = {}
+    for c in claims:
+        status, meta = c.get("status") or {}, c.get("metadata") or {}
+        if not any(r.get("resource") == "pods" and r.get("uid") in running
+                   for r in status.get("reservedFor") or []):
+            continue
+        name = f"{meta.get('namespace')}/{meta.get('name')}"
+        for r in ((status.get("allocation") or {}).get("devices") or {}).get("results") or []:
+            if r.get("driver") != GPU_DRIVER:
+                continue
+            where = devices.get((r.get("pool"), r.get("device")))
+            if where is None:
+                raise Unreadable("kubernetes", f"claim {name} holds {r.get('device')} of pool "
+                                               f"{r.get('pool')}: no ResourceSlice gives its index")
+            out.setdefault(where[0], {}).setdefault(where[1], set()).add(name)
+    return out
+
+
+def gpu_overlaps(jobs: dict[str, dict[int, set[str]]],
+                 pods: dict[str, dict[int, set[str]]]) -> list[str]:
+    """Each GPU that a job and a pod's claim hold at once, described."""
+    return [f"{node} gpu {i}: jobs {','.join(sorted(jobs[node][i]))} and claims "
+            f"{','.join(sorted(pods[node][i]))}"
+            for node in sorted(jobs.keys() & pods.keys())
+            for i in sorted(jobs[node].keys() & pods[node].keys())]
+
+
+def _list_resource(kube, plural: str) -> list[dict]:
+    try:
+        return kube.custom.list_cluster_custom_object(
+            "resource.k8s.io", "v1", plural, _request_timeout=kube.timeout).get("items") or []
+    except (K.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+        raise Unreadable("kubernetes", f"list {plural}: {type(e).__name__}: {e}"[:300]) from None
+
+
+def gpu_sample(env, kube, restarted_at: float = 0.0):
+    """(jobs, pods, overlaps) now: GPU indices per node held by Slurm's
+    jobs (slurm_gpus) and by the claims of pods bound before and after
+    slurmctld is asked (claim_gpus; placeholders left out, as bound_pods),
+    and each GPU both hold (gpu_overlaps).  Raises Unreadable when either
+    side cannot be read."""
+    before = bound_pods(kube)
+    claims = _list_resource(kube, "resourceclaims")
+    slices = _list_resource(kube, "resourceslices")
+    jobs = slurm_gpus(env, restarted_at)
+    running = before.keys() & bound_pods(kube).keys()
+    pods = claim_gpus(claims, slices, running)
+    return jobs, pods, gpu_overlaps(jobs, pods)

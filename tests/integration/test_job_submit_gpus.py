@@ -4,8 +4,8 @@ cons_tres gives a GPU job DefCpuPerGPU CPUs and DefMemPerGPU MB per GPU
 (cluster-wide, or a partition's own, also set at run time with `scontrol
 update PartitionName=... JobDefaults=...`) when the job does not say: the
 job must hold at least that, judged by what Slurm really allocated
-(`scontrol -d show job`: CPU_IDs, Mem per node).  The nodes' GPUs are empty
-files (cluster.up gpus=2): slurmd only checks that they exist.
+(`scontrol -d show job`: CPU_IDs, Mem per node).  The nodes' GPUs are fake
+(cluster.up gpus=2): character devices slurmd never opens.
 Ports: port(17130) .. +2.
 """
 import time

@@ -1,0 +1,145 @@
+"""The test cluster's fake GPUs (`cluster up --kubernetes --gpus 2`) on both
+sides, and the GPU ground truth (ground_truth.gpu_sample) on them.
+
+Slurm: each GPU is a character device under WORK/dev, so slurmd keeps every
+one in the node's devices (a plain file is left out with "is not a valid
+character or block device"); jobs get GPU indices (`scontrol -d show job`:
+GRES=gpu:1(IDX:0)).  Kubernetes: the DeviceClass gpu.nvidia.com and n1's
+ResourceSlice as NVIDIA's DRA driver would publish them; the real
+kube-scheduler allocates a pod's claim a device there and binds the pod to
+the kwok node, which runs it.
+
+THE PRODUCT DOES NOT YET PREVENT A GPU FROM BEING HELD BY A SLURM JOB AND A
+POD AT ONCE: nothing here coordinates GPUs, so these tests make the overlap
+on purpose (a claim whose selector asks for the job's index) to show that the
+checker sees it, and make a disjoint pair to show it reports none then.  They
+assert nothing about the product keeping GPUs apart; once it does, the
+overlapping pod must pend and test_checker_* must make its overlap otherwise.
+"""
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from conftest_kube import pick_ports
+from ground_truth import gpu_sample
+from local_slurm import SLURM, port, requires_slurm
+from pyk8sres.coordinator import kube as K
+from pyk8sres.testbed import gpus, hybrid
+
+pytestmark = requires_slurm
+GPUS = 2
+
+
+@pytest.fixture(scope="module")
+def world():
+    work = tempfile.mkdtemp(prefix="pyk8sres-gpus-")
+    try:
+        c, cp = hybrid.up(work, nodes=1, cpus=4, memory=8000, base_port=port(29300),
+                          kube_port=pick_ports(29400, 29490), slurm=SLURM, gpus=GPUS)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    try:
+        yield c, cp, K.Kube(cp.kubeconfig)
+    finally:
+        subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
+        hybrid.down(work)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def wait(pred, what, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (value := pred()):
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out: {what}")
+
+
+def test_slurm_gpus_are_character_devices_every_slurmd_keeps(world):
+    c, _, _ = world
+    paths = [os.path.join(c.work, "dev", f"gpu{i}") for i in range(GPUS)]
+    assert all(stat.S_ISCHR(os.stat(p).st_mode) for p in paths), paths
+    node = subprocess.run(["scontrol", "show", "node", "n1"], env=c.env, capture_output=True,
+                          text=True, check=True).stdout
+    assert f"gpu:{GPUS}" in node.split("Gres=")[1].split()[0], node
+    with open(os.path.join(c.work, "log", "slurmd-n1.log"), errors="replace") as f:
+        log = f.read()
+    assert "not a valid character or block device" not in log
+    assert "AutoDetect requires NodeName" not in log
+
+
+def sbatch_gpu(c) -> tuple[str, int]:
+    """A running `sbatch --gres=gpu:1` job on n1 and its GPU index."""
+    job = subprocess.run(["sbatch", "--parsable", "-w", "n1", "--gres=gpu:1", "-o", "/dev/null",
+                          "--wrap", "sleep 300"], env=c.env, capture_output=True, text=True,
+                         check=True, cwd="/tmp").stdout.strip().split(";")[0]
+
+    def running():
+        out = subprocess.run(["scontrol", "-d", "show", "job", job], env=c.env,
+                             capture_output=True, text=True).stdout
+        if "JobState=RUNNING" in out and "(IDX:" in out:
+            return out
+    out = wait(running, f"job {job} running with a GPU")
+    return job, int(out.split("GRES=gpu:1(IDX:")[1].split(")")[0])
+
+
+def gpu_pod(cp, name: str, index: int) -> str:
+    """Pod `name` on n1 with a claim (from a ResourceClaimTemplate, as the
+    developer writes it) for the GPU of that `index` attribute; returns the
+    claim's name once kube-scheduler has allocated it and kwok runs the pod."""
+    template = gpus.claim_template(name)
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": f'device.attributes["{gpus.DRIVER}"].index == {index}'}}]
+    resources = {"requests": {"cpu": "100m", "memory": "64Mi"}, "claims": [{"name": "gpu"}]}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+           "spec": {"nodeSelector": {"kubernetes.io/hostname": "n1"},
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+                    "containers": [{"name": "c", "image": "busybox", "resources": resources}]}}
+    cp.kubectl("create", "-f", "-", identity="developer",
+               input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [template, pod]}))
+
+    def started():
+        p = json.loads(cp.kubectl("get", "pod", name, "-o", "json").stdout)
+        if p["status"].get("phase") == "Running":
+            return p
+    try:
+        p = wait(started, f"pod {name} running")
+    except AssertionError:
+        why = cp.kubectl("describe", "pod", name).stdout
+        raise AssertionError(f"pod {name} did not run:\n{why[-1500:]}") from None
+    assert p["spec"]["nodeName"] == "n1"
+    claim = p["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    got = json.loads(cp.kubectl("get", "resourceclaim", claim, "-o", "json").stdout)
+    assert got["status"]["allocation"]["devices"]["results"] == [
+        {"request": "gpu", "driver": gpus.DRIVER, "pool": "n1", "device": f"gpu-{index}"}]
+    return claim
+
+
+def test_checker_reports_disjoint_gpus_then_an_overlap(world):
+    c, cp, kube = world
+    job, idx = sbatch_gpu(c)
+    other = 1 - idx
+    apart = gpu_pod(cp, "gpu-apart", other)
+    jobs, pods, overlaps = gpu_sample(c.env, kube)
+    assert jobs == {"n1": {idx: {job}}}
+    assert pods == {"n1": {other: {f"default/{apart}"}}}
+    assert overlaps == []
+
+    # Today nothing keeps a claim off the job's GPU: the pod gets it and runs.
+    same = gpu_pod(cp, "gpu-same", idx)
+    jobs, pods, overlaps = gpu_sample(c.env, kube)
+    assert pods == {"n1": {other: {f"default/{apart}"}, idx: {f"default/{same}"}}}
+    assert overlaps == [f"n1 gpu {idx}: jobs {job} and claims default/{same}"]
+
+    # Once that pod is gone its claim no longer counts.
+    cp.kubectl("delete", "pod", "gpu-same", "--grace-period=1", "--wait=true")
+    assert gpu_sample(c.env, kube)[2] == []
+    subprocess.run(["scancel", job], env=c.env, check=True)
+    wait(lambda: gpu_sample(c.env, kube)[0] == {}, f"job {job} to free its GPU")

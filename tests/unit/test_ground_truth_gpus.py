@@ -1,0 +1,116 @@
+"""The GPU half of the integration tests' ground truth, on captured text:
+which GPU index each Slurm job holds per node (`scontrol -d -o show job`),
+which index each running pod's ResourceClaim holds (its allocation mapped
+through the ResourceSlice's `index` attribute), and the GPUs both hold."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+import ground_truth as G  # noqa: E402
+from pyk8sres.testbed import gpus  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CAPTURED = os.path.join(HERE, "scontrol_show_job_gpus.txt")
+
+
+def captured() -> dict[str, str]:
+    """job id -> its captured line."""
+    with open(CAPTURED) as f:
+        lines = [x for x in f.read().splitlines() if x.startswith("JobId=")]
+    return {x.split()[0].split("=")[1]: x for x in lines}
+
+
+@pytest.mark.parametrize("job,want", [
+    ("2", {}),                                  # cancelled: GRES= empty
+    ("3", {"n1": {1}, "n2": {0}}),              # one GPU on each of two nodes
+    ("4", {"n2": {1}}),                         # --gpus=1
+    ("5", {"n2": {0}}),
+    ("6", {"n1": {0, 1}}),                      # IDX:0-1
+    ("1", {"n1": {0, 1}, "n2": {0, 1}}),        # 26.05: Nodes=n[1-2]
+])
+def test_job_gpus_of_captured_lines(job, want):
+    assert G.job_gpus(captured()[job]) == want
+
+
+@pytest.mark.parametrize("what,detail,want", [
+    ("typed GPUs, a list", " Nodes=n1 CPU_IDs=0 Mem=1 GRES=gpu:a100:3(IDX:0-1,3),k8scpu(CNT:1)",
+     {"n1": {0, 1, 3}}),
+    ("a host range", " Nodes=n[1-2] CPU_IDs=0 Mem=1 GRES=gpu:1(IDX:1)", {"n1": {1}, "n2": {1}}),
+    ("no index known", " Nodes=n1 CPU_IDs=0 Mem=1 GRES=gpu:1(IDX:N/A)", {}),
+    ("other GRES only", " Nodes=n1 CPU_IDs=0 Mem=1 GRES=k8scpu(CNT:1),k8smemory(CNT:100)", {}),
+    ("not a GPU whose name ends in gpu",
+     " Nodes=n1 CPU_IDs=0 Mem=1 GRES=fpgpu:1(IDX:0),gpu:1(IDX:1)", {"n1": {1}}),
+])
+def test_job_gpus_of_other_forms(what, detail, want):
+    # hand-written in the captured lines' form
+    assert G.job_gpus("JobId=1 JobState=RUNNING" + detail + " MinCPUsNode=1") == want, what
+
+
+@pytest.mark.parametrize("text,want", [
+    ("0", {0}), ("0-1", {0, 1}), ("0-1,3", {0, 1, 3}), ("N/A", set()), ("", set()),
+])
+def test_index_set(text, want):
+    assert G.index_set(text) == want
+
+
+def test_slurm_gpus_reads_running_jobs_only(tmp_path):
+    fake = tmp_path / "scontrol"
+    fake.write_text(f"#!/bin/sh\nexec grep ^JobId= {CAPTURED}\n")
+    fake.chmod(0o755)
+    assert G.slurm_gpus({"PATH": f"{tmp_path}:/usr/bin:/bin"}) == {
+        "n1": {0: {"1", "6"}, 1: {"1", "3", "6"}}, "n2": {0: {"1", "3", "5"}, 1: {"1", "4"}}}
+
+
+# A claim as the API server had it (captured: kube-scheduler allocated it for
+# pod gpu-pod on n1); its slice as the test cluster publishes it.
+CLAIM = {"metadata": {"name": "gpu-pod-gpu-5gqqx", "namespace": "default"},
+         "status": {"allocation": {"devices": {"results": [
+             {"device": "gpu-0", "driver": "gpu.nvidia.com", "pool": "n1", "request": "gpu"}]},
+             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                 {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}},
+             "reservedFor": [{"name": "gpu-pod", "resource": "pods",
+                              "uid": "1e04a630-43e0-4c35-bfee-2d183d867370"}]}}
+POD = "1e04a630-43e0-4c35-bfee-2d183d867370"
+SLICES = [gpus.resource_slice("n1", 2), gpus.resource_slice("n2", 2)]
+
+
+def claim(name, pod, *devices, driver=gpus.DRIVER):
+    return {"metadata": {"name": name, "namespace": "ns"},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": driver, "pool": pool, "device": d}
+                for pool, d in devices]}},
+                "reservedFor": [{"resource": "pods", "name": pod, "uid": pod}]}}
+
+
+@pytest.mark.parametrize("what,claims,running,want", [
+    ("the captured claim", [CLAIM], {POD}, {"n1": {0: {"default/gpu-pod-gpu-5gqqx"}}}),
+    ("its pod no longer runs", [CLAIM], set(), {}),
+    ("two devices, two nodes", [claim("a", "p", ("n1", "gpu-1")), claim("b", "q", ("n2", "gpu-0"),
+                                                                         ("n2", "gpu-1"))],
+     {"p", "q"}, {"n1": {1: {"ns/a"}}, "n2": {0: {"ns/b"}, 1: {"ns/b"}}}),
+    ("not allocated yet", [{"metadata": {"name": "c", "namespace": "ns"}, "status": {}}],
+     {"p"}, {}),
+    ("another driver's device", [claim("a", "p", ("n1", "gpu-0"), driver="x.example.com")],
+     {"p"}, {}),
+])
+def test_claim_gpus(what, claims, running, want):
+    assert G.claim_gpus(claims, SLICES, running) == want, what
+
+
+def test_a_device_no_slice_maps_is_an_unreadable_sample():
+    with pytest.raises(G.Unreadable, match="gpu-7 of pool n1"):
+        G.claim_gpus([claim("a", "p", ("n1", "gpu-7"))], SLICES, {"p"})
+
+
+@pytest.mark.parametrize("jobs,pods,want", [
+    ({"n1": {0: {"6"}, 1: {"6"}}}, {"n1": {0: {"default/c"}}},
+     ["n1 gpu 0: jobs 6 and claims default/c"]),
+    ({"n1": {0: {"6"}}}, {"n1": {1: {"default/c"}}}, []),          # disjoint
+    ({"n1": {0: {"6"}}}, {"n2": {0: {"default/c"}}}, []),          # same index, other node
+    ({"n2": {1: {"4", "5"}}}, {"n2": {1: {"a/x", "b/y"}}},
+     ["n2 gpu 1: jobs 4,5 and claims a/x,b/y"]),
+])
+def test_gpu_overlaps(jobs, pods, want):
+    assert G.gpu_overlaps(jobs, pods) == want
