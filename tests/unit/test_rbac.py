@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 kubernetes = pytest.importorskip("kubernetes")
+# After the skip: the chart module needs yaml, which comes with the kubernetes client.
+from pyk8sres.testbed import chart, kubernetes as controlplane, pki  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 COORD = REPO / "pyk8sres" / "coordinator"
@@ -205,7 +207,6 @@ def code_calls():
 
 @functools.lru_cache(maxsize=1)
 def _rendered() -> tuple:
-    from pyk8sres.testbed import chart, kubernetes as controlplane, pki
     with tempfile.TemporaryDirectory() as tmp:
         ca = pki.Authority(tmp, "ca", "any CA").cert_file
         return tuple(chart.render(controlplane.build().helm,
