@@ -345,8 +345,7 @@ def cp_idle(r: dict) -> float:
 
 
 def plot(results: dict, out_dir: str, load: str) -> list[str]:
-    # Here, not at the top: matplotlib is optional, and its backend is chosen before pyplot loads.
-    import matplotlib
+    import matplotlib  # here, not at the top: optional, and its backend is set before pyplot loads
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     os.makedirs(out_dir, exist_ok=True)

@@ -295,8 +295,7 @@ def merge(path: str, rows: list[dict]) -> list[dict]:
 def plot(rows: list[dict], per_node: int, out_dir: str) -> str:
     """sync-latency.png: pod bound -> share set p50/p99 (left) and sync's CPU
     per pod (right) against node count, for `per_node` pods per node."""
-    # Here, not at the top: matplotlib is optional, and its backend is chosen before pyplot loads.
-    import matplotlib
+    import matplotlib  # here, not at the top: optional, and its backend is set before pyplot loads
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = [r for r in rows if r.get("per_node") == per_node]
