@@ -443,15 +443,12 @@ def coordinator(world):
             kube_calls.delete_pod(direct, "default", p["metadata"]["name"])
 
 
-def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
-    c, kube, direct = coordinator
-    ledger = slurm_calls.Ledger(slurm_calls.ledger_socket_path(c.conf))
-    hook, sync = kube.ports.webhook_metrics, kube.ports.sync_metrics
-    before = {"n1": (0, 0), "n2": (0, 0)}      # the coordinator fixture waited for it
-
-    # 1. The webhook may no longer read pods: the pod kube-scheduler tries to
-    # bind to a shared node is refused every time (fail closed), and the
-    # webhook says which grant it lacks.
+def _webhook_without_get_pods(c, kube, direct, ledger, before) -> tuple[str, str]:
+    """The webhook may no longer read pods: the pod kube-scheduler tries to
+    bind to a shared node is refused every time (fail closed), and the
+    webhook says which grant it lacks.  Given back, the pod binds: its
+    (node, uid)."""
+    hook = kube.ports.webhook_metrics
     without_verb(kube, hybrid.WEBHOOK_ACCOUNT, "pods", "get")
     done(direct.core.create_namespaced_pod("default", _pod("w", cpu="1"),
                                       _preload_content=False))
@@ -482,10 +479,14 @@ def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
     assert "Kubernetes RBAC now allows get pods in namespace default" in log_of(c, "webhook")
     wait("sync holds the pod", lambda: k8s_used(c, node) == (before[node][0] + 1,
                                                              before[node][1] + 100))
+    return node, uid
 
-    # 2. sync restarted with a role that may not list pods: it cannot know
-    # which pods are gone, so it lowers no share -- not even for a pod
-    # deleted meanwhile -- and says why it is not ready.
+
+def _sync_without_list_pods(c, kube, direct, ledger, before, node, uid) -> None:
+    """sync restarted with a role that may not list pods: it cannot know
+    which pods are gone, so it lowers no share -- not even for a pod
+    deleted meanwhile -- and says why it is not ready."""
+    sync = kube.ports.sync_metrics
     cluster.stop_process(c.work, "sync")
     without_verb(kube, hybrid.SYNC_ACCOUNT, "pods", "list")
     kube_calls.delete_pod(direct, "default", "w")
@@ -506,9 +507,12 @@ def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
          lambda: uid not in share(ledger, node) and k8s_used(c, node) == before[node], 60)
     wait("sync ready again", lambda: readyz(sync) == (200, "ok\n"), 30)
 
-    # 3. sync may no longer patch GenericNodes' status: what the ledger holds
-    # still follows the pods (nothing else needs that grant), the GenericNode
-    # does not, and sync says so.
+
+def _sync_without_generic_node_status(c, kube, direct, before) -> None:
+    """sync may no longer patch GenericNodes' status: what the ledger holds
+    still follows the pods (nothing else needs that grant), the GenericNode
+    does not, and sync says so."""
+    sync = kube.ports.sync_metrics
     without_verb(kube, hybrid.SYNC_ACCOUNT, "genericnodes/status", "patch")
     kube_calls.create_pod(direct, "default", _pod("g", node="n2", cpu="1"))
     wait("n2's share follows the pod", lambda: k8s_used(c, "n2") == (before["n2"][0] + 1,
@@ -525,3 +529,12 @@ def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
     wait("GenericNode n2 current again",
          lambda: kubernetes_side() == {"cpu": "1", "memory": "100Mi"}, 30)
     wait("sync ready again", lambda: readyz(sync) == (200, "ok\n"), 30)
+
+
+def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
+    c, kube, direct = coordinator
+    ledger = slurm_calls.Ledger(slurm_calls.ledger_socket_path(c.conf))
+    before = {"n1": (0, 0), "n2": (0, 0)}      # the coordinator fixture waited for it
+    node, uid = _webhook_without_get_pods(c, kube, direct, ledger, before)
+    _sync_without_list_pods(c, kube, direct, ledger, before, node, uid)
+    _sync_without_generic_node_status(c, kube, direct, before)
