@@ -54,8 +54,8 @@ class SlurmWorld:
     def facts(self, name):
         n = self.nodes.get(name)
         return None if n is None else ledger.Facts(n.gres["k8scpu"], n.gres["k8smemory"],
-                                              n.gres_used.get("k8scpu", 0),
-                                              n.gres_used.get("k8smemory", 0))
+                                                   n.gres_used.get("k8scpu", 0),
+                                                   n.gres_used.get("k8smemory", 0))
 
     def list_nodes(self):
         return list(self.nodes.values())

@@ -87,14 +87,16 @@ def ran(p, cpu, pending=None):
 @pytest.mark.parametrize("case,t,stored,snode,expect", [
     ("bind reserves the pod's requests", target(), pod(), "n1",
      admission.Reserve("n1", "u-1", 500, 256 * MI)),
-    ("mapped slurm node", target(node="k8s-a"), pod(), "s7", admission.Reserve("s7", "u-1", 500, 256 * MI)),
+    ("mapped slurm node", target(node="k8s-a"), pod(), "s7",
+     admission.Reserve("s7", "u-1", 500, 256 * MI)),
     ("not shared", target(), pod(), None, admission.Allow),
     ("pod gone", target(), None, "n1", admission.Deny),
     ("no uid", target(), pod(uid=None), "n1", admission.Deny),
     ("dry run reserves nothing", target(dry=True), pod(), "n1", admission.Allow),
     ("create uses the request's pod", target("create", p=pod(cpu="2")), None, "n1",
      admission.Reserve("n1", "u-1", 2000, 256 * MI)),
-    ("rounded up", target(), pod(cpu="1001u", mem="1001"), "n1", admission.Reserve("n1", "u-1", 2, 1001)),
+    ("rounded up", target(), pod(cpu="1001u", mem="1001"), "n1",
+     admission.Reserve("n1", "u-1", 2, 1001)),
     ("worker namespace exempt", target(), pod(ns="slurm"), "n1", admission.Allow),
     ("placeholder exempt", target(), pod(ns="pyk8sres-system", name="slurm-share-n1"), "n1",
      admission.Allow),
@@ -122,7 +124,8 @@ def ran(p, cpu, pending=None):
     ("mirror binding is not a create", target("bind", user="system:node:n1"),
      pod(annotations=MIRROR), "n1", admission.Reserve("n1", "u-1", 500, 256 * MI)),
     ("resize shrink needs nothing",
-     target("resize", p=pod(node="n1", cpu="100m"), old=pod(node="n1")), None, "n1", admission.Allow),
+     target("resize", p=pod(node="n1", cpu="100m"), old=pod(node="n1")), None, "n1",
+     admission.Allow),
     # The pod as its kubelet reported it (usage.pod_requests counts status too).
     ("resize after an Infeasible one reserves its new size",
      target("resize", p=ran(pod(node="n1", cpu="4"), "1", "Infeasible"),
@@ -167,7 +170,8 @@ def test_verdict(reply, allowed, words):
 ])
 def test_verdict_static_pod(reply, allowed):
     """Only "does not fit" is overridden for a static pod: it runs anyway."""
-    d = admission.verdict(target("create"), admission.Reserve("n1", "u-1", 500, 256 * MI, static=True), reply)
+    d = admission.verdict(target("create"),
+                          admission.Reserve("n1", "u-1", 500, 256 * MI, static=True), reply)
     assert isinstance(d, admission.Allow) is allowed
     if allowed and not reply["ok"]:
         assert "Oversubscribed" in d.reason and "8 of 8 CPUs" in d.reason
@@ -177,8 +181,8 @@ def test_review_response():
     r = admission.review_response({"uid": "abc"}, admission.Deny("no room"))
     assert r["response"] == {"uid": "abc", "allowed": False,
                              "status": {"code": 403, "reason": "Forbidden", "message": "no room"}}
-    assert admission.review_response({"uid": "abc"}, admission.Allow("ok"))["response"] == {"uid": "abc",
-                                                                           "allowed": True}
+    allowed = admission.review_response({"uid": "abc"}, admission.Allow("ok"))["response"]
+    assert allowed == {"uid": "abc", "allowed": True}
 
 
 def test_unshared_nodes_condition_quotes_and_fails_closed():
@@ -206,7 +210,8 @@ def test_updated_webhook_config_owns_only_its_fields():
     assert [c["name"] for c in w["matchConditions"]] == ["admin", "shared-node"]
     assert "!(object.target.name in {'n1': true})" in w["matchConditions"][1]["expression"]
     assert new["webhooks"][0] == {"name": "other"} and w["failurePolicy"] == "Fail"
-    assert admission.updated_webhook_config(new, "admission.pyk8sres.io", ["n1"], "Q0E=", None) is None
+    assert admission.updated_webhook_config(new, "admission.pyk8sres.io", ["n1"], "Q0E=", None) \
+        is None
     # cert-manager: caBundle is left alone
     cm = admission.updated_webhook_config(VWC, "admission.pyk8sres.io", [], None, None)
     assert "caBundle" not in cm["webhooks"][1]["clientConfig"]
@@ -222,7 +227,7 @@ def test_updated_webhook_config_owns_only_its_fields():
     ("unbound pod", admission.classify(req("CREATE", "pods", "", pod())), "unbound"),
     ("other request", admission.classify(req("UPDATE", "pods", "", pod(node="n1"))), "not_checked"),
     ("binding to a non-node", admission.classify(req("CREATE", "pods", "binding",
-                                             {"target": {"kind": "Pod", "name": "x"}})),
+                                                     {"target": {"kind": "Pod", "name": "x"}})),
      "bad_request"),
     ("not shared", admission.plan(target(), pod(), None, EX), "not_shared"),
     ("pod gone", admission.plan(target(), None, "n1", EX), "pod_not_found"),
@@ -230,22 +235,27 @@ def test_updated_webhook_config_owns_only_its_fields():
     ("exempt", admission.plan(target(), pod(ns="slurm"), "n1", EX), "exempt"),
     ("dry run", admission.plan(target(dry=True), pod(), "n1", EX), "dry_run"),
     ("malformed", admission.plan(target(), pod(cpu="lots"), "n1", EX), "bad_request"),
-    ("shrink", admission.plan(target("resize", p=pod(node="n1", cpu="100m"), old=pod(node="n1")), None,
-                      "n1", EX), "no_growth"),
-    ("reserved", admission.verdict(target(), admission.Reserve("n1", "u", 1, 1), {"ok": True}), "reserved"),
+    ("shrink",
+     admission.plan(target("resize", p=pod(node="n1", cpu="100m"), old=pod(node="n1")), None,
+                    "n1", EX), "no_growth"),
+    ("reserved", admission.verdict(target(), admission.Reserve("n1", "u", 1, 1), {"ok": True}),
+     "reserved"),
     ("no fit", admission.verdict(target(), admission.Reserve("n1", "u", 1, 1),
-                         {"ok": False, "code": "nofit", "error": "full"}), "nofit"),
+                                 {"ok": False, "code": "nofit", "error": "full"}), "nofit"),
     ("unknown node", admission.verdict(target(), admission.Reserve("n1", "u", 1, 1),
-                               {"ok": False, "code": "unknown_node", "error": "?"}),
+                                       {"ok": False, "code": "unknown_node", "error": "?"}),
      "ledger_refused"),
-    ("malformed reply", admission.verdict(target(), admission.Reserve("n1", "u", 1, 1), {}), "internal"),
-    ("static pod over capacity", admission.verdict(target(), admission.Reserve("n1", "u", 1, 1, static=True),
-                                           {"ok": False, "code": "nofit", "error": "full"}),
+    ("malformed reply", admission.verdict(target(), admission.Reserve("n1", "u", 1, 1), {}),
+     "internal"),
+    ("static pod over capacity",
+     admission.verdict(target(), admission.Reserve("n1", "u", 1, 1, static=True),
+                       {"ok": False, "code": "nofit", "error": "full"}),
      "static_over_capacity"),
 ])
 def test_decision_codes(case, decision, code):
     assert decision.code == code, case
-    assert code in (admission.ALLOW_CODES if isinstance(decision, admission.Allow) else admission.DENY_CODES), case
+    codes = admission.ALLOW_CODES if isinstance(decision, admission.Allow) else admission.DENY_CODES
+    assert code in codes, case
 
 
 def test_scope_fed_by_the_nodes_informer_keeps_mapping_and_capacity_only():
@@ -366,7 +376,8 @@ def test_shrink_after_infeasible_growth_never_leaves_the_kubelet_unheld():
     one = ran(pod(node="n1", cpu="1"), "1")
     four = ran(pod(node="n1", cpu="4"), "1", "Infeasible")
     three = ran(pod(node="n1", cpu="3"), "1", "Infeasible")   # condition still the old one's
-    assert admission.plan(resize(four, one), None, "n1", EX) == admission.Reserve("n1", "u-1", 4000, 256 * MI)
+    assert admission.plan(resize(four, one), None, "n1", EX) == admission.Reserve("n1", "u-1",
+                                                                                  4000, 256 * MI)
     assert admission.pod_cost(four)[0] == 4000            # the sync daemon keeps holding it
     assert admission.plan(resize(three, four), None, "n1", EX).code == "no_growth"
     assert admission.pod_cost(three)[0] == 3000           # the kubelet may apply 3 at any time

@@ -10,9 +10,9 @@ from memory_slurm import SlurmWorld, knode, pod
 
 
 @pytest.mark.parametrize("alloc, jobs, completing, want", [
-    ((4, 4000), {"cpu": 4, "mem": 4000}, (0, 0), backstop.Gap()),           # jobs hold it all
-    ((4, 4000), {"cpu": 6, "mem": 5000}, (0, 0), backstop.Gap()),           # more held than allocated
-    ((4, 4000), {"cpu": 1, "mem": 4000}, (0, 0), backstop.Gap(3, 0)),       # a job under-held
+    ((4, 4000), {"cpu": 4, "mem": 4000}, (0, 0), backstop.Gap()),       # jobs hold it all
+    ((4, 4000), {"cpu": 6, "mem": 5000}, (0, 0), backstop.Gap()),       # more held than allocated
+    ((4, 4000), {"cpu": 1, "mem": 4000}, (0, 0), backstop.Gap(3, 0)),   # a job under-held
     ((2, 8000), {"cpu": 2, "mem": 1000}, (0, 0), backstop.Gap(0, 7000)),
     ((0, 0), {"cpu": 0, "mem": 0}, (2, 1000), backstop.Gap(0, 0, 2, 1000)),  # a job completing
     ((3, 100), {"cpu": 1, "mem": 100}, (2, 50), backstop.Gap(2, 0, 2, 50)),

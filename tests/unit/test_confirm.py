@@ -33,8 +33,9 @@ class Ledger:
         self.calls.append((node, key))
         if self.answer is not None:
             return self.answer
-        new, reply = ledger_policy.decide(self.entries, Request("release", node, key, unbound_only=True),
-                              NODE, now=1.0)
+        new, reply = ledger_policy.decide(self.entries,
+                                          Request("release", node, key, unbound_only=True),
+                                          NODE, now=1.0)
         if new is not None:
             self.entries = new
         return reply
@@ -163,7 +164,8 @@ def test_a_failed_binding_is_released_but_never_pauses_the_namespace(monkeypatch
 def test_phantom_refusal_names_namespace_and_why():
     t = admission.Target("create", "q", "p", "n1", False)
     d = admission.phantom_refusal(t, 7.2)
-    assert isinstance(d, admission.Deny) and d.code == "phantom_creates" and d.code in admission.DENY_CODES
+    assert isinstance(d, admission.Deny) and d.code == "phantom_creates"
+    assert d.code in admission.DENY_CODES
     assert "namespace q" in d.message and "8 s" in d.message and "ResourceQuota" in d.message
 
 

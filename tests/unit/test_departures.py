@@ -23,7 +23,8 @@ def held(until, grace=30.0):
 @pytest.mark.parametrize("case, grace, was_terminating_until, state, want", [
     ("forced delete on a Ready node: the whole grace period", 30.0, None, departures.READY,
      held(NOW + 30 + MARGIN)),
-    ("seen Terminating, vanished when its grace ended", 30.0, WALL, departures.READY, held(NOW + MARGIN)),
+    ("seen Terminating, vanished when its grace ended", 30.0, WALL, departures.READY,
+     held(NOW + MARGIN)),
     ("seen Terminating, then forced 10 s into 30", 30.0, WALL + 20, departures.READY,
      held(NOW + 20 + MARGIN)),
     ("a delete that asked a longer grace period: its deadline counts", 30.0, WALL + 500,
@@ -35,7 +36,7 @@ def held(until, grace=30.0):
 ])
 def test_first_hold(case, grace, was_terminating_until, state, want):
     got = departures.first_hold(2000, 0, "k1", grace, was_terminating_until, state,
-                       now=NOW, wall=WALL, margin=MARGIN)
+                                now=NOW, wall=WALL, margin=MARGIN)
     assert got == want, case
 
 
@@ -82,8 +83,9 @@ def test_containers_gone(case, st, want):
      departures.UNREACHABLE),
     ("Unknown", {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}},
      departures.UNREACHABLE),
-    ("fenced wins", {"spec": {"taints": [{"key": departures.OUT_OF_SERVICE_TAINT, "effect": "NoExecute"}]},
-                     "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}, departures.FENCED),
+    ("fenced wins",
+     {"spec": {"taints": [{"key": departures.OUT_OF_SERVICE_TAINT, "effect": "NoExecute"}]},
+      "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}, departures.FENCED),
     ("never reported: no pod runs yet", {"status": {}}, departures.READY),
 ])
 def test_node_state(case, node, want):
@@ -97,14 +99,15 @@ def test_grace_and_kill_by_read_from_the_pod():
     assert departures.grace_of(p) == 7.0 and departures.grace_of({}) == departures.DEFAULT_GRACE
     longer = {"metadata": {"deletionGracePeriodSeconds": 90},
               "spec": {"terminationGracePeriodSeconds": 7}}
-    assert departures.grace_of(longer) == 90.0       # `delete --grace-period=90`: the kubelet waits so
+    assert departures.grace_of(longer) == 90.0   # `delete --grace-period=90`: the kubelet waits so
     assert departures.kill_by(p) == 1796590830.0 and departures.kill_by({}) is None
     # A forced delete: deletionTimestamp now and period 0, the object gone at
     # once; the kubelet was told nothing yet.
     forced = {"metadata": {"deletionTimestamp": "2026-12-06T21:00:30Z",
                            "deletionGracePeriodSeconds": 0}}
     assert departures.kill_by(forced) is None
-    assert departures.grace_of({"spec": {"terminationGracePeriodSeconds": True}}) == departures.DEFAULT_GRACE
+    no_number = {"spec": {"terminationGracePeriodSeconds": True}}
+    assert departures.grace_of(no_number) == departures.DEFAULT_GRACE
 
 
 # ----------------------------------------------------------------- the cycle

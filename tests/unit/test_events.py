@@ -95,7 +95,8 @@ B = events.Limits(update_interval=5.0, window=600.0, rate=2.0, burst=3)
     ("empty bucket refuses", events.Bucket(0.4, 10.0), 10.0, False, events.Bucket(0.4, 10.0)),
     ("refills at rate", events.Bucket(0.4, 10.0), 10.3, True, events.Bucket(0.0, 10.3)),
     ("never above burst", events.Bucket(2.0, 0.0), 100.0, True, events.Bucket(2.0, 100.0)),
-    ("a clock going back refills nothing", events.Bucket(0.5, 10.0), 9.0, False, events.Bucket(0.5, 9.0)),
+    ("a clock going back refills nothing", events.Bucket(0.5, 10.0), 9.0, False,
+     events.Bucket(0.5, 9.0)),
 ])
 def test_take(case, bucket, now, ok, after):
     got_ok, got = events.take(bucket, now, B)
@@ -119,12 +120,15 @@ def test_until_token_never_refilling():
 
 
 @pytest.mark.parametrize("case,table,bucket,action,entry", [
-    ("new key with a token creates", {}, events.Bucket(1, 100), events.CREATE, seen(1, 1, 100, 100, 100)),
+    ("new key with a token creates", {}, events.Bucket(1, 100), events.CREATE,
+     seen(1, 1, 100, 100, 100)),
     ("new key without a token is suppressed (nothing remembered)", {}, events.Bucket(0, 100),
      events.SUPPRESS, None),
-    ("a due bump without a token folds", {K: seen(3, 3, 0, 90, 90)}, events.Bucket(0, 100), events.DROP,
+    ("a due bump without a token folds", {K: seen(3, 3, 0, 90, 90)}, events.Bucket(0, 100),
+     events.DROP,
      seen(4, 3, 0, 100, 90)),
-    ("a due bump with a token updates", {K: seen(3, 3, 0, 90, 90)}, events.Bucket(1, 100), events.UPDATE,
+    ("a due bump with a token updates", {K: seen(3, 3, 0, 90, 90)}, events.Bucket(1, 100),
+     events.UPDATE,
      seen(4, 4, 0, 100, 100)),
     ("a fold costs no token", {K: seen(3, 3, 0, 99, 99)}, events.Bucket(0, 100), events.DROP,
      seen(4, 3, 0, 100, 99)),

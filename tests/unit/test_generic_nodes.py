@@ -82,7 +82,8 @@ def test_generic_node_writes_keep_a_budget_oldest_change_first(tmp_path, monkeyp
         now[0] += 1.0
         rec.cycle()
     assert not rec.gn_behind and len(store.writes) == 10 + 10     # each node once, newest state
-    want = {n: usage.generic_node_body(n, slurm.nodes[n], rec.last.usage.get(n), "c1") for n in names}
+    want = {n: usage.generic_node_body(n, slurm.nodes[n], rec.last.usage.get(n), "c1")
+            for n in names}
     assert {n: (o["spec"], o["status"]) for n, o in store.objects.items()} == want
     assert want["n2"][1]["allocatedResources"][1]["allocated"]["cpu"] == "3"
     writes = len(store.writes)

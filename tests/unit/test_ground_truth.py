@@ -28,7 +28,8 @@ def st(name, cpu, allocated=None):
 
 
 @pytest.mark.parametrize("text,value", [
-    ("250m", Fraction(1, 4)), ("1", 1), (2, 2), ("1.5", Fraction(3, 2)), ("1Gi", GI), ("128Mi", 128 << 20),
+    ("250m", Fraction(1, 4)), ("1", 1), (2, 2), ("1.5", Fraction(3, 2)),
+    ("1Gi", GI), ("128Mi", 128 << 20),
     ("100M", 10**8), ("1e3", 1000), ("2k", 2000), ("500u", Fraction(1, 2000)),
 ])
 def test_quantity(text, value):

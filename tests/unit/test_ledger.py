@@ -139,8 +139,9 @@ def test_decide(entries, req, facts, new, reply_ok):
 
 
 def test_release_unbound_only_says_what_it_kept():
-    _, reply = ledger_policy.decide({"a": e(1, bound=True)}, Request("release", "n1", "a", unbound_only=True),
-                        NODE, now=1.0)
+    _, reply = ledger_policy.decide({"a": e(1, bound=True)},
+                                    Request("release", "n1", "a", unbound_only=True),
+                                    NODE, now=1.0)
     assert reply == {"ok": True, "kept": True}
 
 
@@ -149,10 +150,11 @@ def test_journal_replays_release_unbound_only(tmp_path):
     facts = {"n1": NODE}
     a = Ledger(str(tmp_path))
     a.load()
-    _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="phantom", cpu_m=2000, mem_bytes=0))
+    _serve(a, facts,
+           ledger_policy.encode("reserve", node="n1", key="phantom", cpu_m=2000, mem_bytes=0))
     _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="pod", cpu_m=1000, mem_bytes=0))
     _serve(a, facts, ledger_policy.encode("set", node="n1", entries={"pod": [1000, 0]},
-                              keep_younger_than=30))
+                                          keep_younger_than=30))
     _serve(a, facts, ledger_policy.encode("release", node="n1", key="phantom", unbound_only=True))
     _serve(a, facts, ledger_policy.encode("release", node="n1", key="pod", unbound_only=True))
     assert set(a.nodes["n1"]) == {"pod"}
@@ -237,7 +239,8 @@ def test_set_reports_more_than_jobs_leave():
     req = Request("set", "n1", entries=(("a", 6000, 0),))
     new, reply = ledger_policy.decide({}, req, NODE, now=1.0)
     assert reply["oversubscribed"] and ledger_policy.share_units(new) == (6, 0)
-    assert ledger_policy.applied(ledger_policy.share_units(new), NODE) == (5, 0)            # allocated <= total
+    # allocated <= total
+    assert ledger_policy.applied(ledger_policy.share_units(new), NODE) == (5, 0)
     view = ledger_policy.node_view(new, NODE, with_entries=False)
     assert view["oversubscribed"] and view["free"] == {"cpu": 0, "mem": 12000}
 
@@ -271,13 +274,14 @@ def test_journal_replays_grants_not_denials(tmp_path):
     a = Ledger(str(tmp_path))
     a.load()
     assert _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="p", cpu_m=2000,
-                                     mem_bytes=0))[1] == {"n1": (2, 0)}
+                                                 mem_bytes=0))[1] == {"n1": (2, 0)}
     assert not _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="q", cpu_m=9000,
-                                         mem_bytes=0))[0]["ok"]
+                                                     mem_bytes=0))[0]["ok"]
     # A resize denied must restore the old amount on replay.
     assert not _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="p", cpu_m=7000,
-                                         mem_bytes=0))[0]["ok"]
-    _serve(a, {**facts, "n2": NODE}, ledger_policy.encode("set", node="n2", entries={"x": [1500, 0]}))
+                                                     mem_bytes=0))[0]["ok"]
+    _serve(a, {**facts, "n2": NODE},
+           ledger_policy.encode("set", node="n2", entries={"x": [1500, 0]}))
     b = Ledger(str(tmp_path))       # slurmctld restarts
     b.load()
     assert b.shares() == {"n1": (2, 0), "n2": (2, 0)}
@@ -287,7 +291,8 @@ def test_journal_replays_grants_not_denials(tmp_path):
 def test_journal_torn_last_line_is_ignored_but_corruption_is_an_error(tmp_path):
     a = Ledger(str(tmp_path))
     a.load()
-    _serve(a, {"n1": NODE}, ledger_policy.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
+    _serve(a, {"n1": NODE},
+           ledger_policy.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
     with open(a.path, "ab") as f:
         f.write(b'{"t":1,"op":"reserve","node":"n1","ke')      # crash mid-write
     b = Ledger(str(tmp_path))
@@ -319,7 +324,8 @@ def test_only_the_owner_replaces_the_journal(tmp_path):
     replays without touching the file; a failed load changes nothing."""
     owner = Ledger(str(tmp_path))
     owner.load()
-    _serve(owner, {"n1": NODE}, ledger_policy.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
+    _serve(owner, {"n1": NODE},
+           ledger_policy.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
     before = os.stat(owner.path)
     reader = Ledger(str(tmp_path))
     reader.load(compact=False)
@@ -327,7 +333,8 @@ def test_only_the_owner_replaces_the_journal(tmp_path):
     assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
     assert reader.shares() == {"n1": (1, 0)}
     # The owner keeps appending to the very file the reader read.
-    _serve(owner, {"n1": NODE}, ledger_policy.encode("reserve", node="n1", key="q", cpu_m=1000, mem_bytes=0))
+    _serve(owner, {"n1": NODE},
+           ledger_policy.encode("reserve", node="n1", key="q", cpu_m=1000, mem_bytes=0))
     reader.load(compact=False)
     assert reader.shares() == {"n1": (2, 0)}
     with open(owner.path, "ab") as f:
@@ -348,10 +355,11 @@ def test_a_request_that_changes_nothing_is_not_journaled(tmp_path):
     facts = {"n1": NODE}
     entries = {"p": [1000, 1 << 20], "q": [500, 0]}
     assert _serve(a, facts, ledger_policy.encode("set", node="n1", entries=entries,
-                                     keep_younger_than=30))[0]["ok"]
+                                                 keep_younger_than=30))[0]["ok"]
     assert _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="r", cpu_m=250,
-                                     mem_bytes=0))[0]["ok"]
-    bound = ledger_policy.encode("set", node="n1", entries={**entries, "r": [250, 0]}, keep_younger_than=30)
+                                                 mem_bytes=0))[0]["ok"]
+    bound = ledger_policy.encode("set", node="n1", entries={**entries, "r": [250, 0]},
+                                 keep_younger_than=30)
     assert _serve(a, facts, bound)[0]["ok"]                 # r is seen bound: a change
     size = os.path.getsize(a.path)
     for line in (bound,
@@ -361,7 +369,7 @@ def test_a_request_that_changes_nothing_is_not_journaled(tmp_path):
         assert _serve(a, facts, line)[0]["ok"], line
     assert os.path.getsize(a.path) == size
     assert _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="r", cpu_m=250,
-                                     mem_bytes=0))[0]["ok"]
+                                                 mem_bytes=0))[0]["ok"]
     assert os.path.getsize(a.path) > size
     size = os.path.getsize(a.path)
     # A change is journaled as before.
@@ -375,7 +383,8 @@ def test_a_request_that_changes_nothing_is_not_journaled(tmp_path):
 def test_a_refused_set_is_undone_on_replay(tmp_path):
     a = Ledger(str(tmp_path))
     a.load()
-    _serve(a, {"n1": NODE}, ledger_policy.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
+    _serve(a, {"n1": NODE},
+           ledger_policy.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
     # n1 left slurmctld (unknown now): the set is refused, and must not come
     # back from the journal after a restart.
     reply = _serve(a, {}, ledger_policy.encode("set", node="n1", entries={"x": [3000, 0]}))[0]
@@ -389,7 +398,8 @@ def test_show_is_read_only(tmp_path):
     a = Ledger(str(tmp_path))
     a.load()
     show, _ = a.prepare(0, ledger_policy.encode("show").strip())
-    reserve, _ = a.prepare(0, ledger_policy.encode("reserve", node="n1", key="k", cpu_m=1, mem_bytes=1))
+    reserve, _ = a.prepare(0, ledger_policy.encode("reserve", node="n1", key="k", cpu_m=1,
+                                                   mem_bytes=1))
     assert a.read_only(show) and not a.read_only(reserve)
 
 
@@ -409,7 +419,8 @@ def test_only_root_slurmuser_and_listed_uids(tmp_path):
     assert denied["code"] == "denied" and "LedgerUsers" in denied["error"]
     # A denied caller writes nothing.
     size = os.path.getsize(a.path)
-    _serve(a, {"n1": NODE}, ledger_policy.encode("reserve", node="n1", key="k", cpu_m=1, mem_bytes=1), uid=7)
+    _serve(a, {"n1": NODE},
+           ledger_policy.encode("reserve", node="n1", key="k", cpu_m=1, mem_bytes=1), uid=7)
     assert os.path.getsize(a.path) == size
 
 
@@ -461,11 +472,11 @@ def test_a_wall_clock_step_ends_no_grace_period(tmp_path, monkeypatch):
     a.load()
     facts = {"n1": NODE}
     assert _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="admitted", cpu_m=1000,
-                                     mem_bytes=0))[0]["ok"]
+                                                 mem_bytes=0))[0]["ok"]
     wall = time.time()
     monkeypatch.setattr(ledger_journal.time, "time", lambda: wall + 3600)
     assert _serve(a, facts, ledger_policy.encode("set", node="n1", entries={"other": [500, 0]},
-                                     keep_younger_than=30))[0]["ok"]
+                                                 keep_younger_than=30))[0]["ok"]
     assert _keys(a) == ["admitted", "other"]
 
 
@@ -486,14 +497,16 @@ def test_a_new_process_rebases_grace_periods_to_its_own_clock(tmp_path, case,
     a = Ledger(str(tmp_path), clock=clock)
     a.load()
     _serve(a, facts, ledger_policy.encode("set", node="n1", entries={"bound": [1000, 0]}))
-    _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="admitted", cpu_m=1000, mem_bytes=0))
+    _serve(a, facts,
+           ledger_policy.encode("reserve", node="n1", key="admitted", cpu_m=1000, mem_bytes=0))
     clock.now += 20                                  # 20 s of its 30 s grace used
     clock = Clock(reader_clock)
     b = Ledger(str(tmp_path), clock=clock)
     b.load()                                         # slurmctld restarts / a backup takes over
     assert {k: e.since for k, e in b.nodes["n1"].items()} == {"bound": reader_clock,
                                                               "admitted": reader_clock}, case
-    keep = ledger_policy.encode("set", node="n1", entries={"bound": [1000, 0]}, keep_younger_than=30)
+    keep = ledger_policy.encode("set", node="n1", entries={"bound": [1000, 0]},
+                                keep_younger_than=30)
     clock.now += 29
     assert _serve(b, facts, keep)[0]["dropped"] == [], case
     assert _keys(b) == ["admitted", "bound"], case
@@ -518,7 +531,7 @@ def test_replay_across_owners_agrees_with_what_each_decided(tmp_path):
     _serve(b, facts, ledger_policy.encode("reserve", node="n1", key="q", cpu_m=1000, mem_bytes=0))
     clock.now += 25      # p: 35 s since b took over (dropped), q: 25 s (kept)
     assert _serve(b, facts, ledger_policy.encode("set", node="n1", entries={},
-                                     keep_younger_than=30))[0]["dropped"] == ["p"]
+                                                 keep_younger_than=30))[0]["dropped"] == ["p"]
     replayed = Ledger(str(tmp_path), clock=Clock(1.0))
     replayed.load(compact=False)
     assert _held(replayed) == _held(b) == {"n1": {"q": (1000, 0, False)}}
@@ -536,7 +549,8 @@ def test_a_reserves_hold_outlives_a_restart_with_its_age(tmp_path, compact):
     _serve(a, facts, ledger_policy.encode("set", node="n1", entries={"p": [1000, 0]}))
     _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="p", cpu_m=4000, mem_bytes=0))
     clock.now += 10
-    _serve(a, facts, ledger_policy.encode("set", node="n2", entries={"x": [500, 0]}))   # the last line
+    # the last line
+    _serve(a, facts, ledger_policy.encode("set", node="n2", entries={"x": [500, 0]}))
     if compact:
         a._compact()
     clock = Clock(7.0)
@@ -569,8 +583,9 @@ def test_a_journal_from_before_reserve_times_is_read(tmp_path):
     assert (held["old"].bound, held["old"].reserved_at) == (True, None)
     assert (held["older"].bound, held["older"].reserved_at) == (False, None)
     assert held["r"].reserved_at == 500.0
-    reply = _serve(a, {"n1": NODE}, ledger_policy.encode("set", node="n1", keep_younger_than=30, entries={
-        "old": [1000, 0], "r": [1000, 0]}))[0]
+    reply = _serve(a, {"n1": NODE},
+                   ledger_policy.encode("set", node="n1", keep_younger_than=30, entries={
+                       "old": [1000, 0], "r": [1000, 0]}))[0]
     assert reply["dropped"] == [] and reply["share"]["cpu"] == 1 + 2 + 1   # old shrunk, r held
     with open(a.path) as f:                           # written back in the new form
         assert all(len(v) == 5 for v in json.loads(f.readline())["nodes"]["n1"].values())
@@ -580,10 +595,12 @@ def test_a_journal_from_before_reserve_times_is_read(tmp_path):
 def test_slurm_node_names_with_underscores(tmp_path, node):
     """Slurm allows "_" in NodeName (a node_map or the mapping label points
     at one); the ledger serves such a node like any other."""
-    assert ledger_policy.parse_request(ledger_policy.encode("reserve", node=node, key="k", cpu_m=1, mem_bytes=1)).node == node
+    assert ledger_policy.parse_request(ledger_policy.encode("reserve", node=node, key="k", cpu_m=1,
+                                                            mem_bytes=1)).node == node
     a = Ledger(str(tmp_path))
     a.load()
-    reply, shares = _serve(a, {node: NODE}, ledger_policy.encode("set", node=node, entries={"p": [1500, 0]}))
+    reply, shares = _serve(a, {node: NODE},
+                           ledger_policy.encode("set", node=node, entries={"p": [1500, 0]}))
     assert reply["ok"] and shares == {node: (2, 0)}
     b = Ledger(str(tmp_path))
     b.load()
@@ -605,5 +622,6 @@ def test_repair_needed(view, entries, needed):
 
 
 def test_node_view_counts_reservations_not_seen_bound():
-    entries = {"r": ledger_policy.Entry(500, 0, 1.0, False), "b": ledger_policy.Entry(500, 0, 1.0, True)}
+    entries = {"r": ledger_policy.Entry(500, 0, 1.0, False),
+               "b": ledger_policy.Entry(500, 0, 1.0, True)}
     assert ledger_policy.node_view(entries, NODE, with_entries=False)["reserved"] == 1

@@ -77,7 +77,8 @@ def world(tmp_path):
 def test_since_lists_only_what_changed(world, change, listed):
     ledger, copy = world
     serve(ledger, copy, "reserve", node="ghost", key="k0", cpu_m=0, mem_bytes=0)
-    ledger.nodes["ghost"] = {"k0": ledger_policy.Entry(500, 0, 0.0)}    # held on a node since removed
+    # held on a node since removed
+    ledger.nodes["ghost"] = {"k0": ledger_policy.Entry(500, 0, 0.0)}
     first = serve(ledger, copy, "show")
     assert first["full"] and set(first["nodes"]) == {"n1", "n2", "n3", "n4", "n5", "ghost"}
     if "n2" in change:
@@ -147,7 +148,8 @@ def test_since_is_checked(line, words):
 
 
 def test_since_parses():
-    assert ledger_policy.parse_request('{"op":"show","since":"ab12.3.4.5"}') == Request("show", since="ab12.3.4.5")
+    assert (ledger_policy.parse_request('{"op":"show","since":"ab12.3.4.5"}')
+            == Request("show", since="ab12.3.4.5"))
     assert ShowToken.parse("ab12.3.4.5") == ShowToken("ab12", 3, 4, 5)
 
 

@@ -42,8 +42,10 @@ def test_not_ready_is_recognised_only_as_the_servers_refusal(reply, expect):
 
 @pytest.mark.parametrize("static", [False, True])
 def test_webhook_verdict_refuses_and_names_not_ready(static):
-    d = admission.verdict(target(), admission.Reserve("n1", "u-1", 500, 256 * MI, static=static), NOT_READY)
-    assert isinstance(d, admission.Deny) and d.code == "ledger_not_ready" and d.code in admission.DENY_CODES
+    d = admission.verdict(target(),
+                          admission.Reserve("n1", "u-1", 500, 256 * MI, static=static), NOT_READY)
+    assert isinstance(d, admission.Deny) and d.code == "ledger_not_ready"
+    assert d.code in admission.DENY_CODES
     assert "not ready" in d.message and "node n1" in d.message and "retry" in d.message
     answer = admission.review_response({"uid": "r"}, d)["response"]
     assert answer["allowed"] is False and "not ready" in answer["status"]["message"]

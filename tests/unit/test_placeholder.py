@@ -29,7 +29,8 @@ def ph(spec, applied=None, allocated=None, pending=None, phase="Running", deleti
     if applied is not None:
         cs = {"name": placeholder.CONTAINER,
               "resources": placeholder.resources(*applied, ALLOC),
-              "allocatedResources": placeholder.resources(*(allocated or applied), ALLOC)["requests"]}
+              "allocatedResources":
+                  placeholder.resources(*(allocated or applied), ALLOC)["requests"]}
         status["containerStatuses"] = [cs]
     if pending:
         status["conditions"] = [{"type": "PodResizePending", "status": "True", "reason": pending}]
@@ -57,7 +58,8 @@ def test_pod_stays_burstable_and_round_trips():
     assert p["metadata"]["labels"]["app.kubernetes.io/component"] == "slurm-share"
     assert p["spec"]["priorityClassName"] == "system-node-critical"
     assert placeholder.current(p) == (0, 0)
-    assert placeholder.current(placeholder.pod("k1", "x", 2500, 3 * MI, (8000, 16 * MI))) == (2500, 3 * MI)
+    assert placeholder.current(placeholder.pod("k1", "x", 2500, 3 * MI,
+                                               (8000, 16 * MI))) == (2500, 3 * MI)
     assert placeholder.current({"spec": {"containers": [{"name": "other"}]}}) is None
 
 
@@ -173,7 +175,8 @@ class World:
                 else:
                     self.pods[name] = ph(spec, spec, name=name)
                 continue
-            if placeholder.resize_pending(p) or placeholder.counted(p) == spec and placeholder._applied(p) == spec:
+            if (placeholder.resize_pending(p)
+                    or placeholder.counted(p) == spec and placeholder._applied(p) == spec):
                 continue
             outcome = self.rnd.choice(["apply", "apply", "Deferred", "Infeasible"])
             if outcome == "apply":

@@ -43,7 +43,8 @@ def test_desired_state_table():
             usage.PodUsage("kx", N(3), 0)]                  # unmapped node: ignored
     d = usage.desired_state(usage.usage_by_k8s_node(pods), knodes, nodes)
     assert d.usage == {"n1": usage.NodeUsage(N(1735, 1000), 2393 * MI),
-                       "n2": usage.NodeUsage(N(1), 1000 * MI, ("pod x/y: malformed quantity 'lots'",)),
+                       "n2": usage.NodeUsage(N(1), 1000 * MI,
+                                             ("pod x/y: malformed quantity 'lots'",)),
                        "n3": usage.NodeUsage(N(2), 0)}
     assert d.k8s_to_slurm == {"n1": "n1", "k8s-b": "n2", "n4": "n4"}
     assert d.mapping == {"n1": "n1", "k8s-b": "n2", "kx": None, "n4": "n4", "k8s-z": None}

@@ -63,7 +63,8 @@ def test_negative_request_rejected():
 
 
 @pytest.mark.parametrize("cores,text", [
-    (Fraction(0), "0"), (Fraction(3), "3"), (Fraction(2735, 1000), "2735m"), (Fraction(1, 2), "500m"),
+    (Fraction(0), "0"), (Fraction(3), "3"), (Fraction(2735, 1000), "2735m"),
+    (Fraction(1, 2), "500m"),
     (Fraction(1, 3000), "1m"),  # below a millicore rounds up, never hides usage
 ])
 def test_format_cpu(cores, text):

@@ -42,7 +42,7 @@ def tls(tmp_path):
 def start(tls, **limits):
     certs, client_ca, _, _ = tls
     srv = webhook_server.WebhookServer(("127.0.0.1", 0), Echo(), certs.cert_file, certs.key_file,
-                           client_ca, [API_SERVER], webhook_server.Limits(**limits))
+                                       client_ca, [API_SERVER], webhook_server.Limits(**limits))
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     return srv, t
@@ -78,7 +78,8 @@ def test_fit_keeps_every_class_under_the_descriptor_limit():
     for nofile in (64, 256, 1024, 4096):
         f = webhook_server.fit(webhook_server.Limits(), nofile)
         total = f.max_pending + f.max_anonymous + f.max_authenticated
-        assert total + webhook_server.RESERVED_FDS <= max(nofile, webhook_server.RESERVED_FDS + 24), (nofile, f)
+        reserved = webhook_server.RESERVED_FDS
+        assert total + reserved <= max(nofile, reserved + 24), (nofile, f)
         assert f.max_authenticated >= 4 and f.max_pending >= 4
 
 
@@ -116,7 +117,7 @@ def test_idle_and_dribbling_callers_are_cut_and_never_crowd_out_the_api_server(t
     cut (oldest first, or at their deadline), while the API server's new
     connection is served at once."""
     evicted = metrics.REGISTRY.get_sample_value("pyk8sres_webhook_connections_cut_total",
-                                          {"reason": "evicted_pending"}) or 0
+                                                {"reason": "evicted_pending"}) or 0
     srv, _ = start(tls, max_pending=8, max_anonymous=2, handshake_timeout=1.0,
                    request_timeout=1.0)
     port = srv.server_address[1]
@@ -140,7 +141,7 @@ def test_idle_and_dribbling_callers_are_cut_and_never_crowd_out_the_api_server(t
                           and srv.counts["evicted_anonymous"] >= 2)
         assert len(srv.pending) <= 8 and len(srv.anonymous) <= 2
         assert metrics.REGISTRY.get_sample_value("pyk8sres_webhook_connections_cut_total",
-                                           {"reason": "evicted_pending"}) >= evicted + 42
+                                                 {"reason": "evicted_pending"}) >= evicted + 42
         t0 = time.monotonic()
         api = http.client.HTTPSConnection("127.0.0.1", port, context=client_ctx(tls, tls[2]),
                                           timeout=5)
@@ -200,7 +201,8 @@ def test_close_drops_kept_alive_connections(tls):
     srv.close()
     t.join(5)
     assert not t.is_alive()
-    assert webhook_server.HEALTH_NAME not in metrics.HEALTH.beats       # stopped on purpose: not a stall
+    # stopped on purpose: not a stall
+    assert webhook_server.HEALTH_NAME not in metrics.HEALTH.beats
     with pytest.raises((OSError, http.client.HTTPException)):
         review(api)
     api.close()

@@ -33,11 +33,14 @@ def slinky(name, node, hostname_label=None, hostname=None, ns="slurm", cpu="4", 
 @pytest.mark.parametrize("case, args, want", [
     ("off", ("",), None),
     ("slinky preset", ("slinky", "slurm"),
-     workers.Selector("slinky", "slurm", workers.SLINKY_LABELS, None, ("label:" + HOST, "hostname", "pod-name"))),
+     workers.Selector("slinky", "slurm", workers.SLINKY_LABELS, None,
+                      ("label:" + HOST, "hostname", "pod-name"))),
     ("slinky narrowed to one cluster", ("slinky", "slurm", {"slinky.slurm.net/cluster": "c1"}),
-     workers.Selector("slinky", "slurm", workers.SLINKY_LABELS + (("slinky.slurm.net/cluster", "c1"),), None,
-                ("label:" + HOST, "hostname", "pod-name"))),
-    ("ack preset", ("ack", "slurm-test"), workers.Selector("ack", "slurm-test", (), workers.ACK_NAME, ("pod-name",))),
+     workers.Selector("slinky", "slurm",
+                      workers.SLINKY_LABELS + (("slinky.slurm.net/cluster", "c1"),), None,
+                      ("label:" + HOST, "hostname", "pod-name"))),
+    ("ack preset", ("ack", "slurm-test"),
+     workers.Selector("ack", "slurm-test", (), workers.ACK_NAME, ("pod-name",))),
     ("ack, name from the hostname", ("ack", "s", {}, "hostname"),
      workers.Selector("ack", "s", (), workers.ACK_NAME, ("hostname",))),
     ("custom", ("custom", "hpc", {"role": "slurmd"}, "label:slurm/node"),
@@ -107,7 +110,8 @@ def renamed(p, **labels):
     ("not bound yet", SL, slinky("x", None, "slinky-0"), None),
     ("terminal", SL, {**slinky("x", "k1", "slinky-0"), "status": {"phase": "Failed"}}, None),
     ("ack: the pod name", ACK, pod("slurm-test-worker-cpu-0", "cn-hongkong.10.1.0.19", ns="slurm"),
-     workers.WorkerPod("slurm/slurm-test-worker-cpu-0", "cn-hongkong.10.1.0.19", "slurm-test-worker-cpu-0")),
+     workers.WorkerPod("slurm/slurm-test-worker-cpu-0", "cn-hongkong.10.1.0.19",
+                       "slurm-test-worker-cpu-0")),
     ("ack: the controller is no worker", ACK, pod("slurm-test-head-0", "k1", ns="slurm"), None),
     ("ack: no index", ACK, pod("slurm-test-worker-cpu", "k1", ns="slurm"), None),
     ("ack: another namespace", ACK, pod("slurm-test-worker-cpu-0", "k1", ns="default"), None),
@@ -205,22 +209,25 @@ def test_the_admins_word_stands_even_where_it_names_no_slurm_node():
     assert "maps it to a Slurm node Slurm does not have: that is kept" in warnings[0]
     knodes = {"k1": knode("k1", **{usage.NODE_LABEL: "s9"}), "k2": knode("k2")}
     d = usage.desired_state({}, knodes, [SNodeLike("s1"), SNodeLike("s2")],
-                        workers=[wp("a", "k1", "s1"), wp("b", "k2", "s2")])
+                            workers=[wp("a", "k1", "s1"), wp("b", "k2", "s2")])
     assert d.k8s_to_slurm == {"k2": "s2"}
     d = usage.desired_state({}, knodes, [SNodeLike("s1")], node_map={"k2": "s1"},
-                        workers=[wp("b", "k2", "s2")])
+                            workers=[wp("b", "k2", "s2")])
     assert d.k8s_to_slurm == {"k2": "s1"}
 
 
 def test_desired_state_maps_worker_nodes_and_leaves_others_alone():
     nodes = [SNodeLike(n) for n in ("slurm-test-worker-cpu-0", "h1")]
     knodes = {"cn-hongkong.10.1.0.19": knode("cn-hongkong.10.1.0.19"), "h1": knode("h1")}
-    pods = [usage.pod_usage(pod("x", "cn-hongkong.10.1.0.19", "1")), usage.pod_usage(pod("y", "h1", "2"))]
+    pods = [usage.pod_usage(pod("x", "cn-hongkong.10.1.0.19", "1")),
+            usage.pod_usage(pod("y", "h1", "2"))]
     k8s = usage.usage_by_k8s_node(pods)
     off = usage.desired_state(k8s, knodes, nodes)
     on = usage.desired_state(k8s, knodes, nodes, workers=[
-        workers.WorkerPod("slurm/slurm-test-worker-cpu-0", "cn-hongkong.10.1.0.19", "slurm-test-worker-cpu-0")])
-    assert off.k8s_to_slurm == {"h1": "h1"} and off == usage.desired_state(k8s, knodes, nodes, workers=None)
+        workers.WorkerPod("slurm/slurm-test-worker-cpu-0", "cn-hongkong.10.1.0.19",
+                          "slurm-test-worker-cpu-0")])
+    assert off.k8s_to_slurm == {"h1": "h1"}
+    assert off == usage.desired_state(k8s, knodes, nodes, workers=None)
     assert on.k8s_to_slurm == {"cn-hongkong.10.1.0.19": "slurm-test-worker-cpu-0", "h1": "h1"}
     assert on.usage["slurm-test-worker-cpu-0"].cpu == 10**9 and on.usage["h1"].cpu == 2 * 10**9
 
