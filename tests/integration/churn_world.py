@@ -222,7 +222,7 @@ class Churn:
                 p = self.rnd.choice(pods)
                 cpu = self.rnd.choice(["250m", "500m", "1", "2", "3", "4"])
                 kube_calls.resize_pod(self.kube, NAMESPACE, p["metadata"]["name"],
-                             [{"name": "c", "resources": {"requests": {"cpu": cpu}}}])
+                                      [{"name": "c", "resources": {"requests": {"cpu": cpu}}}])
                 self._count("resizes admitted")
             except kube_calls.ApiException as e:
                 if e.status == 403 and "denied the request" in (e.body or ""):

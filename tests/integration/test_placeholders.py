@@ -91,7 +91,8 @@ def wait_for(pred, timeout=15.0, what="condition", every=0.05):
 
 def placeholders(kube, node=None) -> dict[str, dict]:
     return {p["metadata"]["name"]: p for p in kube_calls.list_namespace_pods(kube, PLACEHOLDERS)
-            if placeholder.current(p) is not None and (node is None or p["spec"]["nodeName"] == node)}
+            if placeholder.current(p) is not None
+            and (node is None or p["spec"]["nodeName"] == node)}
 
 
 def sbatch(c, node, cpus, mem=1000):
@@ -199,7 +200,7 @@ def test_deployment_goes_around_what_slurm_holds_and_comes_when_the_job_ends(wor
              "placeholder sized to the job")
     grew = time.monotonic() - t_run
     assert scheduler_cache(cp)["n1"][0] == 6000          # kube-scheduler's own count
-    gres = slurm_calls.get_node("n1").gres_used                     # the placeholder reserves nothing
+    gres = slurm_calls.get_node("n1").gres_used          # the placeholder reserves nothing
     assert (gres.get("k8scpu"), gres.get("k8smemory")) == (6, 1000)
     deployment(cp, ns, "web", 3, "4")
     pods = wait_for(lambda: (lambda ps: ps if len(ps) == 3 and sum(
@@ -260,8 +261,8 @@ def test_resize_answers_never_let_kube_scheduler_count_less(world, ns, kubelet):
     with Watch(c, cp, kube, "n1") as watch:
         subprocess.run(["scancel", big], env=c.env, check=True)
         wait_for(lambda: gone(c, big), 20, "job gone")
-        settled = wait_for(lambda: (lambda ps: ps if [placeholder.counted(p) for p in ps.values()] ==
-                                    [(2000, 1000 * MI)] else None)(placeholders(kube, "n1")),
+        settled = wait_for(lambda: (lambda ps: ps if [placeholder.counted(p) for p in ps.values()]
+                                    == [(2000, 1000 * MI)] else None)(placeholders(kube, "n1")),
                            20, "placeholders settle at what the remaining job holds")
         wait_for(lambda: scheduler_cache(cp)["n1"] == (2000, 1000 * MI), 10,
                  "kube-scheduler's cache follows")
@@ -280,10 +281,12 @@ def test_resize_answers_never_let_kube_scheduler_count_less(world, ns, kubelet):
         annotate(kube, now_name, kubelet)
     third = sbatch(c, "n1", 3, 500)
     wait_for(lambda: running(c, third), 20, "third job running")
-    grown = wait_for(lambda: (lambda ps: ps if sum(placeholder.counted(p)[0] for p in ps.values()) == 5000
+    grown = wait_for(lambda: (lambda ps: ps if sum(placeholder.counted(p)[0]
+                                                   for p in ps.values()) == 5000
                               else None)(placeholders(kube, "n1")), 5, "placeholders grow")
     assert placeholder.current(grown[now_name]) == (2000, 1000 * MI)      # never resized up
-    assert sorted(placeholder.counted(p) for p in grown.values()) == [(2000, 1000 * MI), (3000, 500 * MI)]
+    assert sorted(placeholder.counted(p) for p in grown.values()) == [(2000, 1000 * MI),
+                                                                      (3000, 500 * MI)]
     wait_for(lambda: scheduler_cache(cp)["n1"] == (5000, 1500 * MI), 10,
              "kube-scheduler counts both")
     # What is left (3 CPUs) takes a 3-CPU pod, not a 4-CPU one.
@@ -320,12 +323,13 @@ def test_kube_scheduler_drops_an_infeasible_growth_the_ledger_does_not(world, ns
         "phase") == "Running", 10, "running")
     kube_calls.resize_pod(kube, ns, "grown", [{"name": "c", "resources": {"requests": {
         "cpu": "6", "memory": "1Gi"}}}])
-    wait_for(lambda: placeholder.resize_pending(kube_calls.get_pod(kube, ns, "grown")) == "Infeasible", 10,
-             "the kubelet leaves it Infeasible")
+    wait_for(lambda: placeholder.resize_pending(kube_calls.get_pod(kube, ns, "grown"))
+             == "Infeasible", 10, "the kubelet leaves it Infeasible")
     assert wait_for(lambda: scheduler_cache(cp)["n1"][0] == 1000, 10,
                     "kube-scheduler counts what runs")
     time.sleep(2)
-    share = slurm_calls.Ledger(slurm_calls.ledger_socket_path(c.conf)).show("n1")["nodes"]["n1"]["share"]
+    ledger = slurm_calls.Ledger(slurm_calls.ledger_socket_path(c.conf))
+    share = ledger.show("n1")["nodes"]["n1"]["share"]
     assert share["cpu"] == 6                          # the ledger holds the spec
     deployment(cp, ns, "web", 1, "4")
     web = wait_for(lambda: app_pods(kube, ns, "web"), 10, "the 4-CPU pod")[0]

@@ -198,14 +198,15 @@ def test_idempotent_dry_run_and_resize(slurm, kube, ns, ledger):
     uid = kube_calls.get_pod(kube, ns, "p")["metadata"]["uid"]
     assert ledger.show("n2")["nodes"]["n2"]["entries"] == {uid: [2000, 1 << 30]}
     # pods/resize: an increase that fits is reserved, one that does not is refused
-    kube_calls.resize_pod(kube, ns, "p", [{"name": "c", "resources": {"requests": {"cpu": "6",
-                                                                          "memory": "1Gi"}}}])
+    kube_calls.resize_pod(kube, ns, "p", [{"name": "c", "resources": {"requests": {
+        "cpu": "6", "memory": "1Gi"}}}])
     assert used(slurm, "n2") == (6, 1024)
     with pytest.raises(ApiException) as e:
-        kube_calls.resize_pod(kube, ns, "p", [{"name": "c", "resources": {"requests": {"cpu": "9",
-                                                                              "memory": "1Gi"}}}])
+        kube_calls.resize_pod(kube, ns, "p", [{"name": "c", "resources": {"requests": {
+            "cpu": "9", "memory": "1Gi"}}}])
     assert e.value.status == 403 and "n2" in e.value.body
-    assert kube_calls.get_pod(kube, ns, "p")["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "6"
+    spec = kube_calls.get_pod(kube, ns, "p")["spec"]
+    assert spec["containers"][0]["resources"]["requests"]["cpu"] == "6"
     assert used(slurm, "n2") == (6, 1024)
     # the kubelet (kwok) applies the resize it was allowed: the pod runs with 6 CPUs
     wait_for(lambda: (((kube_calls.get_pod(kube, ns, "p") or {}).get("status") or {}).get(

@@ -97,8 +97,9 @@ def active(kube, ns):
     try:
         wait_for(refused, 30, "webhook in force")
     except AssertionError:
+        hook_config = kube_calls.get_webhook_config(kube, "pyk8sres-admission")
         raise AssertionError(f"webhook not in force: last answer {last}; configuration "
-                             f"{kube_calls.get_webhook_config(kube, 'pyk8sres-admission')}") from None
+                             f"{hook_config}") from None
 
 
 def no_double_booking(slurm, kube):
@@ -137,7 +138,8 @@ def ran_with(kube, ns, name):
 
 
 def resize_pending(kube, ns, name):
-    for c in ((kube_calls.get_pod(kube, ns, name) or {}).get("status") or {}).get("conditions") or []:
+    status = (kube_calls.get_pod(kube, ns, name) or {}).get("status") or {}
+    for c in status.get("conditions") or []:
         if c.get("type") == "PodResizePending":
             return c.get("reason")
     return None
