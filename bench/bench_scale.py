@@ -222,7 +222,8 @@ def kube_phase(n: int, port: int, kube_port: int, pods: int, idle: float,
         rng = random.Random(n)
         for label, where in (("baseline", ["not-shared"]), ("allow", shared)):
             for _ in range(10):
-                kube_calls.create_pod(kube, ns, pod("w-" + uuid.uuid4().hex[:10], rng.choice(where), "1m"))
+                kube_calls.create_pod(kube, ns,
+                                      pod("w-" + uuid.uuid4().hex[:10], rng.choice(where), "1m"))
             before = {k: cpu_s(p) for k, p in pids.items()}
             t1 = time.monotonic()
             lat = [timed(lambda: kube_calls.create_pod(kube, ns, pod("b-" + uuid.uuid4().hex[:10],

@@ -44,7 +44,8 @@ from datetime import datetime, timezone
 
 from kubernetes import client, config
 
-from pyk8sres.testbed import chart, cluster, hybrid, kubernetes  # the installed package (tools/install-deps.sh)
+# the installed package (tools/install-deps.sh)
+from pyk8sres.testbed import chart, cluster, hybrid, kubernetes
 
 ROOT = os.environ.get("PYK8SRES_BENCH_DIR", "/tmp/pyk8sres-bench-sync")
 SLURM_PORT = 27200 + int(os.environ.get("PYK8SRES_TEST_PORT_OFFSET", "0"))
