@@ -140,8 +140,8 @@ def _rule(http: str, path: str, watch: bool) -> tuple[tuple[str, str, str], bool
 
 
 def _module_entries(module: str) -> set:
-    """kube.py functions a coordinator module calls (K.x, kube.x, self.kube.x,
-    names imported from .kube)."""
+    """kube.py functions a coordinator module calls (kube.x, also under an
+    alias, self.kube.x, names imported from .kube)."""
     tree = ast.parse((COORD / module).read_text())
     imported, kube_aliases = set(), {"kube"}
     for node in ast.walk(tree):
