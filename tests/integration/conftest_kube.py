@@ -87,7 +87,6 @@ def kube_server(kube_binaries, tmp_path_factory):
 @pytest.fixture(scope="session")
 def kube_api_client(kube_server):
     """kubernetes.client.ApiClient for kube_server as admin (official Python client)."""
-
     client = config.new_client_from_config(config_file=kube_server.kubeconfig)
     yield client
     client.close()

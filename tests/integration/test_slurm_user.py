@@ -56,7 +56,6 @@ def _as(uid: int, gid: int, fn) -> bytes:
 
 
 def _ask(path: str, line: bytes):
-
     def fn():
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(10)

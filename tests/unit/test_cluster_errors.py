@@ -80,7 +80,6 @@ def test_slurm_conf_without_node_features_keeps_gres_on_node_lines(tmp_path):
 
 def test_unreadable_python_is_reported():
     """slurmctld as SlurmUser=slurm cannot load a core under a 0700 directory."""
-
     base = tempfile.mkdtemp(dir="/tmp")  # /tmp itself lets everyone through
     try:
         os.chmod(base, 0o755)

@@ -3,7 +3,6 @@ import pytest
 import yaml
 
 from pyk8sres import data
-
 from pyk8sres.slurmctld import config, embed
 from pyk8sres.slurmctld import gres
 from pyk8sres.coordinator import slurm

@@ -439,7 +439,6 @@ def test_status_rows_compare_the_ledger_with_the_bound_pods():
 
 
 def test_status_counts_pods_as_the_ledger_does():
-
     def pod(name, node, cpu, ns="default"):
         return {"metadata": {"name": name, "namespace": ns, "uid": name},
                 "spec": {"nodeName": node, "containers": [

@@ -49,7 +49,6 @@ def test_readiness_fails_while_the_ledger_answers_busy(tmp_path):
     """The ledger refuses a connection over its per-uid budget with one
     "busy" line and closes it: admission is refused, so /readyz must say
     so, and recover as soon as a connection is let in again."""
-
     path = str(tmp_path / "ledger.sock")
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(path)
@@ -165,7 +164,6 @@ def test_a_line_left_by_a_closing_ledger_is_not_an_answer(tmp_path):
     """At shutdown the ledger sends "notready" to every client and closes;
     the next request on that connection is asked again (and fails here:
     nothing listens), not answered with the stale line."""
-
     path = str(tmp_path / "ledger.sock")
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(path)
