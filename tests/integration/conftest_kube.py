@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from kubernetes import config
 
 from local_slurm import port
 from pyk8sres.testbed import chart, cluster, kubernetes
@@ -86,8 +87,6 @@ def kube_server(kube_binaries, tmp_path_factory):
 @pytest.fixture(scope="session")
 def kube_api_client(kube_server):
     """kubernetes.client.ApiClient for kube_server as admin (official Python client)."""
-    from kubernetes import config
-
     client = config.new_client_from_config(config_file=kube_server.kubeconfig)
     yield client
     client.close()

@@ -29,7 +29,7 @@ import pytest
 from conftest_kube import pick_ports
 from ground_truth import gpu_sample
 from local_slurm import SLURM, port, requires_slurm
-from pyk8sres.coordinator import kube as K
+from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.testbed import gpus, hybrid
 
 pytestmark = requires_slurm
@@ -46,7 +46,7 @@ def world():
         shutil.rmtree(work, ignore_errors=True)
         raise
     try:
-        yield c, cp, K.Kube(cp.kubeconfig)
+        yield c, cp, kube_calls.Kube(cp.kubeconfig)
     finally:
         subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
         hybrid.down(work)

@@ -13,7 +13,7 @@ from pyk8sres.coordinator.cache import Cache
 from pyk8sres.coordinator.config import SyncConfig, exemptions_of
 from pyk8sres.coordinator.kube import MANAGED_BY
 from pyk8sres.coordinator.threads import GenericNodeWriter
-from pyk8sres.policy import usage as U
+from pyk8sres.policy import usage
 
 
 class GenericNodeStore:
@@ -82,7 +82,8 @@ def test_generic_node_writes_keep_a_budget_oldest_change_first(tmp_path, monkeyp
         now[0] += 1.0
         rec.cycle()
     assert not rec.gn_behind and len(store.writes) == 10 + 10     # each node once, newest state
-    want = {n: U.generic_node_body(n, slurm.nodes[n], rec.last.usage.get(n), "c1") for n in names}
+    want = {n: usage.generic_node_body(n, slurm.nodes[n], rec.last.usage.get(n), "c1")
+            for n in names}
     assert {n: (o["spec"], o["status"]) for n, o in store.objects.items()} == want
     assert want["n2"][1]["allocatedResources"][1]["allocated"]["cpu"] == "3"
     writes = len(store.writes)
@@ -144,7 +145,7 @@ def test_pod_cycles_write_the_generic_nodes_of_their_nodes_only(tmp_path):
     cache.event("pods", "ADDED", pod("b", "n2", "1", "1Gi"))
     rec.cycle(refresh=False, dirty=cache.take_dirty())
     assert rec.slurm_view.looked == {"n2", "n5"} and sorted(store.writes[7:]) == ["n2", "n5"]
-    assert (store.objects["n5"]["spec"], store.objects["n5"]["status"]) == U.generic_node_body(
+    assert (store.objects["n5"]["spec"], store.objects["n5"]["status"]) == usage.generic_node_body(
         "n5", slurm.nodes["n5"], None, "c1", oversubscribed=True)
 
     writes = len(store.writes)
