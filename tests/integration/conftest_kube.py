@@ -12,6 +12,7 @@ kubernetes.Ports from 26400 upward.
 from __future__ import annotations
 
 import os
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -99,3 +100,13 @@ def done(resp) -> None:
         resp.read()
     finally:
         resp.release_conn()
+
+
+def wait(pred, what: str, timeout: float = 30):
+    """pred()'s first true value, polled every 0.2 s; fails naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (value := pred()):
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out: {what}")

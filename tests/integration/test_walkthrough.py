@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest_kube import pick_ports
+from conftest_kube import pick_ports, wait
 from ground_truth import over_capacity
 from local_slurm import SLURM, port, requires_slurm, tres
 from pyk8sres.coordinator import kube as kube_calls
@@ -48,15 +48,6 @@ def world():
 def sh(env, *argv, check=True, input=None):
     return subprocess.run(argv, capture_output=True, text=True, env=env, check=check,
                           timeout=60, cwd="/tmp", input=input).stdout
-
-
-def wait(pred, what, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (value := pred()):
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out: {what}")
 
 
 def used(env) -> str:
