@@ -531,7 +531,7 @@ class Reconciler:
                     if not may:
                         self.gn_behind = True
                         break
-                if name in self.gn_exists:
+                if name in self.gn_exists:    # an update (creating is not paced)
                     self.gn_patched[name] = time.monotonic()
                 if not self._gn_write(name, spec, status, old):
                     continue

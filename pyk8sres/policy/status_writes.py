@@ -38,7 +38,7 @@ def split(waiting: Mapping[str, float], written_at: Mapping[str, float], now: fl
     nodes that may be written now, oldest change first (ties by name), and
     when the first of the others may be (None: no other waits)."""
     ready, later = [], None
-    for name, since in waiting.items():
+    for name in waiting:
         at = next_write(written_at.get(name), now, interval)
         if at <= now:
             ready.append(name)
