@@ -53,6 +53,7 @@ from ..policy import backstop
 from ..policy import departures
 from ..policy import events
 from ..policy import ledger
+from ..policy import status_writes
 from ..policy import usage
 
 log = logging.getLogger("pyk8sres.coordinator.sync")
@@ -88,6 +89,8 @@ class Reconciler:
         self.gn_waiting: dict[str, float] = {}  # node -> when its object fell behind
         self.gn_bucket = events.Bucket(float(cfg.generic_node_burst), time.monotonic())
         self.gn_behind = False   # the last pass ran out of write budget
+        self.gn_patched: dict[str, float] = {}   # node -> its last update, within the interval
+        self.gn_next: float | None = None   # when the first node held back by it may be written
         self.cluster = cfg.cluster_name
         self.applied_total = 0
         self.slurm_view = None   # name -> SlurmNode as of the last refresh
@@ -505,16 +508,19 @@ class Reconciler:
         return inputs
 
     def _gn_write_changed(self, d: usage.Desired, view: dict, inputs: dict) -> None:
-        """Write the objects whose inputs changed, oldest change first, while
-        the write budget lasts (creating, once per node, is not budgeted);
-        the rest waits for the next pass."""
-        now = time.monotonic()
+        """Write the objects whose inputs changed, oldest change first, at
+        most once per node and generic_node_min_interval_seconds, while the
+        write budget lasts (creating, once per node, is neither); the rest
+        waits for the next pass (gn_next, gn_behind: when it is due)."""
+        now, interval = time.monotonic(), self.cfg.generic_node_min_interval_seconds
         stale = [n for n, key in inputs.items()
                  if self.gn_inputs.get(n) != key or n not in self.gn_written]
         self.gn_waiting = {n: self.gn_waiting.get(n, now) for n in stale}
+        self.gn_patched = status_writes.recent(self.gn_patched, now, interval)
+        ready, self.gn_next = status_writes.split(self.gn_waiting, self.gn_patched, now, interval)
         limits = self.gn_limits()
         self.gn_behind = False
-        for name in sorted(stale, key=lambda n: (self.gn_waiting[n], n)):
+        for name in ready:
             key = inputs[name]
             spec, status = usage.generic_node_body(name, view[key[0]], d.usage.get(key[0]),
                                                    self.cluster, oversubscribed=key[-1])
@@ -525,6 +531,8 @@ class Reconciler:
                     if not may:
                         self.gn_behind = True
                         break
+                if name in self.gn_exists:    # an update (creating is not paced)
+                    self.gn_patched[name] = time.monotonic()
                 if not self._gn_write(name, spec, status, old):
                     continue
                 self.gn_written[name] = (spec, status)

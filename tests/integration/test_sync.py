@@ -22,6 +22,7 @@ The control plane, the daemon and the helpers are in sync_world.py.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -282,6 +283,46 @@ def test_generic_nodes_within_a_write_budget_still_end_true(slurm, api, daemon):
     wait_used(slurm, (0, 0), "n2")
     wait_for(lambda: all(allocated(api, n)["Kubernetes"] == {"cpu": "0", "memory": "0"}
                          for n in ("n1", "n2")), 20, "GenericNodes back to nothing")
+
+
+def status_writes(admin) -> float:
+    """The API server's own count of the GenericNode status writes it served
+    (apiserver_request_total), whoever made them."""
+    client = admin.core.api_client
+    resp = client.call_api(*client.param_serialize("GET", "/metrics",
+                                                   auth_settings=["BearerToken"]))
+    resp.read()
+    return sum(float(v) for labels, v in re.findall(
+        r'^apiserver_request_total\{([^}]*)\} (\S+)$', resp.data.decode(), re.M)
+        if all(f in labels for f in ('resource="genericnodes"', 'subresource="status"',
+                                     'verb="PATCH"')))
+
+
+def test_a_burst_on_one_node_is_one_generic_node_write_per_interval(slurm, api, daemon):
+    """One node's GenericNode is updated at most once per
+    generic_node_min_interval_seconds (2 s by default), with its newest
+    state: 12 pods on n1 over a second or so are in Slurm's ledger at once,
+    cost at most one status write per interval they last plus the last (the
+    API server's own count; one a pod without the interval), and n1's
+    GenericNode ends equal to the pods bound."""
+    from pyk8sres.coordinator import kube as K
+    for n in ("n1", "n2"):
+        k8s_node(api, n)
+    wait_for(lambda: all(allocated(api, n) for n in ("n1", "n2")), what="GenericNodes created")
+    admin = K.Kube(api.kubeconfig)
+    before, t0 = status_writes(admin), time.monotonic()
+    for _ in range(12):
+        bound_pod(api, "n1", "250m", "100Mi")
+        time.sleep(0.1)          # each its own decision, as pods arriving one by one
+    burst = time.monotonic() - t0
+    wait_used(slurm, (3, 1200), "n1", timeout=5)
+    wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "3", "memory": "1200Mi"},
+             10, "GenericNode n1 equal to the pods bound")
+    time.sleep(2.5)              # a write still due would be made by now
+    writes = status_writes(admin) - before
+    print(f"12 pods in {burst:.2f} s: {writes:.0f} GenericNode status writes")
+    assert 1 <= writes <= 2 + burst // 2.0, f"{writes} writes for a burst of {burst:.2f} s"
+    assert allocated(api, "n1")["Kubernetes"] == {"cpu": "3", "memory": "1200Mi"}
 
 
 def test_terminal_unbound_and_worker_pods_do_not_count(slurm, api, daemon):

@@ -4,6 +4,7 @@ the write budget, the relist that puts back what someone else changed, and
 which nodes a pod change writes."""
 
 import threading
+import time
 
 import pytest
 
@@ -131,7 +132,8 @@ def test_pod_cycles_write_the_generic_nodes_of_their_nodes_only(tmp_path):
     whose oversubscription flag flipped meanwhile without a pod event; and
     a full pass afterwards finds nothing left to write."""
     names = [f"n{i}" for i in range(1, 7)]
-    slurm, cache, store, rec = publishing(tmp_path, 6)
+    # Which nodes a pass looks at, not when it may write them: no interval.
+    slurm, cache, store, rec = publishing(tmp_path, 6, generic_node_min_interval_seconds=0.0)
     assert sorted(store.writes) == names
     cache.take_dirty()                                      # what the daemon's loop does
     rec.slurm_view = LookedUp(rec.slurm_view)
@@ -164,3 +166,75 @@ def test_generic_node_writer_folds_waiting_decisions(offers, want):
     for i, only in enumerate(offers):
         w.offer(f"decision {i}", {}, only)
     assert w.pending == (f"decision {len(offers) - 1}", {}, want)
+
+
+def pod_cycle(cache, rec, kind, p):
+    cache.event("pods", kind, p)
+    rec.cycle(refresh=False, dirty=cache.take_dirty())
+
+
+def test_one_nodes_changes_within_the_interval_cost_one_write_of_the_newest_state(
+        tmp_path, monkeypatch):
+    """generic_node_min_interval_seconds: the first change of a node is
+    written at once; those that follow within the interval fold into one
+    write of the newest state at its end (a pass with no new decision, as
+    the writer thread makes when gn_next is due); a change undone within
+    the interval costs no write; other nodes are not held back."""
+    now = [1000.0]
+    monkeypatch.setattr(sync.time, "monotonic", lambda: now[0])
+    slurm, cache, store, rec = publishing(tmp_path, 3, generic_node_min_interval_seconds=2.0)
+    cache.take_dirty()
+    assert len(store.writes) == 3                       # created: not paced
+    now[0] += 10.0
+    pod_cycle(cache, rec, "ADDED", pod("a", "n1", "1", "1Gi"))
+    assert store.writes[3:] == ["n1"] and rec.gn_next is None
+    for i, t in enumerate((0.1, 0.5, 1.0)):              # three more pods within 2 s
+        now[0] += t
+        pod_cycle(cache, rec, "ADDED", pod(f"b{i}", "n1", "1", "1Gi"))
+    assert store.writes[3:] == ["n1"], "held back until the interval ends"
+    assert rec.gn_next == pytest.approx(1012.0)
+    now[0] += 0.1
+    pod_cycle(cache, rec, "ADDED", pod("c", "n2", "1", "1Gi"))
+    assert store.writes[3:] == ["n1", "n2"], "another node's change is written at once"
+    now[0] = 1012.0                                      # n1's interval is over
+    rec.sync_generic_nodes(rec.last, rec.slurm_view, set())
+    assert store.writes[3:] == ["n1", "n2", "n1"]
+    want = U.generic_node_body("n1", slurm.nodes["n1"], rec.last.usage.get("n1"), "c1")
+    assert (store.objects["n1"]["spec"], store.objects["n1"]["status"]) == want
+    assert want[1]["allocatedResources"][1]["allocated"]["cpu"] == "4"
+    assert rec.gn_next is None and not rec.gn_waiting
+
+    now[0] += 0.5                                       # within n2's interval: added, gone
+    pod_cycle(cache, rec, "ADDED", pod("d", "n2", "1", "1Gi"))
+    pod_cycle(cache, rec, "DELETED", pod("d", "n2", "1", "1Gi"))
+    now[0] += 5.0
+    rec.sync_generic_nodes(rec.last, rec.slurm_view, set())
+    rec.cycle(refresh=False)
+    assert store.writes[3:] == ["n1", "n2", "n1"], "nothing it shows changed: no write"
+
+
+def test_the_writer_thread_writes_a_held_back_state_without_a_new_decision(tmp_path):
+    """Level-triggered: a change held back by the node's interval is
+    written when the interval ends, though no decision comes after it."""
+    slurm, cache, store, rec = publishing(tmp_path, 2, generic_node_min_interval_seconds=1.0)
+    cache.take_dirty()
+    stop = threading.Event()
+    rec.gn_thread = GenericNodeWriter(rec, stop)
+    rec.gn_thread.start()
+
+    def written(want, timeout=5.0):
+        deadline = time.monotonic() + timeout
+        while store.writes[2:] != want and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return store.writes[2:]
+    try:
+        pod_cycle(cache, rec, "ADDED", pod("a", "n1", "1", "1Gi"))
+        assert written(["n1"]) == ["n1"]
+        pod_cycle(cache, rec, "ADDED", pod("b", "n1", "1", "1Gi"))
+        time.sleep(0.1)
+        assert store.writes[2:] == ["n1"], "within the interval: held back"
+        assert written(["n1", "n1"]) == ["n1", "n1"], "written at the interval's end"
+        assert store.objects["n1"]["status"]["allocatedResources"][1]["allocated"]["cpu"] == "2"
+    finally:
+        stop.set()
+        rec.gn_thread.join(5)

@@ -298,7 +298,9 @@ def test_config_file(tmp_path):
                                   'node_key = "pyk8sres.io/slurm-node"\n',   # kubelet-writable
                                   'slurm_workers = "slurm"\n', 'slurm_workers = ["a/b/c"]\n',
                                   'slurm_worker_selector = "a=b"\n',
-                                  'generic_node_qps = 0\n', 'generic_node_burst = 0\n'])
+                                  'generic_node_qps = 0\n', 'generic_node_burst = 0\n',
+                                  'generic_node_min_interval_seconds = -1\n',
+                                  'generic_node_min_interval_seconds = 600\n'])
 def test_config_rejects(tmp_path, text):
     p = tmp_path / "sync.toml"
     p.write_text(text)
