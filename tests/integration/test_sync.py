@@ -305,11 +305,10 @@ def test_a_burst_on_one_node_is_one_generic_node_write_per_interval(slurm, api, 
     cost at most one status write per interval they last plus the last (the
     API server's own count; one a pod without the interval), and n1's
     GenericNode ends equal to the pods bound."""
-    from pyk8sres.coordinator import kube as K
     for n in ("n1", "n2"):
         k8s_node(api, n)
     wait_for(lambda: all(allocated(api, n) for n in ("n1", "n2")), what="GenericNodes created")
-    admin = K.Kube(api.kubeconfig)
+    admin = kube_calls.Kube(api.kubeconfig)
     before, t0 = status_writes(admin), time.monotonic()
     for _ in range(12):
         bound_pod(api, "n1", "250m", "100Mi")

@@ -4,7 +4,7 @@ folded into one write at the interval's end."""
 
 import pytest
 
-from pyk8sres.policy import status_writes as W
+from pyk8sres.policy import status_writes
 
 
 @pytest.mark.parametrize("last, now, interval, want", [
@@ -15,7 +15,7 @@ from pyk8sres.policy import status_writes as W
     (99.5, 100.0, 0.0, 100.0),       # no interval: every change
 ])
 def test_next_write(last, now, interval, want):
-    assert W.next_write(last, now, interval) == want
+    assert status_writes.next_write(last, now, interval) == want
 
 
 @pytest.mark.parametrize("waiting, written_at, want_ready, want_next", [
@@ -33,7 +33,7 @@ def test_next_write(last, now, interval, want):
     ({"a": 9.5}, {"z": 9.9}, ["a"], None),
 ])
 def test_split(waiting, written_at, want_ready, want_next):
-    assert W.split(waiting, written_at, 10.0, 2.0) == (want_ready, want_next)
+    assert status_writes.split(waiting, written_at, 10.0, 2.0) == (want_ready, want_next)
 
 
 @pytest.mark.parametrize("written_at, want", [
@@ -41,4 +41,4 @@ def test_split(waiting, written_at, want_ready, want_next):
     ({"a": 9.0, "b": 8.0, "c": 7.9}, {"a": 9.0}),   # b: exactly one interval ago
 ])
 def test_recent_keeps_only_what_still_holds_a_node_back(written_at, want):
-    assert W.recent(written_at, 10.0, 2.0) == want
+    assert status_writes.recent(written_at, 10.0, 2.0) == want
