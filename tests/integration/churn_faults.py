@@ -461,7 +461,7 @@ class ChurnWithFaults(Churn):
         when it is back."""
         self.reregistered += 1
         node = sorted(n for n in CAPACITY if n != LOST_NODE)[self.reregistered % 2]
-        bound = len(K.list_pods(self.kube, field_selector=f"spec.nodeName={node}"))
+        bound = len(kube_calls.list_pods(self.kube, field_selector=f"spec.nodeName={node}"))
         self._kubectl("delete", "node", node, "--wait=true")
         time.sleep(2.0)     # long enough for sync and the webhook to see it gone
         self.cp.register_nodes({node: CAPACITY[node]}, timeout=60)

@@ -199,7 +199,7 @@ def test_one_nodes_changes_within_the_interval_cost_one_write_of_the_newest_stat
     now[0] = 1012.0                                      # n1's interval is over
     rec.sync_generic_nodes(rec.last, rec.slurm_view, set())
     assert store.writes[3:] == ["n1", "n2", "n1"]
-    want = U.generic_node_body("n1", slurm.nodes["n1"], rec.last.usage.get("n1"), "c1")
+    want = usage.generic_node_body("n1", slurm.nodes["n1"], rec.last.usage.get("n1"), "c1")
     assert (store.objects["n1"]["spec"], store.objects["n1"]["status"]) == want
     assert want[1]["allocatedResources"][1]["allocated"]["cpu"] == "4"
     assert rec.gn_next is None and not rec.gn_waiting
