@@ -358,7 +358,7 @@ def _list_resource(kube, plural: str) -> list[dict]:
     try:
         return kube.custom.list_cluster_custom_object(
             "resource.k8s.io", "v1", plural, _request_timeout=kube.timeout).get("items") or []
-    except (K.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+    except (kube_calls.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
         raise Unreadable("kubernetes", f"list {plural}: {type(e).__name__}: {e}"[:300]) from None
 
 
