@@ -51,6 +51,11 @@ class Backstop:
                 log.debug("jobs completing (CPUs, MB per node): %s", completing)
             self.completing = completing
 
+    def completing_on(self, name: str) -> tuple[int, int]:
+        """(CPUs, MB) of the jobs completing on Slurm node `name`."""
+        with self.lock:
+            return self.completing.get(name, (0, 0))
+
     def holding(self) -> bool:
         """Does any node carry something of Slurm's?"""
         with self.lock:

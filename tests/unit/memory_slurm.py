@@ -37,6 +37,7 @@ class SlurmWorld:
 
     def __init__(self, directory, *names):
         self.nodes = {n: SNode(n) for n in names}
+        self.completing: dict[str, tuple[int, int]] = {}   # node -> CPUs, MB of COMPLETING jobs
         self.directory = directory
         self.restart()
         world = self
@@ -62,6 +63,9 @@ class SlurmWorld:
 
     def cluster_name(self):
         return "c1"
+
+    def completing_allocations(self):
+        return dict(self.completing)
 
     def restart(self):
         self.core = Ledger(self.directory)

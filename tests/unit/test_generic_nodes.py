@@ -3,13 +3,14 @@ over an in-memory Slurm (memory_slurm.py) writing to an in-memory store --
 the write budget, the relist that puts back what someone else changed, and
 which nodes a pod change writes."""
 
+import dataclasses
 import threading
 import time
 
 import pytest
 
-from memory_slurm import SlurmWorld, knode, pod
-from pyk8sres.coordinator import sync
+from memory_slurm import SNode, SlurmWorld, knode, pod
+from pyk8sres.coordinator import generic_nodes, sync
 from pyk8sres.coordinator.cache import Cache
 from pyk8sres.coordinator.config import SyncConfig, exemptions_of
 from pyk8sres.coordinator.kube import MANAGED_BY
@@ -105,7 +106,7 @@ def test_generic_nodes_edited_or_deleted_by_hand_are_put_back_by_the_relist(tmp_
     del store.objects["n1"]
     store.objects["n2"] = {"spec": {"edited": True}, "status": {}}
     writes = len(store.writes)
-    now[0] += sync.GN_RELIST_SECONDS - 1
+    now[0] += generic_nodes.GN_RELIST_SECONDS - 1
     rec.cycle()
     assert len(store.writes) == writes and "n1" not in store.objects
     now[0] += 2
@@ -204,9 +205,10 @@ def test_one_nodes_changes_within_the_interval_cost_one_write_of_the_newest_stat
     assert want[1]["allocatedResources"][1]["allocated"]["cpu"] == "4"
     assert rec.gn_next is None and not rec.gn_waiting
 
-    now[0] += 0.5                                       # within n2's interval: added, gone
+    now[0] += 0.5              # within n2's interval: added, finished, gone (nothing held)
     pod_cycle(cache, rec, "ADDED", pod("d", "n2", "1", "1Gi"))
-    pod_cycle(cache, rec, "DELETED", pod("d", "n2", "1", "1Gi"))
+    pod_cycle(cache, rec, "MODIFIED", pod("d", "n2", "1", "1Gi", phase="Succeeded"))
+    pod_cycle(cache, rec, "DELETED", pod("d", "n2", "1", "1Gi", phase="Succeeded"))
     now[0] += 5.0
     rec.sync_generic_nodes(rec.last, rec.slurm_view, set())
     rec.cycle(refresh=False)
@@ -238,3 +240,48 @@ def test_the_writer_thread_writes_a_held_back_state_without_a_new_decision(tmp_p
     finally:
         stop.set()
         rec.gn_thread.join(5)
+
+
+def test_a_held_share_and_completing_jobs_show_in_the_generic_node(tmp_path, monkeypatch):
+    """What the ledger holds beyond what the API server and CPUAlloc show
+    is on the GenericNode too: a pod gone without being seen finished (a
+    force delete) counts on the Kubernetes side until its hold ends, and
+    jobs still completing (their processes may run) on the Slurm side."""
+    now = [1000.0]
+    monkeypatch.setattr(sync.time, "monotonic", lambda: now[0])
+    slurm, cache, store, rec = publishing(tmp_path, 1, generic_node_min_interval_seconds=0,
+                                          departed_margin_seconds=5)
+
+    def shown():
+        return {r["type"]: r["allocated"] for r in
+                store.objects["n1"]["status"]["allocatedResources"]}
+
+    gone = pod("a", "n1", "1500m", "1Gi")
+    gone["spec"]["terminationGracePeriodSeconds"] = 10
+    pod_cycle(cache, rec, "ADDED", gone)
+    assert shown()["Kubernetes"] == {"cpu": "1500m", "memory": "1024Mi"}
+    pod_cycle(cache, rec, "DELETED", gone)          # never seen finished
+    assert shown()["Kubernetes"] == {"cpu": "1500m", "memory": "1024Mi"}, "held, and shown"
+    now[0] += 16.0                                  # its grace and the margin are over
+    rec.cycle()
+    assert shown()["Kubernetes"] == {"cpu": "0", "memory": "0"}
+
+    slurm.nodes["n1"] = dataclasses.replace(slurm.nodes["n1"], state="IDLE+COMPLETING")
+    slurm.completing = {"n1": (2, 1000)}
+    rec.cycle()
+    assert shown()["Slurm"] == {"cpu": "2", "memory": "1000Mi"}
+
+
+@pytest.mark.parametrize("held, completing, want_k8s, want_slurm", [
+    ((0, 0), (0, 0), ("1", "1024Mi"), ("3", "4000Mi")),
+    ((500, 512 << 20), (0, 0), ("1500m", "1536Mi"), ("3", "4000Mi")),
+    ((0, 0), (2, 1000), ("1", "1024Mi"), ("5", "5000Mi")),
+])
+def test_generic_node_body_adds_what_is_held_beyond_pods_and_cpualloc(
+        held, completing, want_k8s, want_slurm):
+    node = SNode(name="n1", alloc_cpus=3, alloc_memory=4000)
+    _, status = usage.generic_node_body("n1", node, usage.NodeUsage(10**9, 1 << 30), "c1",
+                                        held=held, completing=completing)
+    slurm_side, k8s_side = (r["allocated"] for r in status["allocatedResources"])
+    assert (k8s_side["cpu"], k8s_side["memory"]) == want_k8s
+    assert (slurm_side["cpu"], slurm_side["memory"]) == want_slurm

@@ -32,7 +32,7 @@ PLACEHOLDERS = "pyk8sres-placeholders"       # the placeholder pods' (a Role the
 
 # Which daemon (ServiceAccount) runs which module's Kubernetes calls.
 DAEMONS = {
-    "pyk8sres-sync": ["sync.py", "events.py"],
+    "pyk8sres-sync": ["sync.py", "generic_nodes.py", "events.py"],
     "pyk8sres-webhook": ["webhook.py", "confirm.py", "placeholder.py", "events.py"],
 }
 # Modules whose namespaced calls stay in the coordinator's namespace (a Role
