@@ -51,10 +51,10 @@ class Backstop:
                 log.debug("jobs completing (CPUs, MB per node): %s", completing)
             self.completing = completing
 
-    def completing_on(self, name: str) -> tuple[int, int]:
-        """(CPUs, MB) of the jobs completing on Slurm node `name`."""
+    def completing_now(self) -> dict[str, tuple[int, int]]:
+        """Slurm node -> (CPUs, MB) of the jobs completing there."""
         with self.lock:
-            return self.completing.get(name, (0, 0))
+            return dict(self.completing)
 
     def holding(self) -> bool:
         """Does any node carry something of Slurm's?"""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Mapping
 
 from kubernetes.client.exceptions import ApiException
 
@@ -47,6 +48,7 @@ class GenericNodes:
         self.gn_behind = False   # the last pass ran out of write budget
         self.gn_patched: dict[str, float] = {}   # node -> its last update, within the interval
         self.gn_next: float | None = None   # when the first node held back by it may be written
+        self.gn_beyond: dict[str, tuple] = {}   # gn_note_beyond's snapshot
 
     def sync_generic_nodes_safe(self, d, view, only=None) -> None:
         try:
@@ -129,13 +131,23 @@ class GenericNodes:
                              self.oversubscribed.get(s, False))
         return inputs
 
+    def gn_note_beyond(self, held: Mapping[str, Mapping[str, tuple[int, int]]],
+                       completing: Mapping[str, tuple[int, int]]) -> None:
+        """What each side holds beyond what the API server and CPUAlloc
+        show, per Slurm node: held (departed pods' shares: uid ->
+        millicores, bytes) and completing (jobs still completing: CPUs, MB).
+        Called by the reconcile's thread with each decision; the writer
+        thread reads the snapshot, never the holds themselves."""
+        beyond = {}
+        for s in set(held) | set(completing):
+            shares = (held.get(s) or {}).values()
+            beyond[s] = ((sum(c for c, _ in shares), sum(m for _, m in shares)),
+                         completing.get(s, (0, 0)))
+        self.gn_beyond = beyond
+
     def _gn_beyond(self, slurm_name: str) -> tuple[tuple[int, int], tuple[int, int]]:
-        """What each side holds on a node beyond what the API server and
-        CPUAlloc show: (shares held for departed pods: millicores, bytes),
-        (jobs completing: CPUs, MB)."""
-        held = self.holds.entries(slurm_name).values()
-        return ((sum(c for c, _ in held), sum(m for _, m in held)),
-                self.backstop.completing_on(slurm_name))
+        """(held: millicores, bytes), (completing: CPUs, MB) on a node."""
+        return self.gn_beyond.get(slurm_name, ((0, 0), (0, 0)))
 
     def _gn_write_changed(self, d: usage.Desired, view: dict, inputs: dict) -> None:
         """Write the objects whose inputs changed, oldest change first, at

@@ -209,6 +209,8 @@ class Reconciler(GenericNodes):
                  only: set[str] | None = None) -> None:
         """GenericNodes: of every node, or only of these Kubernetes nodes."""
         if self.kube is not None and self.cfg.generic_nodes and healthy:
+            self.gn_note_beyond({s: self.holds.entries(s) for s in self.holds.nodes()},
+                                self.backstop.completing_now())
             if self.gn_thread is None:
                 self.sync_generic_nodes_safe(d, view, only)
             else:
