@@ -195,6 +195,8 @@ def test_what_slurm_allocated_beyond_the_jobs_gres_is_held_from_pods(slurm, api,
     while job_state(slurm, stubborn)[0] == "COMPLETING":
         if time.monotonic() - t0 > 3.0:     # the daemon has seen it by now
             assert used(slurm) == (1 + 2, 1000 + 3000)
+            # Slurm's CPUAlloc dropped the job at once; its GenericNode side does not.
+            assert allocated(api, "n1")["Slurm"] == {"cpu": "2", "memory": "3000Mi"}
             seen_completing += 1
         time.sleep(0.2)
     assert seen_completing, "the job was never seen COMPLETING"
@@ -569,8 +571,12 @@ def test_a_forced_delete_holds_the_share_for_the_pods_grace_period(slurm, api, d
     wait_for(lambda: exists(api, p) is None, 10, "the forced delete")
     job = sbatch(slurm, "-c", "8")
     pending_while(slurm, api, job, None, 7.0 - (time.monotonic() - t0))
+    # What keeps the job pending shows on the GenericNode (it is past the interval).
+    assert allocated(api, "n1")["Kubernetes"] == {"cpu": "6", "memory": "100Mi"}
     wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "the job, once the grace ran out")
     assert time.monotonic() - t0 >= 8.0
+    wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "0", "memory": "0"}, 10,
+             "GenericNode n1 without the pod once its hold ended")
 
 
 @pytest.mark.parametrize("how", ["Node deleted", "mapping label removed"])
