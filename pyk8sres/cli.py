@@ -29,6 +29,10 @@ def _node_sizes(text: str) -> list[tuple[int, int]]:
 def _cluster_up(args) -> int:
     from .testbed import cluster, releases
     node_features = {"auto": None, "yes": True, "no": False}[args.node_features]
+    if args.containerized and not args.kubernetes:
+        raise cluster.ClusterError("--containerized needs --kubernetes (its workers are pods)")
+    if args.workers is not None and not args.containerized:
+        raise cluster.ClusterError("--workers needs --containerized")
     # A release not built yet is built first (from Debian's source, or --slurm-source).
     args.slurm = releases.ensure(args.slurm, args.slurm_source).name
     if args.node_sizes:
@@ -86,9 +90,7 @@ def _cluster_up(args) -> int:
 
 def _containerized_up(args) -> int:
     """`up --kubernetes --containerized LAYOUT`: Slurm's workers as pods."""
-    from .testbed import cluster, containerized
-    if not args.kubernetes:
-        raise cluster.ClusterError("--containerized needs --kubernetes (its workers are pods)")
+    from .testbed import containerized
     c, kube = containerized.up(args.workdir, layout=args.containerized, nodes=args.nodes,
                                workers=args.workers, cpus=args.cpus, memory=args.memory,
                                base_port=args.base_port, kube_port=args.kube_port,

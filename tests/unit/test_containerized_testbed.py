@@ -77,3 +77,34 @@ def test_slurmd_conf_copy_listens_on_the_workers_address_only():
 def test_node_addr():
     assert ct.node_addr("NodeName=w-0 Arch=x NodeAddr=127.0.1.1 NodeHostName=w-0") == "127.0.1.1"
     assert ct.node_addr("") is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--containerized", "ack"], "--containerized needs --kubernetes"),
+    (["--kubernetes", "--workers", "2"], "--workers needs --containerized"),
+])
+def test_cli_refuses_containerized_options_alone(argv, message, capsys, tmp_path):
+    from pyk8sres import cli
+    assert cli.main(["cluster", "up", "--workdir", str(tmp_path / "c"), *argv]) == 1
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("nodes, workers, message", [
+    (3, 4, "--workers 4: 1 to --nodes"), (2, 0, "--workers 0: 1 to --nodes"),
+])
+def test_up_refuses_more_workers_than_nodes(nodes, workers, message, tmp_path):
+    with pytest.raises(ClusterError, match=message):
+        ct.up(str(tmp_path / "c"), nodes=nodes, workers=workers, cpus=4, memory=8000,
+              base_port=1, kube_port=2)
+    assert not (tmp_path / "c").exists()
+
+
+def test_slurm_conf_with_dynamic_nodes_only(tmp_path):
+    from pyk8sres.testbed.slurm_conf import slurm_conf_text
+    text = slurm_conf_text(str(tmp_path), nodes=0, cpus=4, memory=8000, base_port=17000,
+                           node_features=True, def_mem_per_cpu=100, plugin_dir="/x",
+                           extra="MaxNodeCount=10\nSlurmdPort=17001\n")
+    assert "NodeName=" not in text
+    assert "PartitionName=debug Nodes=ALL Default=YES" in text
+    assert "MaxNodeCount=10\nSlurmdPort=17001\n" in text
