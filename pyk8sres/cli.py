@@ -105,7 +105,9 @@ def _containerized_up(args) -> int:
         print(f"export PATH={os.pathsep.join(c.release.bin_dirs)}:$PATH  # Slurm {c.release.name}")
     print(f"export KUBECONFIG={kube.kubeconfig}")
     print(f"export PATH={os.path.dirname(kube.bin.kubectl)}:$PATH  # kubectl")
-    print("# the coordinator is not started in this layout yet")
+    print(f"# pyk8sres sync and webhook with worker_pods = \"ack\", worker_namespace = "
+          f"\"{containerized.NAMESPACE}\" (logs: {c.work}/log/sync.out, webhook.out); "
+          "`kubectl get genericnode`: NAME the Kubernetes node, ALIAS its worker")
     return 0
 
 

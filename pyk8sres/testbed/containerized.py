@@ -256,6 +256,18 @@ def worker_names(count: int, cluster_name: str = CLUSTER_NAME, group: str = GROU
     return [f"{statefulset_name(cluster_name, group)}-{i}" for i in range(count)]
 
 
+# The coordinator as a site running ACK's operator configures it.
+COORDINATOR_SETTINGS = f'worker_pods = "{ACK}"\nworker_namespace = "{NAMESPACE}"\n'
+
+
+def chart_values(coordinator: bool) -> tuple:
+    """helm --set arguments: the worker settings for the coordinator; without
+    one, the webhook leaves the workers' namespace alone (nothing answers it)."""
+    if coordinator:
+        return ("--set", f"sync.workerPods={ACK}", "--set", f"sync.workerNamespace={NAMESPACE}")
+    return ("--set", f"webhook.excludeNamespaces={{{NAMESPACE}}}")
+
+
 def workers_ready(c: cluster.Cluster, names: list[str]) -> bool:
     """Is each worker's Slurm node registered, idle, at its own address?"""
     for name in names:
@@ -276,15 +288,18 @@ def wait_workers(c: cluster.Cluster, names: list[str], timeout: float) -> None:
 
 def up(work: str, *, layout: str = ACK, nodes: int, workers: int | None = None, cpus: int,
        memory: int, base_port: int, kube_port: int, slurm: str | None = None,
-       auth: str = "auto", node_features: bool | None = None,
+       auth: str = "auto", node_features: bool | None = None, coordinator: bool = True,
        timeout: float = 120) -> tuple[cluster.Cluster, object]:
     """Slurm inside Kubernetes: slurmctld with no node in slurm.conf
     (dynamic nodes only, partition debug Nodes=ALL), `nodes` kwok nodes of
     cpus/memory, and `workers` worker pods (default nodes - 1: a node stays
     free for a worker to move to), each running its slurmd; returns once
-    every worker's Slurm node is idle.  The coordinator is not started: the
-    chart's webhook leaves namespace `slurm` alone (excludeNamespaces),
-    every other pod's binding is refused until a webhook answers."""
+    every worker's Slurm node is idle at its address.  coordinator: the
+    chart, sync and the webhook as a site running ACK's operator sets them
+    (worker_pods = "ack", worker_namespace = "slurm"), started before the
+    workers; coordinator=False: none runs, and the chart's webhook leaves
+    namespace `slurm` alone (every other pod's binding is refused, as
+    always while no webhook answers)."""
     from . import hybrid
     if layout not in LAYOUTS:
         raise cluster.ClusterError(f"--containerized {layout!r}: one of {', '.join(LAYOUTS)}")
@@ -306,8 +321,12 @@ def up(work: str, *, layout: str = ACK, nodes: int, workers: int | None = None, 
     try:
         hybrid.confine(c)
         kube = hybrid.start_kubernetes(c.work, kube_port, {n: (cpus, memory) for n in names},
-                                       values=("--set", f"webhook.excludeNamespaces={{{NAMESPACE}}}"))
-        kube.kubectl("create", "namespace", NAMESPACE)
+                                       values=chart_values(coordinator),
+                                       namespaces=(NAMESPACE,))
+        if coordinator:
+            hybrid.start_sync(c, kube, settings=COORDINATOR_SETTINGS)
+            hybrid.start_webhook(c, kube, settings=COORDINATOR_SETTINGS)
+            hybrid.wait_webhook(kube, c)
         kube.kubectl("create", "-f", "-", input=json.dumps(statefulset(workers, cpus, memory)))
         start_runtime(c, kube)
         wait_workers(c, worker_names(workers), timeout)

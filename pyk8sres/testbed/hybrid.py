@@ -150,12 +150,14 @@ def webhook_url(kube: kubernetes.ControlPlane) -> str:
 
 
 def start_kubernetes(work: str, kube_port: int, nodes: dict[str, tuple[int, int]],
-                     gpus: int = 0, values: tuple = ()) -> kubernetes.ControlPlane:
+                     gpus: int = 0, values: tuple = (),
+                     namespaces: tuple = ()) -> kubernetes.ControlPlane:
     """The control plane under WORK/kube, the nodes registered by their
     kubelets (with `gpus`, each node's GPUs published as NVIDIA's DRA
     driver would: gpus.dra_objects), the chart installed (values for a
     host-run coordinator: its webhook at webhook_url, the API server's
-    webhook client CA; `values`: more of helm's --set arguments).  From here
+    webhook client CA; `values`: more of helm's --set arguments; `namespaces`
+    made before, e.g. Slurm's, which the chart's worker Role lives in).  From here
     on bindings to every node are checked: until the webhook answers, they
     are refused (fail closed)."""
     ports = kubernetes.Ports(kube_port)
@@ -165,6 +167,8 @@ def start_kubernetes(work: str, kube_port: int, nodes: dict[str, tuple[int, int]
     if gpus:
         kube.kubectl("create", "-f", "-", input=json.dumps(
             {"apiVersion": "v1", "kind": "List", "items": fake_gpus.dra_objects(list(nodes), gpus)}))
+    for namespace in namespaces:
+        kube.kubectl("create", "namespace", namespace)
     chart.install(kube, chart.host_values(kube.webhook_client_ca, webhook_url(kube)) + list(values))
     return kube
 

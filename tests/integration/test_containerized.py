@@ -128,6 +128,49 @@ def test_a_job_runs_on_a_worker(world):
     assert run_hostname(c, W0) == W0      # slurmd's hostname is its pod's, as in a pod
 
 
+def job_state(c, job) -> str:
+    shown = subprocess.run(["scontrol", "show", "job", job], env=c.env, capture_output=True,
+                           text=True).stdout
+    return re.search(r"JobState=(\S+)", shown).group(1)
+
+
+def test_generic_node_is_the_kubernetes_node_aliased_to_its_worker_and_jobs_pend_behind_pods(
+        world):
+    """The reference's own output: NAME the Kubernetes node, ALIAS the worker
+    pod on it; a pod beside the worker holds its share of that Slurm node (the
+    worker itself holds nothing), so a job that needs it pends until it goes."""
+    c, kube = world
+    host = pods(kube)[W0]["spec"]["nodeName"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "beside", "namespace": "default"},
+           "spec": {"nodeName": host, "terminationGracePeriodSeconds": 1, "containers": [
+               {"name": "c", "image": "busybox",
+                "resources": {"requests": {"cpu": "1735m", "memory": "2393Mi"}}}]}}
+    kube.kubectl("create", "-f", "-", input=json.dumps(pod))
+
+    def generic_node():
+        out = kube.kubectl("get", "genericnode", host, "-o", "json", check=False)
+        g = json.loads(out.stdout) if out.returncode == 0 else {}
+        shares = {a["type"]: a["allocated"] for a in g.get("status", {}).get("allocatedResources", [])}
+        return g if shares.get("Kubernetes") == {"cpu": "1735m", "memory": "2393Mi"} else None
+    g = wait(generic_node, f"GenericNode {host} to count the pod beside the worker", 30)
+    assert g["spec"]["alias"] == W0 and g["spec"]["type"] == "Slurm", g
+    assert g["status"]["capacity"] == {"cpu": str(WORKER_CPUS), "memory": f"{WORKER_MB}Mi"}, g
+    # WORKER_CPUS - 2 CPUs are left beside the pod (1735m counts as 2): a job
+    # asking for all of them plus one pends, on that node only.
+    proc = subprocess.run(["sbatch", "--parsable", "-w", W0, "-c", str(WORKER_CPUS - 1),
+                           "-o", "/dev/null", "--wrap", "sleep 1"],
+                          env=c.env, capture_output=True, text=True, cwd="/tmp")
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        assert job_state(c, job) == "PENDING"
+        time.sleep(0.5)
+    kube.kubectl("delete", "pod", "-n", "default", "beside", "--wait=false")
+    assert wait(lambda: job_state(c, job) in ("RUNNING", "COMPLETED") and "ran",
+                "the job to start once the pod is gone", 60)
+
+
 def test_deleting_a_worker_pod_stops_its_slurmd_and_the_replacement_registers(world):
     c, kube = world
     old_pid, old_uid = slurmd_pid(c, W0), pods(kube)[W0]["metadata"]["uid"]
