@@ -15,17 +15,22 @@ and stops it, by PID, when the pod goes (deleted, or replaced by a new pod
 of the same name).  pyk8sres itself knows nothing of this: it sees only the
 API server's pods and slurmctld's nodes, as on a site.
 
-Many dynamic slurmds on one machine: a dynamic node always listens on
-SlurmdPort (`--conf` may not set Port=), and slurmctld reaches it at the
-address its registration came from.  So each slurmd runs in UTS and mount
-namespaces of its own, as in a pod: its hostname is the pod name, which its
-/etc/hosts resolves to a loopback address of its own (worker_address);
-CommunicationParameters=NoInAddrAny (in its own copy of slurm.conf) makes
-it listen there only.  Its registration still comes from 127.0.0.1 (the
-kernel picks that source for any loopback destination), so once the node
-has registered the runtime sets its NodeAddr to the worker's address, as a
-pod network gives each pod an address of its own; the address stays with
-the pod's name, so a replacement pod's slurmd is reached there at once.
+Many dynamic slurmds on one machine, each reached at a port or address of
+its own.  Each runs in UTS and mount namespaces of its own, as in a pod: its
+hostname is the pod name, which its /etc/hosts resolves to a loopback
+address of its own (worker_address).  Then, by release:
+- 23.02 on: `--conf` takes Port=, so each worker's slurmd gets a port of
+  its own (worker_port), wherever slurmctld reaches it (these releases set
+  a dynamic node's address from each registration's peer: 127.0.0.1 here).
+- 22.05: a dynamic node listens on SlurmdPort (Port= is refused in
+  `--conf`), so each slurmd listens at its own address only
+  (CommunicationParameters=NoInAddrAny in its own copy of slurm.conf).  Its
+  registration still comes from 127.0.0.1 (the kernel's source for any
+  loopback destination), so once the node has registered the runtime sets
+  its NodeAddr to the worker's address, as a pod network gives each pod an
+  address of its own; 22.05 keeps that address across the node's later
+  registrations, and it stays with the pod's name, so a replacement pod's
+  slurmd is reached there at once.
 Spool, pid and log files follow %n, the node name, as for the static slurmds.
 """
 from __future__ import annotations
@@ -114,6 +119,33 @@ def worker_address(name: str) -> str:
     return f"127.0.1.{index + 1}"
 
 
+# The first release whose slurmd takes Port= in a dynamic node's --conf
+# (22.05's refuses it: "Must use SlurmdPort").
+OWN_PORT_SINCE = (23, 2)
+
+
+def slurmd_version(c: cluster.Cluster) -> tuple[int, int]:
+    """(major, minor) of the cluster's slurmd (`slurmd -V`: "slurm 24.11.5")."""
+    out = subprocess.run([daemons.need("slurmd", "slurmd", c.release), "-V"],
+                         capture_output=True, text=True, timeout=30).stdout
+    m = re.search(r"(\d+)\.(\d+)", out)
+    if not m:
+        raise cluster.ClusterError(f"slurmd -V printed no version: {out!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def worker_port(slurmd_port: int, name: str) -> int:
+    """A worker's own port (releases with OWN_PORT_SINCE): after SlurmdPort."""
+    return slurmd_port + 1 + pod_ordinal(name)
+
+
+def slurmd_port_of(conf_text: str) -> int:
+    m = re.search(r"^SlurmdPort=(\d+)", conf_text, flags=re.M)
+    if not m:
+        raise cluster.ClusterError("slurm.conf has no SlurmdPort=")
+    return int(m.group(1))
+
+
 def dynamic_conf(pod: dict, group: str = GROUP) -> str:
     """slurmd's --conf for a worker pod, as ACK's entrypoint writes it: the
     Slurm node sized to the pod's limits (CPUs whole, memory in MB)."""
@@ -164,6 +196,9 @@ class ContainerRuntime:
         self.selector = f"kai.alibabacloud.com/worker-group={group}"
         self.running: dict[str, tuple[str, str]] = {}     # pod -> (uid, node)
         self.unaddressed: dict[str, str] = {}             # pod -> address to give its node
+        self.own_port = slurmd_version(self.c) >= OWN_PORT_SINCE
+        with open(self.c.conf, encoding="utf-8") as f:
+            self.slurmd_port = slurmd_port_of(f.read())
 
     def pods(self) -> list[dict] | None:
         proc = subprocess.run([*self.kubectl, "get", "pods", "-n", NAMESPACE, "-l",
@@ -210,12 +245,12 @@ class ContainerRuntime:
         root = os.path.join(self.c.work, "containers", name)
         etc = os.path.join(root, "etc")
         os.makedirs(etc, exist_ok=True)
-        main_etc = os.path.dirname(self.c.conf)
-        for f in os.listdir(main_etc):          # gres.conf, k8s_resources.conf, keys
-            if os.path.isfile(os.path.join(main_etc, f)) and f != "slurm.conf":
-                shutil.copy2(os.path.join(main_etc, f), os.path.join(etc, f))
-        with open(self.c.conf, encoding="utf-8") as f:
-            daemons.write_file(os.path.join(etc, "slurm.conf"), slurmd_conf_text(f.read()))
+        conf_file, where = self.c.conf, address
+        if self.own_port:
+            where = f"port {worker_port(self.slurmd_port, name)}"
+            conf += f" Port={worker_port(self.slurmd_port, name)}"
+        else:
+            conf_file = self.conf_copy(etc)
         with open("/etc/hosts", encoding="utf-8") as f:
             daemons.write_file(os.path.join(root, "hosts"), f"{address} {name}\n{f.read()}")
         os.makedirs(os.path.join(self.c.work, "spool", name), exist_ok=True)
@@ -223,11 +258,23 @@ class ContainerRuntime:
         script = f"mount --bind {root}/hosts /etc/hosts && hostname {name} && exec \"$@\""
         argv = [daemons.need("unshare", "util-linux"), "--uts", "--mount", "--propagation",
                 "private", "sh", "-c", script, "slurmd", slurmd, "-D", "-Z", "--conf", conf,
-                "-N", name, "-f", os.path.join(etc, "slurm.conf")]
+                "-N", name, "-f", conf_file]
         daemons.start_process(self.c.work, f"slurmd-{name}", argv, env=self.c.env)
         self.running[name] = seen
-        self.unaddressed[name] = address
-        print(f"{name}: slurmd started on {seen[1]} at {address} ({conf})", flush=True)
+        if not self.own_port:
+            self.unaddressed[name] = address
+        print(f"{name}: slurmd started on {seen[1]} at {where} ({conf})", flush=True)
+
+    def conf_copy(self, etc: str) -> str:
+        """The worker's own slurm.conf (slurmd_conf_text) and the files
+        slurmd reads beside it (gres.conf, k8s_resources.conf, keys)."""
+        main_etc = os.path.dirname(self.c.conf)
+        for f in os.listdir(main_etc):
+            if os.path.isfile(os.path.join(main_etc, f)) and f != "slurm.conf":
+                shutil.copy2(os.path.join(main_etc, f), os.path.join(etc, f))
+        with open(self.c.conf, encoding="utf-8") as f:
+            daemons.write_file(os.path.join(etc, "slurm.conf"), slurmd_conf_text(f.read()))
+        return os.path.join(etc, "slurm.conf")
 
     def stop(self, name: str) -> None:
         daemons.stop_process(self.c.work, f"slurmd-{name}")
@@ -269,13 +316,15 @@ def chart_values(coordinator: bool) -> tuple:
 
 
 def workers_ready(c: cluster.Cluster, names: list[str]) -> bool:
-    """Is each worker's Slurm node registered, idle, at its own address?"""
+    """Is each worker's Slurm node registered and idle (with 22.05: at its
+    own address)?"""
+    own_port = slurmd_version(c) >= OWN_PORT_SINCE
     for name in names:
         out = subprocess.run(["scontrol", "-o", "show", "node", name], capture_output=True,
                              text=True, env=c.env, timeout=30).stdout
         state = re.search(r"\bState=(\S+)", out)
-        if node_addr(out) != worker_address(name) or not state or \
-                not state.group(1).startswith("IDLE"):
+        if not state or not state.group(1).startswith("IDLE") or \
+                (not own_port and node_addr(out) != worker_address(name)):
             return False
     return True
 
@@ -308,10 +357,11 @@ def up(work: str, *, layout: str = ACK, nodes: int, workers: int | None = None, 
         raise cluster.ClusterError(f"--workers {workers}: 1 to --nodes ({nodes}); one worker "
                                    "pod per node")
     names = kube_node_names(nodes)
-    slurmd_port = base_port + 1
-    if not cluster.port_free(slurmd_port):
-        raise cluster.ClusterError(f"port {slurmd_port} (SlurmdPort) already in use: choose "
-                                   "another --base-port")
+    slurmd_port = base_port + 1       # then each worker's own (worker_port), where used
+    taken = [p for p in range(slurmd_port, slurmd_port + workers + 1) if not cluster.port_free(p)]
+    if taken:
+        raise cluster.ClusterError(f"port(s) {', '.join(map(str, taken))} (SlurmdPort and the "
+                                   "workers') already in use: choose another --base-port")
     os.makedirs(work, exist_ok=True)
     c = cluster.up(work, nodes=0, cpus=cpus, memory=memory, base_port=base_port,
                    node_features=node_features, synced=True, slurm=slurm, auth=auth,

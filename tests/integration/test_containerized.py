@@ -7,8 +7,9 @@ container runtime starts a real `slurmd -Z` named as the pod.  Checked from
 the ground truth: the API server's pods and bindings, slurmctld's nodes
 (`scontrol show node`), the slurmd processes themselves, and a job's output.
 
-Ports: port(29600) slurmctld, +1 SlurmdPort (every worker's, each at its own
-loopback address); the control plane pick_ports(29700, 29790).
+Ports: port(29600) slurmctld, +1 SlurmdPort (22.05: every worker's, each at
+its own loopback address), +2, +3 the workers' own (23.02 on); the control
+plane pick_ports(29700, 29790).
 """
 import json
 import os
@@ -117,10 +118,15 @@ def test_each_worker_is_a_dynamic_slurm_node_sized_to_its_limits(world):
         assert (n["CPUTot"], n["RealMemory"]) == (str(WORKER_CPUS), str(WORKER_MB)), n
         assert n["Gres"] == f"k8scpu:{WORKER_CPUS},k8smemory:{WORKER_MB}", n
         assert n["AvailableFeatures"] == "cpu" and n["Partitions"] == "debug", n
-        assert n["NodeAddr"] == f"127.0.1.{i + 1}" and n["NodeHostName"] == name, n
+        assert n["NodeHostName"] == name, n
         with open(f"/proc/{slurmd_pid(c, name)}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-        assert b"-Z" in argv and argv[argv.index(b"-N") + 1] == name.encode(), argv
+            argv = f.read().decode().split("\0")
+        assert "-Z" in argv and argv[argv.index("-N") + 1] == name, argv
+        # reached at a port (23.02 on) or an address (22.05) of its own
+        if containerized.slurmd_version(c) >= containerized.OWN_PORT_SINCE:
+            assert argv[argv.index("--conf") + 1].endswith(f" Port={port(29600) + 2 + i}"), argv
+        else:
+            assert n["NodeAddr"] == f"127.0.1.{i + 1}", n
 
 
 def test_a_job_runs_on_a_worker(world):

@@ -108,3 +108,11 @@ def test_slurm_conf_with_dynamic_nodes_only(tmp_path):
     assert "NodeName=" not in text
     assert "PartitionName=debug Nodes=ALL Default=YES" in text
     assert "MaxNodeCount=10\nSlurmdPort=17001\n" in text
+
+
+def test_worker_port_and_slurmd_port():
+    assert ct.worker_port(17001, "slurm-test-worker-cpu-0") == 17002
+    assert ct.worker_port(17001, "slurm-test-worker-cpu-3") == 17005
+    assert ct.slurmd_port_of("A=1\nSlurmdPort=17001\n") == 17001
+    with pytest.raises(ClusterError, match="no SlurmdPort"):
+        ct.slurmd_port_of("A=1\n")
