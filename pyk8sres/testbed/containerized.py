@@ -189,11 +189,12 @@ def node_addr(scontrol_line: str) -> str | None:
 class ContainerRuntime:
     """Plays the container runtime of the worker pods in `work`'s cluster."""
 
-    def __init__(self, work: str, kubectl: list[str], group: str = GROUP):
+    def __init__(self, work: str, kubeconfig: str, group: str = GROUP):
+        from ..coordinator import kube    # the Kubernetes client, only where it runs
         self.c = cluster.Cluster(work)
-        self.kubectl = kubectl
+        self.kube = kube.Kube(kubeconfig)
         self.group = group
-        self.selector = f"kai.alibabacloud.com/worker-group={group}"
+        self.labels = {"kai.alibabacloud.com/worker-group": group}
         self.running: dict[str, tuple[str, str]] = {}     # pod -> (uid, node)
         self.unaddressed: dict[str, str] = {}             # pod -> address to give its node
         self.own_port = slurmd_version(self.c) >= OWN_PORT_SINCE
@@ -201,10 +202,13 @@ class ContainerRuntime:
             self.slurmd_port = slurmd_port_of(f.read())
 
     def pods(self) -> list[dict] | None:
-        proc = subprocess.run([*self.kubectl, "get", "pods", "-n", NAMESPACE, "-l",
-                               self.selector, "-o", "json"],
-                              capture_output=True, text=True, timeout=30)
-        return json.loads(proc.stdout)["items"] if proc.returncode == 0 else None
+        """The bound worker pods (None: the API server did not answer)."""
+        try:
+            items, _ = self.kube.list("pods", namespace=NAMESPACE)
+        except Exception as e:      # any failure of the client: try again next pass
+            print(f"listing pods: {e}", flush=True)
+            return None
+        return [p for p in items if self.labels.items() <= (p["metadata"].get("labels") or {}).items()]
 
     def reconcile(self) -> None:
         pods = self.pods()
@@ -294,7 +298,7 @@ class ContainerRuntime:
 def start_runtime(c: cluster.Cluster, kube) -> None:
     """The ContainerRuntime daemon of `c` (as root, like the slurmds it starts)."""
     argv = [sys.executable, "-m", "pyk8sres.testbed.containerized", "--workdir", c.work,
-            "--kubectl", kube.bin.kubectl, "--kubeconfig", kube.kubeconfig]
+            "--kubeconfig", kube.kubeconfig]
     env = dict(c.env, PYTHONUNBUFFERED="1")
     daemons.start_process(c.work, RUNTIME, argv, env=env, cwd="/")
 
@@ -390,10 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="the test cluster's container runtime for "
                                             "Slurm's worker pods")
     p.add_argument("--workdir", required=True)
-    p.add_argument("--kubectl", required=True)
     p.add_argument("--kubeconfig", required=True)
     args = p.parse_args(argv)
-    ContainerRuntime(args.workdir, [args.kubectl, "--kubeconfig", args.kubeconfig]).run()
+    ContainerRuntime(args.workdir, args.kubeconfig).run()
     return 0
 
 
