@@ -208,7 +208,8 @@ class ContainerRuntime:
         except Exception as e:      # any failure of the client: try again next pass
             print(f"listing pods: {e}", flush=True)
             return None
-        return [p for p in items if self.labels.items() <= (p["metadata"].get("labels") or {}).items()]
+        return [p for p in items
+                if self.labels.items() <= (p["metadata"].get("labels") or {}).items()]
 
     def reconcile(self) -> None:
         pods = self.pods()

@@ -169,7 +169,8 @@ def start_kubernetes(work: str, kube_port: int, nodes: dict[str, tuple[int, int]
             {"apiVersion": "v1", "kind": "List", "items": fake_gpus.dra_objects(list(nodes), gpus)}))
     for namespace in namespaces:
         kube.kubectl("create", "namespace", namespace)
-    chart.install(kube, chart.host_values(kube.webhook_client_ca, webhook_url(kube)) + list(values))
+    chart.install(kube, chart.host_values(kube.webhook_client_ca, webhook_url(kube))
+                  + list(values))
     return kube
 
 

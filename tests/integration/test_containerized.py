@@ -147,7 +147,8 @@ def test_generic_node_is_the_kubernetes_node_aliased_to_its_worker_and_jobs_pend
     worker itself holds nothing), so a job that needs it pends until it goes."""
     c, kube = world
     host = pods(kube)[W0]["spec"]["nodeName"]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "beside", "namespace": "default"},
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "beside", "namespace": "default"},
            "spec": {"nodeName": host, "terminationGracePeriodSeconds": 1, "containers": [
                {"name": "c", "image": "busybox",
                 "resources": {"requests": {"cpu": "1735m", "memory": "2393Mi"}}}]}}
@@ -156,7 +157,8 @@ def test_generic_node_is_the_kubernetes_node_aliased_to_its_worker_and_jobs_pend
     def generic_node():
         out = kube.kubectl("get", "genericnode", host, "-o", "json", check=False)
         g = json.loads(out.stdout) if out.returncode == 0 else {}
-        shares = {a["type"]: a["allocated"] for a in g.get("status", {}).get("allocatedResources", [])}
+        shares = {a["type"]: a["allocated"]
+                  for a in g.get("status", {}).get("allocatedResources", [])}
         return g if shares.get("Kubernetes") == {"cpu": "1735m", "memory": "2393Mi"} else None
     g = wait(generic_node, f"GenericNode {host} to count the pod beside the worker", 30)
     assert g["spec"]["alias"] == W0 and g["spec"]["type"] == "Slurm", g

@@ -57,7 +57,8 @@ def _pod(name, uid, node=None, deleting=False, phase="Running"):
     meta = {"name": name, "uid": uid}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"metadata": meta, "spec": {"nodeName": node} if node else {}, "status": {"phase": phase}}
+    return {"metadata": meta, "spec": {"nodeName": node} if node else {},
+            "status": {"phase": phase}}
 
 
 def test_wanted_bound_live_pods_only():
