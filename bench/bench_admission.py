@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes.client.exceptions import ApiException
 
-from pyk8sres.coordinator import kube as K
+from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.testbed import hybrid
 
 
@@ -55,7 +55,7 @@ def one(kube, ns, node, cpu, expect_ok):
     name = "b-" + uuid.uuid4().hex[:10]
     t0 = time.perf_counter()
     try:
-        K.create_pod(kube, ns, pod(name, node, cpu))
+        kube_calls.create_pod(kube, ns, pod(name, node, cpu))
         ok = True
     except ApiException as e:
         ok = False
@@ -80,7 +80,7 @@ def settle(kube, timeout: float = 120) -> float:
     kube.core.create_namespace({"metadata": {"name": ns}})
     while time.monotonic() - t0 < timeout:
         try:
-            K.create_pod(kube, ns, pod("probe-" + uuid.uuid4().hex[:6], "n1", "1000"))
+            kube_calls.create_pod(kube, ns, pod("probe-" + uuid.uuid4().hex[:6], "n1", "1000"))
         except ApiException as e:
             if e.status == 403:
                 return time.monotonic() - t0
@@ -249,7 +249,7 @@ def main():
         try:
             os.environ["SLURM_CONF"] = c.conf
             cp.register_nodes({"not-shared": (64, 256000)})
-            kube = K.Kube(cp.kubeconfig)
+            kube = kube_calls.Kube(cp.kubeconfig)
             print(f"{n} nodes: up in {time.monotonic() - t0:.0f} s, the webhook in force "
                   f"{settle(kube):.0f} s later", flush=True)
             rows.append((n, "idle", measure(kube, args.pods, args.threads, n, daemons(c, cp))))

@@ -34,8 +34,8 @@ import tempfile
 import time
 import uuid
 
-from pyk8sres.coordinator import kube as K
-from pyk8sres.policy import placeholder as P
+from pyk8sres.coordinator import kube as kube_calls
+from pyk8sres.policy import placeholder
 from pyk8sres.testbed import chart, cluster, hybrid
 
 NAMESPACE = "bench"
@@ -66,12 +66,12 @@ def wait(pred, timeout, every=0.01):
 
 
 def placeholders_on(kube, node):
-    return [p for p in K.list_namespace_pods(kube, chart.PLACEHOLDERS)
-            if P.current(p) is not None and p["spec"]["nodeName"] == node]
+    return [p for p in kube_calls.list_namespace_pods(kube, chart.PLACEHOLDERS)
+            if placeholder.current(p) is not None and p["spec"]["nodeName"] == node]
 
 
 def refusals(kube, name):
-    return sum(e.get("count") or 1 for e in K.list_events(
+    return sum(e.get("count") or 1 for e in kube_calls.list_events(
         kube, NAMESPACE, field_selector=f"reason=InsufficientSharedCapacity,"
                                         f"involvedObject.name={name}"))
 
@@ -89,12 +89,12 @@ def one(c, kube, case, timeout):
             time.sleep(0.5)          # kube-scheduler's informer has it too
     name = "p-" + uuid.uuid4().hex[:8]
     t0 = time.monotonic()
-    K.create_pod(kube, NAMESPACE, pod(name, "4"))
-    node = wait(lambda: ((K.get_pod(kube, NAMESPACE, name) or {}).get("spec") or {}).get(
+    kube_calls.create_pod(kube, NAMESPACE, pod(name, "4"))
+    node = wait(lambda: ((kube_calls.get_pod(kube, NAMESPACE, name) or {}).get("spec") or {}).get(
         "nodeName"), timeout)
     took = time.monotonic() - t0 if node else None
     refused = refusals(kube, name)
-    K.delete_pod(kube, NAMESPACE, name)
+    kube_calls.delete_pod(kube, NAMESPACE, name)
     if job:
         subprocess.run(["scancel", job], env=c.env, check=True)
         wait(lambda: squeue_state(c.env, job) in ("", "COMPLETED", "CANCELLED"), 30, 0.1)
@@ -122,19 +122,19 @@ def main():
     rows = []
     try:
         os.environ["SLURM_CONF"] = c.conf
-        kube = K.Kube(cp.kubeconfig)
+        kube = kube_calls.Kube(cp.kubeconfig)
         kube.core.create_namespace({"metadata": {"name": NAMESPACE}})
-        K.create_pod(kube, NAMESPACE, pod("filler", "1", node="n2"))
+        kube_calls.create_pod(kube, NAMESPACE, pod("filler", "1", node="n2"))
         for case in ("baseline", "settled", "racing", "no-placeholders", "no-placeholders-tie"):
             if case == "no-placeholders":
                 cluster.stop_process(c.work, "webhook")
-                for p in K.list_namespace_pods(kube, chart.PLACEHOLDERS):
-                    K.delete_pod(kube, chart.PLACEHOLDERS, p["metadata"]["name"])
+                for p in kube_calls.list_namespace_pods(kube, chart.PLACEHOLDERS):
+                    kube_calls.delete_pod(kube, chart.PLACEHOLDERS, p["metadata"]["name"])
                 hybrid.start_webhook(c, cp, "--no-placeholders")
                 hybrid.wait_webhook(cp, c)
                 time.sleep(3)
             if case == "no-placeholders-tie":
-                K.delete_pod(kube, NAMESPACE, "filler")
+                kube_calls.delete_pod(kube, NAMESPACE, "filler")
             results = [one(c, kube, case, args.timeout) for _ in range(args.tries)]
             print(f"{case}: " + ", ".join(f"{t:.2f}s {n} ({r} refused)" if t is not None
                                           else f"never ({r} refused)" for t, n, r in results),

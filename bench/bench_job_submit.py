@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 
+from pyk8sres.slurmctld import submit as hot_path
 from pyk8sres.testbed import cluster
 
 import lua_site
@@ -160,7 +161,6 @@ def run(jobs: int, queue: int, port: int, workloads: tuple = ("mixed", "unique",
         cluster.down(work)
         shutil.rmtree(work, ignore_errors=True)
 
-    from pyk8sres.slurmctld import submit as hot_path
     compiled = not hot_path.__file__.endswith(".py")
     print(f"\njob_submit cost inside slurmctld, microseconds per submission "
           f"({jobs} submissions each, queue of {queue} held jobs; our job_submit path "

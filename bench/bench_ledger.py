@@ -31,6 +31,7 @@ Goals: reserve p99 <= 5 ms idle; the check adds <= 1% to the cycle times.
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import json
 import os
 import re
@@ -38,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
@@ -135,7 +137,6 @@ print(json.dumps(lat))
 
 
 def _libslurm(c: cluster.Cluster) -> str:
-    import ctypes.util
     for d in c.release.bin_dirs:
         built = os.path.join(os.path.dirname(d), "lib", "libslurm.so")
         if os.path.exists(built):
@@ -158,7 +159,6 @@ def _timed(fn) -> float:
 
 def ledger_paths(work: str, port: int, nodes: int, lib: str | None) -> dict:
     """Phase 3 for one build (lib None: the one imported here)."""
-    import threading
     c = cluster.up(work, nodes=nodes, cpus=CPUS, memory=MEMORY, base_port=port, slurmd=False,
                    node_features=True, plugin_lib=lib)
     try:

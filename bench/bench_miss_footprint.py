@@ -23,13 +23,14 @@ import subprocess
 import sys
 import tempfile
 
+from pyk8sres.slurmctld import jobspec, submit
+
 CACHES = ["--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,16,64"]
 
 
 def args(i: int) -> tuple:
     """-c (1 + i % 4) --mem=(1000 + i) on a 22.05 CR_Core cluster, in
     the order plugins/pyk8sres_core.c _hot_args passes them."""
-    from pyk8sres.slurmctld import jobspec
     nv, nv16 = jobspec.NO_VAL, jobspec.NO_VAL16
     return (0x160508, jobspec.MEM_PER_CPU | 100, jobspec.CR_CORE, 0, 1 + i % 4, nv, nv16, nv, nv, nv,
             nv16, nv16, nv16, 0xFE, 1000 + i, 0, nv, nv16, nv16,
@@ -38,7 +39,6 @@ def args(i: int) -> tuple:
 
 def child(mode: str, calls: int) -> None:
     """Runs under valgrind: warm up, then `calls` cold calls."""
-    from pyk8sres.slurmctld import jobspec, submit
     nodes = jobspec.Nodes(cpus=8, memory=16000, count=2, least_cpus=8)
     submit.use_site(jobspec.Site(partitions={"debug": jobspec.Partition(mem=jobspec.MemDefault(per_cpu=100),
                                                             nodes=nodes)},
@@ -78,7 +78,6 @@ def main() -> int:
     if not shutil.which("valgrind"):
         print("needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2
-    from pyk8sres.slurmctld import submit
     wanted = len(submit.HOT_ARGS)
     if len(args(0)) != wanted:  # else the child dies of a TypeError under valgrind
         print(f"args() gives {len(args(0))} values, job_submit_values takes {wanted}: "

@@ -44,9 +44,13 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
+from kubernetes.client.exceptions import ApiException
+
+from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
-from pyk8sres.testbed import cluster
+from pyk8sres.testbed import cluster, hybrid
 
 CPUS, MEMORY = 32, 128000
 TICK = os.sysconf("SC_CLK_TCK")
@@ -142,15 +146,12 @@ def since_polls(ledger, pid: int, rng, every: list[str], polls: int = 200):
 def fill(kube, ns: str, nodes: list[str], per_node: int, threads: int = 8) -> dict:
     """`per_node` pods of 1m CPU on every node, created through admission
     by `threads` clients at once: {"pods", "seconds", "refused"}."""
-    from concurrent.futures import ThreadPoolExecutor
-    from kubernetes.client.exceptions import ApiException
-    from pyk8sres.coordinator import kube as K
     refused = []
 
     def create(i: int) -> None:
         node = nodes[i % len(nodes)]
         try:
-            K.create_pod(kube, ns, pod(f"f-{i}", node, "1m"))
+            kube_calls.create_pod(kube, ns, pod(f"f-{i}", node, "1m"))
         except ApiException as e:
             refused.append(f"{node}: {e.status} {e.reason}")
     t0 = time.monotonic()
@@ -174,9 +175,6 @@ def settle(kube, ns: str, start: float, timeout: float = 900) -> float:
 
 def kube_phase(n: int, port: int, kube_port: int, pods: int, idle: float,
                coordinator_path: str | None = None, per_node: int = 0) -> dict:
-    from kubernetes.client.exceptions import ApiException
-    from pyk8sres.coordinator import kube as K
-    from pyk8sres.testbed import hybrid
     work = tempfile.mkdtemp(prefix="scale-kube-", dir=os.environ.get("PYK8SRES_BENCH_DIR"))
     t0 = time.monotonic()
     c, cp = hybrid.up(work, nodes=1, cpus=CPUS, memory=MEMORY, base_port=port,
@@ -186,7 +184,7 @@ def kube_phase(n: int, port: int, kube_port: int, pods: int, idle: float,
         out = {"nodes": n, "up_s": time.monotonic() - t0}
         os.environ["SLURM_CONF"] = c.conf
         cp.register_nodes({"not-shared": (CPUS, MEMORY)})
-        kube = K.Kube(cp.kubeconfig)
+        kube = kube_calls.Kube(cp.kubeconfig)
         pids = {name: c.pid(name) for name in ("slurmctld", "sync", "webhook")}
         pids.update({name: cp.pid(name) for name in
                      ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok")})
@@ -198,7 +196,7 @@ def kube_phase(n: int, port: int, kube_port: int, pods: int, idle: float,
         deadline = time.monotonic() + 300
         while True:
             try:
-                K.create_pod(kube, ns, pod("probe-" + uuid.uuid4().hex[:6], "n1", "1000"))
+                kube_calls.create_pod(kube, ns, pod("probe-" + uuid.uuid4().hex[:6], "n1", "1000"))
             except ApiException as e:
                 if e.status == 403:
                     break
@@ -224,10 +222,11 @@ def kube_phase(n: int, port: int, kube_port: int, pods: int, idle: float,
         rng = random.Random(n)
         for label, where in (("baseline", ["not-shared"]), ("allow", shared)):
             for _ in range(10):
-                K.create_pod(kube, ns, pod("w-" + uuid.uuid4().hex[:10], rng.choice(where), "1m"))
+                kube_calls.create_pod(kube, ns,
+                                      pod("w-" + uuid.uuid4().hex[:10], rng.choice(where), "1m"))
             before = {k: cpu_s(p) for k, p in pids.items()}
             t1 = time.monotonic()
-            lat = [timed(lambda: K.create_pod(kube, ns, pod("b-" + uuid.uuid4().hex[:10],
+            lat = [timed(lambda: kube_calls.create_pod(kube, ns, pod("b-" + uuid.uuid4().hex[:10],
                                                              rng.choice(where), "1m")))
                    for _ in range(pods)]
             wall = time.monotonic() - t1
@@ -347,7 +346,7 @@ def cp_idle(r: dict) -> float:
 
 
 def plot(results: dict, out_dir: str, load: str) -> list[str]:
-    import matplotlib
+    import matplotlib  # here, not at the top: optional, and its backend is set before pyplot loads
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     os.makedirs(out_dir, exist_ok=True)

@@ -31,8 +31,6 @@ Goals: p99 < 100 ms at 1,000 nodes and < 1 s at 10,000; sync < 500 MB.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
-import datetime as dt
 import json
 import os
 import random
@@ -41,8 +39,13 @@ import shutil
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 
-from pyk8sres.testbed import cluster, hybrid  # the installed package (tools/install-deps.sh)
+from kubernetes import client, config
+
+# the installed package (tools/install-deps.sh)
+from pyk8sres.testbed import chart, cluster, hybrid, kubernetes
 
 ROOT = os.environ.get("PYK8SRES_BENCH_DIR", "/tmp/pyk8sres-bench-sync")
 SLURM_PORT = 27200 + int(os.environ.get("PYK8SRES_TEST_PORT_OFFSET", "0"))
@@ -60,7 +63,6 @@ TICK = os.sysconf("SC_CLK_TCK")
 def start_api(work):
     """The control plane, the GenericNode CRD and the coordinator's RBAC (the chart's); the
     sync daemon's kubeconfig (its ServiceAccount's token)."""
-    from pyk8sres.testbed import chart, kubernetes
     kube = kubernetes.ControlPlane(work, KUBE_PORT).start()
     try:
         kube.apply(chart.CRD)
@@ -76,7 +78,6 @@ def populate(kube, core, nodes: int, per_node: int):
     """Nodes n1..nN as their kubelets register them (kwok plays those
     kubelets: created here by the admin, which is quicker than N client
     certificates), Ready; then per_node pods bound to each."""
-    from pyk8sres.testbed import kubernetes
 
     def mk_node(i):
         done(core.create_node(kubernetes.node_object(f"n{i}", CPUS, MEM),
@@ -86,7 +87,7 @@ def populate(kube, core, nodes: int, per_node: int):
         for j in range(per_node):
             pod(core, f"n{i}", f"p{i}-{j}", POD_CPU, POD_MEM)
 
-    with cf.ThreadPoolExecutor(8) as ex:
+    with ThreadPoolExecutor(8) as ex:
         list(ex.map(mk_node, range(1, nodes + 1)))
         kube.wait_nodes_ready([f"n{i}" for i in range(1, nodes + 1)], timeout=300)
         list(ex.map(mk_pods, range(1, nodes + 1)))
@@ -153,7 +154,7 @@ class Daemon:
         for line in data[:cut].splitlines():
             m = self.LINE.match(line)
             if m:
-                t = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
                 out.append((t, m.group(2), int(m.group(3)), int(m.group(4))))
         return out
 
@@ -228,7 +229,6 @@ def sample_latency(daemon, core, nodes: int, expect: dict, samples: int) -> list
 
 
 def bench(nodes: int, per_node: int, samples: int) -> dict:
-    from kubernetes import client, config
     work = f"{ROOT}/{nodes}"
     load_start = os.getloadavg()[0]
     shutil.rmtree(work, ignore_errors=True)
@@ -263,7 +263,7 @@ def bench(nodes: int, per_node: int, samples: int) -> dict:
         sample_cpu = (daemon.cpu() - c0) / samples
         rss, hwm = daemon.mem_mb()
         return {"nodes": nodes, "pods": nodes * per_node, "per_node": per_node, "samples": samples,
-                "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 "load": [round(load_start, 1), round(os.getloadavg()[0], 1)],
                 "p50": statistics.median(lat), "p99": pct(lat, 99), "max": max(lat),
                 "startup_s": startup, "genericnodes_s": gn_ready, "startup_cpu_s": cpu_start,
@@ -296,7 +296,7 @@ def merge(path: str, rows: list[dict]) -> list[dict]:
 def plot(rows: list[dict], per_node: int, out_dir: str) -> str:
     """sync-latency.png: pod bound -> share set p50/p99 (left) and sync's CPU
     per pod (right) against node count, for `per_node` pods per node."""
-    import matplotlib
+    import matplotlib  # here, not at the top: optional, and its backend is set before pyplot loads
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = [r for r in rows if r.get("per_node") == per_node]

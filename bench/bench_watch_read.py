@@ -31,7 +31,7 @@ import time
 
 import urllib3
 
-from pyk8sres.coordinator import kube as K   # the installed package (tools/install-deps.sh)
+from pyk8sres.coordinator import kube   # the installed package (tools/install-deps.sh)
 
 
 def node_event(i: int) -> bytes:
@@ -81,7 +81,7 @@ def cpu_per_event(port: int, events: int, pause: float) -> tuple[float, float]:
     pool = urllib3.PoolManager(cert_reqs="CERT_NONE")
     resp = pool.request("GET", f"https://127.0.0.1:{port}/", preload_content=False,
                         timeout=urllib3.Timeout(connect=5, read=30))
-    stream = K.Kube._events(resp, pause)
+    stream = kube.Kube._events(resp, pause)
     next(stream)
     cpu0, wall0 = time.process_time(), time.monotonic()
     for n, _ in enumerate(stream, 1):
@@ -112,7 +112,7 @@ def main() -> int:
         server = multiprocessing.Process(target=serve, args=(listener, ctx, a.rate), daemon=True)
         server.start()
         try:
-            pause = K.READ_PAUSE["nodes"]
+            pause = kube.READ_PAUSE["nodes"]
             at_once, wall_once = cpu_per_event(a.port, a.events, 0.0)
             batched, wall_batched = cpu_per_event(a.port, a.events, pause)
         finally:

@@ -51,6 +51,11 @@ class Backstop:
                 log.debug("jobs completing (CPUs, MB per node): %s", completing)
             self.completing = completing
 
+    def completing_now(self) -> dict[str, tuple[int, int]]:
+        """Slurm node -> (CPUs, MB) of the jobs completing there."""
+        with self.lock:
+            return dict(self.completing)
+
     def holding(self) -> bool:
         """Does any node carry something of Slurm's?"""
         with self.lock:

@@ -79,6 +79,11 @@ class SyncConfig:
     # not budgeted; the ledger and the placeholders are never throttled.
     generic_node_qps: float = 20.0
     generic_node_burst: int = 30
+    # One node's GenericNode status is updated at most once per this many
+    # seconds, with its newest state (policy/status_writes.py): the first
+    # change at once, later ones folded into one write at the interval's
+    # end.  0: every change is written (within the budget above).
+    generic_node_min_interval_seconds: float = 2.0
     create_crd: bool = True         # create the GenericNode CRD if missing
     metrics_address: str = "127.0.0.1:9710"   # /metrics, /healthz, /readyz over HTTP ("": none)
     metrics_seconds: float = 5.0    # how often the ledger's show() refreshes the node gauges
@@ -135,6 +140,9 @@ def load_config(path: str | None, base: SyncConfig | None = None) -> SyncConfig:
     if not (out.generic_node_qps > 0 and out.generic_node_burst >= 1):
         raise ConfigError(f"{path}: generic_node_qps must be > 0 and generic_node_burst >= 1 "
                           "(generic_nodes = false writes none)")
+    if not 0 <= out.generic_node_min_interval_seconds <= 60:
+        raise ConfigError(f"{path}: generic_node_min_interval_seconds must be 0 to 60 s "
+                          "(how far behind a GenericNode may show its node)")
     return out
 
 

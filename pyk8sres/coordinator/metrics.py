@@ -72,8 +72,9 @@ LEDGER_SECONDS = Histogram("pyk8sres_ledger_call_duration_seconds", "One ledger 
 EVENTS = Counter("pyk8sres_events", "Kubernetes Events, by action (created, updated, folded: "
                  "counted into the next update, suppressed: over the write budget, "
                  "queue_full: dropped, failed)", ["action"])
-GENERIC_NODES_BEHIND = Gauge("pyk8sres_generic_nodes_behind", "GenericNodes waiting for the "
-                             "write budget (generic_node_qps) to show their node's newest state")
+GENERIC_NODES_BEHIND = Gauge("pyk8sres_generic_nodes_behind", "GenericNodes waiting (their "
+                             "node's minimum interval, the write budget) to show their node's "
+                             "newest state")
 GENERIC_NODES_LAG = Gauge("pyk8sres_generic_nodes_lag_seconds", "How long the longest waiting "
                           "GenericNode has waited (0: all current)")
 READY = Gauge("pyk8sres_ready", "1 when /readyz answers 200")

@@ -36,8 +36,6 @@ import sys
 import threading
 import time
 
-from kubernetes.client.exceptions import ApiException
-
 from . import mapping
 from . import metrics
 from . import slurm
@@ -45,9 +43,9 @@ from .backstop import Backstop
 from .cache import Cache
 from .config import ConfigError, SyncConfig, exemptions_of, fill_from_slurm_conf, load_config
 from .events import Recorder
+from .generic_nodes import GenericNodes
 from .holds import Holds
-from .kube import MANAGED_BY, Informer, Kube, get_generic_node
-from .permissions import error_text
+from .kube import Informer, Kube, get_generic_node
 from .threads import GenericNodeWriter, SlurmPoller
 from ..policy import backstop
 from ..policy import departures
@@ -56,17 +54,11 @@ from ..policy import ledger
 from ..policy import usage
 
 log = logging.getLogger("pyk8sres.coordinator.sync")
-# GenericNodes edited or deleted by someone else are put back within this
-# long (sooner for one deleted whose node changes: that write gets 404 and
-# the next pass creates it).  A list of every GenericNode grows with the
-# cluster, too costly for every minute; 5 minutes is also how often a
-# kubelet reports an unchanged node.
-GN_RELIST_SECONDS = 300.0
 
 
 # ----------------------------------------------------------------- reconcile
 
-class Reconciler:
+class Reconciler(GenericNodes):
     """One cycle: desired = f(cache, Slurm); set each node's Kubernetes share
     in the ledger (slurmctld holds it next to its jobs); update GenericNodes.
 
@@ -81,13 +73,7 @@ class Reconciler:
         self.last_repair = 0.0
         self.oversubscribed: dict[str, bool] = {}
         self.warned: set[str] = set()
-        self.gn_written: dict[str, tuple[dict, dict]] | None = None
-        self.gn_exists: set[str] = set()
-        self.gn_inputs: dict[str, tuple] = {}   # what each written body was built from
-        self.gn_listed = 0.0
-        self.gn_waiting: dict[str, float] = {}  # node -> when its object fell behind
-        self.gn_bucket = events.Bucket(float(cfg.generic_node_burst), time.monotonic())
-        self.gn_behind = False   # the last pass ran out of write budget
+        self.gn_init(cfg)
         self.cluster = cfg.cluster_name
         self.applied_total = 0
         self.slurm_view = None   # name -> SlurmNode as of the last refresh
@@ -223,6 +209,8 @@ class Reconciler:
                  only: set[str] | None = None) -> None:
         """GenericNodes: of every node, or only of these Kubernetes nodes."""
         if self.kube is not None and self.cfg.generic_nodes and healthy:
+            self.gn_note_beyond({s: self.holds.entries(s) for s in self.holds.nodes()},
+                                self.backstop.completing_now())
             if self.gn_thread is None:
                 self.sync_generic_nodes_safe(d, view, only)
             else:
@@ -423,149 +411,6 @@ class Reconciler:
                 f"pods hold {share['cpu']} CPUs and {share['mem']} MB, Slurm jobs "
                 f"{jobs['cpu']} CPUs and {jobs['mem']} MB, of {cap['cpu']} CPUs and "
                 f"{cap['mem']} MB")
-
-    def sync_generic_nodes_safe(self, d, view, only=None) -> None:
-        try:
-            self.sync_generic_nodes(d, view, only)
-        except Exception as e:  # API down, conflicts: retried on the next cycle
-            log.warning("GenericNode update failed: %s", error_text(e))
-            metrics.RECONCILE_ERRORS.labels("generic_nodes").inc()
-            self.failed = True
-
-    def gn_refill_seconds(self) -> float:
-        """How long until the GenericNode write budget has a token again."""
-        return events.until_token(self.gn_bucket, time.monotonic(), self.gn_limits())
-
-    def gn_limits(self) -> events.Limits:
-        return events.Limits(rate=self.cfg.generic_node_qps, burst=self.cfg.generic_node_burst)
-
-    def sync_generic_nodes(self, d: usage.Desired, view: dict,
-                           only: set[str] | None = None) -> None:
-        """Make GenericNodes match (write only what changed).  view: Slurm
-        node name -> node.  only: look at just these Kubernetes nodes, the
-        ones still waiting for the write budget, and those whose
-        oversubscription flag flipped (a pod event: O(its node), not
-        O(cluster)); None: every node, and delete what is no longer shared."""
-        self._gn_know_cluster()
-        if self._gn_relist_if_due():
-            only = None     # after a (re-)list, look at every node
-        inputs = self._gn_inputs(d, view, self._gn_names(d, only))
-        self._gn_write_changed(d, view, inputs)
-        if only is None:
-            self._gn_delete_unshared(inputs)
-
-    def _gn_know_cluster(self) -> None:
-        """spec.clusterName: the setting, else Slurm's name, asked once."""
-        if self.cluster is None:
-            try:
-                self.cluster = self.slurm.cluster_name()
-            except Exception:
-                self.cluster = ""
-
-    def _gn_relist_if_due(self) -> bool:
-        """Read what exists (first, then every GN_RELIST_SECONDS: heals
-        edits and deletes by others); True if it did."""
-        if self.gn_written is not None and time.monotonic() - self.gn_listed > GN_RELIST_SECONDS:
-            self.gn_written = None
-        if self.gn_written is not None:
-            return False
-        if self.cfg.create_crd and not self.gn_listed:
-            self.kube.ensure_crd()
-        existing = self.kube.list_generic_nodes()
-        self.gn_listed = time.monotonic()
-        self.gn_inputs = {}
-        self.gn_exists = set(existing)
-        self.gn_written = {
-            n: (o.get("spec") or {}, o.get("status") or {}) for n, o in existing.items()
-            if all((o["metadata"].get("labels") or {}).get(k) == v
-                   for k, v in MANAGED_BY.items())}
-        return True
-
-    def _gn_names(self, d: usage.Desired, only: set[str] | None):
-        """The Kubernetes nodes this pass looks at (see sync_generic_nodes)."""
-        with self.over_lock:
-            flipped, self.over_flipped = self.over_flipped, set()
-        if only is None:
-            return d.k8s_to_slurm
-        return set(only) | set(self.gn_waiting) | {
-            k for s in flipped for k in d.here.get(s, ())}
-
-    def _gn_inputs(self, d: usage.Desired, view: dict, names) -> dict[str, tuple]:
-        """Kubernetes node -> what its body is built from.  Building every
-        node's body each cycle is the costly part: a node whose inputs are
-        the same as when it was last written is skipped."""
-        inputs = {}
-        for k in names:
-            s = d.k8s_to_slurm.get(k)
-            n = view.get(s)
-            if n is not None:
-                u = d.usage.get(s) or usage.NodeUsage()
-                inputs[k] = (s, n.cpus, n.real_memory, n.alloc_cpus, n.alloc_memory,
-                             u.cpu, u.memory, self.cluster, self.oversubscribed.get(s, False))
-        return inputs
-
-    def _gn_write_changed(self, d: usage.Desired, view: dict, inputs: dict) -> None:
-        """Write the objects whose inputs changed, oldest change first, while
-        the write budget lasts (creating, once per node, is not budgeted);
-        the rest waits for the next pass."""
-        now = time.monotonic()
-        stale = [n for n, key in inputs.items()
-                 if self.gn_inputs.get(n) != key or n not in self.gn_written]
-        self.gn_waiting = {n: self.gn_waiting.get(n, now) for n in stale}
-        limits = self.gn_limits()
-        self.gn_behind = False
-        for name in sorted(stale, key=lambda n: (self.gn_waiting[n], n)):
-            key = inputs[name]
-            spec, status = usage.generic_node_body(name, view[key[0]], d.usage.get(key[0]),
-                                                   self.cluster, oversubscribed=key[-1])
-            old = self.gn_written.get(name)
-            if old != (spec, status):
-                if name in self.gn_exists:
-                    may, self.gn_bucket = events.take(self.gn_bucket, time.monotonic(), limits)
-                    if not may:
-                        self.gn_behind = True
-                        break
-                if not self._gn_write(name, spec, status, old):
-                    continue
-                self.gn_written[name] = (spec, status)
-            self.gn_inputs[name] = key
-            del self.gn_waiting[name]
-        metrics.GENERIC_NODES_BEHIND.set(len(self.gn_waiting))
-        metrics.GENERIC_NODES_LAG.set(now - min(self.gn_waiting.values(), default=now))
-
-    def _gn_write(self, name: str, spec: dict, status: dict, old: tuple | None) -> bool:
-        """Create or patch one GenericNode.  False: someone else created or
-        deleted it meanwhile (written on the next pass)."""
-        try:
-            if name not in self.gn_exists:
-                self.kube.create_generic_node(name, spec, status)
-                self.gn_exists.add(name)
-            else:
-                old_spec, old_status = old or (None, {})
-                patch = dict(status)
-                patch.update({k: None for k in old_status if k not in status})
-                self.kube.patch_generic_node(
-                    name, spec=spec if spec != old_spec else None, status=patch)
-        except ApiException as e:
-            if e.status == 409:    # created by someone else meanwhile: patch next time
-                self.gn_exists.add(name)
-            elif e.status == 404:  # deleted meanwhile: create next time
-                self.gn_exists.discard(name)
-                self.gn_written.pop(name, None)
-                self.gn_inputs.pop(name, None)
-            else:
-                raise
-            return False
-        return True
-
-    def _gn_delete_unshared(self, inputs: dict) -> None:
-        """Delete ours whose node is no longer shared."""
-        for name in sorted(set(self.gn_written) - set(inputs)):
-            self.kube.delete_generic_node(name)
-            self.gn_written.pop(name)
-            self.gn_inputs.pop(name, None)
-            self.gn_exists.discard(name)
-
 
 # ----------------------------------------------------------------- daemon
 

@@ -41,16 +41,26 @@ class GenericNodeWriter(threading.Thread):
             self.pending = (d, view, only)
         self.wake.set()
 
+    def due_in(self) -> float | None:
+        """Seconds until a node left waiting by the last pass may be written
+        (None: none waits).  Out of write budget: when a token is back."""
+        rec = self.rec
+        if rec.gn_behind:
+            return rec.gn_refill_seconds()
+        return None if rec.gn_next is None else max(0.0, rec.gn_next - time.monotonic())
+
     def run(self) -> None:
         last = None
         while not self.stop_event.is_set():
-            # Out of write budget: the same decision again once a token is
-            # back, and not before; that pass looks only at the nodes still
-            # waiting.
-            behind = self.rec.gn_behind and last is not None
-            if behind:
-                self.stop_event.wait(min(1.0, self.rec.gn_refill_seconds()))
-            elif not self.wake.wait(0.5):
+            # Nodes left waiting (their interval, the write budget): the same
+            # decision again once they are due, a pass that looks only at
+            # them, so that their newest state is written.  Out of budget, a
+            # new decision waits too; within an interval it does not: other
+            # nodes' changes are written at once.
+            due = self.due_in() if last is not None else None
+            if due is not None and self.rec.gn_behind:
+                self.stop_event.wait(min(1.0, due))
+            elif not self.wake.wait(0.5 if due is None else min(1.0, due)) and due is None:
                 continue
             self.wake.clear()
             with self.lock:
@@ -58,7 +68,7 @@ class GenericNodeWriter(threading.Thread):
             if job is not None:
                 last = job
                 self.rec.sync_generic_nodes_safe(*job)
-            elif behind:
+            elif due is not None:
                 self.rec.sync_generic_nodes_safe(last[0], last[1], set())
 
 

@@ -306,24 +306,30 @@ def refreshed_usage(usage: Mapping[str, NodeUsage], part: Mapping[str, NodeUsage
 
 
 def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
-                      cluster_name: str, oversubscribed: bool = False) -> tuple[dict, dict]:
+                      cluster_name: str, oversubscribed: bool = False,
+                      held: tuple[int, int] = (0, 0),
+                      completing: tuple[int, int] = (0, 0)) -> tuple[dict, dict]:
     """(spec, status) of the GenericNode for one shared node.
 
-    Slurm side: CPUs and memory Slurm jobs hold; Kubernetes side: exact pod
-    requests, formatted like the reference ("2735m", "3417Mi").  The
-    Oversubscribed condition says when pods hold more than Slurm's jobs
-    leave (the ledger then carries only what fits; no new job starts there).
+    Slurm side: CPUs and memory Slurm jobs hold, with those of jobs still
+    completing (completing: CPUs, MB; Slurm's own CPUAlloc drops them while
+    their processes may run); Kubernetes side: exact pod requests, with the
+    shares held for pods gone from the API server whose containers may
+    still run (held: millicores, bytes), formatted like the reference
+    ("2735m", "3417Mi").  The Oversubscribed condition says when pods hold
+    more than Slurm's jobs leave (the ledger then carries only what fits;
+    no new job starts there).
     """
     usage = usage or NodeUsage()
     spec = {"clusterName": cluster_name, "alias": slurm_node.name, "type": "Slurm"}
     status = {
         "allocatedResources": [
             {"type": "Slurm", "allocated": {
-                "cpu": format_cpu(Fraction(slurm_node.alloc_cpus)),
-                "memory": format_memory(Fraction(slurm_node.alloc_memory) * MI)}},
+                "cpu": format_cpu(Fraction(slurm_node.alloc_cpus + completing[0])),
+                "memory": format_memory(Fraction(slurm_node.alloc_memory + completing[1]) * MI)}},
             {"type": "Kubernetes", "allocated": {
-                "cpu": format_cpu(Fraction(usage.cpu, NANO)),
-                "memory": format_memory(Fraction(usage.memory))}},
+                "cpu": format_cpu(Fraction(usage.cpu, NANO) + Fraction(held[0], 1000)),
+                "memory": format_memory(Fraction(usage.memory + held[1]))}},
         ],
         "capacity": {"cpu": format_cpu(Fraction(slurm_node.cpus)),
                      "memory": format_memory(Fraction(slurm_node.real_memory) * MI)},

@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import re
 import shlex
 
 from ..policy.hostlist import ascii_digits as _digits, expand_hostlist  # noqa: F401

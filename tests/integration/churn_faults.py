@@ -13,9 +13,9 @@ import urllib.error
 import urllib.request
 
 from churn_world import CAPACITY, EXPLAINED_AFTER, NAMESPACE, NODES, SECONDS, Churn
-from pyk8sres.coordinator import kube as K
+from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.coordinator.slurm import Ledger, LedgerError, ledger_socket_path
-from pyk8sres.policy import ledger as L
+from pyk8sres.policy import ledger as ledger_policy
 from pyk8sres.testbed import cluster, faults, hybrid, pki
 
 LOST_NODE = "n3"          # its kubelet goes away now and then
@@ -190,7 +190,7 @@ class ChurnWithFaults(Churn):
         exist, each posted with no client certificate, one of another CA
         and a user's of the cluster's own CA: every one refused, and the
         ledger holds the same for both keys afterwards."""
-        pods = [p for p in K.list_pods(self.kube, NAMESPACE)
+        pods = [p for p in kube_calls.list_pods(self.kube, NAMESPACE)
                 if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")]
         victim = self.rnd.choice(pods) if pods else None
         node = victim["spec"]["nodeName"] if victim else "n1"
@@ -231,7 +231,7 @@ class ChurnWithFaults(Churn):
         after = held()
         still_bound = victim is not None and any(
             p["metadata"]["uid"] == uid and not p["metadata"].get("deletionTimestamp")
-            for p in K.list_pods(self.kube, NAMESPACE))
+            for p in kube_calls.list_pods(self.kube, NAMESPACE))
         if after[1] is not None or (still_bound and before[0] and after[0] != before[0]):
             with self.lock:
                 self.violations.append(f"{time.strftime('%T')} forged reviews changed the "
@@ -246,7 +246,7 @@ class ChurnWithFaults(Churn):
             t0 = time.perf_counter()
             try:
                 reply = ledger.show()
-                failed = None if reply.get("ok") or L.not_ready(reply) else reply
+                failed = None if reply.get("ok") or ledger_policy.not_ready(reply) else reply
             except LedgerError as e:
                 failed = e
             ms = (time.perf_counter() - t0) * 1000
@@ -286,7 +286,7 @@ class ChurnWithFaults(Churn):
         server really gets no answer; meanwhile a pod created straight onto
         a shared node must be refused with the webhook-call failure
         (failurePolicy Fail), never admitted."""
-        doc = K.get_webhook_config(self.kube, "pyk8sres-admission")
+        doc = kube_calls.get_webhook_config(self.kube, "pyk8sres-admission")
         timeout = max(w.get("timeoutSeconds", 10) for w in doc["webhooks"])
         pid = int(open(os.path.join(self.c.work, "run", "proc-webhook.pid")).read())
         name = f"fault-probe-{self.rnd.randrange(1 << 30)}"
@@ -295,13 +295,13 @@ class ChurnWithFaults(Churn):
         stopped = self.webhook_stopped_at = time.monotonic()
         try:
             try:
-                K.create_pod(self.kube, NAMESPACE, {
+                kube_calls.create_pod(self.kube, NAMESPACE, {
                     "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
                     "spec": {"nodeName": node, "terminationGracePeriodSeconds": 2,
                              "containers": [{"name": "c", "image": "x", "resources": {
                                  "requests": {"cpu": "250m", "memory": "128Mi"}}}]}})
                 answer = "admitted"
-            except K.ApiException as e:
+            except kube_calls.ApiException as e:
                 answer = f"{e.status}: {(e.body or '')[:300]}"
             took = time.monotonic() - stopped
             time.sleep(max(0.0, timeout + 2 - took))
@@ -316,7 +316,7 @@ class ChurnWithFaults(Churn):
                                        f"the webhook was stopped was not refused for want of "
                                        f"its answer: {answer}")
             if answer == "admitted":
-                K.delete_pod(self.kube, NAMESPACE, name)
+                kube_calls.delete_pod(self.kube, NAMESPACE, name)
         return f"stopped {time.monotonic() - stopped:.1f} s, timeoutSeconds {timeout}; " \
                f"a create on {node} answered in {took:.1f} s: {answer[:60]}"
 
@@ -335,7 +335,7 @@ class ChurnWithFaults(Churn):
         """Touch the node and its pods: kwok plays a stage on an object's
         change only, and the stages it tried while cut off were refused."""
         self._kubectl("annotate", "--overwrite", "node", node, f"pyk8sres.io/poked={time.time()}")
-        for p in K.list_pods(self.kube, field_selector=f"spec.nodeName={node}"):
+        for p in kube_calls.list_pods(self.kube, field_selector=f"spec.nodeName={node}"):
             self.cp.kubectl("annotate", "--overwrite", "pod", "-n", p["metadata"]["namespace"],
                             p["metadata"]["name"], f"pyk8sres.io/poked={time.time()}",
                             check=False)
@@ -461,7 +461,7 @@ class ChurnWithFaults(Churn):
         when it is back."""
         self.reregistered += 1
         node = sorted(n for n in CAPACITY if n != LOST_NODE)[self.reregistered % 2]
-        bound = len(K.list_pods(self.kube, field_selector=f"spec.nodeName={node}"))
+        bound = len(kube_calls.list_pods(self.kube, field_selector=f"spec.nodeName={node}"))
         self._kubectl("delete", "node", node, "--wait=true")
         time.sleep(2.0)     # long enough for sync and the webhook to see it gone
         self.cp.register_nodes({node: CAPACITY[node]}, timeout=60)

@@ -14,7 +14,7 @@ import urllib3
 from kubernetes import client as kclient
 
 from ground_truth import Unreadable, over_capacity, pod_size
-from pyk8sres.coordinator import kube as K
+from pyk8sres.coordinator import kube as kube_calls
 
 NODES, CPUS, MEMORY = 3, 8, 16000
 CAPACITY = {f"n{i}": (CPUS, MEMORY) for i in range(1, NODES + 1)}
@@ -138,7 +138,7 @@ class Churn:
             node = f"n{self.rnd.randint(1, NODES)}" if direct else None
             t0 = time.monotonic()
             try:
-                K.create_pod(self.kube, NAMESPACE, self._pod(f"p{i}", node))
+                kube_calls.create_pod(self.kube, NAMESPACE, self._pod(f"p{i}", node))
                 stopped = self.webhook_stopped_at
                 if direct and stopped is not None and t0 > stopped:
                     with self.lock:     # asked and answered while the webhook could not answer
@@ -149,7 +149,7 @@ class Churn:
                 else:
                     with self.lock:
                         self.scheduled.add(f"p{i}")
-            except K.ApiException as e:
+            except kube_calls.ApiException as e:
                 if e.status >= 500:     # no answer from the webhook, or the API server's own
                     self._server_error(t0, f"{e.status} {e.reason}: {(e.body or '')[:200]}")
                 elif direct and e.status == 403 and "denied the request" in (e.body or ""):
@@ -167,13 +167,13 @@ class Churn:
                     name, NAMESPACE, {"spec": {"replicas": self.rnd.randint(0, 6)}},
                     _request_timeout=10)
                 self._count("deployment scalings")
-            except (K.ApiException, urllib3.exceptions.HTTPError, OSError):
+            except (kube_calls.ApiException, urllib3.exceptions.HTTPError, OSError):
                 pass     # API server restarting
 
     def delete_pods(self):
         while not self.stop.wait(self.rnd.uniform(0.5, 1.5)):
             try:
-                pods = K.list_pods(self.kube, NAMESPACE)
+                pods = kube_calls.list_pods(self.kube, NAMESPACE)
                 for p in self.rnd.sample(pods, min(len(pods), self.rnd.randint(0, 4))):
                     grace = self.rnd.choice([0, 1, 3, None])    # None: the pod's own (2 or 3 s)
                     if grace == 0:
@@ -183,7 +183,7 @@ class Churn:
                         _request_timeout=10)
                     self._count("pods deleted with a grace period" if grace != 0 else
                                 "pods force-deleted (grace 0)")
-            except (K.ApiException, urllib3.exceptions.HTTPError, OSError):
+            except (kube_calls.ApiException, urllib3.exceptions.HTTPError, OSError):
                 pass     # gone already, or the API server restarting
 
     def _ghost(self, pod: dict) -> None:
@@ -214,17 +214,17 @@ class Churn:
         before the kubelet (kwok) applies it."""
         while not self.stop.wait(self.rnd.uniform(0.5, 1.5)):
             try:
-                pods = [p for p in K.list_pods(self.kube, NAMESPACE)
+                pods = [p for p in kube_calls.list_pods(self.kube, NAMESPACE)
                         if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
                         and not (p["metadata"].get("labels") or {}).get("app")]
                 if not pods:
                     continue
                 p = self.rnd.choice(pods)
                 cpu = self.rnd.choice(["250m", "500m", "1", "2", "3", "4"])
-                K.resize_pod(self.kube, NAMESPACE, p["metadata"]["name"],
-                             [{"name": "c", "resources": {"requests": {"cpu": cpu}}}])
+                kube_calls.resize_pod(self.kube, NAMESPACE, p["metadata"]["name"],
+                                      [{"name": "c", "resources": {"requests": {"cpu": cpu}}}])
                 self._count("resizes admitted")
-            except K.ApiException as e:
+            except kube_calls.ApiException as e:
                 if e.status == 403 and "denied the request" in (e.body or ""):
                     self._count("resizes refused")
             except (urllib3.exceptions.HTTPError, OSError):
@@ -238,11 +238,11 @@ class Churn:
             i += 1
             pod = self._pod(f"q{i}", f"n{self.rnd.randint(1, NODES)}")
             try:
-                K.create_pod(self.kube, QUOTA_NAMESPACE, pod)
+                kube_calls.create_pod(self.kube, QUOTA_NAMESPACE, pod)
                 with self.lock:
                     self.violations.append(f"{time.strftime('%T')} q{i} created in "
                                            f"{QUOTA_NAMESPACE} despite its quota of 0 pods")
-            except K.ApiException as e:
+            except kube_calls.ApiException as e:
                 if e.status == 403:
                     self._count("creates refused by a quota")
             except (urllib3.exceptions.HTTPError, OSError):
@@ -264,11 +264,11 @@ class Churn:
         try:
             over = over_capacity(self.c.env, self.kube, CAPACITY, self.ctld_restarted_at,
                                  self.still_running())
-            pods = K.list_pods(self.kube, NAMESPACE)
+            pods = kube_calls.list_pods(self.kube, NAMESPACE)
         except Unreadable as e:
             self._not_sampled(e.side, t0, e.detail)
             return
-        except (K.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+        except (kube_calls.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
             self._not_sampled("kubernetes", t0, f"list pods: {type(e).__name__}: {e}"[:300])
             return
         if over and not self.first_violation:
@@ -329,7 +329,7 @@ class Churn:
                 return f"{argv[0]}: timed out\n"
         pods = [(p["metadata"]["name"], p["spec"].get("nodeName"),
                  p["metadata"].get("deletionTimestamp") is not None)
-                for p in K.list_pods(self.kube, NAMESPACE) if p["spec"].get("nodeName")]
+                for p in kube_calls.list_pods(self.kube, NAMESPACE) if p["spec"].get("nodeName")]
         return (f"faults before: {self.faults[-4:]}\n"
                 f"ledger: {run(sys.executable, '-m', 'pyk8sres', 'ledger', 'show')}"
                 f"jobs: {run('squeue', '-h', '-t', 'R', '-o', '%i %C %m %N %S')}"
@@ -340,8 +340,8 @@ class Churn:
         """Shared nodes the webhook's matchCondition names as unshared (it is
         called for every node but those); None if it cannot be read now."""
         try:
-            doc = K.get_webhook_config(self.kube, "pyk8sres-admission")
-        except (K.ApiException, urllib3.exceptions.HTTPError, OSError):
+            doc = kube_calls.get_webhook_config(self.kube, "pyk8sres-admission")
+        except (kube_calls.ApiException, urllib3.exceptions.HTTPError, OSError):
             return None
         if doc is None:
             return ["(no ValidatingWebhookConfiguration)"]

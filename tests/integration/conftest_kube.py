@@ -12,11 +12,13 @@ kubernetes.Ports from 26400 upward.
 from __future__ import annotations
 
 import os
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+from kubernetes import config
 
 from local_slurm import port
 from pyk8sres.testbed import chart, cluster, kubernetes
@@ -86,8 +88,6 @@ def kube_server(kube_binaries, tmp_path_factory):
 @pytest.fixture(scope="session")
 def kube_api_client(kube_server):
     """kubernetes.client.ApiClient for kube_server as admin (official Python client)."""
-    from kubernetes import config
-
     client = config.new_client_from_config(config_file=kube_server.kubeconfig)
     yield client
     client.close()
@@ -100,3 +100,13 @@ def done(resp) -> None:
         resp.read()
     finally:
         resp.release_conn()
+
+
+def wait(pred, what: str, timeout: float = 30):
+    """pred()'s first true value, polled every 0.2 s; fails naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (value := pred()):
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out: {what}")

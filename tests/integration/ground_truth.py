@@ -19,8 +19,8 @@ from fractions import Fraction
 
 import urllib3
 
-from pyk8sres.coordinator import kube as K
-from pyk8sres.policy import placeholder as P
+from pyk8sres.coordinator import kube as kube_calls
+from pyk8sres.policy import placeholder
 from pyk8sres.testbed.stress import stepd_jobs  # noqa: F401 - ledger_checks uses it too
 
 PLACEHOLDERS = "pyk8sres-placeholders"   # Slurm's own share as kube-scheduler sees it
@@ -177,8 +177,8 @@ def bound_pods(kube) -> dict[str, tuple[str, Fraction, int]]:
     (Terminating ones included), placeholders left out.  Raises Unreadable
     when the API server does not answer."""
     try:
-        pods = K.list_pods(kube)
-    except (K.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+        pods = kube_calls.list_pods(kube)
+    except (kube_calls.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
         raise Unreadable("kubernetes", f"list pods: {type(e).__name__}: {e}"[:300]) from None
     out = {}
     for p in pods:
@@ -226,10 +226,10 @@ def scheduler_view(kube) -> dict[str, tuple[int, int]]:
     """node -> (millicores, bytes) kube-scheduler counts for the placeholders
     there (policy.placeholder.counted: its rules for a pod's requests)."""
     out: dict[str, tuple[int, int]] = {}
-    for p in K.list_namespace_pods(kube, PLACEHOLDERS):
+    for p in kube_calls.list_namespace_pods(kube, PLACEHOLDERS):
         node = (p.get("spec") or {}).get("nodeName")
-        if node and P.current(p) is not None:
-            c, m = P.counted(p)
+        if node and placeholder.current(p) is not None:
+            c, m = placeholder.counted(p)
             have = out.get(node, (0, 0))
             out[node] = (have[0] + c, have[1] + m)
     return out
@@ -358,7 +358,7 @@ def _list_resource(kube, plural: str) -> list[dict]:
     try:
         return kube.custom.list_cluster_custom_object(
             "resource.k8s.io", "v1", plural, _request_timeout=kube.timeout).get("items") or []
-    except (K.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+    except (kube_calls.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
         raise Unreadable("kubernetes", f"list {plural}: {type(e).__name__}: {e}"[:300]) from None
 
 

@@ -131,5 +131,5 @@ def readable_build() -> str:
                           *_slurm_args(), "-Csetup-args=-Dnode_features=enabled", str(REPO)],
                    check=True)
     return subprocess.run([f"{VENV}/bin/python", "-I", "-c",
-                           "import pyk8sres.install as i; print(i.PACKAGE_LIB)"],
+                           "from pyk8sres import install; print(install.PACKAGE_LIB)"],
                           capture_output=True, text=True, check=True, cwd="/").stdout.strip()

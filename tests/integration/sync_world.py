@@ -19,7 +19,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from conftest_kube import CRD_MANIFEST, done, pick_ports, rbac_manifest  # noqa: F401 (done: test_sync)
-from pyk8sres.coordinator import slurm as S
+from pyk8sres.coordinator import slurm as slurm_calls
 from pyk8sres.policy.usage import NODE_LABEL
 from pyk8sres.testbed import hybrid
 from pyk8sres.testbed import kubernetes as controlplane
@@ -155,7 +155,7 @@ def clean(slurm, api):
         delete_pod(api, p.metadata.name, p.metadata.namespace)
     for n in api.core.list_node().items:
         done(api.core.delete_node(n.metadata.name, _preload_content=False))
-    ledger = S.Ledger(S.ledger_socket_path(slurm.conf))
+    ledger = slurm_calls.Ledger(slurm_calls.ledger_socket_path(slurm.conf))
     try:
         for node in ("n1", "n2"):
             view = ledger.show(node)["nodes"][node]
@@ -267,7 +267,7 @@ def used(slurm, node="n1"):
     """Slurm's own word (scontrol -d show node): k8scpu/k8smemory allocated
     on the node = Slurm jobs + Kubernetes' share.  The totals never move."""
     os.environ["SLURM_CONF"] = slurm.conf
-    n = S.get_node(node)
+    n = slurm_calls.get_node(node)
     assert (n.gres.get("k8scpu"), n.gres.get("k8smemory")) == (NODE_CPUS, NODE_MEM)
     return n.gres_used.get("k8scpu", 0), n.gres_used.get("k8smemory", 0)
 

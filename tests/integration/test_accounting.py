@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from local_slurm import RELEASE, SLURM, port, requires_slurm, tres
-from pyk8sres.testbed import cluster
+from pyk8sres.testbed import cluster, rest
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_PORT = port(29200)
@@ -171,7 +171,6 @@ def test_sacct_shows_k8s_tres_of_every_job(up):
         assert f"cpu={t['cpus']}," in alloc, (shape, alloc, t)
     # slurmrestd's accounting API shows the same TRES (the JWT is checked by
     # slurmdbd this time).
-    from pyk8sres.testbed import rest
     token = rest.token(up.handle)
     api = rest.api_version(RELEASE.plugin_dir)[1]
     for job in jobs:
@@ -278,7 +277,6 @@ def test_as_slurm_user():
         st = os.stat(os.path.join(work, "etc", "jwt_hs256.key"))
         assert (st.st_uid, st.st_mode & 0o777) == (slurm, 0o600)
         assert os.stat(f"/proc/{Up(work, '').pid('slurmctld')}").st_uid == slurm
-        from pyk8sres.testbed import rest
         token = rest.token(c)          # slurmctld (as slurm) signed it with the key
         api = rest.api_version(c.release.plugin_dir)[1]
         status, body = rest.request(c.rest_url, "GET", f"/slurm/{api}/ping", user="root",

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from pyk8sres.testbed import releases
+
 REPO = Path(__file__).resolve().parents[2]
 OTHER_RELEASE = {"bookworm": "trixie", "trixie": "bookworm"}
 # Fetching the source (up to 900 s) and building (up to 900 s), cold.
@@ -75,7 +77,6 @@ def test_plugins_build_for_the_other_debian_release(tmp_path):
 
 def cached_releases() -> list:
     """Every finished Slurm build under the build cache (tools/slurm-build.sh)."""
-    from pyk8sres.testbed import releases
     root = Path(releases.build_root())
     return sorted((p.parent.name for p in root.glob("*/.ready")),
                   key=lambda v: tuple(int(x) for x in v.split(".")))
@@ -89,7 +90,6 @@ def test_plugins_build_for_every_cached_release(tmp_path, version):
     accepted (pinned, or the tree slurmctld was compiled from)."""
     if version is None:
         pytest.skip("no Slurm build under the cache (tools/slurm-build.sh)")
-    from pyk8sres.testbed import releases
     built = Path(releases.build_root(), version)
     src, include = built / "src", built / "prefix" / "include"
     build = tmp_path / "build"

@@ -61,7 +61,7 @@ from churn_world import (CPUS, DEPLOYMENTS, MEMORY, NAMESPACE, NODES, QUOTA_NAME
                          SECONDS, deployment)
 from conftest_kube import pick_ports
 from local_slurm import SLURM, port, requires_slurm
-from pyk8sres.coordinator import kube as K
+from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.testbed import hybrid
 
 # The churn, the rest of the first cycle of faults (up to 600 s), and the
@@ -138,7 +138,7 @@ def world():
                       kube_port=pick_ports(27800, 27990), extra_conf="KillWait=5\n",
                       slurm=SLURM, backup_controller=True,
                       ledger_users=(FLOODER,))
-    kube = K.Kube(cp.kubeconfig, None, 10)
+    kube = kube_calls.Kube(cp.kubeconfig, None, 10)
     try:
         kube.core.create_namespace({"metadata": {"name": NAMESPACE}})
         kube.core.create_namespace({"metadata": {"name": QUOTA_NAMESPACE}})
@@ -178,8 +178,8 @@ def run_the_backlog(c, kube, churn) -> tuple:
     apps = kclient.AppsV1Api(kube.api)
     for name in DEPLOYMENTS:
         apps.patch_namespaced_deployment_scale(name, NAMESPACE, {"spec": {"replicas": 0}})
-    for p in K.list_pods(kube, NAMESPACE):
-        K.delete_pod(kube, NAMESPACE, p["metadata"]["name"])
+    for p in kube_calls.list_pods(kube, NAMESPACE):
+        kube_calls.delete_pod(kube, NAMESPACE, p["metadata"]["name"])
     drain_started = time.monotonic()
     # Jobs and nodes Slurm held itself after its kill -9 window hold nothing;
     # released and resumed, they must run like every other job and node.
@@ -252,7 +252,7 @@ def test_churn_with_faults_never_double_books(world):
     churn = ChurnWithFaults(c, cp, kube, seed=int(os.environ.get("PYK8SRES_CHURN_SEED", "8")))
     run_the_churn(churn)
 
-    refused_bindings = sum(e.get("count") or 1 for e in K.list_events(
+    refused_bindings = sum(e.get("count") or 1 for e in kube_calls.list_events(
         kube, NAMESPACE, field_selector="reason=InsufficientSharedCapacity"))
 
     # Nothing stuck: with the pods gone, every job starts (or has run).

@@ -23,9 +23,9 @@ import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from pyk8sres.coordinator import webhook as W
 from pyk8sres.coordinator.certs import Certs
-from pyk8sres.policy import admission as A
+from pyk8sres.coordinator.webhook import WebhookServer
+from pyk8sres.policy import admission
 from pyk8sres.testbed import chart, kubernetes, pki
 
 GN = dict(group="pyk8sres.io", version="v1alpha1", plural="genericnodes")
@@ -238,7 +238,7 @@ class Recorder:
 
 def configure(kube, doc, unshared, path) -> None:
     doc["webhooks"][0]["matchConditions"] = [
-        {"name": "shared-node", "expression": A.unshared_nodes_condition(unshared)}]
+        {"name": "shared-node", "expression": admission.unshared_nodes_condition(unshared)}]
     path.write_text(yaml.safe_dump(doc))
     kube.apply(path)
 
@@ -253,8 +253,8 @@ def webhook(tmp_path, ns, kube_server):
     certs.ensure()
     rec = Recorder()
     port = kube_server.ports.webhook
-    srv = W.WebhookServer(("127.0.0.1", port), rec, certs.cert_file, certs.key_file,
-                          kube_server.webhook_client_ca, [kubernetes.WEBHOOK_CLIENT])
+    srv = WebhookServer(("127.0.0.1", port), rec, certs.cert_file, certs.key_file,
+                        kube_server.webhook_client_ca, [kubernetes.WEBHOOK_CLIENT])
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     doc = chart.webhook_configuration(kube_server.bin.helm, kube_server.webhook_client_ca,
                                       f"https://127.0.0.1:{port}/validate")

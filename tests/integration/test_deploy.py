@@ -34,7 +34,7 @@ import pytest
 
 from conftest_kube import pick_ports
 from pyk8sres.coordinator import sync, webhook
-from pyk8sres.testbed import chart, kubernetes
+from pyk8sres.testbed import chart, kubernetes, pki
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -126,7 +126,6 @@ def _mounts(container) -> dict[str, bool]:
 
 def test_deployments_reach_the_ledger_directory_only_as_their_own_uid(kube_binaries, tmp_path):
     ca = tmp_path / "ca.crt"
-    from pyk8sres.testbed import pki
     ca.write_text(Path(pki.Authority(tmp_path / "pki", "ca", "any").cert_file).read_text())
     docs = chart.render(kube_binaries.helm, ["--set-file", f"webhook.apiServerClientCA={ca}",
                                              *NP_ARGS])

@@ -22,14 +22,13 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import time
 
 import pytest
 
-from conftest_kube import pick_ports
+from conftest_kube import pick_ports, wait
 from ground_truth import gpu_sample
 from local_slurm import SLURM, port, requires_slurm
-from pyk8sres.coordinator import kube as K
+from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.testbed import gpus, hybrid
 
 pytestmark = requires_slurm
@@ -46,20 +45,11 @@ def world():
         shutil.rmtree(work, ignore_errors=True)
         raise
     try:
-        yield c, cp, K.Kube(cp.kubeconfig)
+        yield c, cp, kube_calls.Kube(cp.kubeconfig)
     finally:
         subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
         hybrid.down(work)
         shutil.rmtree(work, ignore_errors=True)
-
-
-def wait(pred, what, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (value := pred()):
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out: {what}")
 
 
 def test_slurm_gpus_are_character_devices_every_slurmd_keeps(world):

@@ -17,6 +17,7 @@ import pytest
 from local_slurm import BUILD, SLURM, local_cluster, requires_slurm, port, tres
 from test_job_submit_differential import allocations, held_short
 
+import pyk8sres
 from pyk8sres.testbed import cluster
 from pyk8sres import install
 from pyk8sres.slurmctld import _policy_build
@@ -429,7 +430,6 @@ def complete(job, site):
 def _package_with_a_bug(root) -> str:
     """A copy of the installed package, its job_submit path interpreted
     (the compiled modules removed) with INJECTED_BUG; its _lib directory."""
-    import pyk8sres
     copy = os.path.join(root, "pyk8sres")
     shutil.copytree(os.path.dirname(pyk8sres.__file__), copy, symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__"))

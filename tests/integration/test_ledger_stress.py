@@ -5,12 +5,17 @@ granted beyond capacity against `scontrol -d show job`, and slurmctld
 answers squeue and sbatch within 1 s throughout.  Plus 50 scale nodes
 (`cluster up --scale-nodes`): slurmctld keeps asking them to register."""
 import os
+import subprocess
+import time
 
 import pytest
 
 from pyk8sres import install
 from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
+from pyk8sres.policy.ledger import merged_show
 from pyk8sres.testbed import stress
+from ground_truth import slurm_jobs
+from ledger_checks import sh
 from local_slurm import RELEASE, local_cluster, port, requires_slurm
 
 pytestmark = requires_slurm + [
@@ -30,7 +35,6 @@ def c(tmp_path_factory):
 
 
 def test_scale_nodes_stay_unknown_with_capacity(c):
-    import subprocess
     out = subprocess.run(["sinfo", "-h", "-p", "scale", "-o", "%D %t"], env=c.env,
                          capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "50" and out[1].startswith("unk"), out
@@ -42,11 +46,6 @@ def test_show_since_a_token_lists_what_changed_and_merges_to_the_truth(c):
     """The plugin's per-node change numbers in slurmctld: a `show` since a
     token lists the node a reserve touched and the node a job started on,
     no other; merged, it says what a full `show` and Slurm itself say."""
-    import subprocess
-    import time
-    from ground_truth import slurm_jobs
-    from ledger_checks import sh
-    from pyk8sres.policy.ledger import merged_show
     ledger = Ledger(ledger_socket_path(c.conf))
     first = ledger.show()
     assert first["full"] and len(first["nodes"]) == 52

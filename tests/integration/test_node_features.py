@@ -11,8 +11,11 @@ Ports: PYK8SRES_TEST_BASE_PORT (default 28400) .. +5 on 127.0.0.1.
 Needs the built plugins in pyk8sres/_lib (pip install . or a staged tree).
 """
 import os
+import random
 import re
+import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -252,7 +255,6 @@ def test_reserve_answers(c):
 
 
 def test_malformed_lines_and_strangers_leave_slurmctld_unaffected(c):
-    import socket
     path = ledger_socket_path(c.conf)
     for garbage in (b"{\n", b"\x00\xff\n", b"[1,2]\n", b"x" * 100 + b"\n",
                     b'{"op":"set","node":"n1","entries":{"k":[1]}}\n'):
@@ -338,8 +340,6 @@ def test_reserve_raced_against_job_starts_never_overlaps(c):
     """A job needing 3 of n1's 4 CPUs and a pod needing 2 arrive together,
     120 times: exactly one of them gets the node, checked from what
     Slurm allocated (scontrol -d show job) and what the ledger holds."""
-    import random
-    import threading
     rnd = random.Random(5)
     l = ledger(c)
     outcomes = {"job": 0, "pod": 0}

@@ -30,11 +30,13 @@ from pathlib import Path
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest_kube import done, http_get, pick_ports
 from local_slurm import SLURM, port, slurm_conf
-from pyk8sres.coordinator import kube as K
-from pyk8sres.coordinator import slurm as S
+from pyk8sres.coordinator import kube as kube_calls
+from pyk8sres.coordinator import slurm as slurm_calls
+from pyk8sres.policy.events import Limits
 from pyk8sres.testbed import chart, hybrid
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,12 +74,12 @@ def hyb(root):
 
 @pytest.fixture(scope="module")
 def kube(hyb):
-    return K.Kube(hyb[1].kubeconfig)
+    return kube_calls.Kube(hyb[1].kubeconfig)
 
 
 @pytest.fixture(scope="module")
 def ledger(hyb):
-    return S.Ledger(S.ledger_socket_path(hyb[0].conf))
+    return slurm_calls.Ledger(slurm_calls.ledger_socket_path(hyb[0].conf))
 
 
 def metrics_ports(hyb) -> tuple[int, int]:
@@ -125,8 +127,8 @@ def ns(kube, hyb):
     done(kube.core.create_namespace({"metadata": {"name": name}}, _preload_content=False))
     yield name
     hyb[0].cancel_all_jobs()
-    for p in K.list_pods(kube, name):
-        K.delete_pod(kube, name, p["metadata"]["name"])
+    for p in kube_calls.list_pods(kube, name):
+        kube_calls.delete_pod(kube, name, p["metadata"]["name"])
     done(kube.core.delete_namespace(name, _preload_content=False))
 
 
@@ -178,7 +180,6 @@ def settle(prom: str, expr: str, want, timeout=45.0) -> float:
 
 def scraped(metrics_port: int, name: str, **labels) -> float:
     """A sample straight from a daemon's /metrics (0 if it has none yet)."""
-    from prometheus_client.parser import text_string_to_metric_families
     code, body = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
     assert code == 200
     for family in text_string_to_metric_families(body):
@@ -214,17 +215,17 @@ def sbatch(c, node, cpus, mem):
 
 def events(kube, namespace, **selector) -> list:
     sel = ",".join(f"{k}={v}" for k, v in selector.items())
-    return K.list_events(kube, namespace, sel)
+    return kube_calls.list_events(kube, namespace, sel)
 
 
 def webhook_in_force(kube, ns):
     """The webhook answers for n1 (its configuration reached the API server)."""
     def refused():
         try:
-            K.create_pod(kube, ns, pod("probe", "100", "1Mi", node="n1"))
+            kube_calls.create_pod(kube, ns, pod("probe", "100", "1Mi", node="n1"))
         except ApiException as e:
             return e.status == 403 and "does not fit" in (e.body or "")
-        K.delete_pod(kube, ns, "probe")
+        kube_calls.delete_pod(kube, ns, "probe")
         return False
     wait_for(refused, 30, "webhook in force")
 
@@ -253,7 +254,7 @@ def test_node_shares_as_prometheus_sees_them(hyb, kube, ledger, prometheus, ns):
     webhook_in_force(kube, ns)
     job = sbatch(c, "n1", 2, 1000)
     for name, cpu, mem in (("a", "1500m", "1Gi"), ("b", "1", "512Mi")):
-        K.create_pod(kube, ns, pod(name, cpu, mem, node="n1"))   # admitted: fits
+        kube_calls.create_pod(kube, ns, pod(name, cpu, mem, node="n1"))   # admitted: fits
     # What the two pods request, rounded up once (the ledger's rule): 3 CPUs, 1536 MB.
     want_cpu, want_mem = math.ceil(1.5 + 1), 1024 + 512
     sel = 'node="n1",side="kubernetes"'
@@ -271,7 +272,7 @@ def test_node_shares_as_prometheus_sees_them(hyb, kube, ledger, prometheus, ns):
     shown = ledger.show("n1")["nodes"]["n1"]
     assert shown["share"] == {"cpu": want_cpu, "mem": want_mem}
     assert shown["jobs"] == {"cpu": 2, "mem": 1000}
-    used = S.get_node("n1").gres_used
+    used = slurm_calls.get_node("n1").gres_used
     assert (used["k8scpu"], used["k8smemory"]) == (2 + want_cpu, 1000 + want_mem)
     # The webhook admitted both (plus the probes it refused); its latency was
     # recorded.  Another scrape target than the node figures above: wait for
@@ -295,13 +296,13 @@ def test_refused_pod_gets_one_event_with_a_count_and_the_deny_counter(hyb, kube,
                      result="deny", reason="nofit")
     # Not bound yet: allowed.  The test plays the scheduler that retries it
     # (kube-scheduler leaves a pod naming another scheduler alone).
-    created = K.create_pod(kube, ns, pod("big", "7", "1Gi", scheduler=NOBODY_SCHEDULES))
+    created = kube_calls.create_pod(kube, ns, pod("big", "7", "1Gi", scheduler=NOBODY_SCHEDULES))
     uid = created["metadata"]["uid"]
     job = sbatch(hyb[0], "n1", 4, 1000)                           # 4 of 8 CPUs left
     n = 25
     for _ in range(n):                                            # a scheduler retrying
         with pytest.raises(ApiException) as e:
-            K.bind_pod(kube, ns, "big", "n1")
+            kube_calls.bind_pod(kube, ns, "big", "n1")
         assert e.value.status == 403 and "does not fit on node n1" in e.value.body
     settle(prometheus, deny, before + n)
     # One Event on the pod, its count all n refusals (the last ones folded and
@@ -329,7 +330,6 @@ def test_refused_pod_gets_one_event_with_a_count_and_the_deny_counter(hyb, kube,
 def test_churn_of_refused_pods_stays_within_the_event_budget(hyb, kube, ns):
     """Many different pods refused at once: Events for the first ones (the
     budget's burst, then its rate), the rest suppressed and counted."""
-    from pyk8sres.policy.events import Limits
     limits = Limits()
     webhook_in_force(kube, ns)
     _, webhook_metrics = metrics_ports(hyb)
@@ -338,7 +338,7 @@ def test_churn_of_refused_pods_stays_within_the_event_budget(hyb, kube, ns):
     t0 = time.monotonic()
     for i in range(n):
         with pytest.raises(ApiException) as e:
-            K.create_pod(kube, ns, pod(f"churn-{i}", "100", "1Mi", node="n1"))
+            kube_calls.create_pod(kube, ns, pod(f"churn-{i}", "100", "1Mi", node="n1"))
         assert e.value.status == 403
     elapsed = time.monotonic() - t0
     wait_for(lambda: scraped(webhook_metrics, "pyk8sres_events_total", action="suppressed")
@@ -354,7 +354,7 @@ def test_oversubscribed_node_event_gauge_and_alert(hyb, kube, prometheus, ns):
     job = sbatch(c, "n2", CPUS, 1000)                 # Slurm holds all of n2
     # A pod in a namespace the webhook excludes bypasses admission; the sync
     # daemon still counts it: n2 is now oversubscribed.
-    K.create_pod(kube, "pyk8sres-system", pod("bypass", "2", "100Mi", node="n2"))
+    kube_calls.create_pod(kube, "pyk8sres-system", pod("bypass", "2", "100Mi", node="n2"))
     try:
         settle(prometheus, 'pyk8sres_node_oversubscribed{node="n2"}', 1)
         assert settle(prometheus, 'pyk8sres_oversubscription_detected_total{node="n2"}',
@@ -381,7 +381,7 @@ def test_oversubscribed_node_event_gauge_and_alert(hyb, kube, prometheus, ns):
         assert [a["labels"]["node"] for a in alerts] == ["n2"]
         assert alerts[0]["state"] in ("pending", "firing")
     finally:
-        K.delete_pod(kube, "pyk8sres-system", "bypass")
+        kube_calls.delete_pod(kube, "pyk8sres-system", "bypass")
         subprocess.run(["scancel", job], env=c.env)
     settle(prometheus, 'pyk8sres_node_oversubscribed{node="n2"}', 0)
 
@@ -435,7 +435,7 @@ def test_readiness_follows_the_ledger_and_the_watches(hyb, kube, prometheus, ns,
         # A pod is refused with the reason and gets an Event; the sync daemon
         # puts one on the GenericNode (its sets fail).
         with pytest.raises(ApiException) as e:
-            K.create_pod(kube, ns, pod("late", "1", "1Gi", node="n1"))
+            kube_calls.create_pod(kube, ns, pod("late", "1", "1Gi", node="n1"))
         assert e.value.status == 403 and "ledger did not answer" in e.value.body
         wait_for(lambda: [ev for ev in events(kube, ns, **{"involvedObject.name": "late"})
                           if ev["reason"] == "LedgerUnreachable"], 30, "Event on the pod")

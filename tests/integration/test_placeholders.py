@@ -32,9 +32,9 @@ from conftest_kube import pick_ports
 from ground_truth import (PLACEHOLDERS, over_capacity, scheduler_cache, scheduler_view,
                           slurm_jobs)
 from local_slurm import SLURM, port, requires_slurm, slurm_conf
-from pyk8sres.coordinator import kube as K
-from pyk8sres.coordinator import slurm as S
-from pyk8sres.policy import placeholder as P
+from pyk8sres.coordinator import kube as kube_calls
+from pyk8sres.coordinator import slurm as slurm_calls
+from pyk8sres.policy import placeholder
 from pyk8sres.testbed import hybrid
 
 CPUS, MEMORY = 8, 16000
@@ -51,7 +51,7 @@ def world():
                       kube_port=pick_ports(27700, 27790), slurm=SLURM)
     try:
         with slurm_conf(c.conf):
-            yield c, cp, K.Kube(cp.kubeconfig)
+            yield c, cp, kube_calls.Kube(cp.kubeconfig)
     finally:
         hybrid.down(work)
         shutil.rmtree(work, ignore_errors=True)
@@ -66,13 +66,13 @@ def ns(world):
     cp.kubectl("uncordon", "n1", "n2")
     subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
     cp.kubectl("delete", "namespace", name, "--wait=false")
-    for p in K.list_pods(kube, name):
-        K.delete_pod(kube, name, p["metadata"]["name"])
+    for p in kube_calls.list_pods(kube, name):
+        kube_calls.delete_pod(kube, name, p["metadata"]["name"])
     # Slurm's jobs gone: no placeholder left anywhere.
     wait_for(lambda: not placeholders(kube), 30, "placeholders gone")
     # The pods' shares released too (a pod deleted outright is held for its
     # grace period, 0 here, plus the test cluster's margin).
-    wait_for(lambda: not any(S.get_node(n).gres_used.get("k8scpu") for n in CAPACITY), 60,
+    wait_for(lambda: not any(slurm_calls.get_node(n).gres_used.get("k8scpu") for n in CAPACITY), 60,
              "the pods' shares released")
 
 
@@ -90,8 +90,9 @@ def wait_for(pred, timeout=15.0, what="condition", every=0.05):
 
 
 def placeholders(kube, node=None) -> dict[str, dict]:
-    return {p["metadata"]["name"]: p for p in K.list_namespace_pods(kube, PLACEHOLDERS)
-            if P.current(p) is not None and (node is None or p["spec"]["nodeName"] == node)}
+    return {p["metadata"]["name"]: p for p in kube_calls.list_namespace_pods(kube, PLACEHOLDERS)
+            if placeholder.current(p) is not None
+            and (node is None or p["spec"]["nodeName"] == node)}
 
 
 def sbatch(c, node, cpus, mem=1000):
@@ -131,20 +132,20 @@ def deployment(cp, ns, name, replicas, cpu, memory="1Gi"):
 
 
 def app_pods(kube, ns, app) -> list[dict]:
-    return [p for p in K.list_namespace_pods(kube, ns)
+    return [p for p in kube_calls.list_namespace_pods(kube, ns)
             if (p["metadata"].get("labels") or {}).get("app") == app
             and not p["metadata"].get("deletionTimestamp")]
 
 
 def refusals(kube, ns) -> int:
     """How many times the webhook refused a pod of ns (its Events' counts)."""
-    return sum(e.get("count") or 1 for e in K.list_events(
+    return sum(e.get("count") or 1 for e in kube_calls.list_events(
         kube, ns, field_selector="reason=InsufficientSharedCapacity"))
 
 
 def insufficient(kube, ns, pod_name) -> bool:
     """kube-scheduler itself found no node with room (FailedScheduling, Insufficient cpu)."""
-    return any("Insufficient cpu" in (e.get("message") or "") for e in K.list_events(
+    return any("Insufficient cpu" in (e.get("message") or "") for e in kube_calls.list_events(
         kube, ns, field_selector=f"reason=FailedScheduling,involvedObject.name={pod_name}"))
 
 
@@ -199,7 +200,7 @@ def test_deployment_goes_around_what_slurm_holds_and_comes_when_the_job_ends(wor
              "placeholder sized to the job")
     grew = time.monotonic() - t_run
     assert scheduler_cache(cp)["n1"][0] == 6000          # kube-scheduler's own count
-    gres = S.get_node("n1").gres_used                     # the placeholder reserves nothing
+    gres = slurm_calls.get_node("n1").gres_used          # the placeholder reserves nothing
     assert (gres.get("k8scpu"), gres.get("k8smemory")) == (6, 1000)
     deployment(cp, ns, "web", 3, "4")
     pods = wait_for(lambda: (lambda ps: ps if len(ps) == 3 and sum(
@@ -220,7 +221,7 @@ def test_deployment_goes_around_what_slurm_holds_and_comes_when_the_job_ends(wor
     t_gone = time.monotonic()
     wait_for(lambda: not placeholders(kube, "n1"), 5, "placeholder deleted", every=0.02)
     t_ph = time.monotonic()
-    wait_for(lambda: K.get_pod(kube, ns, waiting)["spec"].get("nodeName") == "n1", 30,
+    wait_for(lambda: kube_calls.get_pod(kube, ns, waiting)["spec"].get("nodeName") == "n1", 30,
              "the pending pod lands on n1", every=0.1)
     t_pod = time.monotonic()
     print(f"placeholder: sized {grew:.2f} s after the job showed RUNNING; deleted "
@@ -250,7 +251,7 @@ def test_resize_answers_never_let_kube_scheduler_count_less(world, ns, kubelet):
         wait_for(lambda: running(c, big) and running(c, small), 20, "both jobs running")
     finally:
         os.kill(pid, signal.SIGCONT)
-    pods = wait_for(lambda: (lambda ps: ps if [P.counted(p) for p in ps.values()] ==
+    pods = wait_for(lambda: (lambda ps: ps if [placeholder.counted(p) for p in ps.values()] ==
                              [(6000, 2000 * MI)] else None)(placeholders(kube, "n1")),
                     10, "one placeholder for both jobs")
     (name, first), = pods.items()
@@ -260,8 +261,8 @@ def test_resize_answers_never_let_kube_scheduler_count_less(world, ns, kubelet):
     with Watch(c, cp, kube, "n1") as watch:
         subprocess.run(["scancel", big], env=c.env, check=True)
         wait_for(lambda: gone(c, big), 20, "job gone")
-        settled = wait_for(lambda: (lambda ps: ps if [P.counted(p) for p in ps.values()] ==
-                                    [(2000, 1000 * MI)] else None)(placeholders(kube, "n1")),
+        settled = wait_for(lambda: (lambda ps: ps if [placeholder.counted(p) for p in ps.values()]
+                                    == [(2000, 1000 * MI)] else None)(placeholders(kube, "n1")),
                            20, "placeholders settle at what the remaining job holds")
         wait_for(lambda: scheduler_cache(cp)["n1"] == (2000, 1000 * MI), 10,
                  "kube-scheduler's cache follows")
@@ -271,7 +272,7 @@ def test_resize_answers_never_let_kube_scheduler_count_less(world, ns, kubelet):
     assert watch.samples >= 10 and watch.violations == []
     (now_name, now), = settled.items()
     if kubelet:   # left pending: replaced by a new pod
-        assert now_name != name and K.get_pod(kube, PLACEHOLDERS, name) is None
+        assert now_name != name and kube_calls.get_pod(kube, PLACEHOLDERS, name) is None
     else:         # applied in place
         assert now_name == name and now["metadata"]["uid"] == first["metadata"]["uid"]
 
@@ -280,10 +281,12 @@ def test_resize_answers_never_let_kube_scheduler_count_less(world, ns, kubelet):
         annotate(kube, now_name, kubelet)
     third = sbatch(c, "n1", 3, 500)
     wait_for(lambda: running(c, third), 20, "third job running")
-    grown = wait_for(lambda: (lambda ps: ps if sum(P.counted(p)[0] for p in ps.values()) == 5000
+    grown = wait_for(lambda: (lambda ps: ps if sum(placeholder.counted(p)[0]
+                                                   for p in ps.values()) == 5000
                               else None)(placeholders(kube, "n1")), 5, "placeholders grow")
-    assert P.current(grown[now_name]) == (2000, 1000 * MI)      # never resized up
-    assert sorted(P.counted(p) for p in grown.values()) == [(2000, 1000 * MI), (3000, 500 * MI)]
+    assert placeholder.current(grown[now_name]) == (2000, 1000 * MI)      # never resized up
+    assert sorted(placeholder.counted(p) for p in grown.values()) == [(2000, 1000 * MI),
+                                                                      (3000, 500 * MI)]
     wait_for(lambda: scheduler_cache(cp)["n1"] == (5000, 1500 * MI), 10,
              "kube-scheduler counts both")
     # What is left (3 CPUs) takes a 3-CPU pod, not a 4-CPU one.
@@ -294,7 +297,7 @@ def test_resize_answers_never_let_kube_scheduler_count_less(world, ns, kubelet):
     big_pod = wait_for(lambda: app_pods(kube, ns, "big"), 10, "the 4-CPU pod")[0]
     wait_for(lambda: insufficient(kube, ns, big_pod["metadata"]["name"]), 20,
              "FailedScheduling for the 4-CPU pod")
-    assert K.get_pod(kube, ns, big_pod["metadata"]["name"])["spec"].get("nodeName") is None
+    assert kube_calls.get_pod(kube, ns, big_pod["metadata"]["name"])["spec"].get("nodeName") is None
     assert refusals(kube, ns) == 0
     assert over_capacity(c.env, kube, CAPACITY) == []
 
@@ -315,20 +318,21 @@ def test_kube_scheduler_drops_an_infeasible_growth_the_ledger_does_not(world, ns
              "spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 0, "containers": [
                  {"name": "c", "image": "x",
                   "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}
-    K.create_pod(kube, ns, grown)
-    wait_for(lambda: ((K.get_pod(kube, ns, "grown") or {}).get("status") or {}).get(
+    kube_calls.create_pod(kube, ns, grown)
+    wait_for(lambda: ((kube_calls.get_pod(kube, ns, "grown") or {}).get("status") or {}).get(
         "phase") == "Running", 10, "running")
-    K.resize_pod(kube, ns, "grown", [{"name": "c", "resources": {"requests": {
+    kube_calls.resize_pod(kube, ns, "grown", [{"name": "c", "resources": {"requests": {
         "cpu": "6", "memory": "1Gi"}}}])
-    wait_for(lambda: P.resize_pending(K.get_pod(kube, ns, "grown")) == "Infeasible", 10,
-             "the kubelet leaves it Infeasible")
+    wait_for(lambda: placeholder.resize_pending(kube_calls.get_pod(kube, ns, "grown"))
+             == "Infeasible", 10, "the kubelet leaves it Infeasible")
     assert wait_for(lambda: scheduler_cache(cp)["n1"][0] == 1000, 10,
                     "kube-scheduler counts what runs")
     time.sleep(2)
-    share = S.Ledger(S.ledger_socket_path(c.conf)).show("n1")["nodes"]["n1"]["share"]
+    ledger = slurm_calls.Ledger(slurm_calls.ledger_socket_path(c.conf))
+    share = ledger.show("n1")["nodes"]["n1"]["share"]
     assert share["cpu"] == 6                          # the ledger holds the spec
     deployment(cp, ns, "web", 1, "4")
     web = wait_for(lambda: app_pods(kube, ns, "web"), 10, "the 4-CPU pod")[0]
     wait_for(lambda: refusals(kube, ns) > 0, 30, "its binding to n1 refused")
-    assert K.get_pod(kube, ns, web["metadata"]["name"])["spec"].get("nodeName") is None
+    assert kube_calls.get_pod(kube, ns, web["metadata"]["name"])["spec"].get("nodeName") is None
     assert over_capacity(c.env, kube, CAPACITY) == []

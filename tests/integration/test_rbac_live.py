@@ -45,19 +45,19 @@ from kubernetes.client.exceptions import ApiException
 
 from conftest_kube import done, http_get, pick_ports, rbac_manifest
 from local_slurm import SLURM, port
-from pyk8sres.coordinator import kube as K
-from pyk8sres.coordinator import placeholder as PH
-from pyk8sres.coordinator import slurm as S
-from pyk8sres.policy import placeholder as P
+from pyk8sres.coordinator import kube as kube_calls
+from pyk8sres.coordinator import slurm as slurm_calls
+from pyk8sres.coordinator.placeholder import RELIST_SECONDS
+from pyk8sres.policy import placeholder
 from pyk8sres.testbed import cluster, hybrid, pki
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
-import test_rbac as R  # noqa: E402  (the static derivation and the chart's grants)
+import test_rbac  # noqa: E402  (the static derivation and the chart's grants)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Slurm daemons)")
 NAMESPACE = hybrid.NAMESPACE
-PLACEHOLDERS = R.PLACEHOLDERS
+PLACEHOLDERS = test_rbac.PLACEHOLDERS
 KUBE_PORTS = (31000, 31990)
 
 
@@ -123,7 +123,7 @@ def classify(seen) -> set:
         if path.startswith(("/version", "/openapi")) or path in ("/api", "/apis"):
             continue    # discovery: allowed to every authenticated user
         watch = query.get("watch", [""])[0] in ("true", "True", "1")
-        rule, namespaced = R._rule(method, path, watch)
+        rule, namespaced = test_rbac._rule(method, path, watch)
         parts = path.strip("/").split("/")
         ns = parts[parts.index("namespaces") + 1] if namespaced else None
         out.add((*rule, ns, status))
@@ -151,7 +151,7 @@ def world(kube_binaries):
         hybrid.confine(c)
         kube = hybrid.start_kubernetes(c.work, pick_ports(*KUBE_PORTS),
                                        {"n1": (4, 4000), "n2": (4, 4000)})
-        yield c, kube, K.Kube(kube.kubeconfig)
+        yield c, kube, kube_calls.Kube(kube.kubeconfig)
     finally:
         hybrid.down(c.work)
 
@@ -185,7 +185,7 @@ def recorded(world):
         # A placeholder pod of no shared node (its namespace is checked by the
         # webhook, which admits placeholders: made once the webhook answers).
         done(direct.core.create_namespaced_pod(
-            PLACEHOLDERS, P.pod("ghost", PLACEHOLDERS, 100, 1 << 20, (1000, 1 << 30)),
+            PLACEHOLDERS, placeholder.pod("ghost", PLACEHOLDERS, 100, 1 << 20, (1000, 1 << 30)),
             _preload_content=False))
         yield proxies
     finally:
@@ -209,15 +209,15 @@ def placeholder_cpu(direct) -> dict:
     """node -> millicores its placeholder pods ask (by node: one pod per
     node or several, however the placeholders are cut)."""
     out: dict[str, int] = {}
-    for p in K.list_namespace_pods(direct, PLACEHOLDERS):
-        if P.current(p) is not None:
+    for p in kube_calls.list_namespace_pods(direct, PLACEHOLDERS):
+        if placeholder.current(p) is not None:
             node = p["spec"]["nodeName"]
-            out[node] = out.get(node, 0) + P.current(p)[0]
+            out[node] = out.get(node, 0) + placeholder.current(p)[0]
     return out
 
 
 def event_count(direct, ns, name, reason):
-    evs = [e for e in K.list_events(direct, ns, f"involvedObject.name={name}")
+    evs = [e for e in kube_calls.list_events(direct, ns, f"involvedObject.name={name}")
            if e["reason"] == reason]
     return evs[0]["count"] if evs else 0
 
@@ -231,7 +231,7 @@ def _repairs_what_others_changed(direct) -> None:
     # Made by someone else, the stray is seen at the webhook's next relist of
     # its pods (placeholder.Placeholders relist_seconds, 30 s), not at once.
     wait("stray placeholder deleted", lambda: "ghost" not in placeholder_cpu(direct),
-         timeout=PH.RELIST_SECONDS + 15)
+         timeout=RELIST_SECONDS + 15)
 
 
 def _admits_counts_and_refuses(direct) -> None:
@@ -242,7 +242,7 @@ def _admits_counts_and_refuses(direct) -> None:
     done(direct.core.create_namespaced_pod("default", _pod("bound"),
                                       _preload_content=False))
     wait("kube-scheduler bound the pod",
-         lambda: (K.get_pod(direct, "default", "bound")["spec"].get("nodeName")))
+         lambda: (kube_calls.get_pod(direct, "default", "bound")["spec"].get("nodeName")))
     done(direct.core.create_namespaced_pod("default", _pod("direct", node="n2"),
                                       _preload_content=False))
     # A pod that does not fit is refused, twice (the refusal path): the
@@ -265,7 +265,7 @@ def _reports_oversubscription(c, direct) -> None:
     # GenericNode n2 (reading it for its UID), bumped a second later.  Its
     # repair (every repair_seconds) sets n2 back to the pods bound there, so
     # the test holds n2 over again whenever the repair came first.
-    ledger = S.Ledger(S.ledger_socket_path(c.conf))
+    ledger = slurm_calls.Ledger(slurm_calls.ledger_socket_path(c.conf))
     n2_entries = lambda: {k: tuple(v) for k, v in                   # noqa: E731
                           ledger.show("n2")["nodes"]["n2"]["entries"].items()}
     held = n2_entries()
@@ -297,14 +297,14 @@ def _placeholders_follow_jobs(c, direct) -> None:
         ["squeue", "-h", "-j", job], capture_output=True, text=True, env=c.env).stdout.strip(),
         timeout=30)
     wait("placeholders back to 0", lambda: max(placeholder_cpu(direct).values(), default=0) == 0)
-    K.delete_pod(direct, "default", "bound")
+    kube_calls.delete_pod(direct, "default", "bound")
 
 
 def _webhook_configuration_repaired(kas, direct) -> None:
     """Someone edits the webhook configuration: the webhook puts its
     shared-node condition back (an update of what it created at start)."""
     def condition():
-        cfg = K.get_webhook_config(direct, "pyk8sres-admission")
+        cfg = kube_calls.get_webhook_config(direct, "pyk8sres-admission")
         return next(c["expression"] for c in cfg["webhooks"][0]["matchConditions"]
                     if c["name"] == "shared-node")
     published = condition()
@@ -327,11 +327,11 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded
     for name in ("sync", "webhook"):
         cluster.stop_process(c.work, name)
 
-    calls = R.code_calls()
-    grants = R.granted([d for d in yaml.safe_load_all(rbac_manifest(kas).read_text()) if d])
+    calls = test_rbac.code_calls()
+    grants = test_rbac.granted([d for d in yaml.safe_load_all(rbac_manifest(kas).read_text()) if d])
     for daemon, account in (("sync", "pyk8sres-sync"), ("webhook", "pyk8sres-webhook")):
         answered = classify(proxies[daemon].seen)
-        denied = {r for a, r in R.DENIED_ON_PURPOSE if a == account}
+        denied = {r for a, r in test_rbac.DENIED_ON_PURPOSE if a == account}
         # RBAC is enforced: the API server refused the CRD check (meant to be
         # refused: "the admin applied it"), and nothing else.
         refused = {(g, r, v) for g, r, v, ns, status in answered if status == 403}
@@ -405,7 +405,7 @@ def share(ledger, node) -> dict:
 
 def k8s_used(c, node) -> tuple[int, int]:
     """Slurm's own word (scontrol show node): k8scpu/k8smemory allocated."""
-    n = S.get_node(node)
+    n = slurm_calls.get_node(node)
     return n.gres_used.get("k8scpu", 0), n.gres_used.get("k8smemory", 0)
 
 
@@ -415,11 +415,11 @@ def coordinator(world):
     ServiceAccounts' tokens), ready; the chart's RBAC as shipped again afterwards."""
     c, kube, direct = world
     os.environ["SLURM_CONF"] = c.conf
-    for p in K.list_pods(direct, "default"):      # what an earlier test left
-        K.delete_pod(direct, "default", p["metadata"]["name"])
+    for p in kube_calls.list_pods(direct, "default"):      # what an earlier test left
+        kube_calls.delete_pod(direct, "default", p["metadata"]["name"])
     # Deleted while no sync ran: a sync started now would hold their shares
     # for a grace period (nobody saw their containers stop).  Emptied by hand.
-    ledger = S.Ledger(S.ledger_socket_path(c.conf))
+    ledger = slurm_calls.Ledger(slurm_calls.ledger_socket_path(c.conf))
     try:
         for n in ("n1", "n2"):
             for key in share(ledger, n):
@@ -439,19 +439,16 @@ def coordinator(world):
         kube.apply(rbac_manifest(kube))
         for name in ("sync", "webhook"):
             cluster.stop_process(c.work, name)
-        for p in K.list_pods(direct, "default"):
-            K.delete_pod(direct, "default", p["metadata"]["name"])
+        for p in kube_calls.list_pods(direct, "default"):
+            kube_calls.delete_pod(direct, "default", p["metadata"]["name"])
 
 
-def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
-    c, kube, direct = coordinator
-    ledger = S.Ledger(S.ledger_socket_path(c.conf))
-    hook, sync = kube.ports.webhook_metrics, kube.ports.sync_metrics
-    before = {"n1": (0, 0), "n2": (0, 0)}      # the coordinator fixture waited for it
-
-    # 1. The webhook may no longer read pods: the pod kube-scheduler tries to
-    # bind to a shared node is refused every time (fail closed), and the
-    # webhook says which grant it lacks.
+def _webhook_without_get_pods(c, kube, direct, ledger, before) -> tuple[str, str]:
+    """The webhook may no longer read pods: the pod kube-scheduler tries to
+    bind to a shared node is refused every time (fail closed), and the
+    webhook says which grant it lacks.  Given back, the pod binds: its
+    (node, uid)."""
+    hook = kube.ports.webhook_metrics
     without_verb(kube, hybrid.WEBHOOK_ACCOUNT, "pods", "get")
     done(direct.core.create_namespaced_pod("default", _pod("w", cpu="1"),
                                       _preload_content=False))
@@ -462,7 +459,7 @@ def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
         time.sleep(0.2)
     assert code == 503 and "permissions: forbidden by RBAC: get pods" in body, body
     for _ in range(25):        # 5 s of kube-scheduler's retries (backoff 1-10 s)
-        pod = K.get_pod(direct, "default", "w")
+        pod = kube_calls.get_pod(direct, "default", "w")
         assert not pod["spec"].get("nodeName"), "admitted without its pod read"
         assert all(pod["metadata"]["uid"] not in share(ledger, n) for n in ("n1", "n2"))
         assert {n: k8s_used(c, n) for n in ("n1", "n2")} == before
@@ -474,22 +471,26 @@ def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
     # Given back: kube-scheduler's next retry binds it; the webhook is ready again.
     kube.apply(rbac_manifest(kube))
     wait("the pod bound once the grant is back",
-         lambda: K.get_pod(direct, "default", "w")["spec"].get("nodeName"), 30)
-    node = K.get_pod(direct, "default", "w")["spec"]["nodeName"]
-    uid = K.get_pod(direct, "default", "w")["metadata"]["uid"]
+         lambda: kube_calls.get_pod(direct, "default", "w")["spec"].get("nodeName"), 30)
+    node = kube_calls.get_pod(direct, "default", "w")["spec"]["nodeName"]
+    uid = kube_calls.get_pod(direct, "default", "w")["metadata"]["uid"]
     assert uid in share(ledger, node)
     wait("webhook ready again", lambda: readyz(hook) == (200, "ok\n"))
     assert "Kubernetes RBAC now allows get pods in namespace default" in log_of(c, "webhook")
     wait("sync holds the pod", lambda: k8s_used(c, node) == (before[node][0] + 1,
                                                              before[node][1] + 100))
+    return node, uid
 
-    # 2. sync restarted with a role that may not list pods: it cannot know
-    # which pods are gone, so it lowers no share -- not even for a pod
-    # deleted meanwhile -- and says why it is not ready.
+
+def _sync_without_list_pods(c, kube, direct, ledger, before, node, uid) -> None:
+    """sync restarted with a role that may not list pods: it cannot know
+    which pods are gone, so it lowers no share -- not even for a pod
+    deleted meanwhile -- and says why it is not ready."""
+    sync = kube.ports.sync_metrics
     cluster.stop_process(c.work, "sync")
     without_verb(kube, hybrid.SYNC_ACCOUNT, "pods", "list")
-    K.delete_pod(direct, "default", "w")
-    assert K.get_pod(direct, "default", "w") is None           # gone from the API server
+    kube_calls.delete_pod(direct, "default", "w")
+    assert kube_calls.get_pod(direct, "default", "w") is None           # gone from the API server
     hybrid.start_sync(c, kube)
     wait("sync says it may not list pods", lambda: (lambda r: r[0] == 503 and
                                                      "list pods" in r[1])(readyz(sync)))
@@ -506,11 +507,14 @@ def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
          lambda: uid not in share(ledger, node) and k8s_used(c, node) == before[node], 60)
     wait("sync ready again", lambda: readyz(sync) == (200, "ok\n"), 30)
 
-    # 3. sync may no longer patch GenericNodes' status: what the ledger holds
-    # still follows the pods (nothing else needs that grant), the GenericNode
-    # does not, and sync says so.
+
+def _sync_without_generic_node_status(c, kube, direct, before) -> None:
+    """sync may no longer patch GenericNodes' status: what the ledger holds
+    still follows the pods (nothing else needs that grant), the GenericNode
+    does not, and sync says so."""
+    sync = kube.ports.sync_metrics
     without_verb(kube, hybrid.SYNC_ACCOUNT, "genericnodes/status", "patch")
-    K.create_pod(direct, "default", _pod("g", node="n2", cpu="1"))
+    kube_calls.create_pod(direct, "default", _pod("g", node="n2", cpu="1"))
     wait("n2's share follows the pod", lambda: k8s_used(c, "n2") == (before["n2"][0] + 1,
                                                                      before["n2"][1] + 100))
     wait("sync says it may not patch GenericNode status", lambda: (lambda r: r[0] == 503 and
@@ -525,3 +529,12 @@ def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
     wait("GenericNode n2 current again",
          lambda: kubernetes_side() == {"cpu": "1", "memory": "100Mi"}, 30)
     wait("sync ready again", lambda: readyz(sync) == (200, "ok\n"), 30)
+
+
+def test_a_verb_taken_away_fails_closed_and_is_named(coordinator):
+    c, kube, direct = coordinator
+    ledger = slurm_calls.Ledger(slurm_calls.ledger_socket_path(c.conf))
+    before = {"n1": (0, 0), "n2": (0, 0)}      # the coordinator fixture waited for it
+    node, uid = _webhook_without_get_pods(c, kube, direct, ledger, before)
+    _sync_without_list_pods(c, kube, direct, ledger, before, node, uid)
+    _sync_without_generic_node_status(c, kube, direct, before)

@@ -1,5 +1,4 @@
 """pyk8sres.coordinator.slurm (the one module that calls Slurm) against a real slurmctld."""
-import os
 
 import pytest
 from local_slurm import local_cluster, requires_slurm, port

@@ -4,6 +4,7 @@ and socket belong to it, and nobody else can write them or use the ledger."""
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -55,8 +56,6 @@ def _as(uid: int, gid: int, fn) -> bytes:
 
 
 def _ask(path: str, line: bytes):
-    import socket
-
     def fn():
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(10)

@@ -22,6 +22,7 @@ The control plane, the daemon and the helpers are in sync_world.py.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -33,6 +34,9 @@ kubernetes = pytest.importorskip("kubernetes")
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
 from local_slurm import SLURM, port  # noqa: E402
+from pyk8sres.coordinator import kube as kube_calls  # noqa: E402
+from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path  # noqa: E402
+from pyk8sres.policy import departures  # noqa: E402
 from pyk8sres.policy import quantities  # noqa: E402
 from pyk8sres.testbed import cluster as slurm_cluster  # noqa: E402
 from pyk8sres.testbed import hybrid  # noqa: E402
@@ -251,7 +255,6 @@ def test_generic_nodes_within_a_write_budget_still_end_true(slurm, api, daemon):
     both nodes is in Slurm's ledger at once, and both GenericNodes end equal
     to what the API server has bound there (checked against the pods, not
     against the daemon).  Placed by nodeName: the figures per node are the point."""
-    from pyk8sres.coordinator import kube as K
     for n in ("n1", "n2"):
         k8s_node(api, n)
     wait_for(lambda: all(allocated(api, n) for n in ("n1", "n2")), what="GenericNodes created")
@@ -262,10 +265,10 @@ def test_generic_nodes_within_a_write_budget_still_end_true(slurm, api, daemon):
     wait_used(slurm, (4, 1600), "n1", timeout=5)
     wait_used(slurm, (5, 2000), "n2", timeout=5)
     in_ledger = time.monotonic() - t0
-    admin = K.Kube(api.kubeconfig)
+    admin = kube_calls.Kube(api.kubeconfig)
 
     def truth(node):
-        pods = K.list_pods(admin, field_selector=f"spec.nodeName={node}")
+        pods = kube_calls.list_pods(admin, field_selector=f"spec.nodeName={node}")
         cpu = sum(quantities.pod_requests(p)["cpu"] for p in pods)
         mem = sum(quantities.pod_requests(p)["memory"] for p in pods)
         return {"cpu": quantities.format_cpu(cpu), "memory": quantities.format_memory(mem)}
@@ -280,6 +283,45 @@ def test_generic_nodes_within_a_write_budget_still_end_true(slurm, api, daemon):
     wait_used(slurm, (0, 0), "n2")
     wait_for(lambda: all(allocated(api, n)["Kubernetes"] == {"cpu": "0", "memory": "0"}
                          for n in ("n1", "n2")), 20, "GenericNodes back to nothing")
+
+
+def status_writes(admin) -> float:
+    """The API server's own count of the GenericNode status writes it served
+    (apiserver_request_total), whoever made them."""
+    client = admin.core.api_client
+    resp = client.call_api(*client.param_serialize("GET", "/metrics",
+                                                   auth_settings=["BearerToken"]))
+    resp.read()
+    return sum(float(v) for labels, v in re.findall(
+        r'^apiserver_request_total\{([^}]*)\} (\S+)$', resp.data.decode(), re.M)
+        if all(f in labels for f in ('resource="genericnodes"', 'subresource="status"',
+                                     'verb="PATCH"')))
+
+
+def test_a_burst_on_one_node_is_one_generic_node_write_per_interval(slurm, api, daemon):
+    """One node's GenericNode is updated at most once per
+    generic_node_min_interval_seconds (2 s by default), with its newest
+    state: 12 pods on n1 over a second or so are in Slurm's ledger at once,
+    cost at most one status write per interval they last plus the last (the
+    API server's own count; one a pod without the interval), and n1's
+    GenericNode ends equal to the pods bound."""
+    for n in ("n1", "n2"):
+        k8s_node(api, n)
+    wait_for(lambda: all(allocated(api, n) for n in ("n1", "n2")), what="GenericNodes created")
+    admin = kube_calls.Kube(api.kubeconfig)
+    before, t0 = status_writes(admin), time.monotonic()
+    for _ in range(12):
+        bound_pod(api, "n1", "250m", "100Mi")
+        time.sleep(0.1)          # each its own decision, as pods arriving one by one
+    burst = time.monotonic() - t0
+    wait_used(slurm, (3, 1200), "n1", timeout=5)
+    wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "3", "memory": "1200Mi"},
+             10, "GenericNode n1 equal to the pods bound")
+    time.sleep(2.5)              # a write still due would be made by now
+    writes = status_writes(admin) - before
+    print(f"12 pods in {burst:.2f} s: {writes:.0f} GenericNode status writes")
+    assert 1 <= writes <= 2 + burst // 2.0, f"{writes} writes for a burst of {burst:.2f} s"
+    assert allocated(api, "n1")["Kubernetes"] == {"cpu": "3", "memory": "1200Mi"}
 
 
 def test_terminal_unbound_and_worker_pods_do_not_count(slurm, api, daemon):
@@ -352,7 +394,6 @@ def test_daemon_restart_keeps_and_recovers(slurm, api, daemon):
     """A pod deleted while no sync ran may still run (nobody saw its
     containers stop): a restarted sync holds its share for the default
     grace period and margin, then lets it go."""
-    from pyk8sres.policy import departures as D
     k8s_node(api, "n1")
     p = scheduled_pod(api, "2", "1000Mi")
     wait_used(slurm, (2, 1000))
@@ -364,8 +405,8 @@ def test_daemon_restart_keeps_and_recovers(slurm, api, daemon):
     t0 = time.monotonic()
     daemon.start()
     wait_used(slurm, (3, 1000))       # q counted, p held
-    wait_used(slurm, (1, 0), timeout=D.DEFAULT_GRACE + 15)
-    assert time.monotonic() - t0 >= D.DEFAULT_GRACE
+    wait_used(slurm, (1, 0), timeout=departures.DEFAULT_GRACE + 15)
+    assert time.monotonic() - t0 >= departures.DEFAULT_GRACE
     delete_pod(api, q)
     wait_used(slurm, (0, 0))
 
@@ -443,7 +484,6 @@ def test_malformed_quantity(slurm, api, daemon):
 def test_share_is_in_the_ledger_and_survives_the_daemon(slurm, api, daemon):
     """The ledger (inside slurmctld) holds each pod by UID; the daemon keeps
     no state of its own, so stopping it changes nothing in Slurm."""
-    from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
     k8s_node(api, "n1")
     name = scheduled_pod(api, "2", "1000Mi")
     uid = api.core.read_namespaced_pod(name, "default").metadata.uid
@@ -464,7 +504,6 @@ def test_a_reservation_never_bound_expires_and_bound_pods_stay(slurm, api, daemo
     create failed after the webhook: the repair drops it once its grace
     period is over, also on a node whose pods did not change; what bound
     pods hold stays, and so does a fresh reservation."""
-    from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
     k8s_node(api, "n1")
     k8s_node(api, "n2")
     bound_pod(api, "n1", "1", "1000Mi")

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from conftest_kube import pick_ports
+from conftest_kube import pick_ports, wait
 from ground_truth import over_capacity
 from local_slurm import SLURM, port, requires_slurm, tres
-from pyk8sres.coordinator import kube as K
+from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.testbed import hybrid
 
 pytestmark = requires_slurm
@@ -50,15 +50,6 @@ def sh(env, *argv, check=True, input=None):
                           timeout=60, cwd="/tmp", input=input).stdout
 
 
-def wait(pred, what, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (value := pred()):
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out: {what}")
-
-
 def used(env) -> str:
     out = sh(env, "scontrol", "-d", "show", "node", "n1")
     assert "Gres=k8scpu:8,k8smemory:16000" in out, out     # the total never moves
@@ -86,13 +77,13 @@ def state(env, job):
 
 
 def nginx_pods(kube):
-    return [p for p in K.list_namespace_pods(kube, "default")
+    return [p for p in kube_calls.list_namespace_pods(kube, "default")
             if (p["metadata"].get("labels") or {}).get("app") == DEPLOYMENT]
 
 
 def test_walkthrough(world):
     c, cp, env, sruns = world
-    kube = K.Kube(cp.kubeconfig)
+    kube = kube_calls.Kube(cp.kubeconfig)
     # What already runs in the cluster (add-ons: 735m CPU, 1369Mi), the admin's.
     cp.kubectl("apply", "-f", "-", input=json.dumps({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "addons", "namespace":

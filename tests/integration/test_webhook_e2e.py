@@ -23,22 +23,27 @@ from __future__ import annotations
 
 import base64
 import os
+import pwd
 import re
+import resource
 import shutil
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 
 import pytest
+from cryptography import x509
 from kubernetes.client.exceptions import ApiException
 
 from conftest_kube import http_get, pick_ports
 from local_slurm import SLURM, port, requires_slurm, slurm_conf
-from pyk8sres.coordinator import kube as K
-from pyk8sres.coordinator import slurm as S
+from pyk8sres.coordinator import kube as kube_calls
+from pyk8sres.coordinator import slurm as slurm_calls
 from pyk8sres.coordinator.certs import Certs
-from pyk8sres.policy.admission import MIRROR_ANNOTATION as A_MIRROR
+from pyk8sres.policy.admission import MIRROR_ANNOTATION
 from pyk8sres.testbed import cluster, hybrid
 from pyk8sres.testbed.faults import Caller
 from webhook_world import (KUBELET_RESIZE, NODE_CPUS, NODE_MEM, NOBODY_SCHEDULES, active,
@@ -82,7 +87,7 @@ def test_the_coordinator_runs_as_its_own_uid_with_the_ledger_and_nothing_else(wo
                for k in ("Uid", "Gid", "Groups")}
         assert ids["Uid"] == {me.pw_uid} and ids["Gid"] == {me.pw_gid}, (name, ids)
         assert ids["Groups"] <= {me.pw_gid}, (name, ids)
-    path = S.ledger_socket_path(c.conf)
+    path = slurm_calls.ledger_socket_path(c.conf)
     assert os.path.dirname(path) == os.path.join(c.work, "ledger")
     state = os.path.join(c.work, "state")
     child = Caller(me.pw_uid, [me.pw_gid], probe_reach, path, state,
@@ -109,12 +114,12 @@ def control_plane(world):
 @pytest.fixture(scope="module")
 def kube(control_plane):
     """The test's own client: the cluster's admin."""
-    return K.Kube(control_plane.kubeconfig)
+    return kube_calls.Kube(control_plane.kubeconfig)
 
 
 @pytest.fixture(scope="module")
 def ledger(slurm):
-    return S.Ledger(S.ledger_socket_path(slurm.conf))
+    return slurm_calls.Ledger(slurm_calls.ledger_socket_path(slurm.conf))
 
 
 @pytest.fixture
@@ -123,8 +128,8 @@ def ns(kube, slurm, ledger):
     kube.core.create_namespace({"metadata": {"name": name}})
     yield name
     subprocess.run(["scancel", "-u", "root"], env=slurm.env, capture_output=True)
-    for p in K.list_pods(kube, name):
-        K.delete_pod(kube, name, p["metadata"]["name"])
+    for p in kube_calls.list_pods(kube, name):
+        kube_calls.delete_pod(kube, name, p["metadata"]["name"])
     kube.core.delete_namespace(name)
     # Nothing leaks: the sync daemon releases deleted pods' shares.
     wait_for(lambda: used(slurm, "n1") == (0, 0) and used(slurm, "n2") == (0, 0), 30,
@@ -139,7 +144,7 @@ def test_refusal_names_node_and_slurm_and_nothing_is_double_booked(slurm, kube, 
     wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "job running")
     # pods with spec.nodeName on the node Slurm holds: refused, with the reason
     with pytest.raises(ApiException) as e:
-        K.create_pod(kube, ns, pod("direct", "4", node="n1"))
+        kube_calls.create_pod(kube, ns, pod("direct", "4", node="n1"))
     assert e.value.status == 403
     assert "does not fit on node n1" in e.value.body and "Slurm jobs hold 6 of 8 CPUs" in e.value.body
     print("refusal:", e.value.body)
@@ -148,28 +153,28 @@ def test_refusal_names_node_and_slurm_and_nothing_is_double_booked(slurm, kube, 
     selfish["metadata"]["labels"] = {"pyk8sres.io/slurm-worker": "true"}
     selfish["metadata"]["annotations"] = {"pyk8sres.io/slurm-worker": "true"}
     with pytest.raises(ApiException) as e:
-        K.create_pod(kube, ns, selfish)
+        kube_calls.create_pod(kube, ns, selfish)
     assert e.value.status == 403 and "does not fit on node n1" in e.value.body
     # the scheduler path: pods/binding to the same node, as kube-scheduler's DefaultBinder posts
-    K.create_pod(kube, ns, pod("sched", "4", scheduler=NOBODY_SCHEDULES))
+    kube_calls.create_pod(kube, ns, pod("sched", "4", scheduler=NOBODY_SCHEDULES))
     with pytest.raises(ApiException) as e:
-        K.bind_pod(kube, ns, "sched", "n1")
+        kube_calls.bind_pod(kube, ns, "sched", "n1")
     assert e.value.status == 403 and "does not fit on node n1" in e.value.body
     assert node_of(kube, ns, "sched") is None
     assert used(slurm, "n1")[0] == 6                       # only the job
     # the other node has room: allowed, and Slurm holds the pod's share
-    K.bind_pod(kube, ns, "sched", "n2")
+    kube_calls.bind_pod(kube, ns, "sched", "n2")
     assert node_of(kube, ns, "sched") == "n2"
     assert used(slurm, "n2") == (4, 1024)
     # ...so a job that needs more than what is left pends on Resources
     j2 = sbatch(slurm, "n2", 5)
     wait_for(lambda: job_state(slurm, j2) == ("PENDING", "Resources"), 20, "job 2 pends")
     # fits exactly: 2 CPUs left on n1
-    K.create_pod(kube, ns, pod("fits", "2", "512Mi", node="n1"))
+    kube_calls.create_pod(kube, ns, pod("fits", "2", "512Mi", node="n1"))
     assert used(slurm, "n1") == (8, 1000 + 512)
     # The real kube-scheduler: a 4-CPU pod goes where Slurm left room (n2),
     # never to n1, which it sees full (the job's placeholder + "fits").
-    K.create_pod(kube, ns, pod("web", "4"))
+    kube_calls.create_pod(kube, ns, pod("web", "4"))
     assert wait_for(lambda: node_of(kube, ns, "web"), 20, "web bound") == "n2"
     assert used(slurm, "n2") == (8, 2048)
     assert job_state(slurm, j2)[0] == "PENDING"
@@ -178,32 +183,33 @@ def test_refusal_names_node_and_slurm_and_nothing_is_double_booked(slurm, kube, 
 
 def test_idempotent_dry_run_and_resize(slurm, kube, ns, ledger):
     active(kube, ns)
-    K.create_pod(kube, ns, pod("p", "2", "1Gi", scheduler=NOBODY_SCHEDULES))
+    kube_calls.create_pod(kube, ns, pod("p", "2", "1Gi", scheduler=NOBODY_SCHEDULES))
     resp = kube.core.create_namespaced_pod_binding(   # answered with a Status: read raw
         "p", ns, {"metadata": {"name": "p"}, "target": {"kind": "Node", "name": "n2"}},
         dry_run="All", _preload_content=False)
     resp.drain_conn()
     resp.release_conn()
     assert used(slurm, "n2") == (0, 0)                      # dry run: nothing reserved
-    K.bind_pod(kube, ns, "p", "n2")
+    kube_calls.bind_pod(kube, ns, "p", "n2")
     with pytest.raises(ApiException) as e:                  # a retry: already bound (409)
-        K.bind_pod(kube, ns, "p", "n2")
+        kube_calls.bind_pod(kube, ns, "p", "n2")
     assert e.value.status == 409
     assert used(slurm, "n2") == (2, 1024)                   # reserved once
-    uid = K.get_pod(kube, ns, "p")["metadata"]["uid"]
+    uid = kube_calls.get_pod(kube, ns, "p")["metadata"]["uid"]
     assert ledger.show("n2")["nodes"]["n2"]["entries"] == {uid: [2000, 1 << 30]}
     # pods/resize: an increase that fits is reserved, one that does not is refused
-    K.resize_pod(kube, ns, "p", [{"name": "c", "resources": {"requests": {"cpu": "6",
-                                                                          "memory": "1Gi"}}}])
+    kube_calls.resize_pod(kube, ns, "p", [{"name": "c", "resources": {"requests": {
+        "cpu": "6", "memory": "1Gi"}}}])
     assert used(slurm, "n2") == (6, 1024)
     with pytest.raises(ApiException) as e:
-        K.resize_pod(kube, ns, "p", [{"name": "c", "resources": {"requests": {"cpu": "9",
-                                                                              "memory": "1Gi"}}}])
+        kube_calls.resize_pod(kube, ns, "p", [{"name": "c", "resources": {"requests": {
+            "cpu": "9", "memory": "1Gi"}}}])
     assert e.value.status == 403 and "n2" in e.value.body
-    assert K.get_pod(kube, ns, "p")["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "6"
+    spec = kube_calls.get_pod(kube, ns, "p")["spec"]
+    assert spec["containers"][0]["resources"]["requests"]["cpu"] == "6"
     assert used(slurm, "n2") == (6, 1024)
     # the kubelet (kwok) applies the resize it was allowed: the pod runs with 6 CPUs
-    wait_for(lambda: (((K.get_pod(kube, ns, "p") or {}).get("status") or {}).get(
+    wait_for(lambda: (((kube_calls.get_pod(kube, ns, "p") or {}).get("status") or {}).get(
         "containerStatuses") or [{}])[0].get("resources", {}).get("requests", {}).get("cpu")
         == "6", 10, "resize applied by the kubelet")
     no_double_booking(slurm, kube)
@@ -211,31 +217,31 @@ def test_idempotent_dry_run_and_resize(slurm, kube, ns, ledger):
 
 def test_fail_closed_when_slurmctld_is_down(slurm, kube, ns):
     active(kube, ns)
-    K.create_pod(kube, ns, pod("w", "1", scheduler=NOBODY_SCHEDULES))
+    kube_calls.create_pod(kube, ns, pod("w", "1", scheduler=NOBODY_SCHEDULES))
     slurm.stop("slurmctld")
     try:
         with pytest.raises(ApiException) as e:
-            K.bind_pod(kube, ns, "w", "n1")
+            kube_calls.bind_pod(kube, ns, "w", "n1")
         assert e.value.status == 403 and "ledger did not answer" in e.value.body
         assert node_of(kube, ns, "w") is None
         # a node known not shared with Slurm is unaffected (the matchCondition skips it)
-        K.create_pod(kube, ns, pod("other", "1", node="k8s-only"))
+        kube_calls.create_pod(kube, ns, pod("other", "1", node="k8s-only"))
     finally:
         slurm.restart_slurmctld()
 
 
 def test_fail_closed_when_coordinator_is_down(slurm, control_plane, kube, ns):
     active(kube, ns)
-    K.create_pod(kube, ns, pod("w", "1", scheduler=NOBODY_SCHEDULES))
+    kube_calls.create_pod(kube, ns, pod("w", "1", scheduler=NOBODY_SCHEDULES))
     assert cluster.stop_process(slurm.work, "webhook")
     try:
         with pytest.raises(ApiException) as e:
-            K.bind_pod(kube, ns, "w", "n1")
+            kube_calls.bind_pod(kube, ns, "w", "n1")
         assert e.value.status >= 500 and "failed calling webhook" in e.value.body
-        K.bind_pod(kube, ns, "w", "k8s-only")               # known unshared: unaffected
+        kube_calls.bind_pod(kube, ns, "w", "k8s-only")               # known unshared: unaffected
         assert used(slurm, "n1") == (0, 0)
         # The real kube-scheduler's bindings fail the same way: its pod stays pending.
-        K.create_pod(kube, ns, pod("sched", "1"))
+        kube_calls.create_pod(kube, ns, pod("sched", "1"))
         time.sleep(3)
         assert node_of(kube, ns, "sched") is None
     finally:
@@ -248,7 +254,6 @@ def test_certificate_and_ca_rotation_under_traffic(slurm, control_plane, kube, l
     """Short lifetimes: the serving certificate renews every few seconds and
     the CA rotates (new CA in caBundle first, signing later), while the API
     server keeps calling the webhook: every call gets through TLS."""
-    from cryptography import x509
     root = tempfile.mkdtemp(prefix="pyk8sres-rot-", dir=slurm.work)
     hook, served = in_process_webhook(slurm, control_plane, ledger,
                                       cert_dir=f"{root}/rotating-tls", refresh_seconds=0.5,
@@ -262,7 +267,7 @@ def test_certificate_and_ca_rotation_under_traffic(slurm, control_plane, kube, l
         t0 = time.monotonic()
         while time.monotonic() - t0 < 40:
             try:   # more than n1 has: refused by the ledger, nothing reserved
-                K.create_pod(kube, ns, pod("probe", "100", node="n1"))
+                kube_calls.create_pod(kube, ns, pod("probe", "100", node="n1"))
                 failures.append("allowed")
             except ApiException as e:
                 if e.status == 403 and "does not fit" in e.body:
@@ -296,26 +301,26 @@ def test_cert_manager_mode(slurm, control_plane, kube, ledger, ns):
     issuer = Certs(f"{root}/cert-manager", ["localhost"], ["127.0.0.1"], 1, 10, 60)
     issuer.ensure()
     name = "pyk8sres-admission"
-    before = K.get_webhook_config(kube, name)["webhooks"][0]["clientConfig"]["caBundle"]
+    before = kube_calls.get_webhook_config(kube, name)["webhooks"][0]["clientConfig"]["caBundle"]
     hook, served = in_process_webhook(slurm, control_plane, ledger,
                                       tls_cert_file=issuer.cert_file,
                                       tls_key_file=issuer.key_file, refresh_seconds=0.5)
 
     def inject(certs):   # what cainjector does
-        cur = K.get_webhook_config(kube, name)
+        cur = kube_calls.get_webhook_config(kube, name)
         cur["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode(certs.bundle()).decode()
-        K.put_webhook_config(kube, cur)
+        kube_calls.put_webhook_config(kube, cur)
 
     def calls_get_through():
         n = len(served)
         try:
-            K.create_pod(kube, ns, pod("probe", "100", node="n1"))
+            kube_calls.create_pod(kube, ns, pod("probe", "100", node="n1"))
         except ApiException:
             pass
         return len(served) > n
     try:
         time.sleep(2)                 # several refreshes: it never writes caBundle
-        assert K.get_webhook_config(kube, name)["webhooks"][0]["clientConfig"][
+        assert kube_calls.get_webhook_config(kube, name)["webhooks"][0]["clientConfig"][
             "caBundle"] == before
         inject(issuer)
         wait_for(calls_get_through, 20, "calls with the injected CA")
@@ -325,7 +330,7 @@ def test_cert_manager_mode(slurm, control_plane, kube, ledger, ns):
         fresh.ensure()
         inject(fresh)
         wait_for(calls_get_through, 20, "calls after the renewal")
-        cur = K.get_webhook_config(kube, name)
+        cur = kube_calls.get_webhook_config(kube, name)
         assert base64.b64decode(cur["webhooks"][0]["clientConfig"]["caBundle"]) == fresh.bundle()
     finally:
         hook.stop()
@@ -345,15 +350,15 @@ def test_static_pod_from_its_kubelet_is_allowed_and_counted_even_over_capacity(
     wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "job running")
     node_uid = kube.core.read_node("n1").metadata.uid
     static = pod("etcd-n1", "4", "1Gi", node="n1")
-    static["metadata"]["annotations"] = {A_MIRROR: "0123abcd"}
+    static["metadata"]["annotations"] = {MIRROR_ANNOTATION: "0123abcd"}
     static["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": "n1",
                                               "uid": node_uid, "controller": True}]
     with pytest.raises(ApiException) as e:                  # a user, with the annotation
-        K.create_pod(kube, ns, static)
+        kube_calls.create_pod(kube, ns, static)
     assert e.value.status == 403 and "does not fit on node n1" in e.value.body
-    kubelet = K.Kube(control_plane.node_identity("n1"))
-    K.create_pod(kubelet, ns, static)                        # its kubelet: allowed
-    uid = K.get_pod(kube, ns, "etcd-n1")["metadata"]["uid"]
+    kubelet = kube_calls.Kube(control_plane.node_identity("n1"))
+    kube_calls.create_pod(kubelet, ns, static)                        # its kubelet: allowed
+    uid = kube_calls.get_pod(kube, ns, "etcd-n1")["metadata"]["uid"]
     # The sync daemon counts it (its share cannot be carried next to the job) ...
     view = wait_for(lambda: (lambda v: v if uid in v.get("entries", {}) else None)(
         ledger.show("n1")["nodes"]["n1"]), 10, "static pod in the ledger")
@@ -363,7 +368,7 @@ def test_static_pod_from_its_kubelet_is_allowed_and_counted_even_over_capacity(
     j2 = sbatch(slurm, "n1", 1)
     wait_for(lambda: job_state(slurm, j2) == ("PENDING", "Resources"), 20, "job 2 pends")
     with pytest.raises(ApiException) as e:
-        K.create_pod(kube, ns, pod("late", "100m", "10Mi", node="n1"))
+        kube_calls.create_pod(kube, ns, pod("late", "100m", "10Mi", node="n1"))
     assert e.value.status == 403
     # The job ends: the static pod fits again, and the job that pended runs.
     subprocess.run(["scancel", job], env=slurm.env, check=True)
@@ -371,7 +376,7 @@ def test_static_pod_from_its_kubelet_is_allowed_and_counted_even_over_capacity(
     assert ledger.show("n1")["nodes"]["n1"]["oversubscribed"] is False
     no_double_booking(slurm, kube)
     # the kubelet removes its mirror pod
-    K.delete_pod(kubelet, ns, "etcd-n1")
+    kube_calls.delete_pod(kubelet, ns, "etcd-n1")
 
 
 # ----------------------------------------------------------------- resizes
@@ -385,7 +390,7 @@ def test_a_shrink_after_an_infeasible_growth_stays_held(slurm, kube, ns):
     active(kube, ns)
     g = pod("g", "1", node="n1")
     g["metadata"]["annotations"] = {KUBELET_RESIZE: "Infeasible"}
-    K.create_pod(kube, ns, g)
+    kube_calls.create_pod(kube, ns, g)
     wait_for(lambda: ran_with(kube, ns, "g") == "1", 15, "running with 1 CPU")
     cpu_to(kube, ns, "g", "4")                              # fits: reserved
     assert used(slurm, "n1")[0] == 4
@@ -408,12 +413,12 @@ def test_an_unbound_pod_may_shrink_but_not_grow(slurm, kube, ns):
     """Its binding may already be sized from the old requests (a binding is
     admitted before the API server stores it with the pod as it is then)."""
     active(kube, ns)
-    K.create_pod(kube, ns, pod("u", "2", scheduler=NOBODY_SCHEDULES))
+    kube_calls.create_pod(kube, ns, pod("u", "2", scheduler=NOBODY_SCHEDULES))
     with pytest.raises(ApiException) as e:
         cpu_to(kube, ns, "u", "3")
     assert e.value.status == 403 and "not bound to a node yet" in e.value.body, e.value.body
     cpu_to(kube, ns, "u", "1")                              # a shrink is fine
-    K.bind_pod(kube, ns, "u", "n2")
+    kube_calls.bind_pod(kube, ns, "u", "n2")
     assert used(slurm, "n2")[0] == 1
     cpu_to(kube, ns, "u", "3")                              # bound: reserved there
     assert used(slurm, "n2")[0] == 3
@@ -434,7 +439,7 @@ def test_creates_refused_by_quota_after_admission_do_not_hold_the_node(slurm, ku
     answers = []
     for i in range(5):
         with pytest.raises(ApiException) as e:
-            K.create_pod(kube, ns, pod(f"q{i}", "6", node="n1"))
+            kube_calls.create_pod(kube, ns, pod(f"q{i}", "6", node="n1"))
         assert e.value.status == 403, e.value.body
         answers.append("quota" if "quota" in e.value.body else "webhook")
     assert "quota" in answers, answers       # at least one was reserved, then refused
@@ -442,7 +447,7 @@ def test_creates_refused_by_quota_after_admission_do_not_hold_the_node(slurm, ku
     job = sbatch(slurm, "n1", 8)
     wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 10, "the 8-CPU job runs")
     print(f"answers {answers}; the 8-CPU job ran {time.monotonic() - t0:.1f} s after submit")
-    assert K.list_pods(kube, ns) == []
+    assert kube_calls.list_pods(kube, ns) == []
     no_double_booking(slurm, kube)
 
 
@@ -460,8 +465,6 @@ def test_admission_holds_under_idle_connections_and_slowloris(slurm, control_pla
     meanwhile; it starts with the soft descriptor limit systemd gives
     services (1024).  A pod that fits is admitted within 1 s (create to
     the API server's answer), one that does not is still refused."""
-    import pwd
-    import resource
     nobody = pwd.getpwnam("nobody")
     active(kube, ns)
     cluster.stop_process(slurm.work, "webhook")
@@ -516,7 +519,7 @@ def test_readiness_fails_while_the_ledger_answers_busy(slurm, control_plane, kub
     replica started then gets "busy" from the ledger, refuses pods, and
     says so on /readyz; once a connection is free it is ready again."""
     me = hybrid.coordinator_user()
-    path = S.ledger_socket_path(slurm.conf)
+    path = slurm_calls.ledger_socket_path(slurm.conf)
     readyz = f"http://127.0.0.1:{control_plane.ports.webhook_metrics}/readyz"
     cluster.stop_process(slurm.work, "webhook")
     _, gid, groups = hybrid.run_as_coordinator(slurm)
@@ -527,8 +530,6 @@ def test_readiness_fails_while_the_ledger_answers_busy(slurm, control_plane, kub
         hybrid.start_webhook(slurm, control_plane)
 
         def why_not_ready():
-            import urllib.error
-            import urllib.request
             try:
                 urllib.request.urlopen(readyz, timeout=2)
                 return "ready"

@@ -29,9 +29,9 @@ from kubernetes.client.exceptions import ApiException
 from conftest_kube import pick_ports
 from ground_truth import PLACEHOLDERS
 from local_slurm import SLURM, port, requires_slurm, slurm_conf
-from pyk8sres.coordinator import kube as K
-from pyk8sres.coordinator import slurm as S
-from pyk8sres.policy import placeholder as P
+from pyk8sres.coordinator import kube as kube_calls
+from pyk8sres.coordinator import slurm as slurm_calls
+from pyk8sres.policy import placeholder
 from pyk8sres.testbed import chart, hybrid
 from webhook_world import job_state, pod, sbatch, used, wait_for
 
@@ -67,7 +67,7 @@ def world():
         hybrid.start_webhook(c, cp, settings=SETTINGS)
         hybrid.wait_webhook(cp, c)
         with slurm_conf(c.conf):
-            yield c, cp, K.Kube(cp.kubeconfig)
+            yield c, cp, kube_calls.Kube(cp.kubeconfig)
     finally:
         subprocess.run(["scancel", "--full", "-u", "root"], env=c.env, capture_output=True)
         hybrid.down(work)
@@ -85,7 +85,7 @@ def slinky_worker(name, node, slurm_node):
 
 def unshared(kube) -> str:
     """The published matchCondition (the nodes the API server does not ask about)."""
-    w = K.get_webhook_config(kube, "pyk8sres-admission")["webhooks"][0]
+    w = kube_calls.get_webhook_config(kube, "pyk8sres-admission")["webhooks"][0]
     return next(m["expression"] for m in w.get("matchConditions") or []
                 if m["name"] == "shared-node")
 
@@ -93,8 +93,8 @@ def unshared(kube) -> str:
 def placeholder_cpus(kube, node) -> float:
     """CPUs the placeholders bound to `node` request (what kube-scheduler counts)."""
     total = 0.0
-    for p in K.list_namespace_pods(kube, PLACEHOLDERS):
-        if (p.get("spec") or {}).get("nodeName") == node and P.current(p) is not None:
+    for p in kube_calls.list_namespace_pods(kube, PLACEHOLDERS):
+        if (p.get("spec") or {}).get("nodeName") == node and placeholder.current(p) is not None:
             for ctr in p["spec"]["containers"]:
                 cpu = ctr["resources"]["requests"]["cpu"]
                 total += int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
@@ -108,9 +108,9 @@ def test_a_pod_on_a_worker_mapped_node_is_reserved_or_refused(world):
     straight onto K19 that does not fit beside that job, and reserves one
     that does under its UID on n2."""
     c, cp, kube = world
-    ledger = S.Ledger(S.ledger_socket_path(c.conf))
+    ledger = slurm_calls.Ledger(slurm_calls.ledger_socket_path(c.conf))
     assert f"'{K19}': true" in unshared(kube)          # nothing maps K19 yet
-    K.create_pod(kube, WORKERS, slinky_worker("slinky-0", K19, "n2"))
+    kube_calls.create_pod(kube, WORKERS, slinky_worker("slinky-0", K19, "n2"))
     wait_for(lambda: f"'{K19}': true" not in unshared(kube), 20,
              f"the webhook to check {K19} once a worker maps it")
 
@@ -122,13 +122,13 @@ def test_a_pod_on_a_worker_mapped_node_is_reserved_or_refused(world):
 
     ns = "default"
     with pytest.raises(ApiException) as refused:
-        K.create_pod(kube, ns, pod("big", "4", "1Gi", node=K19))
+        kube_calls.create_pod(kube, ns, pod("big", "4", "1Gi", node=K19))
     assert refused.value.status == 403 and "does not fit" in refused.value.body, \
         refused.value.body
-    assert K.get_pod(kube, ns, "big") is None
+    assert kube_calls.get_pod(kube, ns, "big") is None
 
-    K.create_pod(kube, ns, pod("small", "1", "1Gi", node=K19))
-    uid = K.get_pod(kube, ns, "small")["metadata"]["uid"]
+    kube_calls.create_pod(kube, ns, pod("small", "1", "1Gi", node=K19))
+    uid = kube_calls.get_pod(kube, ns, "small")["metadata"]["uid"]
     entries = ledger.show("n2")["nodes"]["n2"].get("entries") or {}
     assert uid in entries, entries                       # reserved at admission
     wait_for(lambda: used(c, "n2") == (7, 1000 + 1024), 20, "the job and the pod on n2")
@@ -138,8 +138,8 @@ def test_a_pod_on_a_worker_mapped_node_is_reserved_or_refused(world):
     assert used(c, "n1") == (0, 0)
 
     subprocess.run(["scancel", job], env=c.env, check=True)
-    K.delete_pod(kube, ns, "small")
-    K.delete_pod(kube, WORKERS, "slinky-0")
+    kube_calls.delete_pod(kube, ns, "small")
+    kube_calls.delete_pod(kube, WORKERS, "slinky-0")
     wait_for(lambda: used(c, "n2") == (0, 0), 60, "n2 released")
 
 
@@ -152,18 +152,18 @@ def test_a_pod_bound_before_the_worker_was_seen_counts_once_it_maps(world):
     maps it, so no job starts on those CPUs while the pod runs."""
     c, cp, kube = world
     ns = "default"
-    K.create_pod(kube, ns, pod("early", "3", "1Gi", node=K19))    # K19 maps nothing yet
+    kube_calls.create_pod(kube, ns, pod("early", "3", "1Gi", node=K19))    # K19 maps nothing yet
     assert used(c, "n2") == (0, 0)
-    K.create_pod(kube, WORKERS, slinky_worker("slinky-0", K19, "n2"))
+    kube_calls.create_pod(kube, WORKERS, slinky_worker("slinky-0", K19, "n2"))
     wait_for(lambda: used(c, "n2") == (3, 1024), 20, "the early pod counted on n2")
     job = sbatch(c, "n2", 6)
     time.sleep(4.0)
     assert job_state(c, job)[0] == "PENDING", job_state(c, job)
     assert used(c, "n2") == (3, 1024)
-    K.delete_pod(kube, ns, "early")
+    kube_calls.delete_pod(kube, ns, "early")
     wait_for(lambda: job_state(c, job)[0] == "RUNNING", 60, "the job, once the pod is gone")
     subprocess.run(["scancel", job], env=c.env, check=True)
-    K.delete_pod(kube, WORKERS, "slinky-0")
+    kube_calls.delete_pod(kube, WORKERS, "slinky-0")
     wait_for(lambda: used(c, "n2") == (0, 0), 60, "n2 released")
 
 
@@ -175,7 +175,7 @@ def test_while_the_worker_pods_cannot_be_read_every_node_is_checked(world):
     recovers."""
     c, cp, kube = world
     ns = "default"
-    K.create_pod(kube, WORKERS, slinky_worker("slinky-0", K19, "n2"))
+    kube_calls.create_pod(kube, WORKERS, slinky_worker("slinky-0", K19, "n2"))
     wait_for(lambda: f"'{K19}': true" not in unshared(kube) and "'n1': true" in unshared(kube),
              20, f"{K19} checked, n1 not")
     cp.kubectl("delete", "rolebinding", "-n", WORKERS, "pyk8sres-webhook-workers")
@@ -183,19 +183,19 @@ def test_while_the_worker_pods_cannot_be_read_every_node_is_checked(world):
     # timeout) is refused.
     wait_for(lambda: "'n1': true" not in unshared(kube), 45, "every node checked")
     with pytest.raises(ApiException) as refused:
-        K.create_pod(kube, ns, pod("on-n1", "1", "1Gi", node="n1"))
+        kube_calls.create_pod(kube, ns, pod("on-n1", "1", "1Gi", node="n1"))
     assert refused.value.status == 403 and \
         "Slurm worker pods (slinky, namespace slurm) are not known" in refused.value.body, \
         refused.value.body
-    K.create_pod(kube, ns, pod("small", "1", "1Gi", node=K19))
-    uid = K.get_pod(kube, ns, "small")["metadata"]["uid"]
-    ledger = S.Ledger(S.ledger_socket_path(c.conf))
+    kube_calls.create_pod(kube, ns, pod("small", "1", "1Gi", node=K19))
+    uid = kube_calls.get_pod(kube, ns, "small")["metadata"]["uid"]
+    ledger = slurm_calls.Ledger(slurm_calls.ledger_socket_path(c.conf))
     assert uid in (ledger.show("n2")["nodes"]["n2"].get("entries") or {})
 
     cp.kubectl("apply", "-f", "-", input=worker_rbac(cp))
     wait_for(lambda: "'n1': true" in unshared(kube), 60, "n1 known not shared again")
-    K.create_pod(kube, ns, pod("on-n1", "1", "1Gi", node="n1"))
+    kube_calls.create_pod(kube, ns, pod("on-n1", "1", "1Gi", node="n1"))
     for name in ("small", "on-n1"):
-        K.delete_pod(kube, ns, name)
-    K.delete_pod(kube, WORKERS, "slinky-0")
+        kube_calls.delete_pod(kube, ns, name)
+    kube_calls.delete_pod(kube, WORKERS, "slinky-0")
     wait_for(lambda: used(c, "n2") == (0, 0), 60, "n2 released")

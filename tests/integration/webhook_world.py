@@ -20,9 +20,9 @@ import urllib.request
 from kubernetes.client.exceptions import ApiException
 
 from ground_truth import over_capacity
-from pyk8sres.coordinator import kube as K
-from pyk8sres.coordinator import slurm as S
-from pyk8sres.coordinator import webhook as W
+from pyk8sres.coordinator import kube as kube_calls
+from pyk8sres.coordinator import slurm as slurm_calls
+from pyk8sres.coordinator import webhook
 from pyk8sres.coordinator.config import SyncConfig, WebhookConfig
 from pyk8sres.testbed import cluster, hybrid, kubernetes
 
@@ -45,7 +45,7 @@ def wait_for(pred, timeout=15.0, what="condition"):
 
 def used(slurm, node):
     """Slurm's own word: k8scpu/k8smemory allocated = jobs + Kubernetes' share."""
-    n = S.get_node(node)
+    n = slurm_calls.get_node(node)
     return n.gres_used.get("k8scpu", 0), n.gres_used.get("k8smemory", 0)
 
 
@@ -75,7 +75,7 @@ def pod(name, cpu, mem="1Gi", node=None, scheduler=None):
 
 
 def node_of(kube, ns, name):
-    return ((K.get_pod(kube, ns, name) or {}).get("spec") or {}).get("nodeName")
+    return ((kube_calls.get_pod(kube, ns, name) or {}).get("spec") or {}).get("nodeName")
 
 
 def active(kube, ns):
@@ -87,18 +87,19 @@ def active(kube, ns):
 
     def refused():
         try:
-            K.create_pod(kube, ns, pod("probe", "100", node="n1"))
+            kube_calls.create_pod(kube, ns, pod("probe", "100", node="n1"))
         except ApiException as e:
             last[:] = [e.status, e.body]
             return e.status == 403 and "does not fit" in (e.body or "")
         last[:] = ["created"]
-        K.delete_pod(kube, ns, "probe")
+        kube_calls.delete_pod(kube, ns, "probe")
         return False
     try:
         wait_for(refused, 30, "webhook in force")
     except AssertionError:
+        hook_config = kube_calls.get_webhook_config(kube, "pyk8sres-admission")
         raise AssertionError(f"webhook not in force: last answer {last}; configuration "
-                             f"{K.get_webhook_config(kube, 'pyk8sres-admission')}") from None
+                             f"{hook_config}") from None
 
 
 def no_double_booking(slurm, kube):
@@ -122,7 +123,7 @@ def in_process_webhook(slurm, control_plane, ledger, **cfg):
     wcfg = WebhookConfig(listen=f"127.0.0.1:{p}", url=f"https://127.0.0.1:{p}/validate",
                            client_ca_file=control_plane.webhook_client_ca,
                            client_names=(kubernetes.WEBHOOK_CLIENT,), **cfg)
-    hook = W.Webhook(wcfg, SyncConfig(), K.Kube(sa), ledger).start()
+    hook = webhook.Webhook(wcfg, SyncConfig(), kube_calls.Kube(sa), ledger).start()
     served = []                      # monotonic times of the calls that reached us
     review = hook.server.admission.review
     hook.server.admission.review = lambda body: served.append(time.monotonic()) or review(body)
@@ -131,20 +132,21 @@ def in_process_webhook(slurm, control_plane, ledger, **cfg):
 
 def ran_with(kube, ns, name):
     """CPU the kubelet (kwok) reports the pod's container running with."""
-    st = ((K.get_pod(kube, ns, name) or {}).get("status") or {})
+    st = ((kube_calls.get_pod(kube, ns, name) or {}).get("status") or {})
     return ((st.get("containerStatuses") or [{}])[0].get("resources") or {}).get(
         "requests", {}).get("cpu")
 
 
 def resize_pending(kube, ns, name):
-    for c in ((K.get_pod(kube, ns, name) or {}).get("status") or {}).get("conditions") or []:
+    status = (kube_calls.get_pod(kube, ns, name) or {}).get("status") or {}
+    for c in status.get("conditions") or []:
         if c.get("type") == "PodResizePending":
             return c.get("reason")
     return None
 
 
 def cpu_to(kube, ns, name, cpu):
-    K.resize_pod(kube, ns, name, [{"name": "c", "resources": {"requests": {
+    kube_calls.resize_pod(kube, ns, name, [{"name": "c", "resources": {"requests": {
         "cpu": cpu, "memory": "1Gi"}}}])
 
 
@@ -161,7 +163,7 @@ def http_status(url: str) -> int | None:
 def timed_create(kube, ns, body) -> tuple[float, object]:
     t0 = time.monotonic()
     try:
-        K.create_pod(kube, ns, body)
+        kube_calls.create_pod(kube, ns, body)
         return time.monotonic() - t0, "created"
     except ApiException as e:
         return time.monotonic() - t0, e

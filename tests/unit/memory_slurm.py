@@ -4,10 +4,10 @@ Kubernetes share; and pods and Kubernetes nodes as the API server lists
 them.  We check what the 'cluster' ends up leaving to jobs, not the calls."""
 
 from dataclasses import dataclass, field
-from fractions import Fraction as F
+from fractions import Fraction
 
-from pyk8sres.coordinator import slurm as S
-from pyk8sres.policy import ledger as L
+from pyk8sres.coordinator import slurm
+from pyk8sres.policy import ledger
 from pyk8sres.slurmctld.ledger import Ledger
 
 MI = 1024 * 1024
@@ -15,7 +15,7 @@ MI = 1024 * 1024
 
 def N(*cores):
     """cores -> nanocores, the unit PodUsage/NodeUsage use."""
-    return int(F(*cores) * 10**9)
+    return int(Fraction(*cores) * 10**9)
 
 
 @dataclass(frozen=True)
@@ -37,31 +37,35 @@ class SlurmWorld:
 
     def __init__(self, directory, *names):
         self.nodes = {n: SNode(n) for n in names}
+        self.completing: dict[str, tuple[int, int]] = {}   # node -> CPUs, MB of COMPLETING jobs
         self.directory = directory
         self.restart()
         world = self
 
-        class WorldLedger(S.Ledger):   # the real client, talking in-process
+        class WorldLedger(slurm.Ledger):   # the real client, talking in-process
             def __init__(self):
                 pass
 
             def call(self, op, **fields):
-                ticket, reply = world.core.prepare(0, L.encode(op, **fields))
+                ticket, reply = world.core.prepare(0, ledger.encode(op, **fields))
                 return reply if not ticket else world.core.apply(
                     ticket, world.facts, lambda *a: None, node_names=lambda: world.nodes)
         self.ledger = WorldLedger()
 
     def facts(self, name):
         n = self.nodes.get(name)
-        return None if n is None else L.Facts(n.gres["k8scpu"], n.gres["k8smemory"],
-                                              n.gres_used.get("k8scpu", 0),
-                                              n.gres_used.get("k8smemory", 0))
+        return None if n is None else ledger.Facts(n.gres["k8scpu"], n.gres["k8smemory"],
+                                                   n.gres_used.get("k8scpu", 0),
+                                                   n.gres_used.get("k8smemory", 0))
 
     def list_nodes(self):
         return list(self.nodes.values())
 
     def cluster_name(self):
         return "c1"
+
+    def completing_allocations(self):
+        return dict(self.completing)
 
     def restart(self):
         self.core = Ledger(self.directory)
@@ -70,7 +74,7 @@ class SlurmWorld:
     def counts(self, name):
         """What the node leaves to Slurm jobs: capacity minus Kubernetes' share."""
         facts = self.facts(name)
-        share = L.applied(L.share_units(self.core.nodes.get(name, {})), facts)
+        share = ledger.applied(ledger.share_units(self.core.nodes.get(name, {})), facts)
         return facts.capacity_cpu - share[0], facts.capacity_mem - share[1]
 
 

@@ -2,11 +2,14 @@
 
 import pytest
 
-from pyk8sres.policy import admission as A
-from pyk8sres.policy import usage as U
+from pyk8sres.coordinator import scope
+from pyk8sres.coordinator.config import SyncConfig
+from pyk8sres.coordinator.scope import Scope
+from pyk8sres.policy import admission
+from pyk8sres.policy import usage
 
 MI = 1024 * 1024
-EX = U.exemptions(["slurm"], "pyk8sres-system")
+EX = usage.exemptions(["slurm"], "pyk8sres-system")
 
 
 def pod(name="p", ns="default", node=None, cpu="500m", mem="256Mi", uid="u-1", labels=None,
@@ -38,35 +41,35 @@ def binding(node="n1", name="p"):
     ("pods/binding", req("CREATE", "pods", "binding", binding()), ("bind", "p", "n1")),
     ("bindings", req("CREATE", "bindings", "", binding(name="q"), name=""), ("bind", "q", "n1")),
     ("pod with nodeName", req("CREATE", "pods", "", pod(node="n2")), ("create", "p", "n2")),
-    ("pod without nodeName", req("CREATE", "pods", "", pod()), A.Allow),
+    ("pod without nodeName", req("CREATE", "pods", "", pod()), admission.Allow),
     ("resize bound", req("UPDATE", "pods", "resize", pod(node="n1"), pod(node="n1")),
      ("resize", "p", "n1")),
     ("resize unbound: judged by plan", req("UPDATE", "pods", "resize", pod(), pod()),
      ("resize", "p", "")),
     ("resize: the stored pod's node decides",
      req("UPDATE", "pods", "resize", pod(), pod(node="n2")), ("resize", "p", "n2")),
-    ("pod update", req("UPDATE", "pods", "", pod(node="n1"), pod(node="n1")), A.Allow),
-    ("pods/status", req("UPDATE", "pods", "status", pod(node="n1")), A.Allow),
+    ("pod update", req("UPDATE", "pods", "", pod(node="n1"), pod(node="n1")), admission.Allow),
+    ("pods/status", req("UPDATE", "pods", "status", pod(node="n1")), admission.Allow),
     ("binding to a non-node", req("CREATE", "pods", "binding",
-                                  {"target": {"kind": "Pod", "name": "x"}}), A.Deny),
-    ("binding without target", req("CREATE", "pods", "binding", {"target": {}}), A.Deny),
+                                  {"target": {"kind": "Pod", "name": "x"}}), admission.Deny),
+    ("binding without target", req("CREATE", "pods", "binding", {"target": {}}), admission.Deny),
 ])
 def test_classify(case, r, expect):
-    got = A.classify(r)
-    if isinstance(got, A.Target) and got.op == "create":
+    got = admission.classify(r)
+    if isinstance(got, admission.Target) and got.op == "create":
         assert got.user == "alice"
     if isinstance(expect, tuple):
-        assert isinstance(got, A.Target), case
+        assert isinstance(got, admission.Target), case
         assert (got.op, got.pod_name, got.node) == expect, case
     else:
         assert isinstance(got, expect), (case, got)
 
 
 def target(op="bind", node="n1", dry=False, p=None, old=None, user="alice"):
-    return A.Target(op, "default", "p", node, dry, pod=p, old_pod=old, user=user)
+    return admission.Target(op, "default", "p", node, dry, pod=p, old_pod=old, user=user)
 
 
-MIRROR = {A.MIRROR_ANNOTATION: "abc"}
+MIRROR = {admission.MIRROR_ANNOTATION: "abc"}
 
 
 def ran(p, cpu, pending=None):
@@ -83,58 +86,61 @@ def ran(p, cpu, pending=None):
 
 @pytest.mark.parametrize("case,t,stored,snode,expect", [
     ("bind reserves the pod's requests", target(), pod(), "n1",
-     A.Reserve("n1", "u-1", 500, 256 * MI)),
-    ("mapped slurm node", target(node="k8s-a"), pod(), "s7", A.Reserve("s7", "u-1", 500, 256 * MI)),
-    ("not shared", target(), pod(), None, A.Allow),
-    ("pod gone", target(), None, "n1", A.Deny),
-    ("no uid", target(), pod(uid=None), "n1", A.Deny),
-    ("dry run reserves nothing", target(dry=True), pod(), "n1", A.Allow),
+     admission.Reserve("n1", "u-1", 500, 256 * MI)),
+    ("mapped slurm node", target(node="k8s-a"), pod(), "s7",
+     admission.Reserve("s7", "u-1", 500, 256 * MI)),
+    ("not shared", target(), pod(), None, admission.Allow),
+    ("pod gone", target(), None, "n1", admission.Deny),
+    ("no uid", target(), pod(uid=None), "n1", admission.Deny),
+    ("dry run reserves nothing", target(dry=True), pod(), "n1", admission.Allow),
     ("create uses the request's pod", target("create", p=pod(cpu="2")), None, "n1",
-     A.Reserve("n1", "u-1", 2000, 256 * MI)),
-    ("rounded up", target(), pod(cpu="1001u", mem="1001"), "n1", A.Reserve("n1", "u-1", 2, 1001)),
-    ("worker namespace exempt", target(), pod(ns="slurm"), "n1", A.Allow),
+     admission.Reserve("n1", "u-1", 2000, 256 * MI)),
+    ("rounded up", target(), pod(cpu="1001u", mem="1001"), "n1",
+     admission.Reserve("n1", "u-1", 2, 1001)),
+    ("worker namespace exempt", target(), pod(ns="slurm"), "n1", admission.Allow),
     ("placeholder exempt", target(), pod(ns="pyk8sres-system", name="slurm-share-n1"), "n1",
-     A.Allow),
+     admission.Allow),
     # Nothing the pod creator writes exempts it.
     ("self-service label", target(), pod(labels={"pyk8sres.io/slurm-worker": "true"}), "n1",
-     A.Reserve("n1", "u-1", 500, 256 * MI)),
+     admission.Reserve("n1", "u-1", 500, 256 * MI)),
     ("placeholder name elsewhere", target(), pod(name="slurm-share-n1"), "n1",
-     A.Reserve("n1", "u-1", 500, 256 * MI)),
-    ("malformed requests", target(), pod(cpu="lots"), "n1", A.Deny),
+     admission.Reserve("n1", "u-1", 500, 256 * MI)),
+    ("malformed requests", target(), pod(cpu="lots"), "n1", admission.Deny),
     ("resize growth holds the larger of each",
      target("resize", p=pod(node="n1", cpu="2", mem="100Mi"), old=pod(node="n1", cpu="1")), None,
-     "n1", A.Reserve("n1", "u-1", 2000, 256 * MI)),
+     "n1", admission.Reserve("n1", "u-1", 2000, 256 * MI)),
     # A static pod's mirror, from its own node's kubelet: reserved, and
     # allowed over capacity (verdict); from anyone else it is a plain pod.
     ("static pod from its kubelet", target("create", p=pod(annotations=MIRROR),
                                            user="system:node:n1"), None, "n1",
-     A.Reserve("n1", "u-1", 500, 256 * MI, static=True)),
+     admission.Reserve("n1", "u-1", 500, 256 * MI, static=True)),
     ("mirror annotation from a user", target("create", p=pod(annotations=MIRROR)), None, "n1",
-     A.Reserve("n1", "u-1", 500, 256 * MI)),
+     admission.Reserve("n1", "u-1", 500, 256 * MI)),
     ("mirror from another node's kubelet", target("create", p=pod(annotations=MIRROR),
                                                   user="system:node:n2"), None, "n1",
-     A.Reserve("n1", "u-1", 500, 256 * MI)),
+     admission.Reserve("n1", "u-1", 500, 256 * MI)),
     ("kubelet without the mirror annotation", target("create", p=pod(), user="system:node:n1"),
-     None, "n1", A.Reserve("n1", "u-1", 500, 256 * MI)),
+     None, "n1", admission.Reserve("n1", "u-1", 500, 256 * MI)),
     ("mirror binding is not a create", target("bind", user="system:node:n1"),
-     pod(annotations=MIRROR), "n1", A.Reserve("n1", "u-1", 500, 256 * MI)),
+     pod(annotations=MIRROR), "n1", admission.Reserve("n1", "u-1", 500, 256 * MI)),
     ("resize shrink needs nothing",
-     target("resize", p=pod(node="n1", cpu="100m"), old=pod(node="n1")), None, "n1", A.Allow),
+     target("resize", p=pod(node="n1", cpu="100m"), old=pod(node="n1")), None, "n1",
+     admission.Allow),
     # The pod as its kubelet reported it (usage.pod_requests counts status too).
     ("resize after an Infeasible one reserves its new size",
      target("resize", p=ran(pod(node="n1", cpu="4"), "1", "Infeasible"),
             old=ran(pod(node="n1", cpu="3"), "1", "Infeasible")), None, "n1",
-     A.Reserve("n1", "u-1", 4000, 256 * MI)),
+     admission.Reserve("n1", "u-1", 4000, 256 * MI)),
     ("resize below what still runs needs nothing",
      target("resize", p=ran(pod(node="n1", cpu="2"), "3"), old=ran(pod(node="n1", cpu="1"), "3")),
-     None, "n1", A.Allow),
+     None, "n1", admission.Allow),
     ("resize above what still runs reserves the new size",
      target("resize", p=ran(pod(node="n1", cpu="4"), "3"), old=ran(pod(node="n1", cpu="1"), "3")),
-     None, "n1", A.Reserve("n1", "u-1", 4000, 256 * MI)),
+     None, "n1", admission.Reserve("n1", "u-1", 4000, 256 * MI)),
 ])
 def test_plan(case, t, stored, snode, expect):
-    got = A.plan(t, stored, snode, EX)
-    if isinstance(expect, A.Reserve):
+    got = admission.plan(t, stored, snode, EX)
+    if isinstance(expect, admission.Reserve):
         assert got == expect, case
     else:
         assert isinstance(got, expect), (case, got)
@@ -149,8 +155,8 @@ def test_plan(case, t, stored, snode, expect):
     ({"ok": "yes"}, False, ["internal"]),   # only a real true allows
 ])
 def test_verdict(reply, allowed, words):
-    d = A.verdict(target(), A.Reserve("n1", "u-1", 500, 256 * MI), reply)
-    assert isinstance(d, A.Allow) is allowed
+    d = admission.verdict(target(), admission.Reserve("n1", "u-1", 500, 256 * MI), reply)
+    assert isinstance(d, admission.Allow) is allowed
     text = d.reason if allowed else d.message
     for w in words:
         assert w in text
@@ -164,22 +170,23 @@ def test_verdict(reply, allowed, words):
 ])
 def test_verdict_static_pod(reply, allowed):
     """Only "does not fit" is overridden for a static pod: it runs anyway."""
-    d = A.verdict(target("create"), A.Reserve("n1", "u-1", 500, 256 * MI, static=True), reply)
-    assert isinstance(d, A.Allow) is allowed
+    d = admission.verdict(target("create"),
+                          admission.Reserve("n1", "u-1", 500, 256 * MI, static=True), reply)
+    assert isinstance(d, admission.Allow) is allowed
     if allowed and not reply["ok"]:
         assert "Oversubscribed" in d.reason and "8 of 8 CPUs" in d.reason
 
 
 def test_review_response():
-    r = A.review_response({"uid": "abc"}, A.Deny("no room"))
+    r = admission.review_response({"uid": "abc"}, admission.Deny("no room"))
     assert r["response"] == {"uid": "abc", "allowed": False,
                              "status": {"code": 403, "reason": "Forbidden", "message": "no room"}}
-    assert A.review_response({"uid": "abc"}, A.Allow("ok"))["response"] == {"uid": "abc",
-                                                                           "allowed": True}
+    allowed = admission.review_response({"uid": "abc"}, admission.Allow("ok"))["response"]
+    assert allowed == {"uid": "abc", "allowed": True}
 
 
 def test_unshared_nodes_condition_quotes_and_fails_closed():
-    c = A.unshared_nodes_condition(["n2", "n1", "it's"])
+    c = admission.unshared_nodes_condition(["n2", "n1", "it's"])
     assert "!(object.target.name in {'it\\'s': true, 'n1': true, 'n2': true})" in c
     assert "!(object.spec.nodeName in {" in c
     # a pod with no node: only its resize is sent (a growth is refused)
@@ -197,65 +204,68 @@ VWC = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebho
 
 
 def test_updated_webhook_config_owns_only_its_fields():
-    new = A.updated_webhook_config(VWC, "admission.pyk8sres.io", ["n1"], "Q0E=", None)
+    new = admission.updated_webhook_config(VWC, "admission.pyk8sres.io", ["n1"], "Q0E=", None)
     w = new["webhooks"][1]
     assert w["clientConfig"] == {"service": {"name": "s", "namespace": "x"}, "caBundle": "Q0E="}
     assert [c["name"] for c in w["matchConditions"]] == ["admin", "shared-node"]
     assert "!(object.target.name in {'n1': true})" in w["matchConditions"][1]["expression"]
     assert new["webhooks"][0] == {"name": "other"} and w["failurePolicy"] == "Fail"
-    assert A.updated_webhook_config(new, "admission.pyk8sres.io", ["n1"], "Q0E=", None) is None
+    assert admission.updated_webhook_config(new, "admission.pyk8sres.io", ["n1"], "Q0E=", None) \
+        is None
     # cert-manager: caBundle is left alone
-    cm = A.updated_webhook_config(VWC, "admission.pyk8sres.io", [], None, None)
+    cm = admission.updated_webhook_config(VWC, "admission.pyk8sres.io", [], None, None)
     assert "caBundle" not in cm["webhooks"][1]["clientConfig"]
     with pytest.raises(ValueError):
-        A.updated_webhook_config(VWC, "nope", [], None, None)
+        admission.updated_webhook_config(VWC, "nope", [], None, None)
     # Which nodes are shared is not known now: the published condition stays
-    keep = A.updated_webhook_config(new, "admission.pyk8sres.io", None, "TkVX", None)
+    keep = admission.updated_webhook_config(new, "admission.pyk8sres.io", None, "TkVX", None)
     assert keep["webhooks"][1]["matchConditions"] == w["matchConditions"]
 
 
 # The metric's reason label (pyk8sres_admission_requests_total{result, reason}).
 @pytest.mark.parametrize("case,decision,code", [
-    ("unbound pod", A.classify(req("CREATE", "pods", "", pod())), "unbound"),
-    ("other request", A.classify(req("UPDATE", "pods", "", pod(node="n1"))), "not_checked"),
-    ("binding to a non-node", A.classify(req("CREATE", "pods", "binding",
-                                             {"target": {"kind": "Pod", "name": "x"}})),
+    ("unbound pod", admission.classify(req("CREATE", "pods", "", pod())), "unbound"),
+    ("other request", admission.classify(req("UPDATE", "pods", "", pod(node="n1"))), "not_checked"),
+    ("binding to a non-node", admission.classify(req("CREATE", "pods", "binding",
+                                                     {"target": {"kind": "Pod", "name": "x"}})),
      "bad_request"),
-    ("not shared", A.plan(target(), pod(), None, EX), "not_shared"),
-    ("pod gone", A.plan(target(), None, "n1", EX), "pod_not_found"),
-    ("no uid", A.plan(target(), pod(uid=None), "n1", EX), "bad_request"),
-    ("exempt", A.plan(target(), pod(ns="slurm"), "n1", EX), "exempt"),
-    ("dry run", A.plan(target(dry=True), pod(), "n1", EX), "dry_run"),
-    ("malformed", A.plan(target(), pod(cpu="lots"), "n1", EX), "bad_request"),
-    ("shrink", A.plan(target("resize", p=pod(node="n1", cpu="100m"), old=pod(node="n1")), None,
-                      "n1", EX), "no_growth"),
-    ("reserved", A.verdict(target(), A.Reserve("n1", "u", 1, 1), {"ok": True}), "reserved"),
-    ("no fit", A.verdict(target(), A.Reserve("n1", "u", 1, 1),
-                         {"ok": False, "code": "nofit", "error": "full"}), "nofit"),
-    ("unknown node", A.verdict(target(), A.Reserve("n1", "u", 1, 1),
-                               {"ok": False, "code": "unknown_node", "error": "?"}),
+    ("not shared", admission.plan(target(), pod(), None, EX), "not_shared"),
+    ("pod gone", admission.plan(target(), None, "n1", EX), "pod_not_found"),
+    ("no uid", admission.plan(target(), pod(uid=None), "n1", EX), "bad_request"),
+    ("exempt", admission.plan(target(), pod(ns="slurm"), "n1", EX), "exempt"),
+    ("dry run", admission.plan(target(dry=True), pod(), "n1", EX), "dry_run"),
+    ("malformed", admission.plan(target(), pod(cpu="lots"), "n1", EX), "bad_request"),
+    ("shrink",
+     admission.plan(target("resize", p=pod(node="n1", cpu="100m"), old=pod(node="n1")), None,
+                    "n1", EX), "no_growth"),
+    ("reserved", admission.verdict(target(), admission.Reserve("n1", "u", 1, 1), {"ok": True}),
+     "reserved"),
+    ("no fit", admission.verdict(target(), admission.Reserve("n1", "u", 1, 1),
+                                 {"ok": False, "code": "nofit", "error": "full"}), "nofit"),
+    ("unknown node", admission.verdict(target(), admission.Reserve("n1", "u", 1, 1),
+                                       {"ok": False, "code": "unknown_node", "error": "?"}),
      "ledger_refused"),
-    ("malformed reply", A.verdict(target(), A.Reserve("n1", "u", 1, 1), {}), "internal"),
-    ("static pod over capacity", A.verdict(target(), A.Reserve("n1", "u", 1, 1, static=True),
-                                           {"ok": False, "code": "nofit", "error": "full"}),
+    ("malformed reply", admission.verdict(target(), admission.Reserve("n1", "u", 1, 1), {}),
+     "internal"),
+    ("static pod over capacity",
+     admission.verdict(target(), admission.Reserve("n1", "u", 1, 1, static=True),
+                       {"ok": False, "code": "nofit", "error": "full"}),
      "static_over_capacity"),
 ])
 def test_decision_codes(case, decision, code):
     assert decision.code == code, case
-    assert code in (A.ALLOW_CODES if isinstance(decision, A.Allow) else A.DENY_CODES), case
+    codes = admission.ALLOW_CODES if isinstance(decision, admission.Allow) else admission.DENY_CODES
+    assert code in codes, case
 
 
 def test_scope_fed_by_the_nodes_informer_keeps_mapping_and_capacity_only():
     """The webhook's Scope as an Informer handler: a node keeps its name, the
     admin's mapping label and what it offers pods; heartbeats (anything
     else) do not bump the version the placeholders plan on."""
-    from pyk8sres.coordinator.config import SyncConfig
-    from pyk8sres.coordinator.scope import Scope
-    from pyk8sres.policy import usage as U
     s = Scope(SyncConfig())
 
     def node(name, label=None, cpu="8", beat="t0"):
-        labels = {"team": "x", **({U.NODE_LABEL: label} if label else {})}
+        labels = {"team": "x", **({usage.NODE_LABEL: label} if label else {})}
         return {"metadata": {"name": name, "labels": labels, "annotations": {"a": "b"},
                              "resourceVersion": beat},
                 "status": {"allocatable": {"cpu": cpu, "memory": "1Gi", "pods": "110"},
@@ -263,7 +273,7 @@ def test_scope_fed_by_the_nodes_informer_keeps_mapping_and_capacity_only():
     s.replace_slim("nodes", [s.slim("nodes", node("k1", label="n1")), s.slim("nodes", node("n2"))])
     s.update(slurm_names=["n1", "n2"])
     nodes, v0 = s.snapshot()
-    assert nodes["k1"] == {"metadata": {"name": "k1", "labels": {U.NODE_LABEL: "n1"}},
+    assert nodes["k1"] == {"metadata": {"name": "k1", "labels": {usage.NODE_LABEL: "n1"}},
                            "status": {"allocatable": {"cpu": "8", "memory": "1Gi"}}}
     assert s.shared() == {"k1": "n1", "n2": "n2"} and s.nodes_watched
     s.event("nodes", "MODIFIED", node("n2", beat="t1"))          # a heartbeat
@@ -282,13 +292,11 @@ def test_scope_fed_by_the_nodes_informer_keeps_mapping_and_capacity_only():
 def test_scope_maps_the_nodes_again_only_when_its_version_moves(monkeypatch):
     """The placeholders ask for the scope every period: an unchanged scope
     is not mapped again, and any change (a node, Slurm's names) is."""
-    from pyk8sres.coordinator import scope as S
-    from pyk8sres.coordinator.config import SyncConfig
     calls = []
-    real = S.mapping.usage.slurm_node_for
-    monkeypatch.setattr(S.mapping.usage, "slurm_node_for",
+    real = scope.mapping.usage.slurm_node_for
+    monkeypatch.setattr(scope.mapping.usage, "slurm_node_for",
                         lambda n, *a: calls.append(1) or real(n, *a))
-    s = S.Scope(SyncConfig())
+    s = scope.Scope(SyncConfig())
     s.replace_slim("nodes", [(n, {"metadata": {"name": n}}) for n in ("n1", "n2", "k8s-only")])
     s.update(slurm_names=["n1", "n2"])
     assert s.unshared() == ["k8s-only"] and s.shared() == {"n1": "n1", "n2": "n2"}
@@ -302,7 +310,7 @@ def test_scope_maps_the_nodes_again_only_when_its_version_moves(monkeypatch):
 
 
 def resize(new, old, node="n1", dry=False):
-    return A.classify(req("UPDATE", "pods", "resize", new, old, dry=dry))
+    return admission.classify(req("UPDATE", "pods", "resize", new, old, dry=dry))
 
 
 # Every resize path: the ledger always holds the larger of what the kubelet
@@ -312,13 +320,13 @@ def resize(new, old, node="n1", dry=False):
 @pytest.mark.parametrize("case,new,old,expect", [
     ("bound growth reserves the new size",
      ran(pod(node="n1", cpu="4"), "1"), ran(pod(node="n1", cpu="1"), "1"),
-     A.Reserve("n1", "u-1", 4000, 256 * MI)),
+     admission.Reserve("n1", "u-1", 4000, 256 * MI)),
     ("bound shrink, kubelet not there yet: nothing", ran(pod(node="n1", cpu="1"), "2"),
      ran(pod(node="n1", cpu="2"), "2"), "no_growth"),
     ("growth over an Infeasible growth: the larger",
      ran(pod(node="n1", cpu="6"), "1", "Infeasible"), ran(pod(node="n1", cpu="4"), "1",
                                                          "Infeasible"),
-     A.Reserve("n1", "u-1", 6000, 256 * MI)),
+     admission.Reserve("n1", "u-1", 6000, 256 * MI)),
     # 1 -> 4 left Infeasible (the ledger holds 4: held_requests), then 3:
     # nothing to reserve, the ledger already holds more; the sync daemon
     # then holds 3 (the spec), never 1.
@@ -326,12 +334,12 @@ def resize(new, old, node="n1", dry=False):
                                                          "Infeasible"),
      ran(pod(node="n1", cpu="4"), "1", "Infeasible"), "no_growth"),
     ("growth over a Deferred growth", ran(pod(node="n1", cpu="5"), "1", "Deferred"),
-     ran(pod(node="n1", cpu="4"), "1", "Deferred"), A.Reserve("n1", "u-1", 5000, 256 * MI)),
+     ran(pod(node="n1", cpu="4"), "1", "Deferred"), admission.Reserve("n1", "u-1", 5000, 256 * MI)),
     ("shrink below a Deferred growth", ran(pod(node="n1", cpu="2"), "1", "Deferred"),
      ran(pod(node="n1", cpu="4"), "1", "Deferred"), "no_growth"),
     ("growth of memory only reserves both, each the larger",
      ran(pod(node="n1", cpu="1", mem="1Gi"), "2"), ran(pod(node="n1", cpu="2"), "2"),
-     A.Reserve("n1", "u-1", 2000, 1024 * MI)),
+     admission.Reserve("n1", "u-1", 2000, 1024 * MI)),
     ("unbound shrink: allowed", pod(cpu="100m"), pod(), "unbound"),
     ("unbound, same size: allowed", pod(), pod(), "unbound"),
     ("unbound growth: refused", pod(cpu="2"), pod(), "unbound_growth"),
@@ -345,18 +353,18 @@ def resize(new, old, node="n1", dry=False):
     # oldObject is the pod as stored when the resize is stored (the API
     # server re-runs admission if it changed): bound meanwhile -> bound rules
     ("bound between the binding and the resize",
-     pod(cpu="2"), pod(node="n1"), A.Reserve("n1", "u-1", 2000, 256 * MI)),
+     pod(cpu="2"), pod(node="n1"), admission.Reserve("n1", "u-1", 2000, 256 * MI)),
 ])
 def test_resize_paths(case, new, old, expect):
     t = resize(new, old)
-    assert isinstance(t, A.Target), case
-    got = A.plan(t, None, "n1" if t.node else None, EX)
-    if isinstance(expect, A.Reserve):
+    assert isinstance(t, admission.Target), case
+    got = admission.plan(t, None, "n1" if t.node else None, EX)
+    if isinstance(expect, admission.Reserve):
         assert got == expect, case
     else:
         assert got.code == expect, (case, got)
-        assert isinstance(got, A.Deny) == (expect in A.DENY_CODES), case
-    if isinstance(got, A.Deny):
+        assert isinstance(got, admission.Deny) == (expect in admission.DENY_CODES), case
+    if isinstance(got, admission.Deny):
         assert "p" in got.message and ("not bound" in got.message or "unreadable" in
                                        got.message), case
 
@@ -368,9 +376,10 @@ def test_shrink_after_infeasible_growth_never_leaves_the_kubelet_unheld():
     one = ran(pod(node="n1", cpu="1"), "1")
     four = ran(pod(node="n1", cpu="4"), "1", "Infeasible")
     three = ran(pod(node="n1", cpu="3"), "1", "Infeasible")   # condition still the old one's
-    assert A.plan(resize(four, one), None, "n1", EX) == A.Reserve("n1", "u-1", 4000, 256 * MI)
-    assert A.pod_cost(four)[0] == 4000            # the sync daemon keeps holding it
-    assert A.plan(resize(three, four), None, "n1", EX).code == "no_growth"
-    assert A.pod_cost(three)[0] == 3000           # the kubelet may apply 3 at any time
+    assert admission.plan(resize(four, one), None, "n1", EX) == admission.Reserve("n1", "u-1",
+                                                                                  4000, 256 * MI)
+    assert admission.pod_cost(four)[0] == 4000            # the sync daemon keeps holding it
+    assert admission.plan(resize(three, four), None, "n1", EX).code == "no_growth"
+    assert admission.pod_cost(three)[0] == 3000           # the kubelet may apply 3 at any time
     applied = ran(pod(node="n1", cpu="3"), "3")
-    assert A.pod_cost(applied)[0] == 3000
+    assert admission.pod_cost(applied)[0] == 3000

@@ -5,51 +5,51 @@ import dataclasses
 import pytest
 
 from pyk8sres.coordinator import cache as cache_mod, config, sync
-from pyk8sres.policy import backstop as B
+from pyk8sres.policy import backstop
 from memory_slurm import SlurmWorld, knode, pod
 
 
 @pytest.mark.parametrize("alloc, jobs, completing, want", [
-    ((4, 4000), {"cpu": 4, "mem": 4000}, (0, 0), B.Gap()),           # jobs hold it all
-    ((4, 4000), {"cpu": 6, "mem": 5000}, (0, 0), B.Gap()),           # more held than allocated
-    ((4, 4000), {"cpu": 1, "mem": 4000}, (0, 0), B.Gap(3, 0)),       # a job under-held
-    ((2, 8000), {"cpu": 2, "mem": 1000}, (0, 0), B.Gap(0, 7000)),
-    ((0, 0), {"cpu": 0, "mem": 0}, (2, 1000), B.Gap(0, 0, 2, 1000)),  # a job completing
-    ((3, 100), {"cpu": 1, "mem": 100}, (2, 50), B.Gap(2, 0, 2, 50)),
+    ((4, 4000), {"cpu": 4, "mem": 4000}, (0, 0), backstop.Gap()),       # jobs hold it all
+    ((4, 4000), {"cpu": 6, "mem": 5000}, (0, 0), backstop.Gap()),       # more held than allocated
+    ((4, 4000), {"cpu": 1, "mem": 4000}, (0, 0), backstop.Gap(3, 0)),   # a job under-held
+    ((2, 8000), {"cpu": 2, "mem": 1000}, (0, 0), backstop.Gap(0, 7000)),
+    ((0, 0), {"cpu": 0, "mem": 0}, (2, 1000), backstop.Gap(0, 0, 2, 1000)),  # a job completing
+    ((3, 100), {"cpu": 1, "mem": 100}, (2, 50), backstop.Gap(2, 0, 2, 50)),
 ])
 def test_gap_table(alloc, jobs, completing, want):
-    assert B.gap(*alloc, jobs, completing) == want
+    assert backstop.gap(*alloc, jobs, completing) == want
 
 
 @pytest.mark.parametrize("jobs", [None, {}, {"cpu": 1}])
 def test_no_count_of_the_jobs_is_no_gap(jobs):
-    assert B.gap(4, 4000, jobs) is None
+    assert backstop.gap(4, 4000, jobs) is None
 
 
 @pytest.mark.parametrize("gap, want", [
-    (None, None), (B.Gap(), None), (B.Gap(1, 0), (1000, 0)),
-    (B.Gap(0, 10, 2, 5), (2000, 15 << 20)),
+    (None, None), (backstop.Gap(), None), (backstop.Gap(1, 0), (1000, 0)),
+    (backstop.Gap(0, 10, 2, 5), (2000, 15 << 20)),
 ])
 def test_entry_table(gap, want):
-    assert B.entry(gap) == want
+    assert backstop.entry(gap) == want
 
 
 @pytest.mark.parametrize("text, want", [("0", 1), ("0-3", 4), ("0-3,6", 5), ("1,3,5-6", 4)])
 def test_cpu_ids_count(text, want):
-    assert B.cpu_ids_count(text) == want
+    assert backstop.cpu_ids_count(text) == want
 
 
 @pytest.mark.parametrize("text", ["x", "0-", "²", "1-b"])
 def test_cpu_ids_refused(text):
     with pytest.raises(ValueError):
-        B.cpu_ids_count(text)
+        backstop.cpu_ids_count(text)
 
 
 def test_completing_per_node_sums_only_completing_jobs():
     jobs = [("COMPLETING", [(["n1", "n2"], 2, 1000)]),
             ("RUNNING", [(["n1"], 4, 4000)]),
             ("COMPLETING", [(["n1"], 1, 10), (["n3"], 3, 30)])]
-    assert B.completing_per_node(jobs) == {"n1": (3, 1010), "n2": (2, 1000), "n3": (3, 30)}
+    assert backstop.completing_per_node(jobs) == {"n1": (3, 1010), "n2": (2, 1000), "n3": (3, 30)}
 
 
 # ----------------------------------------------------------------- in the sync loop
@@ -80,7 +80,7 @@ def test_what_jobs_do_not_hold_is_held_from_pods(world):
     _slurm_side(slurm, rec, "n1", alloc_cpus=3, alloc_memory=2000,
                 gres_used={"k8scpu": 1, "k8smemory": 2000})
     rec.cycle()
-    assert slurm.core.nodes["n1"][B.KEY][:2] == (2000, 0)
+    assert slurm.core.nodes["n1"][backstop.KEY][:2] == (2000, 0)
     assert slurm.counts("n1") == (4 - 1 - 2, 8000 - 1000)   # pods see 1 CPU left, not 3
     assert [s[:2] for s in seen] == [("n1", "SlurmAllocationUnheld")]
     assert "2 CPUs and 0 MB on node n1" in seen[0][2]
@@ -90,7 +90,7 @@ def test_what_jobs_do_not_hold_is_held_from_pods(world):
     # The job ends: the entry goes, nothing more is said.
     _slurm_side(slurm, rec, "n1", alloc_cpus=0, alloc_memory=0, gres_used={})
     rec.cycle()
-    assert B.KEY not in slurm.core.nodes["n1"] and len(seen) == 1
+    assert backstop.KEY not in slurm.core.nodes["n1"] and len(seen) == 1
     assert slurm.ledger.reserve("n1", "uid-big", 2000, 1 << 20)["ok"]
 
 
@@ -99,23 +99,23 @@ def test_a_completing_job_is_held_until_it_is_gone(world):
     slurm.completing = {"n2": (2, 500)}
     _slurm_side(slurm, rec, "n2", state="IDLE+COMPLETING")
     rec.cycle()
-    assert slurm.core.nodes["n2"][B.KEY][:2] == (2000, 500 << 20)
+    assert slurm.core.nodes["n2"][backstop.KEY][:2] == (2000, 500 << 20)
     assert seen == []                       # completing is normal: no Event
     slurm.completing = {}
     _slurm_side(slurm, rec, "n2", state="IDLE")
     rec.cycle()
-    assert B.KEY not in slurm.core.nodes.get("n2", {})
+    assert backstop.KEY not in slurm.core.nodes.get("n2", {})
 
 
 def test_without_the_ledgers_count_the_last_gap_is_kept(world):
     slurm, rec, seen = world
     _slurm_side(slurm, rec, "n1", alloc_cpus=2, gres_used={"k8scpu": 0})
     rec.cycle()
-    assert slurm.core.nodes["n1"][B.KEY][:2] == (2000, 0)
+    assert slurm.core.nodes["n1"][backstop.KEY][:2] == (2000, 0)
     rec.ledger_nodes = None                  # the poller's show failed
     slurm.nodes["n1"] = dataclasses.replace(slurm.nodes["n1"], alloc_cpus=0)
     rec.cycle()
-    assert slurm.core.nodes["n1"][B.KEY][:2] == (2000, 0)
+    assert slurm.core.nodes["n1"][backstop.KEY][:2] == (2000, 0)
 
 
 def test_a_failed_read_of_completing_jobs_keeps_the_last(world):
@@ -128,7 +128,7 @@ def test_a_failed_read_of_completing_jobs_keeps_the_last(world):
         raise RuntimeError("slurmctld down")
     slurm.completing_allocations = broken
     rec.cycle()
-    assert slurm.core.nodes["n1"][B.KEY][:2] == (1000, 0)
+    assert slurm.core.nodes["n1"][backstop.KEY][:2] == (1000, 0)
 
 
 # ----------------------------------------------------------------- newly mapped nodes
@@ -145,12 +145,12 @@ def test_a_node_newly_mapped_while_its_pods_cannot_be_counted_is_held_whole(worl
     rec.cache.event("nodes", "ADDED", knode("k8s-c", **{rec.cfg.node_key: "n3"}))
     rec.cycle()
     assert slurm.counts("n3") == (0, 0)                  # fenced: all of it held
-    assert set(slurm.core.nodes["n3"]) == {B.FENCE_KEY}
+    assert set(slurm.core.nodes["n3"]) == {backstop.FENCE_KEY}
     rec.cache.event("pods", "ADDED", pod("c", "k8s-c", "2", "1000Mi"))
     rec.cache.health("pods", True)
     rec.cycle()
     assert slurm.counts("n3") == (2, 7000)               # its pod, counted
-    assert B.FENCE_KEY not in slurm.core.nodes["n3"]
+    assert backstop.FENCE_KEY not in slurm.core.nodes["n3"]
 
 
 def test_a_node_mapped_when_the_daemon_starts_is_not_fenced(world):
@@ -166,19 +166,19 @@ def test_a_node_mapped_when_the_daemon_starts_is_not_fenced(world):
     ({"k8scpu": 4, "k8smemory": 8000}, (4000, 8000 << 20)), ({}, None)])
 def test_fence_table(gres, want):
     node = type("N", (), {"gres": gres})()
-    assert B.fence(node) == want and B.fence(None) is None
+    assert backstop.fence(node) == want and backstop.fence(None) is None
 
 
 def test_a_restarted_daemon_keeps_the_entry_until_it_can_compute_it(world):
     slurm, rec, seen = world
     _slurm_side(slurm, rec, "n1", alloc_cpus=3, gres_used={"k8scpu": 0})
     rec.cycle()
-    assert slurm.core.nodes["n1"][B.KEY][:2] == (3000, 0)
+    assert slurm.core.nodes["n1"][backstop.KEY][:2] == (3000, 0)
     # A new daemon, before its poller has read the ledger's counts.
     again = sync.Reconciler(rec.cfg, rec.cache, slurm, ledger=slurm.ledger)
     again.cycle()
-    assert slurm.core.nodes["n1"][B.KEY][:2] == (3000, 0)
+    assert slurm.core.nodes["n1"][backstop.KEY][:2] == (3000, 0)
     # Once it can: the job has ended meanwhile, the entry goes.
     _slurm_side(slurm, again, "n1", alloc_cpus=0, gres_used={})
     again.cycle()
-    assert B.KEY not in slurm.core.nodes["n1"]
+    assert backstop.KEY not in slurm.core.nodes["n1"]

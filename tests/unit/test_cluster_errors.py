@@ -1,10 +1,14 @@
 """`pyk8sres cluster up` fails early and clearly (no daemon is started)."""
+import argparse
 import os
+import shutil
 import socket
+import tempfile
 
 import pytest
 
-from pyk8sres.testbed import cluster
+from pyk8sres import cli, install
+from pyk8sres.testbed import accounting, cluster
 
 
 def test_missing_binary_names_the_package():
@@ -49,7 +53,6 @@ def test_service_port_in_use_is_reported(tmp_path, service, flags):
 
 
 def test_slurm_conf_accounting_replaces_none(tmp_path):
-    from pyk8sres.testbed import accounting
     lines = accounting.slurm_conf_lines(str(tmp_path), 6819, "munge")
     text = cluster.slurm_conf_text(str(tmp_path), nodes=1, cpus=4, memory=8000, base_port=17000,
                                    node_features=True, def_mem_per_cpu=100, plugin_dir="/x",
@@ -77,10 +80,6 @@ def test_slurm_conf_without_node_features_keeps_gres_on_node_lines(tmp_path):
 
 def test_unreadable_python_is_reported():
     """slurmctld as SlurmUser=slurm cannot load a core under a 0700 directory."""
-    import shutil
-    import tempfile
-
-    from pyk8sres import install
     base = tempfile.mkdtemp(dir="/tmp")  # /tmp itself lets everyone through
     try:
         os.chmod(base, 0o755)
@@ -137,8 +136,6 @@ def test_slurm_conf_nodes_of_different_sizes(tmp_path):
     ("8", None), ("8:16000,", None), ("0:100", None), ("a:b", None),
 ])
 def test_node_sizes_option(text, sizes):
-    import argparse
-    from pyk8sres import cli
     if sizes is None:
         with pytest.raises(argparse.ArgumentTypeError, match="expected CPUS:MB"):
             cli._node_sizes(text)

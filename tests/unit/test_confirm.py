@@ -4,11 +4,18 @@ and its namespace's next creates on shared nodes wait a while.  The API
 server's answers are scripted; the ledger's rules are the real ones
 (pyk8sres.policy.ledger.decide)."""
 
+import time
+
 import pytest
 
-from pyk8sres.coordinator import confirm as C
-from pyk8sres.policy import admission as A
-from pyk8sres.policy import ledger as L
+from test_admission import binding, pod, req
+from test_not_ready import _scope
+
+from pyk8sres.coordinator import confirm
+from pyk8sres.coordinator import webhook
+from pyk8sres.coordinator.config import ConfigError, SyncConfig, WebhookConfig
+from pyk8sres.policy import admission
+from pyk8sres.policy import ledger as ledger_policy
 from pyk8sres.policy.ledger import Entry, Facts, Request
 
 NODE = Facts(8, 16000, 0, 0)
@@ -26,8 +33,9 @@ class Ledger:
         self.calls.append((node, key))
         if self.answer is not None:
             return self.answer
-        new, reply = L.decide(self.entries, Request("release", node, key, unbound_only=True),
-                              NODE, now=1.0)
+        new, reply = ledger_policy.decide(self.entries,
+                                          Request("release", node, key, unbound_only=True),
+                                          NODE, now=1.0)
         if new is not None:
             self.entries = new
         return reply
@@ -59,17 +67,17 @@ def stored(uid, node="n1"):
     ("already gone from the ledger", None, {}, set(), True),
 ])
 def test_check(monkeypatch, case, pod, entries, left, blocked):
-    monkeypatch.setattr(C, "get_pod", lambda kube, ns, name: pod)
+    monkeypatch.setattr(confirm, "get_pod", lambda kube, ns, name: pod)
     ledger, clock = Ledger(entries), Clock()
-    c = C.CreateConfirmer(None, ledger, hold=10.0, clock=clock)
-    assert c.check(C.Created("q", "p", "u-1", "n1", clock.t, "n1")) is True, case
+    c = confirm.CreateConfirmer(None, ledger, hold=10.0, clock=clock)
+    assert c.check(confirm.Created("q", "p", "u-1", "n1", clock.t, "n1")) is True, case
     assert set(ledger.entries) == left, case
     # One is forgiven (a pod created and deleted before the sync daemon saw it)...
     assert c.blocked_for("q") == 0, case
     # ...a second within `hold` seconds is not.
     clock.t += 9.0
     ledger.entries["u-2"] = Entry(6000, 0, 0.0, entries.get("u-1", Entry(0, 0, 0.0)).bound)
-    c.check(C.Created("q", "p", "u-2", "n1", clock.t, "n1"))
+    c.check(confirm.Created("q", "p", "u-2", "n1", clock.t, "n1"))
     assert (c.blocked_for("q") > 0) is blocked, case
     assert c.blocked_for("other-namespace") == 0, case
     if blocked:
@@ -79,11 +87,11 @@ def test_check(monkeypatch, case, pod, entries, left, blocked):
 
 
 def test_failures_further_apart_than_hold_are_forgiven(monkeypatch):
-    monkeypatch.setattr(C, "get_pod", lambda kube, ns, name: None)
+    monkeypatch.setattr(confirm, "get_pod", lambda kube, ns, name: None)
     clock = Clock()
-    c = C.CreateConfirmer(None, Ledger(), hold=10.0, clock=clock)
+    c = confirm.CreateConfirmer(None, Ledger(), hold=10.0, clock=clock)
     for i in range(5):
-        c.check(C.Created("q", "p", f"u-{i}", "n1", clock.t, "n1"))
+        c.check(confirm.Created("q", "p", f"u-{i}", "n1", clock.t, "n1"))
         assert c.blocked_for("q") == 0
         clock.t += 11
 
@@ -100,21 +108,20 @@ def test_check_when_something_does_not_answer(monkeypatch, case, get, answer, do
         if get == "raise":
             raise OSError("connection refused")
         return None
-    monkeypatch.setattr(C, "get_pod", read)
+    monkeypatch.setattr(confirm, "get_pod", read)
     ledger = Ledger({"u-1": Entry(6000, 0, 0.0)}, answer=answer)
-    c = C.CreateConfirmer(None, ledger)
-    assert c.check(C.Created("q", "p", "u-1", "n1", 0.0, "n1")) is done, case
+    c = confirm.CreateConfirmer(None, ledger)
+    assert c.check(confirm.Created("q", "p", "u-1", "n1", 0.0, "n1")) is done, case
     assert c.blocked_for("q") == 0, case
 
 
 def test_the_worker_releases_a_refused_create_after_the_delay(monkeypatch):
-    monkeypatch.setattr(C, "get_pod", lambda kube, ns, name: None)
+    monkeypatch.setattr(confirm, "get_pod", lambda kube, ns, name: None)
     ledger = Ledger({"u-1": Entry(6000, 0, 0.0)})
-    c = C.CreateConfirmer(None, ledger, after=0.05)
+    c = confirm.CreateConfirmer(None, ledger, after=0.05)
     try:
         c.track("q", "p", "u-1", "n1", "n1")
         assert ledger.calls == []            # not before the delay
-        import time
         deadline = time.monotonic() + 5
         while ledger.entries and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -125,7 +132,7 @@ def test_the_worker_releases_a_refused_create_after_the_delay(monkeypatch):
 
 
 def test_tracking_is_bounded():
-    c = C.CreateConfirmer(None, Ledger(), after=3600, cap=3)
+    c = confirm.CreateConfirmer(None, Ledger(), after=3600, cap=3)
     try:
         for i in range(10):
             c.track("q", f"p{i}", f"u-{i}", "n1", "n1")
@@ -135,33 +142,34 @@ def test_tracking_is_bounded():
 
 
 def test_landed():
-    assert A.landed("u-1", "n1", stored("u-1"))
-    assert not A.landed("u-1", "n1", stored("u-2"))
-    assert not A.landed("u-1", "n1", stored("u-1", "n2"))      # a binding that lost
-    assert not A.landed("u-1", "n1", stored("u-1", None))
-    assert not A.landed("u-1", "n1", None)
-    assert not A.landed("u-1", "n1", {})
+    assert admission.landed("u-1", "n1", stored("u-1"))
+    assert not admission.landed("u-1", "n1", stored("u-2"))
+    assert not admission.landed("u-1", "n1", stored("u-1", "n2"))      # a binding that lost
+    assert not admission.landed("u-1", "n1", stored("u-1", None))
+    assert not admission.landed("u-1", "n1", None)
+    assert not admission.landed("u-1", "n1", {})
 
 
 def test_a_failed_binding_is_released_but_never_pauses_the_namespace(monkeypatch):
     """Bindings are kube-scheduler's, not the namespace's doing."""
-    monkeypatch.setattr(C, "get_pod", lambda kube, ns, name: stored("u-1", "n2"))
+    monkeypatch.setattr(confirm, "get_pod", lambda kube, ns, name: stored("u-1", "n2"))
     ledger, clock = Ledger({"u-1": Entry(6000, 0, 0.0)}), Clock()
-    c = C.CreateConfirmer(None, ledger, hold=10.0, clock=clock)
+    c = confirm.CreateConfirmer(None, ledger, hold=10.0, clock=clock)
     for _ in range(3):
-        assert c.check(C.Created("q", "p", "u-1", "n1", clock.t, "n1", create=False))
+        assert c.check(confirm.Created("q", "p", "u-1", "n1", clock.t, "n1", create=False))
         ledger.entries["u-1"] = Entry(6000, 0, 0.0)
     assert ledger.calls == [("n1", "u-1")] * 3 and c.blocked_for("q") == 0
 
 
 def test_phantom_refusal_names_namespace_and_why():
-    t = A.Target("create", "q", "p", "n1", False)
-    d = A.phantom_refusal(t, 7.2)
-    assert isinstance(d, A.Deny) and d.code == "phantom_creates" and d.code in A.DENY_CODES
+    t = admission.Target("create", "q", "p", "n1", False)
+    d = admission.phantom_refusal(t, 7.2)
+    assert isinstance(d, admission.Deny) and d.code == "phantom_creates"
+    assert d.code in admission.DENY_CODES
     assert "namespace q" in d.message and "8 s" in d.message and "ResourceQuota" in d.message
 
 
-class Tracking(C.CreateConfirmer):
+class Tracking(confirm.CreateConfirmer):
     def __init__(self, blocked=0.0):
         super().__init__(None, None)
         self.tracked, self.blocked = [], blocked
@@ -197,9 +205,6 @@ class Reserving:
 ])
 def test_admission_reads_reserved_creates_back(case, request_, reply, blocked, allowed,
                                                tracked, monkeypatch):
-    from test_admission import pod, req, binding
-    from test_not_ready import _scope
-    from pyk8sres.coordinator import webhook
     op, res, sub, node = request_
     obj = binding(node) if sub == "binding" else pod(node=node, ns="q")
     confirmer, ledger = Tracking(blocked), Reserving(reply)
@@ -223,8 +228,6 @@ def test_admission_reads_reserved_creates_back(case, request_, reply, blocked, a
     ({"phantom_hold_seconds": -1}, "phantom_hold_seconds"),
 ])
 def test_webhook_settings_are_checked(settings, words):
-    from pyk8sres.coordinator.config import ConfigError, SyncConfig, WebhookConfig
-    from pyk8sres.coordinator import webhook as W
     with pytest.raises(ConfigError) as e:
-        W.Webhook(WebhookConfig(**settings), SyncConfig(), None, None)
+        webhook.Webhook(WebhookConfig(**settings), SyncConfig(), None, None)
     assert words in str(e.value)

@@ -9,7 +9,7 @@ import pytest
 from pyk8sres.coordinator import sync
 from pyk8sres.coordinator.cache import Cache
 from pyk8sres.coordinator.config import SyncConfig, exemptions_of
-from pyk8sres.policy import departures as D
+from pyk8sres.policy import departures
 
 from memory_slurm import SlurmWorld, knode, pod
 
@@ -17,41 +17,42 @@ NOW, WALL, MARGIN = 1000.0, 1_700_000_000.0, 5.0
 
 
 def held(until, grace=30.0):
-    return D.Held(2000, 0, "k1", grace, until)
+    return departures.Held(2000, 0, "k1", grace, until)
 
 
 @pytest.mark.parametrize("case, grace, was_terminating_until, state, want", [
-    ("forced delete on a Ready node: the whole grace period", 30.0, None, D.READY,
+    ("forced delete on a Ready node: the whole grace period", 30.0, None, departures.READY,
      held(NOW + 30 + MARGIN)),
-    ("seen Terminating, vanished when its grace ended", 30.0, WALL, D.READY, held(NOW + MARGIN)),
-    ("seen Terminating, then forced 10 s into 30", 30.0, WALL + 20, D.READY,
+    ("seen Terminating, vanished when its grace ended", 30.0, WALL, departures.READY,
+     held(NOW + MARGIN)),
+    ("seen Terminating, then forced 10 s into 30", 30.0, WALL + 20, departures.READY,
      held(NOW + 20 + MARGIN)),
     ("a delete that asked a longer grace period: its deadline counts", 30.0, WALL + 500,
-     D.READY, held(NOW + 500 + MARGIN)),
-    ("Node object deleted: grace and margin", 10.0, None, D.ABSENT,
+     departures.READY, held(NOW + 500 + MARGIN)),
+    ("Node object deleted: grace and margin", 10.0, None, departures.ABSENT,
      held(NOW + 10 + MARGIN, grace=10.0)),
-    ("node NotReady or Unknown: until it is back", 30.0, None, D.UNREACHABLE, held(None)),
-    ("node fenced (out-of-service): nothing runs there", 30.0, None, D.FENCED, None),
+    ("node NotReady or Unknown: until it is back", 30.0, None, departures.UNREACHABLE, held(None)),
+    ("node fenced (out-of-service): nothing runs there", 30.0, None, departures.FENCED, None),
 ])
 def test_first_hold(case, grace, was_terminating_until, state, want):
-    got = D.first_hold(2000, 0, "k1", grace, was_terminating_until, state,
-                       now=NOW, wall=WALL, margin=MARGIN)
+    got = departures.first_hold(2000, 0, "k1", grace, was_terminating_until, state,
+                                now=NOW, wall=WALL, margin=MARGIN)
     assert got == want, case
 
 
 @pytest.mark.parametrize("case, h, state, now, want", [
-    ("counting down", held(NOW + 10), D.READY, NOW + 9, held(NOW + 10)),
-    ("time is up", held(NOW + 10), D.READY, NOW + 10, None),
-    ("time is up, Node deleted meanwhile", held(NOW + 10), D.ABSENT, NOW + 11, None),
-    ("node became unreachable before the end: wait for it", held(NOW + 10), D.UNREACHABLE,
+    ("counting down", held(NOW + 10), departures.READY, NOW + 9, held(NOW + 10)),
+    ("time is up", held(NOW + 10), departures.READY, NOW + 10, None),
+    ("time is up, Node deleted meanwhile", held(NOW + 10), departures.ABSENT, NOW + 11, None),
+    ("node became unreachable before the end: wait for it", held(NOW + 10), departures.UNREACHABLE,
      NOW + 11, held(None)),
-    ("waited-for node back: a full grace period from now", held(None), D.READY, NOW,
+    ("waited-for node back: a full grace period from now", held(None), departures.READY, NOW,
      held(NOW + 30 + MARGIN)),
-    ("still unreachable", held(None), D.UNREACHABLE, NOW + 1e6, held(None)),
-    ("fenced while waiting", held(None), D.FENCED, NOW, None),
+    ("still unreachable", held(None), departures.UNREACHABLE, NOW + 1e6, held(None)),
+    ("fenced while waiting", held(None), departures.FENCED, NOW, None),
 ])
 def test_next_hold(case, h, state, now, want):
-    assert D.next_hold(h, state, now=now, margin=MARGIN) == want, case
+    assert departures.next_hold(h, state, now=now, margin=MARGIN) == want, case
 
 
 def status(phase="Running", **states):
@@ -72,39 +73,41 @@ def status(phase="Running", **states):
 def test_containers_gone(case, st, want):
     p = {"spec": {"containers": [{"name": "c"}] + ([{"name": "c2"}] if case.startswith("one")
                                                    else [])}, "status": st}
-    assert D.containers_gone(p) is want, case
+    assert departures.containers_gone(p) is want, case
 
 
 @pytest.mark.parametrize("case, node, want", [
-    ("no object", None, D.ABSENT),
-    ("Ready", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}, D.READY),
+    ("no object", None, departures.ABSENT),
+    ("Ready", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}, departures.READY),
     ("NotReady", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}},
-     D.UNREACHABLE),
+     departures.UNREACHABLE),
     ("Unknown", {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}},
-     D.UNREACHABLE),
-    ("fenced wins", {"spec": {"taints": [{"key": D.OUT_OF_SERVICE_TAINT, "effect": "NoExecute"}]},
-                     "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}, D.FENCED),
-    ("never reported: no pod runs yet", {"status": {}}, D.READY),
+     departures.UNREACHABLE),
+    ("fenced wins",
+     {"spec": {"taints": [{"key": departures.OUT_OF_SERVICE_TAINT, "effect": "NoExecute"}]},
+      "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}, departures.FENCED),
+    ("never reported: no pod runs yet", {"status": {}}, departures.READY),
 ])
 def test_node_state(case, node, want):
-    assert D.node_state(node) == want, case
+    assert departures.node_state(node) == want, case
 
 
 def test_grace_and_kill_by_read_from_the_pod():
     p = {"metadata": {"deletionTimestamp": "2026-12-06T21:00:30Z",
                       "deletionGracePeriodSeconds": 7},
          "spec": {"terminationGracePeriodSeconds": 7}}
-    assert D.grace_of(p) == 7.0 and D.grace_of({}) == D.DEFAULT_GRACE
+    assert departures.grace_of(p) == 7.0 and departures.grace_of({}) == departures.DEFAULT_GRACE
     longer = {"metadata": {"deletionGracePeriodSeconds": 90},
               "spec": {"terminationGracePeriodSeconds": 7}}
-    assert D.grace_of(longer) == 90.0       # `delete --grace-period=90`: the kubelet waits so
-    assert D.kill_by(p) == 1796590830.0 and D.kill_by({}) is None
+    assert departures.grace_of(longer) == 90.0   # `delete --grace-period=90`: the kubelet waits so
+    assert departures.kill_by(p) == 1796590830.0 and departures.kill_by({}) is None
     # A forced delete: deletionTimestamp now and period 0, the object gone at
     # once; the kubelet was told nothing yet.
     forced = {"metadata": {"deletionTimestamp": "2026-12-06T21:00:30Z",
                            "deletionGracePeriodSeconds": 0}}
-    assert D.kill_by(forced) is None
-    assert D.grace_of({"spec": {"terminationGracePeriodSeconds": True}}) == D.DEFAULT_GRACE
+    assert departures.kill_by(forced) is None
+    no_number = {"spec": {"terminationGracePeriodSeconds": True}}
+    assert departures.grace_of(no_number) == departures.DEFAULT_GRACE
 
 
 # ----------------------------------------------------------------- the cycle
@@ -203,7 +206,7 @@ def test_pods_gone_from_an_unreachable_node_are_held_until_it_is_back_or_fenced(
     rec.cycle()
     assert slurm.counts("n1") == (1, 8000) and slurm.counts("n2") == (2, 8000)
     fenced = ready_node("n1", "Unknown")
-    fenced["spec"] = {"taints": [{"key": D.OUT_OF_SERVICE_TAINT, "effect": "NoExecute"}]}
+    fenced["spec"] = {"taints": [{"key": departures.OUT_OF_SERVICE_TAINT, "effect": "NoExecute"}]}
     cache.event("nodes", "MODIFIED", fenced)                      # the admin: it is shut down
     cache.event("nodes", "MODIFIED", ready_node("k8s-b", **{rec.cfg.node_key: "n2"}))  # back
     rec.cycle()
@@ -253,7 +256,7 @@ def test_a_restarted_daemon_holds_ledger_entries_no_pod_explains(world, monkeypa
     rec2 = sync.Reconciler(rec.cfg, cache2, slurm, ledger=slurm.ledger)
     rec2.cycle()
     assert slurm.counts("n1") == (0, 8000)          # a (held, unexplained) + x
-    clock.t += D.DEFAULT_GRACE + MARGIN + 0.1
+    clock.t += departures.DEFAULT_GRACE + MARGIN + 0.1
     rec2.cycle()
     assert slurm.counts("n1") == (3, 8000)
 
@@ -265,7 +268,7 @@ def test_relist_holds_what_vanished_unseen(world):
     cache.replace("pods", [])          # a watch broke; the pod is gone from the new list
     rec.cycle()
     assert slurm.counts("n1") == (1, 8000)
-    clock.t += D.DEFAULT_GRACE + MARGIN + 0.1
+    clock.t += departures.DEFAULT_GRACE + MARGIN + 0.1
     rec.cycle()
     assert slurm.counts("n1") == (4, 8000)
 

@@ -2,38 +2,38 @@
 
 import pytest
 
-from pyk8sres.policy import events as E
+from pyk8sres.policy import events
 
-L = E.Limits(update_interval=5.0, window=600.0, max_keys=3)
+L = events.Limits(update_interval=5.0, window=600.0, max_keys=3)
 K = ("default", "Pod", "web-1", "u-1", "InsufficientSharedCapacity")
 
 
 def seen(count, written, first, last, sent):
-    return E.Seen(count=count, written=written, first=first, last=last, sent=sent)
+    return events.Seen(count=count, written=written, first=first, last=last, sent=sent)
 
 
 @pytest.mark.parametrize("case,table,now,action,entry", [
-    ("first occurrence creates", {}, 100.0, E.CREATE, seen(1, 1, 100, 100, 100)),
-    ("again within the interval folds", {K: seen(1, 1, 100, 100, 100)}, 101.0, E.DROP,
+    ("first occurrence creates", {}, 100.0, events.CREATE, seen(1, 1, 100, 100, 100)),
+    ("again within the interval folds", {K: seen(1, 1, 100, 100, 100)}, 101.0, events.DROP,
      seen(2, 1, 100, 101, 100)),
-    ("folds keep counting", {K: seen(7, 1, 100, 104, 100)}, 104.9, E.DROP,
+    ("folds keep counting", {K: seen(7, 1, 100, 104, 100)}, 104.9, events.DROP,
      seen(8, 1, 100, 104.9, 100)),
     ("after the interval bumps the count with everything folded",
-     {K: seen(7, 1, 100, 104, 100)}, 105.0, E.UPDATE, seen(8, 8, 100, 105, 105)),
+     {K: seen(7, 1, 100, 104, 100)}, 105.0, events.UPDATE, seen(8, 8, 100, 105, 105)),
     ("interval counts from the last write, not the last occurrence",
-     {K: seen(3, 3, 100, 110, 108)}, 112.0, E.DROP, seen(4, 3, 100, 112, 108)),
+     {K: seen(3, 3, 100, 110, 108)}, 112.0, events.DROP, seen(4, 3, 100, 112, 108)),
     ("a key quiet for the window starts a new Event", {K: seen(9, 9, 100, 100, 100)}, 700.0,
-     E.CREATE, seen(1, 1, 700, 700, 700)),
-    ("just inside the window still bumps", {K: seen(9, 9, 100, 100, 100)}, 699.0, E.UPDATE,
+     events.CREATE, seen(1, 1, 700, 700, 700)),
+    ("just inside the window still bumps", {K: seen(9, 9, 100, 100, 100)}, 699.0, events.UPDATE,
      seen(10, 10, 100, 699, 699)),
     ("another key is independent", {("default", "Pod", "web-2", "u-2", "x"):
-                                    seen(1, 1, 100, 100, 100)}, 100.5, E.CREATE,
+                                    seen(1, 1, 100, 100, 100)}, 100.5, events.CREATE,
      seen(1, 1, 100.5, 100.5, 100.5)),
     ("an occurrence stamped before the latest keeps last", {K: seen(2, 1, 100, 103, 100)}, 102.0,
-     E.DROP, seen(3, 1, 100, 103, 100)),
+     events.DROP, seen(3, 1, 100, 103, 100)),
 ])
 def test_decide(case, table, now, action, entry):
-    got_action, got = E.decide(K, now, table, L)
+    got_action, got = events.decide(K, now, table, L)
     assert (got_action, got) == (action, entry), case
 
 
@@ -43,15 +43,15 @@ def test_storm_of_n_is_one_create_and_few_writes():
     table, writes = {}, []
     for i in range(100):
         now = 1000.0 + i * 0.1
-        action, table[K] = E.decide(K, now, table, L)
-        if action != E.DROP:
+        action, table[K] = events.decide(K, now, table, L)
+        if action != events.DROP:
             writes.append((action, now))
-    assert [a for a, _ in writes] == [E.CREATE, E.UPDATE]        # at 1000.0 and 1005.0
+    assert [a for a, _ in writes] == [events.CREATE, events.UPDATE]        # at 1000.0 and 1005.0
     assert table[K].count == 100 and table[K].written < 100
-    assert E.due(table, 1009.95, L) == []                        # 4.95 s after the last write
-    assert E.due(table, 1010.0, L) == [K]
-    table[K] = E.flushed(table[K], 1010.0)
-    assert table[K].written == 100 and E.due(table, 2000.0, L) == []
+    assert events.due(table, 1009.95, L) == []                        # 4.95 s after the last write
+    assert events.due(table, 1010.0, L) == [K]
+    table[K] = events.flushed(table[K], 1010.0)
+    assert table[K].written == 100 and events.due(table, 2000.0, L) == []
 
 
 @pytest.mark.parametrize("case,table,now,keys", [
@@ -62,7 +62,7 @@ def test_storm_of_n_is_one_create_and_few_writes():
                             "c": seen(5, 5, 0, 9, 0)}, 20.0, ["b", "a"]),
 ])
 def test_due(case, table, now, keys):
-    assert E.due(table, now, L) == keys, case
+    assert events.due(table, now, L) == keys, case
 
 
 @pytest.mark.parametrize("case,table,now,kept", [
@@ -74,7 +74,7 @@ def test_due(case, table, now, keys):
      ["b", "c", "d"]),
 ])
 def test_prune(case, table, now, kept):
-    assert sorted(E.prune(table, now, L)) == kept, case
+    assert sorted(events.prune(table, now, L)) == kept, case
 
 
 @pytest.mark.parametrize("code,reason", [
@@ -84,66 +84,70 @@ def test_prune(case, table, now, kept):
     ("internal", "AdmissionRefused"),
 ])
 def test_refusal_reason(code, reason):
-    assert E.refusal_reason(code) == reason
+    assert events.refusal_reason(code) == reason
 
 
-B = E.Limits(update_interval=5.0, window=600.0, rate=2.0, burst=3)
+B = events.Limits(update_interval=5.0, window=600.0, rate=2.0, burst=3)
 
 
 @pytest.mark.parametrize("case,bucket,now,ok,after", [
-    ("full bucket gives a token", E.Bucket(3.0, 10.0), 10.0, True, E.Bucket(2.0, 10.0)),
-    ("empty bucket refuses", E.Bucket(0.4, 10.0), 10.0, False, E.Bucket(0.4, 10.0)),
-    ("refills at rate", E.Bucket(0.4, 10.0), 10.3, True, E.Bucket(0.0, 10.3)),
-    ("never above burst", E.Bucket(2.0, 0.0), 100.0, True, E.Bucket(2.0, 100.0)),
-    ("a clock going back refills nothing", E.Bucket(0.5, 10.0), 9.0, False, E.Bucket(0.5, 9.0)),
+    ("full bucket gives a token", events.Bucket(3.0, 10.0), 10.0, True, events.Bucket(2.0, 10.0)),
+    ("empty bucket refuses", events.Bucket(0.4, 10.0), 10.0, False, events.Bucket(0.4, 10.0)),
+    ("refills at rate", events.Bucket(0.4, 10.0), 10.3, True, events.Bucket(0.0, 10.3)),
+    ("never above burst", events.Bucket(2.0, 0.0), 100.0, True, events.Bucket(2.0, 100.0)),
+    ("a clock going back refills nothing", events.Bucket(0.5, 10.0), 9.0, False,
+     events.Bucket(0.5, 9.0)),
 ])
 def test_take(case, bucket, now, ok, after):
-    got_ok, got = E.take(bucket, now, B)
+    got_ok, got = events.take(bucket, now, B)
     assert (got_ok, got.at) == (ok, after.at) and got.tokens == pytest.approx(after.tokens), case
 
 
 @pytest.mark.parametrize("case,bucket,now,seconds", [
-    ("a token now", E.Bucket(1.0, 10.0), 10.0, 0.0),
-    ("refilled meanwhile", E.Bucket(0.4, 10.0), 10.3, 0.0),
-    ("at rate 2/s, 0.6 tokens short", E.Bucket(0.4, 10.0), 10.0, 0.3),
-    ("partly refilled", E.Bucket(0.0, 10.0), 10.25, 0.25),
+    ("a token now", events.Bucket(1.0, 10.0), 10.0, 0.0),
+    ("refilled meanwhile", events.Bucket(0.4, 10.0), 10.3, 0.0),
+    ("at rate 2/s, 0.6 tokens short", events.Bucket(0.4, 10.0), 10.0, 0.3),
+    ("partly refilled", events.Bucket(0.0, 10.0), 10.25, 0.25),
 ])
 def test_until_token(case, bucket, now, seconds):
-    assert E.until_token(bucket, now, B) == pytest.approx(seconds), case
-    ok, _ = E.take(bucket, now + seconds + 1e-9, B)
+    assert events.until_token(bucket, now, B) == pytest.approx(seconds), case
+    ok, _ = events.take(bucket, now + seconds + 1e-9, B)
     assert ok, case                                     # take() agrees at that moment
 
 
 def test_until_token_never_refilling():
-    assert E.until_token(E.Bucket(0.0, 0.0), 5.0, E.Limits(rate=0.0)) == float("inf")
+    assert events.until_token(events.Bucket(0.0, 0.0), 5.0, events.Limits(rate=0.0)) == float("inf")
 
 
 @pytest.mark.parametrize("case,table,bucket,action,entry", [
-    ("new key with a token creates", {}, E.Bucket(1, 100), E.CREATE, seen(1, 1, 100, 100, 100)),
-    ("new key without a token is suppressed (nothing remembered)", {}, E.Bucket(0, 100),
-     E.SUPPRESS, None),
-    ("a due bump without a token folds", {K: seen(3, 3, 0, 90, 90)}, E.Bucket(0, 100), E.DROP,
+    ("new key with a token creates", {}, events.Bucket(1, 100), events.CREATE,
+     seen(1, 1, 100, 100, 100)),
+    ("new key without a token is suppressed (nothing remembered)", {}, events.Bucket(0, 100),
+     events.SUPPRESS, None),
+    ("a due bump without a token folds", {K: seen(3, 3, 0, 90, 90)}, events.Bucket(0, 100),
+     events.DROP,
      seen(4, 3, 0, 100, 90)),
-    ("a due bump with a token updates", {K: seen(3, 3, 0, 90, 90)}, E.Bucket(1, 100), E.UPDATE,
+    ("a due bump with a token updates", {K: seen(3, 3, 0, 90, 90)}, events.Bucket(1, 100),
+     events.UPDATE,
      seen(4, 4, 0, 100, 100)),
-    ("a fold costs no token", {K: seen(3, 3, 0, 99, 99)}, E.Bucket(0, 100), E.DROP,
+    ("a fold costs no token", {K: seen(3, 3, 0, 99, 99)}, events.Bucket(0, 100), events.DROP,
      seen(4, 3, 0, 100, 99)),
 ])
 def test_throttled(case, table, bucket, action, entry):
-    got_action, got, after = E.throttled(K, 100.0, table, bucket, B)
+    got_action, got, after = events.throttled(K, 100.0, table, bucket, B)
     assert (got_action, got) == (action, entry), case
-    spent = action in (E.CREATE, E.UPDATE)
+    spent = action in (events.CREATE, events.UPDATE)
     assert after.tokens == pytest.approx(bucket.tokens - (1 if spent else 0)), case
 
 
 def test_churn_of_distinct_pods_is_bounded_by_the_budget():
     """1000 different pods refused, 100 every 0.25 s for 2.25 s: burst + rate x 2.25 s
     Events (a token every 0.5 s), no more."""
-    table, bucket, created = {}, E.Bucket(B.burst, 0.0), 0
+    table, bucket, created = {}, events.Bucket(B.burst, 0.0), 0
     for i in range(1000):
         key = ("ns", "Pod", f"p{i}", f"u{i}", "InsufficientSharedCapacity")
-        action, s, bucket = E.throttled(key, (i // 100) * 0.25, table, bucket, B)
+        action, s, bucket = events.throttled(key, (i // 100) * 0.25, table, bucket, B)
         if s is not None:
             table[key] = s
-        created += action == E.CREATE
+        created += action == events.CREATE
     assert created == B.burst + 4 == len(table)

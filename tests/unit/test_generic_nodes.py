@@ -3,17 +3,19 @@ over an in-memory Slurm (memory_slurm.py) writing to an in-memory store --
 the write budget, the relist that puts back what someone else changed, and
 which nodes a pod change writes."""
 
+import dataclasses
 import threading
+import time
 
 import pytest
 
-from memory_slurm import SlurmWorld, knode, pod
-from pyk8sres.coordinator import sync
+from memory_slurm import SNode, SlurmWorld, knode, pod
+from pyk8sres.coordinator import generic_nodes, sync
 from pyk8sres.coordinator.cache import Cache
 from pyk8sres.coordinator.config import SyncConfig, exemptions_of
 from pyk8sres.coordinator.kube import MANAGED_BY
 from pyk8sres.coordinator.threads import GenericNodeWriter
-from pyk8sres.policy import usage as U
+from pyk8sres.policy import usage
 
 
 class GenericNodeStore:
@@ -82,7 +84,8 @@ def test_generic_node_writes_keep_a_budget_oldest_change_first(tmp_path, monkeyp
         now[0] += 1.0
         rec.cycle()
     assert not rec.gn_behind and len(store.writes) == 10 + 10     # each node once, newest state
-    want = {n: U.generic_node_body(n, slurm.nodes[n], rec.last.usage.get(n), "c1") for n in names}
+    want = {n: usage.generic_node_body(n, slurm.nodes[n], rec.last.usage.get(n), "c1")
+            for n in names}
     assert {n: (o["spec"], o["status"]) for n, o in store.objects.items()} == want
     assert want["n2"][1]["allocatedResources"][1]["allocated"]["cpu"] == "3"
     writes = len(store.writes)
@@ -103,7 +106,7 @@ def test_generic_nodes_edited_or_deleted_by_hand_are_put_back_by_the_relist(tmp_
     del store.objects["n1"]
     store.objects["n2"] = {"spec": {"edited": True}, "status": {}}
     writes = len(store.writes)
-    now[0] += sync.GN_RELIST_SECONDS - 1
+    now[0] += generic_nodes.GN_RELIST_SECONDS - 1
     rec.cycle()
     assert len(store.writes) == writes and "n1" not in store.objects
     now[0] += 2
@@ -130,7 +133,8 @@ def test_pod_cycles_write_the_generic_nodes_of_their_nodes_only(tmp_path):
     whose oversubscription flag flipped meanwhile without a pod event; and
     a full pass afterwards finds nothing left to write."""
     names = [f"n{i}" for i in range(1, 7)]
-    slurm, cache, store, rec = publishing(tmp_path, 6)
+    # Which nodes a pass looks at, not when it may write them: no interval.
+    slurm, cache, store, rec = publishing(tmp_path, 6, generic_node_min_interval_seconds=0.0)
     assert sorted(store.writes) == names
     cache.take_dirty()                                      # what the daemon's loop does
     rec.slurm_view = LookedUp(rec.slurm_view)
@@ -144,7 +148,7 @@ def test_pod_cycles_write_the_generic_nodes_of_their_nodes_only(tmp_path):
     cache.event("pods", "ADDED", pod("b", "n2", "1", "1Gi"))
     rec.cycle(refresh=False, dirty=cache.take_dirty())
     assert rec.slurm_view.looked == {"n2", "n5"} and sorted(store.writes[7:]) == ["n2", "n5"]
-    assert (store.objects["n5"]["spec"], store.objects["n5"]["status"]) == U.generic_node_body(
+    assert (store.objects["n5"]["spec"], store.objects["n5"]["status"]) == usage.generic_node_body(
         "n5", slurm.nodes["n5"], None, "c1", oversubscribed=True)
 
     writes = len(store.writes)
@@ -163,3 +167,121 @@ def test_generic_node_writer_folds_waiting_decisions(offers, want):
     for i, only in enumerate(offers):
         w.offer(f"decision {i}", {}, only)
     assert w.pending == (f"decision {len(offers) - 1}", {}, want)
+
+
+def pod_cycle(cache, rec, kind, p):
+    cache.event("pods", kind, p)
+    rec.cycle(refresh=False, dirty=cache.take_dirty())
+
+
+def test_one_nodes_changes_within_the_interval_cost_one_write_of_the_newest_state(
+        tmp_path, monkeypatch):
+    """generic_node_min_interval_seconds: the first change of a node is
+    written at once; those that follow within the interval fold into one
+    write of the newest state at its end (a pass with no new decision, as
+    the writer thread makes when gn_next is due); a change undone within
+    the interval costs no write; other nodes are not held back."""
+    now = [1000.0]
+    monkeypatch.setattr(sync.time, "monotonic", lambda: now[0])
+    slurm, cache, store, rec = publishing(tmp_path, 3, generic_node_min_interval_seconds=2.0)
+    cache.take_dirty()
+    assert len(store.writes) == 3                       # created: not paced
+    now[0] += 10.0
+    pod_cycle(cache, rec, "ADDED", pod("a", "n1", "1", "1Gi"))
+    assert store.writes[3:] == ["n1"] and rec.gn_next is None
+    for i, t in enumerate((0.1, 0.5, 1.0)):              # three more pods within 2 s
+        now[0] += t
+        pod_cycle(cache, rec, "ADDED", pod(f"b{i}", "n1", "1", "1Gi"))
+    assert store.writes[3:] == ["n1"], "held back until the interval ends"
+    assert rec.gn_next == pytest.approx(1012.0)
+    now[0] += 0.1
+    pod_cycle(cache, rec, "ADDED", pod("c", "n2", "1", "1Gi"))
+    assert store.writes[3:] == ["n1", "n2"], "another node's change is written at once"
+    now[0] = 1012.0                                      # n1's interval is over
+    rec.sync_generic_nodes(rec.last, rec.slurm_view, set())
+    assert store.writes[3:] == ["n1", "n2", "n1"]
+    want = usage.generic_node_body("n1", slurm.nodes["n1"], rec.last.usage.get("n1"), "c1")
+    assert (store.objects["n1"]["spec"], store.objects["n1"]["status"]) == want
+    assert want[1]["allocatedResources"][1]["allocated"]["cpu"] == "4"
+    assert rec.gn_next is None and not rec.gn_waiting
+
+    now[0] += 0.5              # within n2's interval: added, finished, gone (nothing held)
+    pod_cycle(cache, rec, "ADDED", pod("d", "n2", "1", "1Gi"))
+    pod_cycle(cache, rec, "MODIFIED", pod("d", "n2", "1", "1Gi", phase="Succeeded"))
+    pod_cycle(cache, rec, "DELETED", pod("d", "n2", "1", "1Gi", phase="Succeeded"))
+    now[0] += 5.0
+    rec.sync_generic_nodes(rec.last, rec.slurm_view, set())
+    rec.cycle(refresh=False)
+    assert store.writes[3:] == ["n1", "n2", "n1"], "nothing it shows changed: no write"
+
+
+def test_the_writer_thread_writes_a_held_back_state_without_a_new_decision(tmp_path):
+    """Level-triggered: a change held back by the node's interval is
+    written when the interval ends, though no decision comes after it."""
+    slurm, cache, store, rec = publishing(tmp_path, 2, generic_node_min_interval_seconds=1.0)
+    cache.take_dirty()
+    stop = threading.Event()
+    rec.gn_thread = GenericNodeWriter(rec, stop)
+    rec.gn_thread.start()
+
+    def written(want, timeout=5.0):
+        deadline = time.monotonic() + timeout
+        while store.writes[2:] != want and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return store.writes[2:]
+    try:
+        pod_cycle(cache, rec, "ADDED", pod("a", "n1", "1", "1Gi"))
+        assert written(["n1"]) == ["n1"]
+        pod_cycle(cache, rec, "ADDED", pod("b", "n1", "1", "1Gi"))
+        time.sleep(0.1)
+        assert store.writes[2:] == ["n1"], "within the interval: held back"
+        assert written(["n1", "n1"]) == ["n1", "n1"], "written at the interval's end"
+        assert store.objects["n1"]["status"]["allocatedResources"][1]["allocated"]["cpu"] == "2"
+    finally:
+        stop.set()
+        rec.gn_thread.join(5)
+
+
+def test_a_held_share_and_completing_jobs_show_in_the_generic_node(tmp_path, monkeypatch):
+    """What the ledger holds beyond what the API server and CPUAlloc show
+    is on the GenericNode too: a pod gone without being seen finished (a
+    force delete) counts on the Kubernetes side until its hold ends, and
+    jobs still completing (their processes may run) on the Slurm side."""
+    now = [1000.0]
+    monkeypatch.setattr(sync.time, "monotonic", lambda: now[0])
+    slurm, cache, store, rec = publishing(tmp_path, 1, generic_node_min_interval_seconds=0,
+                                          departed_margin_seconds=5)
+
+    def shown():
+        return {r["type"]: r["allocated"] for r in
+                store.objects["n1"]["status"]["allocatedResources"]}
+
+    gone = pod("a", "n1", "1500m", "1Gi")
+    gone["spec"]["terminationGracePeriodSeconds"] = 10
+    pod_cycle(cache, rec, "ADDED", gone)
+    assert shown()["Kubernetes"] == {"cpu": "1500m", "memory": "1024Mi"}
+    pod_cycle(cache, rec, "DELETED", gone)          # never seen finished
+    assert shown()["Kubernetes"] == {"cpu": "1500m", "memory": "1024Mi"}, "held, and shown"
+    now[0] += 16.0                                  # its grace and the margin are over
+    rec.cycle()
+    assert shown()["Kubernetes"] == {"cpu": "0", "memory": "0"}
+
+    slurm.nodes["n1"] = dataclasses.replace(slurm.nodes["n1"], state="IDLE+COMPLETING")
+    slurm.completing = {"n1": (2, 1000)}
+    rec.cycle()
+    assert shown()["Slurm"] == {"cpu": "2", "memory": "1000Mi"}
+
+
+@pytest.mark.parametrize("held, completing, want_k8s, want_slurm", [
+    ((0, 0), (0, 0), ("1", "1024Mi"), ("3", "4000Mi")),
+    ((500, 512 << 20), (0, 0), ("1500m", "1536Mi"), ("3", "4000Mi")),
+    ((0, 0), (2, 1000), ("1", "1024Mi"), ("5", "5000Mi")),
+])
+def test_generic_node_body_adds_what_is_held_beyond_pods_and_cpualloc(
+        held, completing, want_k8s, want_slurm):
+    node = SNode(name="n1", alloc_cpus=3, alloc_memory=4000)
+    _, status = usage.generic_node_body("n1", node, usage.NodeUsage(10**9, 1 << 30), "c1",
+                                        held=held, completing=completing)
+    slurm_side, k8s_side = (r["allocated"] for r in status["allocatedResources"])
+    assert (k8s_side["cpu"], k8s_side["memory"]) == want_k8s
+    assert (slurm_side["cpu"], slurm_side["memory"]) == want_slurm

@@ -1,7 +1,9 @@
 """GRES strings, k8s_resources.conf and slurm.conf parsing."""
 import pytest
+import yaml
 
-from pyk8sres.slurmctld import config
+from pyk8sres import data
+from pyk8sres.slurmctld import config, embed
 from pyk8sres.slurmctld import gres
 from pyk8sres.coordinator import slurm
 from pyk8sres.slurmctld import jobspec, slurmconf
@@ -69,7 +71,6 @@ def test_config_integers_are_ascii_digits(tmp_path, text):
     assert key in str(e.value) and repr(value) in str(e.value)
     (tmp_path / "slurm.conf").write_text("ClusterName=x\n")
     (tmp_path / "k8s_resources.conf").write_text(text + "\n", encoding="utf-8")
-    from pyk8sres.slurmctld import embed
     with pytest.raises(config.ConfigError, match=key):
         embed.reconfigure(str(tmp_path / "slurm.conf"))
 
@@ -227,8 +228,6 @@ def test_ledger_connection_budget_covers_the_charts_default_replicas():
     """Every coordinator process runs as one uid: each webhook replica holds
     two ledger connections (admission, placeholders), the sync daemon one,
     `pyk8sres status` one; the default leaves room for twice that."""
-    import yaml
-    from pyk8sres import data
     values = yaml.safe_load(open(data.path("deploy", "helm", "pyk8sres", "values.yaml")))
     need = 2 * values["webhook"]["replicas"] + 1 + 1
     assert config.Config().ledger_connections_per_user >= 2 * need

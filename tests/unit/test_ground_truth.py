@@ -4,12 +4,12 @@ ones while a slurmstepd lives), and a sample that cannot read Slurm is an
 error, never an empty node."""
 import os
 import sys
-from fractions import Fraction as F
+from fractions import Fraction
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-import ground_truth as G  # noqa: E402
+import ground_truth  # noqa: E402
 from pyk8sres.testbed import stress  # noqa: E402
 
 GI = 1 << 30
@@ -28,17 +28,18 @@ def st(name, cpu, allocated=None):
 
 
 @pytest.mark.parametrize("text,value", [
-    ("250m", F(1, 4)), ("1", 1), (2, 2), ("1.5", F(3, 2)), ("1Gi", GI), ("128Mi", 128 << 20),
-    ("100M", 10**8), ("1e3", 1000), ("2k", 2000), ("500u", F(1, 2000)),
+    ("250m", Fraction(1, 4)), ("1", 1), (2, 2), ("1.5", Fraction(3, 2)),
+    ("1Gi", GI), ("128Mi", 128 << 20),
+    ("100M", 10**8), ("1e3", 1000), ("2k", 2000), ("500u", Fraction(1, 2000)),
 ])
 def test_quantity(text, value):
-    assert G.quantity(text) == value
+    assert ground_truth.quantity(text) == value
 
 
 @pytest.mark.parametrize("what,pod,cpu,memory", [
-    ("one container", {"spec": {"containers": [c("a", "500m", "1Gi")]}}, F(1, 2), GI),
+    ("one container", {"spec": {"containers": [c("a", "500m", "1Gi")]}}, Fraction(1, 2), GI),
     ("containers add up", {"spec": {"containers": [c("a", "1"), c("b", "1500m", "1Gi")]}},
-     F(5, 2), GI),
+     Fraction(5, 2), GI),
     ("an init container alone needs more",
      {"spec": {"initContainers": [c("i", "3", "512Mi")], "containers": [c("a", "1", "1Gi")]}},
      3, GI),
@@ -46,7 +47,7 @@ def test_quantity(text, value):
      {"spec": {"initContainers": [c("s", "1", "1Gi", restartPolicy="Always"), c("i", "2", "3Gi")],
                "containers": [c("a", "1", "1Gi")]}}, 3, 4 * GI),
     ("overhead adds", {"spec": {"containers": [c("a", "1")], "overhead": {"cpu": "100m"}}},
-     F(11, 10), 0),
+     Fraction(11, 10), 0),
     ("pod-level requests stand for the containers",
      {"spec": {"resources": {"requests": {"cpu": "4"}}, "containers": [c("a", "1")]}}, 4, 0),
     ("a resize down counts at the old size until applied",
@@ -64,7 +65,7 @@ def test_quantity(text, value):
                  "containerStatuses": [st("a", "1", "1")]}}, 6, 0),
 ])
 def test_pod_size(what, pod, cpu, memory):
-    assert G.pod_size(pod) == (cpu, memory), what
+    assert ground_truth.pod_size(pod) == (cpu, memory), what
 
 
 SHOW_JOB = """JobId=7 JobName=a
@@ -98,6 +99,6 @@ def test_an_unreadable_slurm_is_an_error_not_an_empty_node(tmp_path):
     fake.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm "
                     "controller' >&2\nexit 1\n")
     fake.chmod(0o755)
-    with pytest.raises(G.Unreadable) as e:
-        G.slurm_jobs({"PATH": str(tmp_path)}, ["n1"])
+    with pytest.raises(ground_truth.Unreadable) as e:
+        ground_truth.slurm_jobs({"PATH": str(tmp_path)}, ["n1"])
     assert e.value.side == "slurm" and "Unable to contact" in e.value.detail

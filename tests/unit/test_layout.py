@@ -6,8 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 import pyk8sres
 from pyk8sres import data
+from pyk8sres.coordinator import kube
 
 PACKAGE = Path(pyk8sres.__file__).resolve().parent
 # Anything that talks to the network: never inside slurmctld.
@@ -71,8 +74,6 @@ def test_slurmctld_and_policy_import_nothing_from_the_coordinator_or_testbed():
 
 
 def test_generic_node_crd_has_one_definition():
-    from pyk8sres.coordinator import kube
-    import yaml
     shipped = yaml.safe_load(data.path("deploy", "helm", "pyk8sres", "crds",
                                        "genericnode.yaml").read_text())
     assert kube.generic_node_crd() == shipped

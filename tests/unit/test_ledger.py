@@ -8,8 +8,11 @@ import time
 
 import pytest
 
-from pyk8sres.policy import ledger as L
+from pyk8sres.coordinator import status
+from pyk8sres.coordinator.config import SyncConfig
+from pyk8sres.policy import ledger as ledger_policy
 from pyk8sres.policy.ledger import Entry, Facts, Request, RequestError
+from pyk8sres.slurmctld import ledger as ledger_journal
 from pyk8sres.slurmctld.ledger import Ledger
 
 MIB = 1 << 20
@@ -31,7 +34,7 @@ NODE = Facts(capacity_cpu=8, capacity_mem=16000, jobs_cpu=3, jobs_mem=4000)
     ('{"op":"set","node":"n1","entries":{}}', Request("set", "n1")),
 ])
 def test_parse_request(line, expected):
-    assert L.parse_request(line) == expected
+    assert ledger_policy.parse_request(line) == expected
 
 
 @pytest.mark.parametrize("line, words", [
@@ -60,7 +63,7 @@ def test_parse_request(line, expected):
 ])
 def test_parse_request_rejects(line, words):
     with pytest.raises(RequestError) as e:
-        L.parse_request(line)
+        ledger_policy.parse_request(line)
     assert words in str(e.value) and e.value.code == "badrequest"
 
 
@@ -82,7 +85,7 @@ def test_parser_fuzz_only_ever_raises_request_error():
                                                         for _ in range(rnd.randrange(3)))
             line = bytes(line)
         try:
-            assert isinstance(L.parse_request(line), Request)
+            assert isinstance(ledger_policy.parse_request(line), Request)
         except RequestError:
             pass
 
@@ -129,15 +132,16 @@ def e(cpu_m, mem_mb=0, since=0.0, bound=False, reserved_at=None):
     ({}, Request("release", "n9", "a", unbound_only=True), None, None, True),
 ])
 def test_decide(entries, req, facts, new, reply_ok):
-    got, reply = L.decide(entries, req, facts, now=100.0)
+    got, reply = ledger_policy.decide(entries, req, facts, now=100.0)
     assert got == new and reply["ok"] is reply_ok
     if not reply_ok and facts is not None:
         assert reply["code"] == "nofit" and "n1" in reply["error"] and "Slurm jobs hold 3" in reply["error"]
 
 
 def test_release_unbound_only_says_what_it_kept():
-    _, reply = L.decide({"a": e(1, bound=True)}, Request("release", "n1", "a", unbound_only=True),
-                        NODE, now=1.0)
+    _, reply = ledger_policy.decide({"a": e(1, bound=True)},
+                                    Request("release", "n1", "a", unbound_only=True),
+                                    NODE, now=1.0)
     assert reply == {"ok": True, "kept": True}
 
 
@@ -146,12 +150,13 @@ def test_journal_replays_release_unbound_only(tmp_path):
     facts = {"n1": NODE}
     a = Ledger(str(tmp_path))
     a.load()
-    _serve(a, facts, L.encode("reserve", node="n1", key="phantom", cpu_m=2000, mem_bytes=0))
-    _serve(a, facts, L.encode("reserve", node="n1", key="pod", cpu_m=1000, mem_bytes=0))
-    _serve(a, facts, L.encode("set", node="n1", entries={"pod": [1000, 0]},
-                              keep_younger_than=30))
-    _serve(a, facts, L.encode("release", node="n1", key="phantom", unbound_only=True))
-    _serve(a, facts, L.encode("release", node="n1", key="pod", unbound_only=True))
+    _serve(a, facts,
+           ledger_policy.encode("reserve", node="n1", key="phantom", cpu_m=2000, mem_bytes=0))
+    _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="pod", cpu_m=1000, mem_bytes=0))
+    _serve(a, facts, ledger_policy.encode("set", node="n1", entries={"pod": [1000, 0]},
+                                          keep_younger_than=30))
+    _serve(a, facts, ledger_policy.encode("release", node="n1", key="phantom", unbound_only=True))
+    _serve(a, facts, ledger_policy.encode("release", node="n1", key="pod", unbound_only=True))
     assert set(a.nodes["n1"]) == {"pod"}
     b = Ledger(str(tmp_path))
     b.load()
@@ -164,7 +169,7 @@ def test_set_keeps_only_young_reservations_never_seen_bound():
                "stale": e(1000, since=10.0),                  # admitted, never bound
                "kept": e(1000, since=0.0, bound=True)}
     req = Request("set", "n1", entries=(("kept", 1000, 0), ("new", 500, 0)), keep_younger_than=30)
-    new, reply = L.decide(entries, req, NODE, now=100.0)
+    new, reply = ledger_policy.decide(entries, req, NODE, now=100.0)
     assert set(new) == {"kept", "new", "young"} and new["new"].bound and new["kept"].since == 0.0
     assert reply == {"ok": True, "dropped": ["bound-gone", "stale"],
                      "share": {"cpu": 3, "mem": 0}}
@@ -191,7 +196,7 @@ def test_set_keeps_only_young_reservations_never_seen_bound():
 ])
 def test_a_stale_set_never_shrinks_a_recent_reserve(case, old, listed, held):
     req = Request("set", "n1", entries=(("p", *listed),), keep_younger_than=30)
-    new, reply = L.decide({"p": old}, req, NODE, now=100.0)
+    new, reply = ledger_policy.decide({"p": old}, req, NODE, now=100.0)
     got = (new or {"p": old})["p"]
     assert (got.cpu_m, got.mem_bytes, got.bound) == (*held, True), case
     assert got.since == old.since and got.reserved_at == old.reserved_at, case
@@ -210,7 +215,7 @@ def test_a_stale_set_never_shrinks_a_recent_reserve(case, old, listed, held):
 ])
 def test_set_drops_what_it_does_not_list(case, old, kept):
     req = Request("set", "n1", entries=(), keep_younger_than=30)
-    new, reply = L.decide({"p": old}, req, NODE, now=100.0)
+    new, reply = ledger_policy.decide({"p": old}, req, NODE, now=100.0)
     assert ("p" in (new if new is not None else {"p": old})) is kept, case
     assert reply["dropped"] == ([] if kept else ["p"]), case
 
@@ -221,28 +226,29 @@ def test_the_sync_daemons_next_set_shrinks_it_once_the_hold_is_over():
     shrink the entry only once the hold is over (it would have seen the
     resize long before; a pod really shrunk by then is shrunk then)."""
     held = {"p": e(1000, bound=True)}
-    held, _ = L.decide(held, Request("reserve", "n1", "p", 4000, 0), NODE, now=10.0)
+    held, _ = ledger_policy.decide(held, Request("reserve", "n1", "p", 4000, 0), NODE, now=10.0)
     stale = Request("set", "n1", entries=(("p", 1000, 0),), keep_younger_than=30)
-    new, reply = L.decide(held, stale, NODE, now=10.5)
+    new, reply = ledger_policy.decide(held, stale, NODE, now=10.5)
     assert new is None and reply["share"]["cpu"] == 4     # unchanged: nothing journaled
-    assert L.repair_needed({"share": reply["share"], "reserved": 0}, {"p": (1000, 0)})
-    new, reply = L.decide(held, stale, NODE, now=40.0)
+    assert ledger_policy.repair_needed({"share": reply["share"], "reserved": 0}, {"p": (1000, 0)})
+    new, reply = ledger_policy.decide(held, stale, NODE, now=40.0)
     assert new["p"].cpu_m == 1000 and reply["share"]["cpu"] == 1
 
 
 def test_set_reports_more_than_jobs_leave():
     req = Request("set", "n1", entries=(("a", 6000, 0),))
-    new, reply = L.decide({}, req, NODE, now=1.0)
-    assert reply["oversubscribed"] and L.share_units(new) == (6, 0)
-    assert L.applied(L.share_units(new), NODE) == (5, 0)            # allocated <= total
-    view = L.node_view(new, NODE, with_entries=False)
+    new, reply = ledger_policy.decide({}, req, NODE, now=1.0)
+    assert reply["oversubscribed"] and ledger_policy.share_units(new) == (6, 0)
+    # allocated <= total
+    assert ledger_policy.applied(ledger_policy.share_units(new), NODE) == (5, 0)
+    view = ledger_policy.node_view(new, NODE, with_entries=False)
     assert view["oversubscribed"] and view["free"] == {"cpu": 0, "mem": 12000}
 
 
 def test_share_rounds_the_sum_up_once():
-    assert L.share_units({"a": e(500), "b": e(500)}) == (1, 0)
-    assert L.share_units({"a": e(1735, 2393), "b": e(1000, 1024)}) == (3, 3417)
-    assert L.share_units({"a": Entry(0, 1, 0.0)}) == (0, 1)
+    assert ledger_policy.share_units({"a": e(500), "b": e(500)}) == (1, 0)
+    assert ledger_policy.share_units({"a": e(1735, 2393), "b": e(1000, 1024)}) == (3, 3417)
+    assert ledger_policy.share_units({"a": Entry(0, 1, 0.0)}) == (0, 1)
 
 
 # ----------------------------------------------------------------- journal
@@ -267,14 +273,15 @@ def test_journal_replays_grants_not_denials(tmp_path):
     facts = {"n1": NODE}
     a = Ledger(str(tmp_path))
     a.load()
-    assert _serve(a, facts, L.encode("reserve", node="n1", key="p", cpu_m=2000,
-                                     mem_bytes=0))[1] == {"n1": (2, 0)}
-    assert not _serve(a, facts, L.encode("reserve", node="n1", key="q", cpu_m=9000,
-                                         mem_bytes=0))[0]["ok"]
+    assert _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="p", cpu_m=2000,
+                                                 mem_bytes=0))[1] == {"n1": (2, 0)}
+    assert not _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="q", cpu_m=9000,
+                                                     mem_bytes=0))[0]["ok"]
     # A resize denied must restore the old amount on replay.
-    assert not _serve(a, facts, L.encode("reserve", node="n1", key="p", cpu_m=7000,
-                                         mem_bytes=0))[0]["ok"]
-    _serve(a, {**facts, "n2": NODE}, L.encode("set", node="n2", entries={"x": [1500, 0]}))
+    assert not _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="p", cpu_m=7000,
+                                                     mem_bytes=0))[0]["ok"]
+    _serve(a, {**facts, "n2": NODE},
+           ledger_policy.encode("set", node="n2", entries={"x": [1500, 0]}))
     b = Ledger(str(tmp_path))       # slurmctld restarts
     b.load()
     assert b.shares() == {"n1": (2, 0), "n2": (2, 0)}
@@ -284,7 +291,8 @@ def test_journal_replays_grants_not_denials(tmp_path):
 def test_journal_torn_last_line_is_ignored_but_corruption_is_an_error(tmp_path):
     a = Ledger(str(tmp_path))
     a.load()
-    _serve(a, {"n1": NODE}, L.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
+    _serve(a, {"n1": NODE},
+           ledger_policy.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
     with open(a.path, "ab") as f:
         f.write(b'{"t":1,"op":"reserve","node":"n1","ke')      # crash mid-write
     b = Ledger(str(tmp_path))
@@ -297,12 +305,11 @@ def test_journal_torn_last_line_is_ignored_but_corruption_is_an_error(tmp_path):
 
 
 def test_journal_is_private_and_compacts(tmp_path, monkeypatch):
-    import pyk8sres.slurmctld.ledger as module
-    monkeypatch.setattr(module, "COMPACT_AFTER", 50)
+    monkeypatch.setattr(ledger_journal, "COMPACT_AFTER", 50)
     a = Ledger(str(tmp_path))
     a.load()
     for i in range(200):
-        _serve(a, {"n1": NODE}, L.encode("set", node="n1", entries={f"p{i}": [100, 0]}))
+        _serve(a, {"n1": NODE}, ledger_policy.encode("set", node="n1", entries={f"p{i}": [100, 0]}))
     assert os.stat(a.path).st_mode & 0o077 == 0
     with open(a.path) as f:
         lines = f.read().splitlines()
@@ -317,7 +324,8 @@ def test_only_the_owner_replaces_the_journal(tmp_path):
     replays without touching the file; a failed load changes nothing."""
     owner = Ledger(str(tmp_path))
     owner.load()
-    _serve(owner, {"n1": NODE}, L.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
+    _serve(owner, {"n1": NODE},
+           ledger_policy.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
     before = os.stat(owner.path)
     reader = Ledger(str(tmp_path))
     reader.load(compact=False)
@@ -325,7 +333,8 @@ def test_only_the_owner_replaces_the_journal(tmp_path):
     assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
     assert reader.shares() == {"n1": (1, 0)}
     # The owner keeps appending to the very file the reader read.
-    _serve(owner, {"n1": NODE}, L.encode("reserve", node="n1", key="q", cpu_m=1000, mem_bytes=0))
+    _serve(owner, {"n1": NODE},
+           ledger_policy.encode("reserve", node="n1", key="q", cpu_m=1000, mem_bytes=0))
     reader.load(compact=False)
     assert reader.shares() == {"n1": (2, 0)}
     with open(owner.path, "ab") as f:
@@ -345,25 +354,26 @@ def test_a_request_that_changes_nothing_is_not_journaled(tmp_path):
     a.load()
     facts = {"n1": NODE}
     entries = {"p": [1000, 1 << 20], "q": [500, 0]}
-    assert _serve(a, facts, L.encode("set", node="n1", entries=entries,
-                                     keep_younger_than=30))[0]["ok"]
-    assert _serve(a, facts, L.encode("reserve", node="n1", key="r", cpu_m=250,
-                                     mem_bytes=0))[0]["ok"]
-    bound = L.encode("set", node="n1", entries={**entries, "r": [250, 0]}, keep_younger_than=30)
+    assert _serve(a, facts, ledger_policy.encode("set", node="n1", entries=entries,
+                                                 keep_younger_than=30))[0]["ok"]
+    assert _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="r", cpu_m=250,
+                                                 mem_bytes=0))[0]["ok"]
+    bound = ledger_policy.encode("set", node="n1", entries={**entries, "r": [250, 0]},
+                                 keep_younger_than=30)
     assert _serve(a, facts, bound)[0]["ok"]                 # r is seen bound: a change
     size = os.path.getsize(a.path)
     for line in (bound,
-                 L.encode("release", node="n1", key="absent"),
-                 L.encode("release", node="n9", key="absent"),
-                 L.encode("show")):
+                 ledger_policy.encode("release", node="n1", key="absent"),
+                 ledger_policy.encode("release", node="n9", key="absent"),
+                 ledger_policy.encode("show")):
         assert _serve(a, facts, line)[0]["ok"], line
     assert os.path.getsize(a.path) == size
-    assert _serve(a, facts, L.encode("reserve", node="n1", key="r", cpu_m=250,
-                                     mem_bytes=0))[0]["ok"]
+    assert _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="r", cpu_m=250,
+                                                 mem_bytes=0))[0]["ok"]
     assert os.path.getsize(a.path) > size
     size = os.path.getsize(a.path)
     # A change is journaled as before.
-    assert _serve(a, facts, L.encode("set", node="n1", entries=entries))[0]["ok"]
+    assert _serve(a, facts, ledger_policy.encode("set", node="n1", entries=entries))[0]["ok"]
     assert os.path.getsize(a.path) > size
     b = Ledger(str(tmp_path))
     b.load()
@@ -373,10 +383,11 @@ def test_a_request_that_changes_nothing_is_not_journaled(tmp_path):
 def test_a_refused_set_is_undone_on_replay(tmp_path):
     a = Ledger(str(tmp_path))
     a.load()
-    _serve(a, {"n1": NODE}, L.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
+    _serve(a, {"n1": NODE},
+           ledger_policy.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
     # n1 left slurmctld (unknown now): the set is refused, and must not come
     # back from the journal after a restart.
-    reply = _serve(a, {}, L.encode("set", node="n1", entries={"x": [3000, 0]}))[0]
+    reply = _serve(a, {}, ledger_policy.encode("set", node="n1", entries={"x": [3000, 0]}))[0]
     assert reply["code"] == "unknown_node"
     b = Ledger(str(tmp_path))
     b.load()
@@ -386,8 +397,9 @@ def test_a_refused_set_is_undone_on_replay(tmp_path):
 def test_show_is_read_only(tmp_path):
     a = Ledger(str(tmp_path))
     a.load()
-    show, _ = a.prepare(0, L.encode("show").strip())
-    reserve, _ = a.prepare(0, L.encode("reserve", node="n1", key="k", cpu_m=1, mem_bytes=1))
+    show, _ = a.prepare(0, ledger_policy.encode("show").strip())
+    reserve, _ = a.prepare(0, ledger_policy.encode("reserve", node="n1", key="k", cpu_m=1,
+                                                   mem_bytes=1))
     assert a.read_only(show) and not a.read_only(reserve)
 
 
@@ -400,21 +412,21 @@ def test_uid_is_checked_before_the_line_is_parsed(tmp_path):
 def test_only_root_slurmuser_and_listed_uids(tmp_path):
     a = Ledger(str(tmp_path), allowed_uids={0, 64030, 1001})
     a.load()
-    line = L.encode("show").strip()
+    line = ledger_policy.encode("show").strip()
     assert _serve(a, {}, line, uid=64030)[0]["ok"]
     assert _serve(a, {}, line, uid=1001)[0]["ok"]
     denied = _serve(a, {}, line, uid=1002)[0]
     assert denied["code"] == "denied" and "LedgerUsers" in denied["error"]
     # A denied caller writes nothing.
     size = os.path.getsize(a.path)
-    _serve(a, {"n1": NODE}, L.encode("reserve", node="n1", key="k", cpu_m=1, mem_bytes=1), uid=7)
+    _serve(a, {"n1": NODE},
+           ledger_policy.encode("reserve", node="n1", key="k", cpu_m=1, mem_bytes=1), uid=7)
     assert os.path.getsize(a.path) == size
 
 
 # ----------------------------------------------------------------- pyk8sres status
 
 def test_status_rows_compare_the_ledger_with_the_bound_pods():
-    from pyk8sres.coordinator import status
     node = {"capacity": {"cpu": 8, "mem": 16000}, "jobs": {"cpu": 3, "mem": 4000},
             "share": {"cpu": 3, "mem": 3417}, "free": {"cpu": 2, "mem": 8583},
             "oversubscribed": False}
@@ -427,9 +439,6 @@ def test_status_rows_compare_the_ledger_with_the_bound_pods():
 
 
 def test_status_counts_pods_as_the_ledger_does():
-    from pyk8sres.coordinator import status
-    from pyk8sres.coordinator.config import SyncConfig
-
     def pod(name, node, cpu, ns="default"):
         return {"metadata": {"name": name, "namespace": ns, "uid": name},
                 "spec": {"nodeName": node, "containers": [
@@ -457,17 +466,16 @@ def _keys(ledger, node="n1"):
 def test_a_wall_clock_step_ends_no_grace_period(tmp_path, monkeypatch):
     """The grace period runs on the monotonic clock: the wall clock jumping
     an hour ahead (NTP, an admin) drops no reservation not yet seen bound."""
-    import pyk8sres.slurmctld.ledger as module
     a = Ledger(str(tmp_path))
     assert a.clock is time.monotonic
     a.load()
     facts = {"n1": NODE}
-    assert _serve(a, facts, L.encode("reserve", node="n1", key="admitted", cpu_m=1000,
-                                     mem_bytes=0))[0]["ok"]
+    assert _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="admitted", cpu_m=1000,
+                                                 mem_bytes=0))[0]["ok"]
     wall = time.time()
-    monkeypatch.setattr(module.time, "time", lambda: wall + 3600)
-    assert _serve(a, facts, L.encode("set", node="n1", entries={"other": [500, 0]},
-                                     keep_younger_than=30))[0]["ok"]
+    monkeypatch.setattr(ledger_journal.time, "time", lambda: wall + 3600)
+    assert _serve(a, facts, ledger_policy.encode("set", node="n1", entries={"other": [500, 0]},
+                                                 keep_younger_than=30))[0]["ok"]
     assert _keys(a) == ["admitted", "other"]
 
 
@@ -487,15 +495,17 @@ def test_a_new_process_rebases_grace_periods_to_its_own_clock(tmp_path, case,
     clock = Clock(writer_clock)
     a = Ledger(str(tmp_path), clock=clock)
     a.load()
-    _serve(a, facts, L.encode("set", node="n1", entries={"bound": [1000, 0]}))
-    _serve(a, facts, L.encode("reserve", node="n1", key="admitted", cpu_m=1000, mem_bytes=0))
+    _serve(a, facts, ledger_policy.encode("set", node="n1", entries={"bound": [1000, 0]}))
+    _serve(a, facts,
+           ledger_policy.encode("reserve", node="n1", key="admitted", cpu_m=1000, mem_bytes=0))
     clock.now += 20                                  # 20 s of its 30 s grace used
     clock = Clock(reader_clock)
     b = Ledger(str(tmp_path), clock=clock)
     b.load()                                         # slurmctld restarts / a backup takes over
     assert {k: e.since for k, e in b.nodes["n1"].items()} == {"bound": reader_clock,
                                                               "admitted": reader_clock}, case
-    keep = L.encode("set", node="n1", entries={"bound": [1000, 0]}, keep_younger_than=30)
+    keep = ledger_policy.encode("set", node="n1", entries={"bound": [1000, 0]},
+                                keep_younger_than=30)
     clock.now += 29
     assert _serve(b, facts, keep)[0]["dropped"] == [], case
     assert _keys(b) == ["admitted", "bound"], case
@@ -512,15 +522,15 @@ def test_replay_across_owners_agrees_with_what_each_decided(tmp_path):
     facts = {"n1": NODE}
     a = Ledger(str(tmp_path), clock=Clock(10.0))
     a.load()
-    _serve(a, facts, L.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
+    _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="p", cpu_m=1000, mem_bytes=0))
     clock = Clock(5_000.0)
     b = Ledger(str(tmp_path), clock=clock)
     b.load()
     clock.now += 10
-    _serve(b, facts, L.encode("reserve", node="n1", key="q", cpu_m=1000, mem_bytes=0))
+    _serve(b, facts, ledger_policy.encode("reserve", node="n1", key="q", cpu_m=1000, mem_bytes=0))
     clock.now += 25      # p: 35 s since b took over (dropped), q: 25 s (kept)
-    assert _serve(b, facts, L.encode("set", node="n1", entries={},
-                                     keep_younger_than=30))[0]["dropped"] == ["p"]
+    assert _serve(b, facts, ledger_policy.encode("set", node="n1", entries={},
+                                                 keep_younger_than=30))[0]["dropped"] == ["p"]
     replayed = Ledger(str(tmp_path), clock=Clock(1.0))
     replayed.load(compact=False)
     assert _held(replayed) == _held(b) == {"n1": {"q": (1000, 0, False)}}
@@ -535,17 +545,18 @@ def test_a_reserves_hold_outlives_a_restart_with_its_age(tmp_path, compact):
     clock = Clock(1_000.0)
     a = Ledger(str(tmp_path), clock=clock)
     a.load()
-    _serve(a, facts, L.encode("set", node="n1", entries={"p": [1000, 0]}))
-    _serve(a, facts, L.encode("reserve", node="n1", key="p", cpu_m=4000, mem_bytes=0))
+    _serve(a, facts, ledger_policy.encode("set", node="n1", entries={"p": [1000, 0]}))
+    _serve(a, facts, ledger_policy.encode("reserve", node="n1", key="p", cpu_m=4000, mem_bytes=0))
     clock.now += 10
-    _serve(a, facts, L.encode("set", node="n2", entries={"x": [500, 0]}))   # the last line
+    # the last line
+    _serve(a, facts, ledger_policy.encode("set", node="n2", entries={"x": [500, 0]}))
     if compact:
         a._compact()
     clock = Clock(7.0)
     b = Ledger(str(tmp_path), clock=clock)
     b.load()
     assert b.nodes["n1"]["p"].reserved_at == 7.0 - 10
-    stale = L.encode("set", node="n1", entries={"p": [1000, 0]}, keep_younger_than=30)
+    stale = ledger_policy.encode("set", node="n1", entries={"p": [1000, 0]}, keep_younger_than=30)
     clock.now += 19
     assert _serve(b, facts, stale)[0]["share"]["cpu"] == 4
     clock.now += 2                                   # 31 s after the reserve
@@ -571,8 +582,9 @@ def test_a_journal_from_before_reserve_times_is_read(tmp_path):
     assert (held["old"].bound, held["old"].reserved_at) == (True, None)
     assert (held["older"].bound, held["older"].reserved_at) == (False, None)
     assert held["r"].reserved_at == 500.0
-    reply = _serve(a, {"n1": NODE}, L.encode("set", node="n1", keep_younger_than=30, entries={
-        "old": [1000, 0], "r": [1000, 0]}))[0]
+    reply = _serve(a, {"n1": NODE},
+                   ledger_policy.encode("set", node="n1", keep_younger_than=30, entries={
+                       "old": [1000, 0], "r": [1000, 0]}))[0]
     assert reply["dropped"] == [] and reply["share"]["cpu"] == 1 + 2 + 1   # old shrunk, r held
     with open(a.path) as f:                           # written back in the new form
         assert all(len(v) == 5 for v in json.loads(f.readline())["nodes"]["n1"].values())
@@ -582,10 +594,12 @@ def test_a_journal_from_before_reserve_times_is_read(tmp_path):
 def test_slurm_node_names_with_underscores(tmp_path, node):
     """Slurm allows "_" in NodeName (a node_map or the mapping label points
     at one); the ledger serves such a node like any other."""
-    assert L.parse_request(L.encode("reserve", node=node, key="k", cpu_m=1, mem_bytes=1)).node == node
+    assert ledger_policy.parse_request(ledger_policy.encode("reserve", node=node, key="k", cpu_m=1,
+                                                            mem_bytes=1)).node == node
     a = Ledger(str(tmp_path))
     a.load()
-    reply, shares = _serve(a, {node: NODE}, L.encode("set", node=node, entries={"p": [1500, 0]}))
+    reply, shares = _serve(a, {node: NODE},
+                           ledger_policy.encode("set", node=node, entries={"p": [1500, 0]}))
     assert reply["ok"] and shares == {node: (2, 0)}
     b = Ledger(str(tmp_path))
     b.load()
@@ -603,9 +617,10 @@ def test_slurm_node_names_with_underscores(tmp_path, node):
     ({"share": {"cpu": 2, "mem": 2}, "reserved": 0}, {"a": (1500, 1)}, True),
 ])
 def test_repair_needed(view, entries, needed):
-    assert L.repair_needed(view, entries) is needed
+    assert ledger_policy.repair_needed(view, entries) is needed
 
 
 def test_node_view_counts_reservations_not_seen_bound():
-    entries = {"r": L.Entry(500, 0, 1.0, False), "b": L.Entry(500, 0, 1.0, True)}
-    assert L.node_view(entries, NODE, with_entries=False)["reserved"] == 1
+    entries = {"r": ledger_policy.Entry(500, 0, 1.0, False),
+               "b": ledger_policy.Entry(500, 0, 1.0, True)}
+    assert ledger_policy.node_view(entries, NODE, with_entries=False)["reserved"] == 1

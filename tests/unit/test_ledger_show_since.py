@@ -5,10 +5,16 @@ FakeCopy stands in for node_features' copy of the facts (its C twin is
 _copy_facts/_copied_changes in plugins/node_features_k8s_resources.c, run
 against slurmctld in tests/integration/test_ledger_show_since.py)."""
 import random
+import types
 
 import pytest
 
-from pyk8sres.policy import ledger as L
+from pyk8sres.coordinator import placeholder
+from pyk8sres.coordinator import slurm as slurm_calls
+from pyk8sres.coordinator.config import SyncConfig
+from pyk8sres.coordinator.scope import Scope
+from pyk8sres.coordinator.threads import SlurmPoller
+from pyk8sres.policy import ledger as ledger_policy
 from pyk8sres.policy.ledger import Facts, Request, RequestError, ShowToken
 from pyk8sres.slurmctld.ledger import MAX_CHANGED, Ledger
 
@@ -42,7 +48,7 @@ class FakeCopy:
 
 
 def serve(ledger, copy, op, **fields):
-    ticket, reply = ledger.prepare(0, L.encode(op, **fields).strip())
+    ticket, reply = ledger.prepare(0, ledger_policy.encode(op, **fields).strip())
     if not ticket:
         return reply
     if op == "show":
@@ -71,7 +77,8 @@ def world(tmp_path):
 def test_since_lists_only_what_changed(world, change, listed):
     ledger, copy = world
     serve(ledger, copy, "reserve", node="ghost", key="k0", cpu_m=0, mem_bytes=0)
-    ledger.nodes["ghost"] = {"k0": L.Entry(500, 0, 0.0)}    # held on a node since removed
+    # held on a node since removed
+    ledger.nodes["ghost"] = {"k0": ledger_policy.Entry(500, 0, 0.0)}
     first = serve(ledger, copy, "show")
     assert first["full"] and set(first["nodes"]) == {"n1", "n2", "n3", "n4", "n5", "ghost"}
     if "n2" in change:
@@ -137,11 +144,12 @@ def test_too_many_changes_get_every_node(tmp_path):
 ])
 def test_since_is_checked(line, words):
     with pytest.raises(RequestError, match=words):
-        L.parse_request(line)
+        ledger_policy.parse_request(line)
 
 
 def test_since_parses():
-    assert L.parse_request('{"op":"show","since":"ab12.3.4.5"}') == Request("show", since="ab12.3.4.5")
+    assert (ledger_policy.parse_request('{"op":"show","since":"ab12.3.4.5"}')
+            == Request("show", since="ab12.3.4.5"))
     assert ShowToken.parse("ab12.3.4.5") == ShowToken("ab12", 3, 4, 5)
 
 
@@ -153,7 +161,7 @@ def test_since_parses():
     ({"a": 1}, {"nodes": {"b": 1}}, {"b": 1}, None),     # an older server: always full
 ])
 def test_merged_show(known, reply, nodes, changed):
-    assert L.merged_show(known, reply) == (nodes, changed)
+    assert ledger_policy.merged_show(known, reply) == (nodes, changed)
 
 
 def test_merged_replies_hold_what_a_full_show_says_under_random_churn(world):
@@ -182,7 +190,7 @@ def test_merged_replies_hold_what_a_full_show_says_under_random_churn(world):
         elif kind < 0.95:
             ledger.load()
         reply = serve(ledger, copy, "show", **({"since": token} if token else {}))
-        known, _ = L.merged_show(known, reply)
+        known, _ = ledger_policy.merged_show(known, reply)
         token = reply["token"]
         partial += not reply["full"]
         assert known == serve(ledger, copy, "show")["nodes"], step
@@ -201,12 +209,11 @@ class LocalLedger:
 
 
 def test_the_follower_asks_for_changes_and_for_everything_now_and_then(world, monkeypatch):
-    from pyk8sres.coordinator import slurm as S
     ledger, copy = world
     client = LocalLedger(ledger, copy)
     clock = [100.0]
     monkeypatch.setattr("time.monotonic", lambda: clock[0])
-    follower = S.ShowFollower(client, full_seconds=30)
+    follower = slurm_calls.ShowFollower(client, full_seconds=30)
     shown, changed = follower.refresh()
     assert changed is None and len(shown["nodes"]) == 5 and client.asked == [None]
     assert serve(ledger, copy, "reserve", node="n3", key="p", cpu_m=1500, mem_bytes=1)["ok"]
@@ -220,17 +227,16 @@ def test_the_follower_asks_for_changes_and_for_everything_now_and_then(world, mo
 
 
 def test_the_follower_passes_a_refusal_on_and_keeps_its_view(world):
-    from pyk8sres.coordinator import slurm as S
     ledger, copy = world
     replies = [serve(ledger, copy, "show"), {"ok": False, "code": "notready", "error": "x"}]
 
     class Scripted:
         def show(self, node=None, since=None):
             return replies.pop(0)
-    follower = S.ShowFollower(Scripted())
+    follower = slurm_calls.ShowFollower(Scripted())
     known = follower.refresh()[0]["nodes"]
     reply, changed = follower.refresh()
-    assert L.not_ready(reply) and changed is None and follower.nodes == known
+    assert ledger_policy.not_ready(reply) and changed is None and follower.nodes == known
 
 
 class FakeApi:
@@ -255,19 +261,16 @@ class FakeApi:
 
 
 def test_placeholders_plan_from_changes_and_never_lose_one(world, monkeypatch):
-    from pyk8sres.coordinator import placeholder as PH
-    from pyk8sres.coordinator import scope as SC
-    from pyk8sres.coordinator.config import SyncConfig
     ledger, copy = world
     api = FakeApi()
     for name in ("list_namespace_pods", "create_pod"):
-        monkeypatch.setattr(PH, name, getattr(api, name))
-    scope = SC.Scope(SyncConfig())
+        monkeypatch.setattr(placeholder, name, getattr(api, name))
+    scope = Scope(SyncConfig())
     scope.replace_slim("nodes", [scope.slim("nodes", {
         "metadata": {"name": f"n{i}"},
         "status": {"allocatable": {"cpu": "8", "memory": "16000Mi"}}}) for i in range(1, 6)])
     client = LocalLedger(ledger, copy)
-    ph = PH.Placeholders(None, client, scope, "ns")
+    ph = placeholder.Placeholders(None, client, scope, "ns")
     assert ph.sync_once() == {"created": [], "resized": [], "deleted": []}
     copy.live["n2"] = Facts(8, 16000, 2, 1000)                 # a job starts
     assert ph.sync_once()["created"] == ["n2"]
@@ -287,8 +290,6 @@ def test_placeholders_plan_from_changes_and_never_lose_one(world, monkeypatch):
 
 
 def test_sync_reads_slurm_when_the_ledger_saw_a_change_and_now_and_then(world, monkeypatch):
-    import types
-    from pyk8sres.coordinator.threads import SlurmPoller
     ledger, copy = world
     clock = [1000.0]
     monkeypatch.setattr("time.monotonic", lambda: clock[0])

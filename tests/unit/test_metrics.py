@@ -1,18 +1,23 @@
 """The coordinator's health rules and node gauges (pyk8sres.coordinator.metrics)."""
 
+import json
+import socket
 import time
+import threading
 
 import pytest
 
-from pyk8sres.coordinator import metrics as M
+from pyk8sres.coordinator import metrics
+from pyk8sres.coordinator.events import Recorder
+from pyk8sres.coordinator.slurm import Ledger, LedgerError
 
 
 def sample(name, **labels):
-    return M.REGISTRY.get_sample_value(name, labels)
+    return metrics.REGISTRY.get_sample_value(name, labels)
 
 
 def test_readiness_needs_every_check_and_liveness_needs_beats():
-    h = M.Health()
+    h = metrics.Health()
     assert h.ready() == ["starting"] and h.alive() == []
     state = {"why": "pods not listed/watched"}
     h.check("watches", lambda: state["why"])
@@ -30,25 +35,20 @@ def test_readiness_needs_every_check_and_liveness_needs_beats():
 
 
 def test_ledger_check_follows_the_latest_call():
-    check = M.ledger_check(max_age=60)
-    M.ledger_call("show", 0.001, ConnectionRefusedError("no socket"))
+    check = metrics.ledger_check(max_age=60)
+    metrics.ledger_call("show", 0.001, ConnectionRefusedError("no socket"))
     assert "did not answer: no socket" in check()
     errors = sample("pyk8sres_ledger_errors_total", op="show")
-    M.ledger_call("show", 0.001, None)
+    metrics.ledger_call("show", 0.001, None)
     assert check() is None
     assert sample("pyk8sres_ledger_errors_total", op="show") == errors
-    assert M.ledger_check(max_age=-1)().startswith("no ledger call for")
+    assert metrics.ledger_check(max_age=-1)().startswith("no ledger call for")
 
 
 def test_readiness_fails_while_the_ledger_answers_busy(tmp_path):
     """The ledger refuses a connection over its per-uid budget with one
     "busy" line and closes it: admission is refused, so /readyz must say
     so, and recover as soon as a connection is let in again."""
-    import json
-    import socket
-    import threading
-
-    from pyk8sres.coordinator.slurm import Ledger
     path = str(tmp_path / "ledger.sock")
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(path)
@@ -71,12 +71,12 @@ def test_readiness_fails_while_the_ledger_answers_busy(tmp_path):
                 while f.readline():
                     conn.sendall(json.dumps({"ok": True, "nodes": {}}).encode() + b"\n")
     threading.Thread(target=serve, daemon=True).start()
-    check = M.ledger_check(max_age=60)
+    check = metrics.ledger_check(max_age=60)
     ledger = Ledger(path, timeout=5)
     refused = sample("pyk8sres_ledger_refused_total", op="show") or 0
     assert ledger.show()["code"] == "busy"
     assert "refused this process: uid 1 already has 8 connections" in check()
-    health = M.Health()
+    health = metrics.Health()
     health.check("ledger", check)
     assert health.ready()[0].startswith("ledger: the ledger refused this process")
     assert sample("pyk8sres_ledger_refused_total", op="show") == refused + 1
@@ -95,7 +95,7 @@ def view(cpu, mem, jobs, share, over=False):
 
 
 def test_node_gauges_from_show_and_stale_nodes_removed():
-    g = M.NodeGauges()
+    g = metrics.NodeGauges()
     g.update({"ok": True, "nodes": {"gx1": view(8, 16000, (3, 4000), (2, 1000)),
                                     "gx2": view(8, 16000, (8, 0), (1, 0), over=True),
                                     "gx3": {"share": {"cpu": 0, "mem": 0}, "unknown": True},
@@ -119,10 +119,10 @@ def test_node_gauges_from_show_and_stale_nodes_removed():
 
 
 def test_node_gauges_set_only_the_nodes_whose_view_changed():
-    g = M.NodeGauges()
+    g = metrics.NodeGauges()
     before = {"ok": True, "nodes": {"gy1": view(8, 16000, (3, 4000), (2, 1000))}}
     g.update(before)
-    M.NODE_FREE.labels("gy1", "cpu").set(99)     # marks the series: was it set again?
+    metrics.NODE_FREE.labels("gy1", "cpu").set(99)     # marks the series: was it set again?
     g.update({"ok": True, "nodes": {"gy1": view(8, 16000, (3, 4000), (2, 1000))}})
     assert sample("pyk8sres_node_free", node="gy1", resource="cpu") == 99    # same view
     g.update({"ok": True, "nodes": {"gy1": view(8, 16000, (4, 4000), (2, 1000))}})
@@ -138,19 +138,18 @@ def test_node_gauges_set_only_the_nodes_whose_view_changed():
     ("0.0.0.0:0", ("0.0.0.0", 0)),
 ])
 def test_parse_address(text, addr):
-    assert M.parse_address(text) == addr
+    assert metrics.parse_address(text) == addr
 
 
 @pytest.mark.parametrize("text", ["9710", "host:", "host:http", "h:70000"])
 def test_parse_address_errors(text):
     with pytest.raises(ValueError):
-        M.parse_address(text)
+        metrics.parse_address(text)
 
 
 def test_event_queue_never_blocks_and_counts_what_it_drops():
     """The admission path only queues; with the worker stuck (not started
     here) a full queue drops the Event at once and counts it."""
-    from pyk8sres.coordinator.events import Recorder
     r = Recorder(kube=None, component="test", queue_size=2)
     before = sample("pyk8sres_events_total", action="queue_full")
     t0 = time.perf_counter()
@@ -165,10 +164,6 @@ def test_a_line_left_by_a_closing_ledger_is_not_an_answer(tmp_path):
     """At shutdown the ledger sends "notready" to every client and closes;
     the next request on that connection is asked again (and fails here:
     nothing listens), not answered with the stale line."""
-    import socket
-    import threading
-
-    from pyk8sres.coordinator.slurm import Ledger, LedgerError
     path = str(tmp_path / "ledger.sock")
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(path)

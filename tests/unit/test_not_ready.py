@@ -8,15 +8,15 @@ import types
 
 import pytest
 
-from pyk8sres.coordinator import scope as SC
 from pyk8sres.coordinator import sync
 from pyk8sres.coordinator.cache import Cache
 from pyk8sres.coordinator.config import SyncConfig, exemptions_of
 from pyk8sres.coordinator.placeholder import Placeholders
+from pyk8sres.coordinator.scope import LedgerNotReady, Scope, slurm_names
 from pyk8sres.coordinator.slurm import ShowFollower
 from pyk8sres.coordinator.webhook import Admission, Webhook
-from pyk8sres.policy import admission as A
-from pyk8sres.policy import ledger as L
+from pyk8sres.policy import admission
+from pyk8sres.policy import ledger as ledger_policy
 
 from memory_slurm import SlurmWorld, knode
 from memory_slurm import pod as bound_pod
@@ -37,15 +37,17 @@ NOT_READY = {"ok": False, "code": "notready",
     ("notready", False),
 ])
 def test_not_ready_is_recognised_only_as_the_servers_refusal(reply, expect):
-    assert L.not_ready(reply) is expect
+    assert ledger_policy.not_ready(reply) is expect
 
 
 @pytest.mark.parametrize("static", [False, True])
 def test_webhook_verdict_refuses_and_names_not_ready(static):
-    d = A.verdict(target(), A.Reserve("n1", "u-1", 500, 256 * MI, static=static), NOT_READY)
-    assert isinstance(d, A.Deny) and d.code == "ledger_not_ready" and d.code in A.DENY_CODES
+    d = admission.verdict(target(),
+                          admission.Reserve("n1", "u-1", 500, 256 * MI, static=static), NOT_READY)
+    assert isinstance(d, admission.Deny) and d.code == "ledger_not_ready"
+    assert d.code in admission.DENY_CODES
     assert "not ready" in d.message and "node n1" in d.message and "retry" in d.message
-    answer = A.review_response({"uid": "r"}, d)["response"]
+    answer = admission.review_response({"uid": "r"}, d)["response"]
     assert answer["allowed"] is False and "not ready" in answer["status"]["message"]
 
 
@@ -70,7 +72,7 @@ class ScriptedLedger:
 
 
 def _scope(names=("n1", "n2")):
-    s = SC.Scope(SyncConfig())
+    s = Scope(SyncConfig())
     s.replace_slim("nodes", [s.slim("nodes", knode(n)) for n in ("n1", "n2", "k8s-only")])
     s.update(slurm_names=list(names))
     return s
@@ -87,22 +89,22 @@ def test_admission_of_a_pod_on_a_shared_node(case, reply, admitted):
         {"request": req("CREATE", "pods", "", pod(node="n1"))})
     assert review["response"]["allowed"] is admitted, case
     assert [op for op, _ in ledger.calls] == ["reserve"], case
-    if not admitted and L.not_ready(reply):
+    if not admitted and ledger_policy.not_ready(reply):
         assert "Slurm's ledger is not ready" in review["response"]["status"]["message"]
 
 
 @pytest.mark.parametrize("case,shown,raises", [
-    ("not ready", NOT_READY, SC.LedgerNotReady),
+    ("not ready", NOT_READY, LedgerNotReady),
     ("refused", {"ok": False, "code": "denied", "error": "uid 5"}, RuntimeError),
     ("every node unknown", {"ok": True, "nodes": {"n1": {"unknown": True}}}, RuntimeError),
     ("ready", {"ok": True, "nodes": {"n1": {"share": {}}, "x": {"unknown": True}}}, None),
 ])
 def test_slurm_names_never_takes_not_ready_for_no_shared_nodes(case, shown, raises):
     if raises is None:
-        assert SC.slurm_names(shown) == ["n1"], case
+        assert slurm_names(shown) == ["n1"], case
     else:
         with pytest.raises(raises):
-            SC.slurm_names(shown)
+            slurm_names(shown)
 
 
 def test_webhook_refresh_keeps_the_last_known_shared_set_while_not_ready():
@@ -125,7 +127,7 @@ def test_placeholders_plan_nothing_while_not_ready():
             raise AssertionError(f"the placeholders touched the API ({name}) while not ready")
     scope = _scope()
     ph = Placeholders(NoKube(), ScriptedLedger(NOT_READY), scope, "pyk8sres-system")
-    with pytest.raises(SC.LedgerNotReady):
+    with pytest.raises(LedgerNotReady):
         ph.sync_once()
     assert scope.shared() == {"n1": "n1", "n2": "n2"}
 

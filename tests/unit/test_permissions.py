@@ -4,9 +4,10 @@ readiness until the same is granted."""
 import json
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from pyk8sres.coordinator import metrics
-from pyk8sres.coordinator import permissions as P
+from pyk8sres.coordinator import permissions
 
 S = "https://127.0.0.1:6443"
 
@@ -33,7 +34,7 @@ S = "https://127.0.0.1:6443"
     ("GET", f"{S}/api/v1", None),
 ])
 def test_request_rule(method, url, rule):
-    assert P.request_rule(method, url) == rule
+    assert permissions.request_rule(method, url) == rule
 
 
 def status(message):
@@ -42,7 +43,7 @@ def status(message):
 
 
 def test_refused_until_granted_and_said_in_readiness():
-    r = P.Refusals()
+    r = permissions.Refusals()
     nodes = f"{S}/api/v1/nodes?limit=500"
     assert r.not_ready() is None
     r.answered("GET", f"{S}/api/v1/pods", 200)
@@ -66,7 +67,7 @@ def test_refused_until_granted_and_said_in_readiness():
 
 
 def test_the_crd_check_refused_on_purpose_is_not_a_deficit():
-    r = P.Refusals()
+    r = permissions.Refusals()
     r.answered("GET", f"{S}/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
                       "genericnodes.pyk8sres.io", 403, status("forbidden"))
     assert r.not_ready() is None
@@ -76,7 +77,7 @@ def test_a_refusal_makes_the_daemon_not_ready(monkeypatch):
     health = metrics.Health()
     health.check("own", lambda: None)
     monkeypatch.setattr(metrics, "HEALTH", health)
-    r = P.Refusals()
+    r = permissions.Refusals()
     assert health.ready() == []
     r.answered("GET", f"{S}/api/v1/namespaces/d/pods/x", 403,
                status('pods "x" is forbidden: User "sa" cannot get resource "pods" in API '
@@ -94,25 +95,23 @@ def test_a_refusal_makes_the_daemon_not_ready(monkeypatch):
 def test_an_admission_refusal_is_not_a_missing_grant(message):
     """A 403 that admission gives one object: the daemon still has its
     permissions (our own webhook refusing a pod must not make it not ready)."""
-    r = P.Refusals()
+    r = permissions.Refusals()
     r.answered("POST", f"{S}/api/v1/namespaces/d/pods", 403, status(message))
     assert r.not_ready() is None
-    from kubernetes.client.exceptions import ApiException
     e = ApiException(status=403, reason="Forbidden")
     e.body = status(message).decode()
-    assert P.error_text(e) == "403 Forbidden: " + message
+    assert permissions.error_text(e) == "403 Forbidden: " + message
 
 
 def test_error_text_is_one_line_naming_what_rbac_refused():
-    from kubernetes.client.exceptions import ApiException
     e = ApiException(status=403, reason="Forbidden")
     e.body = status('pods "p" is forbidden: User "system:serviceaccount:pyk8sres-system:'
                     'pyk8sres-webhook" cannot get resource "pods" in API group "" in the '
                     'namespace "default"').decode()
-    text = P.error_text(e)
+    text = permissions.error_text(e)
     assert "\n" not in text and text.startswith("forbidden by RBAC: pods \"p\" is forbidden")
     assert 'cannot get resource "pods"' in text
     e = ApiException(status=500, reason="Internal Server Error")
     e.body = "not json"
-    assert P.error_text(e) == "500 Internal Server Error: not json"
-    assert P.error_text(TimeoutError("read timed out")) == "TimeoutError: read timed out"
+    assert permissions.error_text(e) == "500 Internal Server Error: not json"
+    assert permissions.error_text(TimeoutError("read timed out")) == "TimeoutError: read timed out"

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pyk8sres.policy import placeholder as P
+from pyk8sres.policy import placeholder
 
 MI = 1024 * 1024
 GI = 1024 * MI
@@ -23,13 +23,14 @@ def ph(spec, applied=None, allocated=None, pending=None, phase="Running", deleti
     """A placeholder pod as the API server returns it: spec requests,
     the kubelet's report (applied, allocatedResources), a PodResizePending
     reason."""
-    p = P.pod(node_name, "ns", *spec, ALLOC)
+    p = placeholder.pod(node_name, "ns", *spec, ALLOC)
     p["metadata"]["name"] = name
     status = {"phase": phase}
     if applied is not None:
-        cs = {"name": P.CONTAINER,
-              "resources": P.resources(*applied, ALLOC),
-              "allocatedResources": P.resources(*(allocated or applied), ALLOC)["requests"]}
+        cs = {"name": placeholder.CONTAINER,
+              "resources": placeholder.resources(*applied, ALLOC),
+              "allocatedResources":
+                  placeholder.resources(*(allocated or applied), ALLOC)["requests"]}
         status["containerStatuses"] = [cs]
     if pending:
         status["conditions"] = [{"type": "PodResizePending", "status": "True", "reason": pending}]
@@ -46,19 +47,20 @@ def ph(spec, applied=None, allocated=None, pending=None, phase="Running", deleti
     ({}, (8000, 1), (0, 0)),
 ])
 def test_size(jobs, alloc, expect):
-    assert P.size(jobs, alloc) == expect
+    assert placeholder.size(jobs, alloc) == expect
 
 
 def test_pod_stays_burstable_and_round_trips():
-    p = P.pod("k1", "pyk8sres-system", 0, 0, (8000, 16 * MI))
+    p = placeholder.pod("k1", "pyk8sres-system", 0, 0, (8000, 16 * MI))
     c = p["spec"]["containers"][0]
     assert c["resources"]["limits"] == {"cpu": "8000m"} and "memory" not in c["resources"]["limits"]
     assert p["metadata"]["generateName"] == "slurm-share-k1-" and p["spec"]["nodeName"] == "k1"
     assert p["metadata"]["labels"]["app.kubernetes.io/component"] == "slurm-share"
     assert p["spec"]["priorityClassName"] == "system-node-critical"
-    assert P.current(p) == (0, 0)
-    assert P.current(P.pod("k1", "x", 2500, 3 * MI, (8000, 16 * MI))) == (2500, 3 * MI)
-    assert P.current({"spec": {"containers": [{"name": "other"}]}}) is None
+    assert placeholder.current(p) == (0, 0)
+    assert placeholder.current(placeholder.pod("k1", "x", 2500, 3 * MI,
+                                               (8000, 16 * MI))) == (2500, 3 * MI)
+    assert placeholder.current({"spec": {"containers": [{"name": "other"}]}}) is None
 
 
 @pytest.mark.parametrize("pod,expect", [
@@ -78,7 +80,7 @@ def test_pod_stays_burstable_and_round_trips():
     (ph((6000, GI), applied=(6000, GI), deleting=True), (6000, GI)),    # until gone
 ])
 def test_what_kube_scheduler_counts(pod, expect):
-    assert P.counted(pod) == expect
+    assert placeholder.counted(pod) == expect
 
 
 @pytest.mark.parametrize("pods,want,create,resize,delete", [
@@ -109,15 +111,15 @@ def test_what_kube_scheduler_counts(pod, expect):
     ({"a": ph((6000, GI), (6000, GI), deleting=True)}, (6000, GI), (6000, GI), {}, []),
 ])
 def test_plan_node(pods, want, create, resize, delete):
-    plan = P.plan_node(want, pods)
+    plan = placeholder.plan_node(want, pods)
     assert (plan.create, plan.resize, plan.delete) == (create, resize, delete)
 
 
 def test_plan_node_merges_beyond_max_pods():
     pods = {n: ph((1000, 0), (1000, 0)) for n in "abc"}
-    plan = P.plan_node((4000, 0), pods, max_pods=3)
+    plan = placeholder.plan_node((4000, 0), pods, max_pods=3)
     assert plan.create == (2000, 0) and plan.delete == ["a"] and not plan.resize
-    assert not P.plan_node((3000, 0), pods, max_pods=3)
+    assert not placeholder.plan_node((3000, 0), pods, max_pods=3)
 
 
 def test_plan():
@@ -127,13 +129,13 @@ def test_plan():
     existing = {"p2": ph((1000, 0), (1000, 0), node_name="k2"),
                 "p3": ph((1000, 0), (1000, 0), node_name="k3"),
                 "old": ph((0, 0), (0, 0), node_name="gone")}
-    plans = P.plan(shared, nodes, shown, existing)
+    plans = placeholder.plan(shared, nodes, shown, existing)
     assert plans["k1"].create == (2000, 100 * MI) and plans["k1"].alloc == (8000, 16000 * MI)
     assert plans["k2"].create == (2000, 0) and not plans["k2"].delete
     assert plans["gone"].delete == ["old"]
     assert "k3" not in plans                   # Slurm shows nothing: left alone
     existing["p2b"] = ph((2000, 0), (2000, 0), node_name="k2")
-    assert "k2" not in P.plan(shared, nodes, shown, existing)
+    assert "k2" not in placeholder.plan(shared, nodes, shown, existing)
 
 
 # ------------------------------------------------- a random walk, simulated
@@ -146,7 +148,7 @@ class World:
         self.rnd, self.pods, self.n = rnd, {}, 0
 
     def seen(self):
-        return tuple(map(sum, zip((0, 0), *(P.counted(p) for p in self.pods.values()))))
+        return tuple(map(sum, zip((0, 0), *(placeholder.counted(p) for p in self.pods.values()))))
 
     def create(self, size):
         self.n += 1
@@ -155,7 +157,7 @@ class World:
 
     def resize(self, name, size):
         p = self.pods[name]
-        p["spec"]["containers"][0]["resources"] = P.resources(*size, ALLOC)
+        p["spec"]["containers"][0]["resources"] = placeholder.resources(*size, ALLOC)
         p["status"].pop("conditions", None)
 
     def kubelet(self):
@@ -165,7 +167,7 @@ class World:
                 if p["metadata"].get("deletionTimestamp"):
                     del self.pods[name]
                 continue
-            spec = P.current(p)
+            spec = placeholder.current(p)
             cs = p["status"].get("containerStatuses")
             if cs is None:
                 if self.rnd.random() < 0.05:                     # refused at admission
@@ -173,7 +175,8 @@ class World:
                 else:
                     self.pods[name] = ph(spec, spec, name=name)
                 continue
-            if P.resize_pending(p) or P.counted(p) == spec and P._applied(p) == spec:
+            if (placeholder.resize_pending(p)
+                    or placeholder.counted(p) == spec and placeholder._applied(p) == spec):
                 continue
             outcome = self.rnd.choice(["apply", "apply", "Deferred", "Infeasible"])
             if outcome == "apply":
@@ -195,7 +198,7 @@ def test_scheduler_never_counts_less_than_slurm_holds(seed):
             w.pods[rnd.choice(sorted(w.pods))]["metadata"]["deletionTimestamp"] = "x"
         before = w.seen()
         floor = tuple(min(b, x) for b, x in zip(before, want))
-        plan = P.plan_node(want, dict(w.pods), max_pods=3)
+        plan = placeholder.plan_node(want, dict(w.pods), max_pods=3)
         if plan.create:
             w.create(plan.create)
             assert all(s >= f for s, f in zip(w.seen(), floor)), (step, "create")
@@ -209,7 +212,7 @@ def test_scheduler_never_counts_less_than_slurm_holds(seed):
     # Settled: with want fixed and a kubelet that applies everything, the
     # count converges to exactly what Slurm holds, within the pod budget.
     for _ in range(10):
-        plan = P.plan_node(want, dict(w.pods), max_pods=3)
+        plan = placeholder.plan_node(want, dict(w.pods), max_pods=3)
         if plan.create:
             w.create(plan.create)
         for name, size in plan.resize.items():
@@ -220,6 +223,6 @@ def test_scheduler_never_counts_less_than_slurm_holds(seed):
             if p["metadata"].get("deletionTimestamp"):
                 del w.pods[name]
             elif p["status"]["phase"] != "Failed":
-                w.pods[name] = ph(P.current(p), P.current(p), name=name)
+                w.pods[name] = ph(placeholder.current(p), placeholder.current(p), name=name)
     assert w.seen() == want
     assert len(w.pods) <= 3

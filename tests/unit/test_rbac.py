@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 kubernetes = pytest.importorskip("kubernetes")
+# After the skip: the chart module needs yaml, which comes with the kubernetes client.
+from pyk8sres.testbed import chart, kubernetes as controlplane, pki  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 COORD = REPO / "pyk8sres" / "coordinator"
@@ -30,7 +32,7 @@ PLACEHOLDERS = "pyk8sres-placeholders"       # the placeholder pods' (a Role the
 
 # Which daemon (ServiceAccount) runs which module's Kubernetes calls.
 DAEMONS = {
-    "pyk8sres-sync": ["sync.py", "events.py"],
+    "pyk8sres-sync": ["sync.py", "generic_nodes.py", "events.py"],
     "pyk8sres-webhook": ["webhook.py", "confirm.py", "placeholder.py", "events.py"],
 }
 # Modules whose namespaced calls stay in the coordinator's namespace (a Role
@@ -143,8 +145,8 @@ def _rule(http: str, path: str, watch: bool) -> tuple[tuple[str, str, str], bool
 
 
 def _module_entries(module: str) -> set:
-    """kube.py functions a coordinator module calls (K.x, kube.x, self.kube.x,
-    names imported from .kube)."""
+    """kube.py functions a coordinator module calls (kube.x, also under an
+    alias, self.kube.x, names imported from .kube)."""
     tree = ast.parse((COORD / module).read_text())
     imported, kube_aliases = set(), {"kube"}
     for node in ast.walk(tree):
@@ -228,7 +230,6 @@ def code_calls_in_workers():
 
 @functools.lru_cache(maxsize=2)
 def _rendered(workers: bool = False) -> tuple:
-    from pyk8sres.testbed import chart, kubernetes as controlplane, pki
     with tempfile.TemporaryDirectory() as tmp:
         ca = pki.Authority(tmp, "ca", "any CA").cert_file
         values = chart.host_values(ca, "https://127.0.0.1:1/validate")

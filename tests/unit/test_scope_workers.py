@@ -12,8 +12,8 @@ from pyk8sres.coordinator import mapping
 from pyk8sres.coordinator.config import SyncConfig, exemptions_of
 from pyk8sres.coordinator.kube import Informer
 from pyk8sres.coordinator.scope import Scope, WorkersUnknown
-from pyk8sres.policy import admission as A
-from pyk8sres.policy import usage as U
+from pyk8sres.policy import admission
+from pyk8sres.policy import usage
 
 K19, K20 = "cn-hongkong.10.1.0.19", "cn-hongkong.10.1.0.20"
 SLINKY = SyncConfig(worker_pods="slinky", worker_namespace="slurm")
@@ -29,7 +29,7 @@ def worker(name, node, slurm_node, ns="slurm", phase="Running", hostname_label=T
 
 
 def knode(name, label=None):
-    return {"metadata": {"name": name, "labels": {U.NODE_LABEL: label} if label else {}},
+    return {"metadata": {"name": name, "labels": {usage.NODE_LABEL: label} if label else {}},
             "status": {"allocatable": {"cpu": "8", "memory": "16Gi"}}}
 
 
@@ -72,7 +72,7 @@ CASES = [
 @pytest.mark.parametrize("case,cfg,nodes,pods,want", CASES, ids=[c[0] for c in CASES])
 def test_the_scope_maps_as_the_sync_daemon(case, cfg, nodes, pods, want):
     s = scope(cfg, nodes, pods)
-    by_name = {n["metadata"]["name"]: U.slim_node(n, cfg.node_key) for n in nodes}
+    by_name = {n["metadata"]["name"]: usage.slim_node(n, cfg.node_key) for n in nodes}
     synced = mapping.with_workers(cfg, mapping.slurm_nodes(cfg, by_name, frozenset(SLURM)),
                                   by_name, frozenset(SLURM), pods)
     assert synced == want                 # what sync (and `pyk8sres status`) map
@@ -137,20 +137,21 @@ def test_while_the_workers_are_not_known_nothing_is_taken_as_not_shared(case, ho
 
 
 def test_the_webhook_refuses_a_pod_where_the_mapping_is_unknown_unless_exempt():
-    t = A.Target("bind", "default", "p", K20, False)
+    t = admission.Target("bind", "default", "p", K20, False)
     pod = {"metadata": {"name": "p", "namespace": "default", "uid": "u1"},
            "spec": {"containers": [{"resources": {"requests": {"cpu": "1"}}}]}}
     why = "cannot tell whether node ... is shared with Slurm"
-    ex = U.exemptions((), None, None)
-    d = A.plan(t, pod, None, ex, unknown=why)
-    assert isinstance(d, A.Deny) and d.code == "workers_unknown" and why in d.message
-    assert d.code in A.DENY_CODES
-    assert isinstance(A.plan(t, pod, None, ex), A.Allow)       # known not shared
+    ex = usage.exemptions((), None, None)
+    d = admission.plan(t, pod, None, ex, unknown=why)
+    assert isinstance(d, admission.Deny) and d.code == "workers_unknown" and why in d.message
+    assert d.code in admission.DENY_CODES
+    assert isinstance(admission.plan(t, pod, None, ex), admission.Allow)       # known not shared
     w = worker("w-0", K20, "n2")
-    d = A.plan(A.Target("bind", "slurm", "w-0", K20, False), w, None, exemptions_of(SLINKY),
-               unknown=why)
-    assert isinstance(d, A.Allow) and d.code == "exempt"       # Slurm's own worker
-    assert isinstance(A.plan(t, None, None, ex, unknown=why), A.Deny)   # pod not found
+    bind = admission.Target("bind", "slurm", "w-0", K20, False)
+    d = admission.plan(bind, w, None, exemptions_of(SLINKY), unknown=why)
+    assert isinstance(d, admission.Allow) and d.code == "exempt"       # Slurm's own worker
+    # the pod not found:
+    assert isinstance(admission.plan(t, None, None, ex, unknown=why), admission.Deny)
 
 
 class QuietServer:

@@ -15,7 +15,7 @@ from pyk8sres.coordinator.cache import Cache
 from pyk8sres.coordinator.config import SyncConfig, exemptions_of
 from pyk8sres.coordinator.kube import Informer
 from pyk8sres.coordinator.scope import Scope
-from pyk8sres.policy import usage as U
+from pyk8sres.policy import usage
 
 from memory_slurm import SlurmWorld, knode, pod
 
@@ -103,7 +103,7 @@ def test_the_webhook_scope_checks_every_node_while_the_nodes_watch_is_quiet():
 
 def test_the_webhook_scope_follows_a_live_informer_and_detects_a_stuck_one():
     s = Scope(SyncConfig())
-    server = StuckServer([knode("n1"), knode("k8s-only", **{U.NODE_LABEL: ""})])
+    server = StuckServer([knode("n1"), knode("k8s-only", **{usage.NODE_LABEL: ""})])
     stop = threading.Event()
     inf = Informer(server, "nodes", s, watch_timeout=1, stop=stop)
     s.stale_after = inf.stale_after()

@@ -9,11 +9,11 @@ import time
 from memory_slurm import knode, pod
 from pyk8sres.coordinator.cache import Cache
 from pyk8sres.coordinator.kube import Gone, Informer
-from pyk8sres.policy import usage as U
+from pyk8sres.policy import usage as usage_policy
 
 
 def test_cache_tracks_watch_events():
-    c = Cache(U.exemptions(["slurm"]))
+    c = Cache(usage_policy.exemptions(["slurm"]))
     c.replace("pods", [pod("a", "n1"), pod("u", None), pod("done", "n1", phase="Succeeded")])
     c.replace("nodes", [])
     assert set(c.pods) == {"ns/a"}
@@ -56,7 +56,7 @@ def test_cache_sums_match_a_full_recount():
     """Incremental per-node sums == summing the pods from scratch, after
     random adds, modifies, moves, terminal phases, bad data and deletes."""
     rnd = random.Random(7)
-    c = Cache(U.exemptions(["slurm"]))
+    c = Cache(usage_policy.exemptions(["slurm"]))
     c.replace("pods", [])
     c.replace("nodes", [])
     for _ in range(2000):
@@ -68,7 +68,7 @@ def test_cache_sums_match_a_full_recount():
         phase = rnd.choice(["Running", "Running", "Pending", "Succeeded"])
         c.event("pods", "MODIFIED", pod(name, rnd.choice(["n1", "n2", None]), cpu, "1Mi", phase))
     usage, _, _ = c.snapshot()
-    assert usage == U.usage_by_k8s_node(c.pods.values())
+    assert usage == usage_policy.usage_by_k8s_node(c.pods.values())
 
 
 def test_cache_dirty_tracks_pod_nodes_and_anything_else_means_all():

@@ -15,7 +15,7 @@ from memory_slurm import MI, N, SNode, SlurmWorld, knode, pod
 from pyk8sres.coordinator import sync
 from pyk8sres.coordinator.cache import Cache
 from pyk8sres.coordinator.config import ConfigError, SyncConfig, exemptions_of, load_config
-from pyk8sres.policy import usage as U
+from pyk8sres.policy import usage
 
 
 @pytest.fixture
@@ -33,25 +33,26 @@ def world(tmp_path):
 
 def test_desired_state_table():
     nodes = [SNode("n1"), SNode("n2"), SNode("n3"), SNode("n4", gres={}, reported_gres={})]
-    knodes = {"n1": knode("n1"), "k8s-b": knode("k8s-b", **{U.NODE_LABEL: "n2"}),
+    knodes = {"n1": knode("n1"), "k8s-b": knode("k8s-b", **{usage.NODE_LABEL: "n2"}),
               "kx": knode("kx"), "n4": knode("n4"),
-              "k8s-z": knode("k8s-z", **{U.NODE_LABEL: "nowhere"})}
-    pods = [U.PodUsage("n1", N(1735, 1000), 2393 * MI),
-            U.PodUsage("k8s-b", N(1), 1000 * MI),
-            U.PodUsage("k8s-b", 0, 0, error="pod x/y: malformed quantity 'lots'"),
-            U.PodUsage("n3", N(2), 0),                  # no node object: counts by name
-            U.PodUsage("kx", N(3), 0)]                  # unmapped node: ignored
-    d = U.desired_state(U.usage_by_k8s_node(pods), knodes, nodes)
-    assert d.usage == {"n1": U.NodeUsage(N(1735, 1000), 2393 * MI),
-                       "n2": U.NodeUsage(N(1), 1000 * MI, ("pod x/y: malformed quantity 'lots'",)),
-                       "n3": U.NodeUsage(N(2), 0)}
+              "k8s-z": knode("k8s-z", **{usage.NODE_LABEL: "nowhere"})}
+    pods = [usage.PodUsage("n1", N(1735, 1000), 2393 * MI),
+            usage.PodUsage("k8s-b", N(1), 1000 * MI),
+            usage.PodUsage("k8s-b", 0, 0, error="pod x/y: malformed quantity 'lots'"),
+            usage.PodUsage("n3", N(2), 0),                  # no node object: counts by name
+            usage.PodUsage("kx", N(3), 0)]                  # unmapped node: ignored
+    d = usage.desired_state(usage.usage_by_k8s_node(pods), knodes, nodes)
+    assert d.usage == {"n1": usage.NodeUsage(N(1735, 1000), 2393 * MI),
+                       "n2": usage.NodeUsage(N(1), 1000 * MI,
+                                             ("pod x/y: malformed quantity 'lots'",)),
+                       "n3": usage.NodeUsage(N(2), 0)}
     assert d.k8s_to_slurm == {"n1": "n1", "k8s-b": "n2", "n4": "n4"}
     assert d.mapping == {"n1": "n1", "k8s-b": "n2", "kx": None, "n4": "n4", "k8s-z": None}
     assert len(d.warnings) == 3
     assert any("n2" in w and "lots" in w for w in d.warnings)        # its share only grows
     assert any(w.startswith("node n4: no k8scpu") for w in d.warnings)
     assert any("k8s-z" in w for w in d.warnings)                    # label names no node
-    d = U.desired_state(U.usage_by_k8s_node(pods), knodes, nodes, map_by_name=False)
+    d = usage.desired_state(usage.usage_by_k8s_node(pods), knodes, nodes, map_by_name=False)
     assert d.k8s_to_slurm == {"k8s-b": "n2"} and set(d.usage) == {"n2"}
 
 
@@ -225,7 +226,7 @@ def test_pod_cycles_touch_only_their_nodes_and_equal_a_full_cycle(world):
         dirty = cache.take_dirty()
         sets.clear()
         partial = rec.cycle(refresh=False, dirty=dirty)
-        where = {U.slurm_node_of(k, partial.mapping, {"n1", "n2", "n3"}) for k in dirty}
+        where = {usage.slurm_node_of(k, partial.mapping, {"n1", "n2", "n3"}) for k in dirty}
         assert set(sets) <= where - {None}, (step, dirty, sets)
         partial_sets.append(len(sets))
         entries = {n: dict(slurm.core.nodes.get(n, {})) for n in ("n1", "n2", "n3")}
@@ -297,7 +298,9 @@ def test_config_file(tmp_path):
                                   'node_key = "pyk8sres.io/slurm-node"\n',   # kubelet-writable
                                   'slurm_workers = "slurm"\n', 'slurm_workers = ["a/b/c"]\n',
                                   'slurm_worker_selector = "a=b"\n',
-                                  'generic_node_qps = 0\n', 'generic_node_burst = 0\n'])
+                                  'generic_node_qps = 0\n', 'generic_node_burst = 0\n',
+                                  'generic_node_min_interval_seconds = -1\n',
+                                  'generic_node_min_interval_seconds = 600\n'])
 def test_config_rejects(tmp_path, text):
     p = tmp_path / "sync.toml"
     p.write_text(text)

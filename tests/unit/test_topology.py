@@ -1,10 +1,14 @@
 """slurmctld's live partitions and nodes (pyk8sres.slurmctld.topology) and
 how the job_submit policy uses them instead of slurm.conf's."""
 import dataclasses
+import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from pyk8sres.slurmctld import completion, embed, submit, topology
+from pyk8sres.slurmctld import completion, embed, slurmconf, submit, topology
 from pyk8sres.slurmctld.jobspec import (CR_CORE, CR_MEMORY, MEM_PER_CPU, Job, MemDefault, Nodes,
                                         Partition, PolicyError, Site)
 
@@ -142,11 +146,6 @@ GRES = ["", "k8scpu:8,k8smemory:8000", "gpu:2", "gpu:a100:2,gpu:v100:1", "gpu",
 def test_the_plugin_counts_gpus_as_the_slurm_conf_reader(tmp_path):
     """plugins/job_submit_k8s_resource_completion.c _gres_gpus (node table)
     and slurmconf._gpus (slurm.conf) agree, compiled and run here."""
-    import re
-    import shutil
-    import subprocess
-    from pathlib import Path
-    from pyk8sres.slurmctld import slurmconf
     cc = shutil.which("cc") or shutil.which("gcc")
     if not cc:
         pytest.skip("no C compiler")

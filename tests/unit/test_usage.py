@@ -1,7 +1,7 @@
 """Table-driven tests of the pure sync policy in pyk8sres.policy.usage and
 pyk8sres.policy.quantities."""
 
-from fractions import Fraction as F
+from fractions import Fraction
 
 import pytest
 
@@ -13,35 +13,35 @@ MI = 1024 * 1024
 
 def N(*cores):
     """cores -> nanocores, the unit PodUsage/NodeUsage use."""
-    return int(F(*cores) * 10**9)
+    return int(Fraction(*cores) * 10**9)
 
 
 # ---------------------------------------------------------------- quantities
 
 @pytest.mark.parametrize("text,value", [
-    ("1735m", F(1735, 1000)),
-    ("2393Mi", F(2393 * MI)),
-    ("1.5Gi", F(3, 2) * 2**30),
-    ("1e3", F(1000)),
-    ("1E3", F(1000)),
-    ("1e-3", F(1, 1000)),
-    ("100k", F(100_000)),
-    ("0.5", F(1, 2)),
-    (".5", F(1, 2)),
-    ("1.", F(1)),
-    ("0", F(0)),
-    ("4", F(4)),
-    ("4000Mi", F(4000 * MI)),
-    ("128974848", F(128974848)),
-    ("129e6", F(129_000_000)),
-    ("123Mi", F(123 * MI)),
-    ("1Ki", F(1024)),
-    ("5G", F(5 * 10**9)),
-    ("250u", F(250, 10**6)),
-    ("100n", F(100, 10**9)),
-    ("  2 ", F(2)),
-    (3, F(3)),
-    ("0.1", F(1, 10)),          # exact, no float rounding
+    ("1735m", Fraction(1735, 1000)),
+    ("2393Mi", Fraction(2393 * MI)),
+    ("1.5Gi", Fraction(3, 2) * 2**30),
+    ("1e3", Fraction(1000)),
+    ("1E3", Fraction(1000)),
+    ("1e-3", Fraction(1, 1000)),
+    ("100k", Fraction(100_000)),
+    ("0.5", Fraction(1, 2)),
+    (".5", Fraction(1, 2)),
+    ("1.", Fraction(1)),
+    ("0", Fraction(0)),
+    ("4", Fraction(4)),
+    ("4000Mi", Fraction(4000 * MI)),
+    ("128974848", Fraction(128974848)),
+    ("129e6", Fraction(129_000_000)),
+    ("123Mi", Fraction(123 * MI)),
+    ("1Ki", Fraction(1024)),
+    ("5G", Fraction(5 * 10**9)),
+    ("250u", Fraction(250, 10**6)),
+    ("100n", Fraction(100, 10**9)),
+    ("  2 ", Fraction(2)),
+    (3, Fraction(3)),
+    ("0.1", Fraction(1, 10)),          # exact, no float rounding
 ])
 def test_parse_quantity(text, value):
     assert quantities.parse_quantity(text) == value
@@ -63,16 +63,17 @@ def test_negative_request_rejected():
 
 
 @pytest.mark.parametrize("cores,text", [
-    (F(0), "0"), (F(3), "3"), (F(2735, 1000), "2735m"), (F(1, 2), "500m"),
-    (F(1, 3000), "1m"),  # below a millicore rounds up, never hides usage
+    (Fraction(0), "0"), (Fraction(3), "3"), (Fraction(2735, 1000), "2735m"),
+    (Fraction(1, 2), "500m"),
+    (Fraction(1, 3000), "1m"),  # below a millicore rounds up, never hides usage
 ])
 def test_format_cpu(cores, text):
     assert quantities.format_cpu(cores) == text
 
 
 @pytest.mark.parametrize("nbytes,text", [
-    (F(0), "0"), (F(4000 * MI), "4000Mi"), (F(3417 * MI), "3417Mi"),
-    (F(1536 * 1024), "1536Ki"), (F(1000), "1000"), (F(1, 2), "1"),
+    (Fraction(0), "0"), (Fraction(4000 * MI), "4000Mi"), (Fraction(3417 * MI), "3417Mi"),
+    (Fraction(1536 * 1024), "1536Ki"), (Fraction(1000), "1000"), (Fraction(1, 2), "1"),
 ])
 def test_format_memory(nbytes, text):
     assert quantities.format_memory(nbytes) == text

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from pyk8sres.coordinator import kube as K
+from pyk8sres.coordinator import kube
 
 
 class Conn:
@@ -46,24 +46,24 @@ def pair():
 
 def test_nothing_waiting_asks_the_socket(pair):
     reader, writer = pair
-    assert K._nothing_waiting(Response([], reader))
+    assert kube._nothing_waiting(Response([], reader))
     writer.sendall(b"x")
-    assert not K._nothing_waiting(Response([], reader))
+    assert not kube._nothing_waiting(Response([], reader))
     reader.recv(1)
-    assert K._nothing_waiting(Response([], reader))
+    assert kube._nothing_waiting(Response([], reader))
 
 
 @pytest.mark.parametrize("connection", [None, Conn(None)])
 def test_without_a_socket_to_ask_a_watch_never_pauses(connection):
     resp = Response([])
     resp.connection = connection
-    assert not K._nothing_waiting(resp)
+    assert not kube._nothing_waiting(resp)
 
 
 def test_a_closed_socket_is_left_to_the_read(pair):
     reader, _ = pair
     reader.close()
-    assert not K._nothing_waiting(Response([], reader))
+    assert not kube._nothing_waiting(Response([], reader))
 
 
 @pytest.mark.parametrize("chunks", [
@@ -72,17 +72,17 @@ def test_a_closed_socket_is_left_to_the_read(pair):
     [line(0)[:7], line(0)[7:] + line(1)[:3], line(1)[3:] + line(2)],   # split anywhere
 ])
 def test_every_event_in_order_whatever_the_chunks(chunks, pair, monkeypatch):
-    monkeypatch.setattr(K.time, "sleep", lambda s: None)
-    got = [obj["metadata"]["name"] for _, obj in K.Kube._events(Response(chunks, pair[0]), 0.5)]
+    monkeypatch.setattr(kube.time, "sleep", lambda s: None)
+    got = [obj["metadata"]["name"] for _, obj in kube.Kube._events(Response(chunks, pair[0]), 0.5)]
     assert got == ["n0", "n1", "n2"]
 
 
 def test_a_watch_pauses_after_a_chunk_only_when_nothing_more_has_arrived(pair, monkeypatch):
     reader, writer = pair
     slept = []
-    monkeypatch.setattr(K.time, "sleep", slept.append)
+    monkeypatch.setattr(kube.time, "sleep", slept.append)
     resp = Response([line(0), line(1), line(2)], reader)
-    events = K.Kube._events(resp, 0.5)
+    events = kube.Kube._events(resp, 0.5)
     writer.sendall(b"more")          # the next chunk is already there: read on
     next(events)
     next(events)
@@ -94,5 +94,5 @@ def test_a_watch_pauses_after_a_chunk_only_when_nothing_more_has_arrived(pair, m
 
 
 def test_only_the_nodes_watch_pauses():
-    assert K.READ_PAUSE.get("nodes", 0) > 0
-    assert K.READ_PAUSE.get("pods", 0) == 0
+    assert kube.READ_PAUSE.get("nodes", 0) > 0
+    assert kube.READ_PAUSE.get("pods", 0) == 0

@@ -1,14 +1,14 @@
 """The webhook's own CA and serving certificate: made at start, renewed at
 2/3 of their life, CA rotation in two steps (bundle first, then signing)."""
 
-import datetime as dt
 import ssl
+from datetime import datetime, timedelta, timezone
 
 from cryptography import x509
 
 from pyk8sres.coordinator.certs import Certs
 
-T0 = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
 
 def served(c):
@@ -38,18 +38,18 @@ def test_rotation(tmp_path):
     c.ensure(T0)
     first_serial, first_ca = served(c).serial_number, cas(c.bundle(T0))
     # serving cert renewed at 2/3 of 30 days, same CA
-    t = T0 + dt.timedelta(days=21)
+    t = T0 + timedelta(days=21)
     assert c.ensure(t) and served(c).serial_number != first_serial
     assert cas(c.bundle(t)) == first_ca
     # CA at 2/3 of 300 days: the next CA joins the bundle, the old one still signs
-    t = T0 + dt.timedelta(days=201)
+    t = T0 + timedelta(days=201)
     c.ensure(t)
     assert len(cas(c.bundle(t))) == 2 and served(c).issuer.rfc4514_string() == first_ca[0]
     # after the promotion delay the new CA signs; the old one stays trusted
-    t2 = t + dt.timedelta(minutes=10)
+    t2 = t + timedelta(minutes=10)
     assert c.ensure(t2)
     assert served(c).issuer.rfc4514_string() != first_ca[0]
     assert first_ca[0] in cas(c.bundle(t2)) and len(cas(c.bundle(t2))) == 2
     # once the old CA expired it leaves the bundle
-    t3 = T0 + dt.timedelta(days=301)
+    t3 = T0 + timedelta(days=301)
     assert first_ca[0] not in cas(c.bundle(t3))

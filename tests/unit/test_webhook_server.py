@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from pyk8sres.coordinator import metrics as M
-from pyk8sres.coordinator import webhook_server as WS
+from pyk8sres.coordinator import metrics
+from pyk8sres.coordinator import webhook_server
 from pyk8sres.coordinator.certs import Certs
 from pyk8sres.testbed import pki
 
@@ -41,8 +41,8 @@ def tls(tmp_path):
 
 def start(tls, **limits):
     certs, client_ca, _, _ = tls
-    srv = WS.WebhookServer(("127.0.0.1", 0), Echo(), certs.cert_file, certs.key_file,
-                           client_ca, [API_SERVER], WS.Limits(**limits))
+    srv = webhook_server.WebhookServer(("127.0.0.1", 0), Echo(), certs.cert_file, certs.key_file,
+                                       client_ca, [API_SERVER], webhook_server.Limits(**limits))
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     return srv, t
@@ -73,12 +73,13 @@ def wait_until(pred, timeout=5.0):
 
 
 def test_fit_keeps_every_class_under_the_descriptor_limit():
-    big = WS.fit(WS.Limits(), 1 << 20)
+    big = webhook_server.fit(webhook_server.Limits(), 1 << 20)
     assert (big.max_pending, big.max_anonymous, big.max_authenticated) == (1024, 32, 256)
     for nofile in (64, 256, 1024, 4096):
-        f = WS.fit(WS.Limits(), nofile)
+        f = webhook_server.fit(webhook_server.Limits(), nofile)
         total = f.max_pending + f.max_anonymous + f.max_authenticated
-        assert total + WS.RESERVED_FDS <= max(nofile, WS.RESERVED_FDS + 24), (nofile, f)
+        reserved = webhook_server.RESERVED_FDS
+        assert total + reserved <= max(nofile, reserved + 24), (nofile, f)
         assert f.max_authenticated >= 4 and f.max_pending >= 4
 
 
@@ -115,8 +116,8 @@ def test_idle_and_dribbling_callers_are_cut_and_never_crowd_out_the_api_server(t
     TCP connections, 5 dribbled ClientHellos and 4 dribbled HTTP headers are
     cut (oldest first, or at their deadline), while the API server's new
     connection is served at once."""
-    evicted = M.REGISTRY.get_sample_value("pyk8sres_webhook_connections_cut_total",
-                                          {"reason": "evicted_pending"}) or 0
+    evicted = metrics.REGISTRY.get_sample_value("pyk8sres_webhook_connections_cut_total",
+                                                {"reason": "evicted_pending"}) or 0
     srv, _ = start(tls, max_pending=8, max_anonymous=2, handshake_timeout=1.0,
                    request_timeout=1.0)
     port = srv.server_address[1]
@@ -139,8 +140,8 @@ def test_idle_and_dribbling_callers_are_cut_and_never_crowd_out_the_api_server(t
         assert wait_until(lambda: srv.counts["evicted_pending"] >= 50 - 8
                           and srv.counts["evicted_anonymous"] >= 2)
         assert len(srv.pending) <= 8 and len(srv.anonymous) <= 2
-        assert M.REGISTRY.get_sample_value("pyk8sres_webhook_connections_cut_total",
-                                           {"reason": "evicted_pending"}) >= evicted + 42
+        assert metrics.REGISTRY.get_sample_value("pyk8sres_webhook_connections_cut_total",
+                                                 {"reason": "evicted_pending"}) >= evicted + 42
         t0 = time.monotonic()
         api = http.client.HTTPSConnection("127.0.0.1", port, context=client_ctx(tls, tls[2]),
                                           timeout=5)
@@ -164,32 +165,32 @@ def test_idle_and_dribbling_callers_are_cut_and_never_crowd_out_the_api_server(t
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_healthz_covers_the_listener(tls, monkeypatch):
     """A live process whose listener is stuck or dead reports unhealthy."""
-    M.HEALTH.beats.clear()
+    metrics.HEALTH.beats.clear()
     srv, t = start(tls, stall_seconds=0.3)
     try:
-        assert wait_until(lambda: WS.HEALTH_NAME in M.HEALTH.beats)
+        assert wait_until(lambda: webhook_server.HEALTH_NAME in metrics.HEALTH.beats)
         time.sleep(0.5)
-        assert M.probe("/healthz") == (200, b"ok\n")      # idle, still turning
+        assert metrics.probe("/healthz") == (200, b"ok\n")      # idle, still turning
         # Stuck: the loop blocks (as on a wedged lock) and turns no more.
         stuck = threading.Event()
         real = srv.sel.select
         monkeypatch.setattr(srv.sel, "select", lambda timeout=None: (stuck.wait(), real(0))[1])
         srv._wake_w.send(b"x")
-        assert wait_until(lambda: M.probe("/healthz")[0] == 503, 3)
-        assert WS.HEALTH_NAME in M.probe("/healthz")[1].decode()
+        assert wait_until(lambda: metrics.probe("/healthz")[0] == 503, 3)
+        assert webhook_server.HEALTH_NAME in metrics.probe("/healthz")[1].decode()
         monkeypatch.setattr(srv.sel, "select", real)
         stuck.set()
-        assert wait_until(lambda: M.probe("/healthz")[0] == 200, 3)
+        assert wait_until(lambda: metrics.probe("/healthz")[0] == 200, 3)
         # Dead: the loop thread ends on an error of its own.
         monkeypatch.setattr(srv.sel, "select", lambda timeout=None: 1 / 0)
         srv._wake_w.send(b"x")
         t.join(3)
         assert not t.is_alive()
-        assert wait_until(lambda: M.probe("/healthz")[0] == 503, 3)
+        assert wait_until(lambda: metrics.probe("/healthz")[0] == 503, 3)
     finally:
         monkeypatch.undo()
         srv.close()
-        M.HEALTH.beats.clear()
+        metrics.HEALTH.beats.clear()
 
 
 def test_close_drops_kept_alive_connections(tls):
@@ -200,7 +201,8 @@ def test_close_drops_kept_alive_connections(tls):
     srv.close()
     t.join(5)
     assert not t.is_alive()
-    assert WS.HEALTH_NAME not in M.HEALTH.beats       # stopped on purpose: not a stall
+    # stopped on purpose: not a stall
+    assert webhook_server.HEALTH_NAME not in metrics.HEALTH.beats
     with pytest.raises((OSError, http.client.HTTPException)):
         review(api)
     api.close()

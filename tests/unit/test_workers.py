@@ -9,13 +9,13 @@ import pytest
 from pyk8sres.coordinator import mapping, status, sync
 from pyk8sres.coordinator.cache import Cache
 from pyk8sres.coordinator.config import ConfigError, SyncConfig, exemptions_of, load_config
-from pyk8sres.policy import usage as U
-from pyk8sres.policy import workers as W
+from pyk8sres.policy import usage
+from pyk8sres.policy import workers
 
 from test_sync_logic import SlurmWorld, knode, pod
 
-HOST = W.SLINKY_HOSTNAME_LABEL
-SLINKY_LABELS = dict(W.SLINKY_LABELS)
+HOST = workers.SLINKY_HOSTNAME_LABEL
+SLINKY_LABELS = dict(workers.SLINKY_LABELS)
 
 
 def slinky(name, node, hostname_label=None, hostname=None, ns="slurm", cpu="4", **more):
@@ -33,18 +33,21 @@ def slinky(name, node, hostname_label=None, hostname=None, ns="slurm", cpu="4", 
 @pytest.mark.parametrize("case, args, want", [
     ("off", ("",), None),
     ("slinky preset", ("slinky", "slurm"),
-     W.Selector("slinky", "slurm", W.SLINKY_LABELS, None, ("label:" + HOST, "hostname", "pod-name"))),
+     workers.Selector("slinky", "slurm", workers.SLINKY_LABELS, None,
+                      ("label:" + HOST, "hostname", "pod-name"))),
     ("slinky narrowed to one cluster", ("slinky", "slurm", {"slinky.slurm.net/cluster": "c1"}),
-     W.Selector("slinky", "slurm", W.SLINKY_LABELS + (("slinky.slurm.net/cluster", "c1"),), None,
-                ("label:" + HOST, "hostname", "pod-name"))),
-    ("ack preset", ("ack", "slurm-test"), W.Selector("ack", "slurm-test", (), W.ACK_NAME, ("pod-name",))),
+     workers.Selector("slinky", "slurm",
+                      workers.SLINKY_LABELS + (("slinky.slurm.net/cluster", "c1"),), None,
+                      ("label:" + HOST, "hostname", "pod-name"))),
+    ("ack preset", ("ack", "slurm-test"),
+     workers.Selector("ack", "slurm-test", (), workers.ACK_NAME, ("pod-name",))),
     ("ack, name from the hostname", ("ack", "s", {}, "hostname"),
-     W.Selector("ack", "s", (), W.ACK_NAME, ("hostname",))),
+     workers.Selector("ack", "s", (), workers.ACK_NAME, ("hostname",))),
     ("custom", ("custom", "hpc", {"role": "slurmd"}, "label:slurm/node"),
-     W.Selector("custom", "hpc", (("role", "slurmd"),), None, ("label:slurm/node",))),
+     workers.Selector("custom", "hpc", (("role", "slurmd"),), None, ("label:slurm/node",))),
 ])
 def test_selector(case, args, want):
-    assert W.selector(*args) == want, case
+    assert workers.selector(*args) == want, case
 
 
 @pytest.mark.parametrize("case, args, text", [
@@ -59,7 +62,7 @@ def test_selector(case, args, want):
 ])
 def test_selector_refused(case, args, text):
     with pytest.raises(ValueError, match=text):
-        W.selector(*args)
+        workers.selector(*args)
 
 
 def test_config_file(tmp_path):
@@ -81,9 +84,9 @@ def test_config_file(tmp_path):
 
 # ----------------------------------------------------------------- which pods, which Slurm node
 
-SL = W.selector("slinky", "slurm")
-ACK = W.selector("ack", "slurm")
-CUSTOM = W.selector("custom", "hpc", {"role": "slurmd"}, "label:slurm/node")
+SL = workers.selector("slinky", "slurm")
+ACK = workers.selector("ack", "slurm")
+CUSTOM = workers.selector("custom", "hpc", {"role": "slurmd"}, "label:slurm/node")
 
 
 def renamed(p, **labels):
@@ -93,13 +96,13 @@ def renamed(p, **labels):
 
 @pytest.mark.parametrize("case, sel, p, want", [
     ("slinky: the pod-hostname label", SL, slinky("ns0-abc", "k1", "slinky-0", "h"),
-     W.WorkerPod("slurm/ns0-abc", "k1", "slinky-0")),
+     workers.WorkerPod("slurm/ns0-abc", "k1", "slinky-0")),
     ("slinky: no label, spec.hostname", SL, slinky("ns0-abc", "k1", hostname="slinky-1"),
-     W.WorkerPod("slurm/ns0-abc", "k1", "slinky-1")),
+     workers.WorkerPod("slurm/ns0-abc", "k1", "slinky-1")),
     ("slinky: neither, the pod name", SL, slinky("slinky-2", "k1"),
-     W.WorkerPod("slurm/slinky-2", "k1", "slinky-2")),
+     workers.WorkerPod("slurm/slinky-2", "k1", "slinky-2")),
     ("slinky: a blank label is not a name", SL, slinky("slinky-3", "k1", " "),
-     W.WorkerPod("slurm/slinky-3", "k1", "slinky-3")),
+     workers.WorkerPod("slurm/slinky-3", "k1", "slinky-3")),
     ("slinky labels in another namespace: not a worker", SL,
      slinky("x", "k1", "slinky-0", ns="team-a"), None),
     ("one of slinky's labels missing", SL,
@@ -107,36 +110,37 @@ def renamed(p, **labels):
     ("not bound yet", SL, slinky("x", None, "slinky-0"), None),
     ("terminal", SL, {**slinky("x", "k1", "slinky-0"), "status": {"phase": "Failed"}}, None),
     ("ack: the pod name", ACK, pod("slurm-test-worker-cpu-0", "cn-hongkong.10.1.0.19", ns="slurm"),
-     W.WorkerPod("slurm/slurm-test-worker-cpu-0", "cn-hongkong.10.1.0.19", "slurm-test-worker-cpu-0")),
+     workers.WorkerPod("slurm/slurm-test-worker-cpu-0", "cn-hongkong.10.1.0.19",
+                       "slurm-test-worker-cpu-0")),
     ("ack: the controller is no worker", ACK, pod("slurm-test-head-0", "k1", ns="slurm"), None),
     ("ack: no index", ACK, pod("slurm-test-worker-cpu", "k1", ns="slurm"), None),
     ("ack: another namespace", ACK, pod("slurm-test-worker-cpu-0", "k1", ns="default"), None),
     ("custom: the label named", CUSTOM,
      pod("w", "k1", ns="hpc", labels={"role": "slurmd", "slurm/node": "n7"}),
-     W.WorkerPod("hpc/w", "k1", "n7")),
+     workers.WorkerPod("hpc/w", "k1", "n7")),
     ("custom: the label missing, no name", CUSTOM, pod("w", "k1", ns="hpc", labels={"role": "slurmd"}),
-     W.WorkerPod("hpc/w", "k1", None)),
+     workers.WorkerPod("hpc/w", "k1", None)),
     ("off", None, slinky("x", "k1", "slinky-0"), None),
 ])
 def test_worker_pod(case, sel, p, want):
-    assert W.worker_pod(p, sel) == want, case
+    assert workers.worker_pod(p, sel) == want, case
 
 
 def test_a_worker_is_exempt_because_it_is_a_worker():
-    ex = U.exemptions((), None, SL)
-    assert U.pod_usage(slinky("w", "k1", "s0"), ex) is None
-    why = U.exempt_reason(slinky("w", "k1", "s0"), ex)
+    ex = usage.exemptions((), None, SL)
+    assert usage.pod_usage(slinky("w", "k1", "s0"), ex) is None
+    why = usage.exempt_reason(slinky("w", "k1", "s0"), ex)
     assert why.startswith("Slurm worker pod (slinky, namespace slurm)")
     # The same labels elsewhere hold their requests: anyone can write labels.
-    assert U.pod_usage(slinky("w", "k1", "s0", ns="team-a"), ex).cpu == 4 * 10**9
+    assert usage.pod_usage(slinky("w", "k1", "s0", ns="team-a"), ex).cpu == 4 * 10**9
     # Off: a slinky-labelled pod counts like any other, as before.
-    assert U.pod_usage(slinky("w", "k1", "s0"), U.Exemptions()).cpu == 4 * 10**9
+    assert usage.pod_usage(slinky("w", "k1", "s0"), usage.Exemptions()).cpu == 4 * 10**9
 
 
 # ----------------------------------------------------------------- the mapping
 
 def wp(name, k, s):
-    return W.WorkerPod(f"slurm/{name}", k, s)
+    return workers.WorkerPod(f"slurm/{name}", k, s)
 
 
 NODES = {"k1": {}, "k2": {}, "k3": {}, "n1": {}}
@@ -171,7 +175,7 @@ BASE = {"k1": None, "k2": None, "k3": None, "n1": "n1"}
     ("a node with no Node object", BASE, [wp("a", "k9", "s1")], {}, ["there is no Node k9"]),
 ])
 def test_merge(case, base, pods, want, warns):
-    got, warnings = W.merge(base, pods, NODES, SLURM)
+    got, warnings = workers.merge(base, pods, NODES, SLURM)
     assert got == {**base, **want}, case
     assert len(warnings) == len(warns), (case, warnings)
     for w, text in zip(warnings, warns):
@@ -192,7 +196,7 @@ def test_merge(case, base, pods, want, warns):
      {}, {}),
 ])
 def test_a_conflict_keeps_what_the_node_had(case, pods, before, want):
-    got, warnings = W.merge(BASE, pods, NODES, SLURM, (), before)
+    got, warnings = workers.merge(BASE, pods, NODES, SLURM, (), before)
     assert got == {**BASE, **want}, case
     assert warnings, case
 
@@ -200,27 +204,30 @@ def test_a_conflict_keeps_what_the_node_had(case, pods, before, want):
 def test_the_admins_word_stands_even_where_it_names_no_slurm_node():
     # node_map says k1 is s9, which Slurm lacks: the worker there does not
     # override it (k1 maps to nothing, as without workers).
-    got, warnings = W.merge(BASE, [wp("a", "k1", "s1")], NODES, SLURM, {"k1"})
+    got, warnings = workers.merge(BASE, [wp("a", "k1", "s1")], NODES, SLURM, {"k1"})
     assert got == BASE and len(warnings) == 1
     assert "maps it to a Slurm node Slurm does not have: that is kept" in warnings[0]
-    knodes = {"k1": knode("k1", **{U.NODE_LABEL: "s9"}), "k2": knode("k2")}
-    d = U.desired_state({}, knodes, [SNodeLike("s1"), SNodeLike("s2")],
-                        workers=[wp("a", "k1", "s1"), wp("b", "k2", "s2")])
+    knodes = {"k1": knode("k1", **{usage.NODE_LABEL: "s9"}), "k2": knode("k2")}
+    d = usage.desired_state({}, knodes, [SNodeLike("s1"), SNodeLike("s2")],
+                            workers=[wp("a", "k1", "s1"), wp("b", "k2", "s2")])
     assert d.k8s_to_slurm == {"k2": "s2"}
-    d = U.desired_state({}, knodes, [SNodeLike("s1")], node_map={"k2": "s1"},
-                        workers=[wp("b", "k2", "s2")])
+    d = usage.desired_state({}, knodes, [SNodeLike("s1")], node_map={"k2": "s1"},
+                            workers=[wp("b", "k2", "s2")])
     assert d.k8s_to_slurm == {"k2": "s1"}
 
 
 def test_desired_state_maps_worker_nodes_and_leaves_others_alone():
     nodes = [SNodeLike(n) for n in ("slurm-test-worker-cpu-0", "h1")]
     knodes = {"cn-hongkong.10.1.0.19": knode("cn-hongkong.10.1.0.19"), "h1": knode("h1")}
-    pods = [U.pod_usage(pod("x", "cn-hongkong.10.1.0.19", "1")), U.pod_usage(pod("y", "h1", "2"))]
-    k8s = U.usage_by_k8s_node(pods)
-    off = U.desired_state(k8s, knodes, nodes)
-    on = U.desired_state(k8s, knodes, nodes, workers=[
-        W.WorkerPod("slurm/slurm-test-worker-cpu-0", "cn-hongkong.10.1.0.19", "slurm-test-worker-cpu-0")])
-    assert off.k8s_to_slurm == {"h1": "h1"} and off == U.desired_state(k8s, knodes, nodes, workers=None)
+    pods = [usage.pod_usage(pod("x", "cn-hongkong.10.1.0.19", "1")),
+            usage.pod_usage(pod("y", "h1", "2"))]
+    k8s = usage.usage_by_k8s_node(pods)
+    off = usage.desired_state(k8s, knodes, nodes)
+    on = usage.desired_state(k8s, knodes, nodes, workers=[
+        workers.WorkerPod("slurm/slurm-test-worker-cpu-0", "cn-hongkong.10.1.0.19",
+                          "slurm-test-worker-cpu-0")])
+    assert off.k8s_to_slurm == {"h1": "h1"}
+    assert off == usage.desired_state(k8s, knodes, nodes, workers=None)
     assert on.k8s_to_slurm == {"cn-hongkong.10.1.0.19": "slurm-test-worker-cpu-0", "h1": "h1"}
     assert on.usage["slurm-test-worker-cpu-0"].cpu == 10**9 and on.usage["h1"].cpu == 2 * 10**9
 
@@ -243,11 +250,11 @@ def test_status_maps_worker_nodes_too():
 # ----------------------------------------------------------------- the cache
 
 def test_cache_keeps_workers_apart_and_counts_the_rest():
-    c = Cache(U.exemptions((), None, SL))
+    c = Cache(usage.exemptions((), None, SL))
     c.replace("pods", [slinky("w0", "k1", "s1"), pod("x", "k1", "1"),
                        slinky("w1", "k2", "s2", ns="team-a")])   # not the admin's namespace
     assert set(c.workers) == {"slurm/w0"} and set(c.pods) == {"ns/x", "team-a/w1"}
-    assert c.worker_pods() == [W.WorkerPod("slurm/w0", "k1", "s1")]
+    assert c.worker_pods() == [workers.WorkerPod("slurm/w0", "k1", "s1")]
     c.take_dirty()
     c.event("pods", "MODIFIED", slinky("w0", "k3", "s1"))        # recreated elsewhere
     assert c.take_dirty() is None and c.worker_pods()[0].k8s_node == "k3"

@@ -89,6 +89,7 @@ reservation_grace = {{ .Values.sync.reservationGraceSeconds | float64 }}
 departed_margin_seconds = {{ .Values.sync.departedMarginSeconds | float64 }}
 generic_node_qps = {{ .Values.sync.genericNodeQPS | float64 }}
 generic_node_burst = {{ .Values.sync.genericNodeBurst | int }}
+generic_node_min_interval_seconds = {{ .Values.sync.genericNodeMinIntervalSeconds | float64 }}
 create_crd = false
 {{- with .Values.slurm.clusterName }}
 cluster_name = {{ . | quote }}
