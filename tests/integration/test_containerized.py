@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from conftest_kube import pick_ports
+from conftest_kube import pick_ports, wait
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.testbed import containerized, daemons, hybrid
 
@@ -49,15 +49,6 @@ def world():
         stopped = hybrid.down(work)
         shutil.rmtree(work, ignore_errors=True)
         assert "container-runtime" in stopped, stopped
-
-
-def wait(pred, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (value := pred()):
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out: {what}")
 
 
 def node(c, name) -> dict:
@@ -88,7 +79,7 @@ def run_hostname(c, name) -> str:
                                text=True).stdout
         state = re.search(r"JobState=(\S+)", shown).group(1)
         return state if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") else None
-    assert wait(done, f"job {job} on {name} to end") == "COMPLETED"
+    assert wait(done, f"job {job} on {name} to end", 60) == "COMPLETED"
     with open(out) as f:
         return f.read().strip()
 
@@ -187,7 +178,8 @@ def test_deleting_a_worker_pod_stops_its_slurmd_and_the_replacement_registers(wo
     kube.kubectl("delete", "pod", "-n", "slurm", W0, "--wait=false")
     wait(lambda: not daemons.alive(old_pid), "the deleted pod's slurmd to stop", 20)
     new = wait(lambda: (p := pods(kube).get(W0)) and p["metadata"]["uid"] != old_uid and
-               p["spec"].get("nodeName") and p, "the StatefulSet's replacement pod to be bound")
+               p["spec"].get("nodeName") and p, "the StatefulSet's replacement pod to be bound",
+               60)
     new_pid = wait(lambda: slurmd_pid(c, W0), "the replacement's slurmd", 30)
     assert new_pid != old_pid
     n = wait(lambda: (n := node(c, W0)).get("SlurmdStartTime", old_start) > old_start and
