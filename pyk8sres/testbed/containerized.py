@@ -218,7 +218,11 @@ class ContainerRuntime:
         want = wanted(pods)
         by_name = {p["metadata"]["name"]: p for p in pods}
         for name, seen in list(self.running.items()):
-            if want.get(name) != seen or not self.c.pid(f"slurmd-{name}"):
+            if not self.c.pid(f"slurmd-{name}"):      # exited: restarted, as a kubelet does
+                print(f"{name}: slurmd exited; log/slurmd-{name}.out ends:\n"
+                      + self.c.log_tail(f"slurmd-{name}.out", 5), flush=True)
+                self.stop(name)
+            elif want.get(name) != seen:
                 self.stop(name)
         for name, seen in want.items():
             if name not in self.running:
