@@ -29,10 +29,16 @@ def _node_sizes(text: str) -> list[tuple[int, int]]:
 def _cluster_up(args) -> int:
     from .testbed import cluster, releases
     node_features = {"auto": None, "yes": True, "no": False}[args.node_features]
+    if args.containerized and not args.kubernetes:
+        raise cluster.ClusterError("--containerized needs --kubernetes (its workers are pods)")
+    if args.workers is not None and not args.containerized:
+        raise cluster.ClusterError("--workers needs --containerized")
     # A release not built yet is built first (from Debian's source, or --slurm-source).
     args.slurm = releases.ensure(args.slurm, args.slurm_source).name
     if args.node_sizes:
         args.nodes = len(args.node_sizes)
+    if args.containerized:
+        return _containerized_up(args)
     if args.kubernetes:
         from .testbed import hybrid
         c, kas = hybrid.up(args.workdir, nodes=args.nodes, cpus=args.cpus, memory=args.memory,
@@ -79,6 +85,29 @@ def _cluster_up(args) -> int:
         print(f"export SLURMRESTD_URL={c.rest_url}")
     if args.kubernetes:
         _print_kubernetes(c, kas)
+    return 0
+
+
+def _containerized_up(args) -> int:
+    """`up --kubernetes --containerized LAYOUT`: Slurm's workers as pods."""
+    from .testbed import containerized
+    c, kube = containerized.up(args.workdir, layout=args.containerized, nodes=args.nodes,
+                               workers=args.workers, cpus=args.cpus, memory=args.memory,
+                               base_port=args.base_port, kube_port=args.kube_port,
+                               slurm=args.slurm, auth=args.auth)
+    sts = containerized.statefulset_name()
+    print(f"# Slurm inside Kubernetes ({args.containerized}): Kubernetes nodes "
+          f"{', '.join(containerized.kube_node_names(args.nodes))}; StatefulSet "
+          f"{containerized.NAMESPACE}/{sts}, its pods are the Slurm nodes (dynamic, "
+          f"slurmd -Z), started by {c.work}/log/{containerized.RUNTIME}.out")
+    print(f"export SLURM_CONF={c.conf}")
+    if c.release.bin_dirs:
+        print(f"export PATH={os.pathsep.join(c.release.bin_dirs)}:$PATH  # Slurm {c.release.name}")
+    print(f"export KUBECONFIG={kube.kubeconfig}")
+    print(f"export PATH={os.path.dirname(kube.bin.kubectl)}:$PATH  # kubectl")
+    print(f"# pyk8sres sync and webhook with worker_pods = \"ack\", worker_namespace = "
+          f"\"{containerized.NAMESPACE}\" (logs: {c.work}/log/sync.out, webhook.out); "
+          "`kubectl get genericnode`: NAME the Kubernetes node, ALIAS its worker")
     return 0
 
 
@@ -199,6 +228,12 @@ def _add_cluster(sub) -> None:
                    help="also a backup slurmctld (two SlurmctldHost lines, one StateSaveLocation): "
                         "the primary listens on 127.0.0.1, the backup on 127.0.0.2, both on "
                         "--base-port; `scontrol takeover` or stopping the primary fails over")
+    u.add_argument("--containerized", choices=("ack",),
+                   help="with --kubernetes: Slurm inside Kubernetes, as ACK's operator runs it: "
+                        "kwok nodes named like a cloud's, a worker StatefulSet in namespace "
+                        "slurm whose pods are the Slurm nodes (each a real dynamic slurmd)")
+    u.add_argument("--workers", type=int, help="with --containerized: worker pods (default "
+                                                "--nodes - 1: one node stays free)")
     u.add_argument("--kube-port", type=int, default=16443)
     u.set_defaults(func=_cluster_up)
     d = csub.add_parser("down")

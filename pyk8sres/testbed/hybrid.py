@@ -150,12 +150,14 @@ def webhook_url(kube: kubernetes.ControlPlane) -> str:
 
 
 def start_kubernetes(work: str, kube_port: int, nodes: dict[str, tuple[int, int]],
-                     gpus: int = 0) -> kubernetes.ControlPlane:
+                     gpus: int = 0, values: tuple = (),
+                     namespaces: tuple = ()) -> kubernetes.ControlPlane:
     """The control plane under WORK/kube, the nodes registered by their
     kubelets (with `gpus`, each node's GPUs published as NVIDIA's DRA
     driver would: gpus.dra_objects), the chart installed (values for a
     host-run coordinator: its webhook at webhook_url, the API server's
-    webhook client CA).  From here
+    webhook client CA; `values`: more of helm's --set arguments; `namespaces`
+    made before, e.g. Slurm's, which the chart's worker Role lives in).  From here
     on bindings to every node are checked: until the webhook answers, they
     are refused (fail closed)."""
     ports = kubernetes.Ports(kube_port)
@@ -165,7 +167,10 @@ def start_kubernetes(work: str, kube_port: int, nodes: dict[str, tuple[int, int]
     if gpus:
         kube.kubectl("create", "-f", "-", input=json.dumps(
             {"apiVersion": "v1", "kind": "List", "items": fake_gpus.dra_objects(list(nodes), gpus)}))
-    chart.install(kube, chart.host_values(kube.webhook_client_ca, webhook_url(kube)))
+    for namespace in namespaces:
+        kube.kubectl("create", "namespace", namespace)
+    chart.install(kube, chart.host_values(kube.webhook_client_ca, webhook_url(kube))
+                  + list(values))
     return kube
 
 
@@ -408,7 +413,10 @@ def down(work: str) -> list[str]:
     cluster.down, whose sweep would otherwise SIGKILL them: their command
     lines name the work directory), then Slurm."""
     work = os.path.abspath(work)
-    stopped = [name for name in ("sync", "webhook") if cluster.stop_process(work, name)]
+    # container-runtime (containerized.py) first: it would start again the
+    # worker slurmds cluster.down stops.
+    stopped = [name for name in ("container-runtime", "sync", "webhook")
+               if cluster.stop_process(work, name)]
     kube_dir = os.path.join(work, "kube")
     if os.path.isdir(os.path.join(kube_dir, "run")):
         stopped += kubernetes.ControlPlane(kube_dir, 0).stop()

@@ -134,7 +134,8 @@ def slurm_conf_text(work: str, *, nodes: int, cpus: int, memory: int, base_port:
     host's), so one machine can look like SMT hardware or a mixed partition.
     backup_controller: two SlurmctldHost lines (controller_argv).
     scale_nodes: that many more nodes without slurmd (scale_node_lines);
-    the default partition then holds n1..n<nodes> only."""
+    the default partition then holds n1..n<nodes> only.  nodes=0: no
+    NodeName line (every node dynamic, e.g. Slurm inside Kubernetes)."""
     host = socket.gethostname()
     if sizes:  # one line per node
         node_lines = "\n".join(
@@ -143,6 +144,8 @@ def slurm_conf_text(work: str, *, nodes: int, cpus: int, memory: int, base_port:
             f"{_node_gres(gpus, node_features, node_cpus, node_memory)} State=UNKNOWN"
             for name, node_port, (node_cpus, node_memory, node_layout) in zip(
                 node_names(nodes), range(base_port + 1, base_port + nodes + 1), sizes))
+    elif not nodes:  # dynamic nodes only (slurmd -Z): none in slurm.conf
+        node_lines = ""
     else:
         node_lines = (f"NodeName=n[1-{nodes}] NodeHostname={host} NodeAddr=127.0.0.1 "
                       f"Port=[{base_port + 1}-{base_port + nodes}] CPUs={cpus}{layout} "

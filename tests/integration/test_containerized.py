@@ -1,0 +1,189 @@
+"""Slurm inside Kubernetes as ACK runs it (`cluster up --kubernetes
+--containerized ack`): worker pods are the Slurm nodes (root only).
+
+Three kwok nodes named like a cloud's and a StatefulSet of two worker pods,
+placed by the real kube-scheduler; for each bound pod the test cluster's
+container runtime starts a real `slurmd -Z` named as the pod.  Checked from
+the ground truth: the API server's pods and bindings, slurmctld's nodes
+(`scontrol show node`), the slurmd processes themselves, and a job's output.
+
+Ports: port(29600) slurmctld, +1 SlurmdPort (22.05: every worker's, each at
+its own loopback address), +2, +3 the workers' own (23.02 on); the control
+plane pick_ports(29700, 29790).
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from conftest_kube import pick_ports, wait
+from local_slurm import SLURM, port, requires_slurm
+from pyk8sres.testbed import containerized, daemons, hybrid
+
+pytestmark = requires_slurm
+NODES, CPUS, MEMORY = 3, 4, 8000
+WORKER_CPUS, WORKER_MB = containerized.worker_limits(CPUS, MEMORY)
+W0 = "slurm-test-worker-cpu-0"
+
+
+@pytest.fixture(scope="module")
+def world():
+    work = tempfile.mkdtemp(prefix="pyk8sres-ack-")
+    os.chmod(work, 0o755)
+    try:
+        c, kube = containerized.up(work, nodes=NODES, cpus=CPUS, memory=MEMORY,
+                                   base_port=port(29600), kube_port=pick_ports(29700, 29790),
+                                   slurm=SLURM)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    try:
+        yield c, kube
+    finally:
+        subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
+        stopped = hybrid.down(work)
+        shutil.rmtree(work, ignore_errors=True)
+        assert "container-runtime" in stopped, stopped
+
+
+def node(c, name) -> dict:
+    out = subprocess.run(["scontrol", "-o", "show", "node", name], env=c.env,
+                         capture_output=True, text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def pods(kube) -> dict:
+    items = json.loads(kube.kubectl("get", "pods", "-n", "slurm", "-o", "json").stdout)["items"]
+    return {p["metadata"]["name"]: p for p in items}
+
+
+def slurmd_pid(c, name):
+    return c.pid(f"slurmd-{name}")
+
+
+def run_hostname(c, name) -> str:
+    """A batch job on Slurm node `name`: what `hostname` printed there."""
+    out = os.path.join(c.work, f"job-{time.monotonic_ns()}.out")
+    proc = subprocess.run(["sbatch", "--parsable", "-w", name, "-o", out, "--wrap", "hostname"],
+                          env=c.env, capture_output=True, text=True, cwd="/tmp")
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+
+    def done():
+        shown = subprocess.run(["scontrol", "show", "job", job], env=c.env, capture_output=True,
+                               text=True).stdout
+        state = re.search(r"JobState=(\S+)", shown).group(1)
+        return state if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") else None
+    assert wait(done, f"job {job} on {name} to end", 60) == "COMPLETED"
+    with open(out) as f:
+        return f.read().strip()
+
+
+def test_workers_are_statefulset_pods_one_per_cloud_named_node(world):
+    _, kube = world
+    nodes = kube.kubectl("get", "nodes", "-o", "name").stdout.split()
+    assert sorted(nodes) == [f"node/cn-hongkong.10.1.0.{i}" for i in (19, 20, 21)]
+    sts = json.loads(kube.kubectl("get", "statefulset", "-n", "slurm", "slurm-test-worker-cpu",
+                                  "-o", "json").stdout)
+    assert sts["spec"]["replicas"] == NODES - 1
+    workers = pods(kube)
+    assert sorted(workers) == [W0, "slurm-test-worker-cpu-1"]
+    bound = [p["spec"].get("nodeName") for p in workers.values()]
+    assert len(set(bound)) == 2 and set(bound) <= {n[5:] for n in nodes}, bound
+    assert all(p["status"]["phase"] == "Running" for p in workers.values())
+
+
+def test_each_worker_is_a_dynamic_slurm_node_sized_to_its_limits(world):
+    """ACK's entrypoint: `slurmd -Z --conf "CPUs=<limit> RealMemory=<limit>"`;
+    the node_features plugin gives the dynamic node its k8scpu/k8smemory at
+    registration (-Z registers no GRES)."""
+    c, _ = world
+    for i, name in enumerate((W0, "slurm-test-worker-cpu-1")):
+        n = node(c, name)
+        assert "DYNAMIC_NORM" in n["State"] and n["State"].startswith("IDLE"), n
+        assert (n["CPUTot"], n["RealMemory"]) == (str(WORKER_CPUS), str(WORKER_MB)), n
+        assert n["Gres"] == f"k8scpu:{WORKER_CPUS},k8smemory:{WORKER_MB}", n
+        assert n["AvailableFeatures"] == "cpu" and n["Partitions"] == "debug", n
+        assert n["NodeHostName"] == name, n
+        with open(f"/proc/{slurmd_pid(c, name)}/cmdline", "rb") as f:
+            argv = f.read().decode().split("\0")
+        assert "-Z" in argv and argv[argv.index("-N") + 1] == name, argv
+        # reached at a port (23.02 on) or an address (22.05) of its own
+        if containerized.slurmd_version(c) >= containerized.OWN_PORT_SINCE:
+            assert argv[argv.index("--conf") + 1].endswith(f" Port={port(29600) + 2 + i}"), argv
+        else:
+            assert n["NodeAddr"] == f"127.0.1.{i + 1}", n
+
+
+def test_a_job_runs_on_a_worker(world):
+    c, _ = world
+    assert run_hostname(c, W0) == W0      # slurmd's hostname is its pod's, as in a pod
+
+
+def job_state(c, job) -> str:
+    shown = subprocess.run(["scontrol", "show", "job", job], env=c.env, capture_output=True,
+                           text=True).stdout
+    return re.search(r"JobState=(\S+)", shown).group(1)
+
+
+def test_generic_node_is_the_kubernetes_node_aliased_to_its_worker_and_jobs_pend_behind_pods(
+        world):
+    """The reference's own output: NAME the Kubernetes node, ALIAS the worker
+    pod on it; a pod beside the worker holds its share of that Slurm node (the
+    worker itself holds nothing), so a job that needs it pends until it goes."""
+    c, kube = world
+    host = pods(kube)[W0]["spec"]["nodeName"]
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "beside", "namespace": "default"},
+           "spec": {"nodeName": host, "terminationGracePeriodSeconds": 1, "containers": [
+               {"name": "c", "image": "busybox",
+                "resources": {"requests": {"cpu": "1735m", "memory": "2393Mi"}}}]}}
+    kube.kubectl("create", "-f", "-", input=json.dumps(pod))
+
+    def generic_node():
+        out = kube.kubectl("get", "genericnode", host, "-o", "json", check=False)
+        g = json.loads(out.stdout) if out.returncode == 0 else {}
+        shares = {a["type"]: a["allocated"]
+                  for a in g.get("status", {}).get("allocatedResources", [])}
+        return g if shares.get("Kubernetes") == {"cpu": "1735m", "memory": "2393Mi"} else None
+    g = wait(generic_node, f"GenericNode {host} to count the pod beside the worker", 30)
+    assert g["spec"]["alias"] == W0 and g["spec"]["type"] == "Slurm", g
+    assert g["status"]["capacity"] == {"cpu": str(WORKER_CPUS), "memory": f"{WORKER_MB}Mi"}, g
+    # WORKER_CPUS - 2 CPUs are left beside the pod (1735m counts as 2): a job
+    # asking for all of them plus one pends, on that node only.
+    proc = subprocess.run(["sbatch", "--parsable", "-w", W0, "-c", str(WORKER_CPUS - 1),
+                           "-o", "/dev/null", "--wrap", "sleep 1"],
+                          env=c.env, capture_output=True, text=True, cwd="/tmp")
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        assert job_state(c, job) == "PENDING"
+        time.sleep(0.5)
+    kube.kubectl("delete", "pod", "-n", "default", "beside", "--wait=false")
+    assert wait(lambda: job_state(c, job) in ("RUNNING", "COMPLETED") and "ran",
+                "the job to start once the pod is gone", 60)
+
+
+def test_deleting_a_worker_pod_stops_its_slurmd_and_the_replacement_registers(world):
+    c, kube = world
+    old_pid, old_uid = slurmd_pid(c, W0), pods(kube)[W0]["metadata"]["uid"]
+    old_start = node(c, W0)["SlurmdStartTime"]
+    assert old_pid
+    kube.kubectl("delete", "pod", "-n", "slurm", W0, "--wait=false")
+    wait(lambda: not daemons.alive(old_pid), "the deleted pod's slurmd to stop", 20)
+    new = wait(lambda: (p := pods(kube).get(W0)) and p["metadata"]["uid"] != old_uid and
+               p["spec"].get("nodeName") and p, "the StatefulSet's replacement pod to be bound",
+               60)
+    new_pid = wait(lambda: slurmd_pid(c, W0), "the replacement's slurmd", 30)
+    assert new_pid != old_pid
+    n = wait(lambda: (n := node(c, W0)).get("SlurmdStartTime", old_start) > old_start and
+             n["State"].startswith("IDLE") and n, "the replacement slurmd to register", 60)
+    assert n["Gres"] == f"k8scpu:{WORKER_CPUS},k8smemory:{WORKER_MB}", n
+    assert new["spec"]["nodeName"].startswith("cn-hongkong.10.1.0.")
+    assert run_hostname(c, W0) == W0
