@@ -19,11 +19,11 @@ Many dynamic slurmds on one machine, each reached at a port or address of
 its own.  Each runs in UTS and mount namespaces of its own, as in a pod: its
 hostname is the pod name, which its /etc/hosts resolves to a loopback
 address of its own (worker_address).  Then, by release:
-- 23.02 on: `--conf` takes Port=, so each worker's slurmd gets a port of
+- 23.11 on: `--conf` takes Port=, so each worker's slurmd gets a port of
   its own (worker_port), wherever slurmctld reaches it (these releases set
   a dynamic node's address from each registration's peer: 127.0.0.1 here).
-- 22.05: a dynamic node listens on SlurmdPort (Port= is refused in
-  `--conf`), so each slurmd listens at its own address only
+- 22.05 and 23.02: a dynamic node listens on SlurmdPort (Port= is refused
+  in `--conf`: "Must use SlurmdPort"), so each slurmd listens at its own address only
   (CommunicationParameters=NoInAddrAny in its own copy of slurm.conf).  Its
   registration still comes from 127.0.0.1 (the kernel's source for any
   loopback destination), so once the node has registered the runtime sets
@@ -120,8 +120,9 @@ def worker_address(name: str) -> str:
 
 
 # The first release whose slurmd takes Port= in a dynamic node's --conf
-# (22.05's refuses it: "Must use SlurmdPort").
-OWN_PORT_SINCE = (23, 2)
+# (slurmd.c through 23.02 refuses it: "Must use SlurmdPort").  23.02 takes
+# the address path, seen on 22.05 only: no 23.02 build was at hand.
+OWN_PORT_SINCE = (23, 11)
 
 
 def slurmd_version(c: cluster.Cluster) -> tuple[int, int]:
