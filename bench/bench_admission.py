@@ -16,7 +16,8 @@ client (the admin), pod creations with spec.nodeName:
 sequentially (p50/p99) and with --threads concurrent clients (pods/s);
 with --queue, again with that many jobs queued in slurmctld.  For each case
 also the CPU each pod costs every daemon of the cluster (sequential and
-concurrent runs) and the writes the API server served per pod, by resource
+concurrent runs, less what the idle cluster spends meanwhile, measured for
+10 s before the cases) and the writes the API server served per pod, by resource
 and verb (its own apiserver_request_total).  Each shared case is then put
 against the baseline of the same run; the last line, for the largest node
 count, is what a script reads:
@@ -134,6 +135,23 @@ def per_pod(before: dict, after: dict, pods: int, scale: float = 1.0) -> dict:
             for k in set(before) | set(after)}
 
 
+def idle_rates(pids: dict, seconds: float = 10.0) -> dict:
+    """CPU seconds per second each daemon spends with no pod coming: the
+    idle cluster (kwok renewing every node's lease and status, and what
+    that wakes).  At 1,000 nodes it is most of what runs while a case
+    waits for its writes to end, and none of it is the pods' doing."""
+    before = cpu_seconds(pids)
+    time.sleep(seconds)
+    return per_pod(before, cpu_seconds(pids), 1, 1 / seconds)
+
+
+def cpu_per_pod(before: dict, after: dict, elapsed: float, idle: dict, pods: int) -> dict:
+    """CPU ms per pod by daemon over a window of `elapsed` seconds, less
+    what the idle cluster spends in that time."""
+    used = per_pod(before, after, 1)
+    return {k: (v - idle.get(k, 0) * elapsed) * 1000 / pods for k, v in used.items()}
+
+
 def cpu_line(what: str, used: dict) -> str:
     return (f"  {what:<20} CPU ms per pod: " + ", ".join(
         f"{k} {v:.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= 0.05)
@@ -152,24 +170,27 @@ def measure(kube, pods: int, threads: int, nodes: int, pids: dict) -> dict:
     cases = [("baseline", ["not-shared"], "1m", True), ("allow", shared, "1m", True),
              ("deny", ["n1"], "1000", False)]
     out = {}
+    idle = idle_rates(pids)
+    print(f"  idle cluster: {sum(idle.values()):.2f} cores, subtracted from each case's "
+          "CPU per pod over its time", flush=True)
     for label, where, cpu, ok in cases:
         spots = itertools.cycle(where)
         for _ in range(20):
             one(kube, ns, next(spots), cpu, ok)            # warm up connections
-        cpu0, writes0 = cpu_seconds(pids), api_writes(kube)
+        t0, cpu0, writes0 = time.monotonic(), cpu_seconds(pids), api_writes(kube)
         seq = [one(kube, ns, next(spots), cpu, ok) for _ in range(pods)]
         settle_writes(kube)
-        cpu1, writes1 = cpu_seconds(pids), api_writes(kube)
+        t1, cpu1, writes1 = time.monotonic(), cpu_seconds(pids), api_writes(kube)
         todo = [next(spots) for _ in range(pods)]
         with ThreadPoolExecutor(threads) as ex:
-            t0 = time.perf_counter()
+            start = time.perf_counter()
             list(ex.map(lambda node: one(kube, ns, node, cpu, ok), todo))
-            rate = pods / (time.perf_counter() - t0)
+            rate = pods / (time.perf_counter() - start)
         settle_writes(kube)
-        cpu2 = cpu_seconds(pids)
+        t2, cpu2 = time.monotonic(), cpu_seconds(pids)
         out[label] = {"p50": pct(seq, 50), "p99": pct(seq, 99), "rate": rate,
-                      "cpu": per_pod(cpu0, cpu1, pods, 1000),       # seconds -> ms
-                      "cpu_concurrent": per_pod(cpu1, cpu2, pods, 1000),
+                      "cpu": cpu_per_pod(cpu0, cpu1, t1 - t0, idle, pods),
+                      "cpu_concurrent": cpu_per_pod(cpu1, cpu2, t2 - t1, idle, pods),
                       "writes": {k: v for k, v in per_pod(writes0, writes1, pods).items() if v}}
         print(cpu_line(f"{label} sequential", out[label]["cpu"]), flush=True)
         print(cpu_line(f"{label} concurrent", out[label]["cpu_concurrent"]), flush=True)
