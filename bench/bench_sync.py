@@ -45,6 +45,7 @@ from datetime import datetime, timezone
 from kubernetes import client, config
 
 # the installed package (tools/install-deps.sh)
+from pyk8sres.coordinator.kube import done
 from pyk8sres.testbed import chart, cluster, hybrid, kubernetes
 
 ROOT = os.environ.get("PYK8SRES_BENCH_DIR", "/tmp/pyk8sres-bench-sync")
@@ -92,15 +93,6 @@ def populate(kube, core, nodes: int, per_node: int):
         kube.wait_nodes_ready([f"n{i}" for i in range(1, nodes + 1)], timeout=300)
         list(ex.map(mk_pods, range(1, nodes + 1)))
 
-
-
-def done(resp) -> None:
-    """Read a raw response's body, then give its connection back (put back
-    unread, it could answer the next request with that body)."""
-    try:
-        resp.read()
-    finally:
-        resp.release_conn()
 
 
 def pod(core, node, name, cpu, mem):

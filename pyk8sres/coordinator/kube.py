@@ -67,7 +67,7 @@ def _json(resp) -> dict:
         resp.release_conn()
 
 
-def _done(resp) -> None:
+def done(resp) -> None:
     """Back to the pool with its body read: release_conn() alone returns the
     connection with the body unread, and the next request on it reads that
     body as its status line (BadStatusLine; urllib3 retries only idempotent
@@ -230,7 +230,7 @@ class Kube:
         """
         crd = generic_node_crd()
         try:
-            _done(self.ext.read_custom_resource_definition(
+            done(self.ext.read_custom_resource_definition(
                 crd["metadata"]["name"], _preload_content=False,
                 _request_timeout=self.timeout))
             return
@@ -240,7 +240,7 @@ class Kube:
             if e.status != 404:
                 raise
         try:
-            _done(self.ext.create_custom_resource_definition(
+            done(self.ext.create_custom_resource_definition(
                 crd, _preload_content=False, _request_timeout=self.timeout))
         except ApiException as e:
             if e.status != 409:
@@ -288,7 +288,7 @@ class Kube:
 
     def delete_generic_node(self, name: str) -> None:
         try:
-            _done(self.custom.delete_cluster_custom_object(
+            done(self.custom.delete_cluster_custom_object(
                 GROUP, VERSION, PLURAL, name, _preload_content=False,
                 _request_timeout=self.timeout))
         except ApiException as e:
@@ -433,7 +433,7 @@ def create_pod(kube: Kube, namespace: str, body: dict) -> dict:
 
 def delete_pod(kube: Kube, namespace: str, name: str) -> None:
     try:
-        _done(kube.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0,
+        done(kube.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0,
                                               _preload_content=False,
                                               _request_timeout=kube.timeout))
     except ApiException as e:
@@ -454,7 +454,7 @@ def bind_pod(kube: Kube, namespace: str, name: str, node: str, uid: str | None =
             "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
     # The server answers with a Status, not a Binding: read it raw.
-    _done(kube.core.create_namespaced_pod_binding(
+    done(kube.core.create_namespaced_pod_binding(
         name, namespace, body, _preload_content=False, _request_timeout=kube.timeout))
 
 

@@ -9,10 +9,9 @@ import ssl
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 
 from churn_world import CAPACITY, EXPLAINED_AFTER, NAMESPACE, NODES, SECONDS, Churn
+from conftest_kube import post_json
 from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.coordinator.slurm import Ledger, LedgerError, ledger_socket_path
 from pyk8sres.policy import ledger as ledger_policy
@@ -173,16 +172,8 @@ class ChurnWithFaults(Churn):
         ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
         if client_cert:
             ctx.load_cert_chain(*client_cert)
-        req = urllib.request.Request(f"https://127.0.0.1:{self.cp.ports.webhook}/validate",
-                                     json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-        except (urllib.error.URLError, ssl.SSLError, ConnectionError) as e:
-            return "tls", str(e)
+        return post_json(f"https://127.0.0.1:{self.cp.ports.webhook}/validate",
+                         json.dumps(body).encode(), ctx, 10)
 
     def _forged_reviews(self):
         """Reviews forged to shrink a bound pod's reservation to nothing (its

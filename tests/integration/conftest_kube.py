@@ -12,6 +12,7 @@ kubernetes.Ports from 26400 upward.
 from __future__ import annotations
 
 import os
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +22,7 @@ import pytest
 from kubernetes import config
 
 from local_slurm import port
+from pyk8sres.coordinator.kube import done  # noqa: F401 (the tests' too)
 from pyk8sres.testbed import chart, cluster, kubernetes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,20 +95,32 @@ def kube_api_client(kube_server):
     client.close()
 
 
-def done(resp) -> None:
-    """Read a raw response's body, then give its connection back (put back
-    unread, it could answer the next request with that body)."""
+def post_json(url: str, body: bytes, ctx: ssl.SSLContext, timeout: float) -> tuple:
+    """POST a JSON body over TLS: (HTTP status, body), or ("tls", why) when
+    no HTTP answer came (handshake refused, connection dropped)."""
+    req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
     try:
-        resp.read()
-    finally:
-        resp.release_conn()
+        with urllib.request.urlopen(req, context=ctx, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except (urllib.error.URLError, ssl.SSLError, ConnectionError) as e:
+        return "tls", str(e)
+
+
+def wait_for(pred, timeout=15.0, what="condition", every=0.05):
+    """pred()'s first true value, polled every `every` seconds; fails
+    naming `what` and the last value seen."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 def wait(pred, what: str, timeout: float = 30):
-    """pred()'s first true value, polled every 0.2 s; fails naming `what`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (value := pred()):
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out: {what}")
+    """wait_for, `what` first, polled every 0.2 s (for predicates that run a command)."""
+    return wait_for(pred, timeout, what, every=0.2)

@@ -23,6 +23,7 @@ import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from conftest_kube import post_json
 from pyk8sres.coordinator.certs import Certs
 from pyk8sres.coordinator.webhook import WebhookServer
 from pyk8sres.policy import admission
@@ -309,14 +310,7 @@ def post_review(url, certs, client_cert=None):
                                    "resource": {"resource": "pods"}, "namespace": "default",
                                    "object": {"metadata": {"name": "f", "uid": "victim"},
                                               "spec": {"nodeName": "n1"}}}}).encode()
-    req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except (urllib.error.URLError, ssl.SSLError, ConnectionError) as e:
-        return "tls", str(e)
+    return post_json(url, body, ctx, 5)
 
 
 def test_only_the_api_server_reaches_the_webhook(core, ns, webhook, kube_server):

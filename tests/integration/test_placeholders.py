@@ -28,7 +28,7 @@ import time
 import uuid
 
 import pytest
-from conftest_kube import pick_ports
+from conftest_kube import pick_ports, wait_for
 from ground_truth import (PLACEHOLDERS, over_capacity, scheduler_cache, scheduler_view,
                           slurm_jobs)
 from local_slurm import SLURM, port, requires_slurm, slurm_conf
@@ -77,17 +77,6 @@ def ns(world):
 
 
 # ----------------------------------------------------------------- helpers
-
-def wait_for(pred, timeout=15.0, what="condition", every=0.05):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
-
 
 def placeholders(kube, node=None) -> dict[str, dict]:
     return {p["metadata"]["name"]: p for p in kube_calls.list_namespace_pods(kube, PLACEHOLDERS)

@@ -19,6 +19,7 @@ import urllib.request
 
 from kubernetes.client.exceptions import ApiException
 
+from conftest_kube import wait_for  # noqa: F401 (the webhook tests take it from here)
 from ground_truth import over_capacity
 from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.coordinator import slurm as slurm_calls
@@ -30,17 +31,6 @@ NODE_CPUS, NODE_MEM = 8, 16000
 CAPACITY = {"n1": (NODE_CPUS, NODE_MEM), "n2": (NODE_CPUS, NODE_MEM)}
 NOBODY_SCHEDULES = "test-binds-it-itself"
 KUBELET_RESIZE = "pyk8sres.io/kubelet-resize"   # kube/kwok.yaml: leave a resize pending
-
-
-def wait_for(pred, timeout=15.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 def used(slurm, node):
