@@ -170,12 +170,11 @@ class GenericNodes:
                                                    held=held, completing=completing)
             old = self.gn_written.get(name)
             if old != (spec, status):
-                if name in self.gn_exists:
+                if name in self.gn_exists:    # an update: budgeted and paced (creating is not)
                     may, self.gn_bucket = events.take(self.gn_bucket, time.monotonic(), limits)
                     if not may:
                         self.gn_behind = True
                         break
-                if name in self.gn_exists:    # an update (creating is not paced)
                     self.gn_patched[name] = time.monotonic()
                 if not self._gn_write(name, spec, status, old):
                     continue
