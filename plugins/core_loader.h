@@ -43,8 +43,8 @@ struct pyk8sres_core {
 			  char *, size_t, char *, size_t);
 	int (*reconfigure)(const char *, int *, char *, size_t);
 	int (*topology)(const char *, char *, size_t);  /* may be NULL */
-	int (*node_counts)(const char *, uint32_t, uint64_t, uint64_t *,
-			   uint64_t *, char *, size_t);
+	int (*node_counts)(const char *, uint32_t, uint32_t, uint64_t,
+			   uint64_t, uint64_t *, uint64_t *, char *, size_t);
 	int (*ledger_open)(const char *, const uint32_t *, size_t, int,
 			   pyk8sres_share_fn, char *, size_t);
 	int (*ledger_settings)(uint32_t *, size_t, size_t *, int64_t *,
@@ -88,7 +88,9 @@ static inline int pyk8sres_core_load(struct pyk8sres_core *core, const char *who
 	core->job_submit = dlsym(core->handle, "pyk8sres_job_submit");
 	core->reconfigure = dlsym(core->handle, "pyk8sres_reconfigure");
 	core->topology = dlsym(core->handle, "pyk8sres_topology");
-	core->node_counts = dlsym(core->handle, "pyk8sres_node_counts");
+	/* Renamed when its arguments changed: a core from another build
+	 * then fails to load rather than read the wrong arguments. */
+	core->node_counts = dlsym(core->handle, "pyk8sres_node_capacity");
 	core->ledger_open = dlsym(core->handle, "pyk8sres_ledger_open");
 	core->ledger_prepare = dlsym(core->handle, "pyk8sres_ledger_prepare");
 	core->ledger_apply = dlsym(core->handle, "pyk8sres_ledger_apply");

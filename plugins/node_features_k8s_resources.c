@@ -2,8 +2,9 @@
  * node_features/k8s_resources: every node's k8scpu/k8smemory, and the ledger.
  *
  * Capacity: when a node registers (node_xlate), at startup and reconfigure
- * (get_node), its total k8scpu/k8smemory is set to CPUs/RealMemory minus the
- * admin's reserve (pyk8sres.slurmctld.nodefeatures).  The GRES are marked
+ * (get_node), its total k8scpu/k8smemory is set to what Slurm schedules
+ * there, CPUs less specialized CPUs and RealMemory less MemSpecLimit, minus
+ * the admin's reserve (pyk8sres.slurmctld.nodefeatures).  The GRES are marked
  * node_feature, so slurmctld never drains a node over them.
  *
  * The ledger: what Kubernetes holds on a node is *allocated* in Slurm's own
@@ -159,7 +160,8 @@ static int _apply(node_record_t *node_ptr)
 		goto fail;
 	if (!core_ok ||
 	    core.node_counts(node_ptr->name, node_ptr->cpus,
-			     node_ptr->real_memory, &cnt[0], &cnt[1], err,
+			     node_ptr->cpus_efctv, node_ptr->real_memory,
+			     node_ptr->mem_spec_limit, &cnt[0], &cnt[1], err,
 			     sizeof(err))) {
 		/* Fail closed: never offer capacity we cannot account for. */
 		error("%s: %s: node %s: %s; holding k8scpu/k8smemory at 0",

@@ -120,11 +120,13 @@ int pyk8sres_reconfigure(const char *slurm_conf_path, int *accept_on_error,
 			 char *err, size_t errlen);
 
 /* node_features: the k8scpu/k8smemory counts a node should carry when it
- * registers, from its hardware and the sync daemon's state file. */
-int pyk8sres_node_counts(const char *node_name, uint32_t cpus,
-			 uint64_t real_memory_mb,
-			 uint64_t *k8scpu, uint64_t *k8smemory,
-			 char *err, size_t errlen);
+ * registers, from what Slurm schedules there: its CPUs and the effective
+ * ones (less CoreSpecCount/CpuSpecList), RealMemory and MemSpecLimit. */
+int pyk8sres_node_capacity(const char *node_name, uint32_t cpus,
+			   uint32_t cpus_effective, uint64_t real_memory_mb,
+			   uint64_t mem_spec_limit_mb,
+			   uint64_t *k8scpu, uint64_t *k8smemory,
+			   char *err, size_t errlen);
 /* The ledger (node_features/k8s_resources serves it inside slurmctld;
  * policy in pyk8sres/slurmctld/ledger.py).  Callbacks from Python into the
  * plugin, valid only while the plugin holds slurmctld's job+node write locks:

@@ -19,7 +19,9 @@
 
 #define FIELD_SIZE(t, f) sizeof(((t *) 0)->f)
 _Static_assert(FIELD_SIZE(node_record_t, cpus) == sizeof(uint16_t), "cpus");
+_Static_assert(FIELD_SIZE(node_record_t, cpus_efctv) == sizeof(uint16_t), "cpus_efctv");
 _Static_assert(FIELD_SIZE(node_record_t, real_memory) == sizeof(uint64_t), "real_memory");
+_Static_assert(FIELD_SIZE(node_record_t, mem_spec_limit) == sizeof(uint64_t), "mem_spec_limit");
 _Static_assert(FIELD_SIZE(node_record_t, gres) == sizeof(char *), "gres");
 _Static_assert(FIELD_SIZE(gres_state_t, plugin_id) == sizeof(uint32_t), "plugin_id");
 _Static_assert(FIELD_SIZE(gres_node_state_t, gres_cnt_avail) == sizeof(uint64_t), "avail");
@@ -39,8 +41,17 @@ _Static_assert(FIELD_SIZE(gres_node_state_t, topo_gres_cnt_alloc) == sizeof(uint
 	AT(gres_node_state_t, gres_cnt_alloc, 48);			\
 	AT(gres_node_state_t, topo_cnt, 64);				\
 	AT(gres_node_state_t, topo_gres_cnt_alloc, alloc_array)
+/*
+ * cpus_efctv (CPUs less the specialized ones: CoreSpecCount x threads used
+ * per core, or CpuSpecList) follows cpus, and mem_spec_limit (MemSpecLimit)
+ * precedes name, in node_record of every release listed (read in each
+ * tag's src/common/node_conf.h): a uint16_t after a uint16_t, a uint64_t
+ * right before a pointer, so neither has padding between.
+ */
 #define AT_NODE(c, g, gl, n, i, m)					\
 	AT(node_record_t, cpus, c);					\
+	AT(node_record_t, cpus_efctv, (c) + 2);				\
+	AT(node_record_t, mem_spec_limit, (n) - 8);			\
 	AT(node_record_t, gres, g);					\
 	AT(node_record_t, gres_list, gl);				\
 	AT(node_record_t, name, n);					\

@@ -44,6 +44,8 @@ int main(void)
 	P(node_record_t, node_record, cpus); P(node_record_t, node_record, gres);
 	P(node_record_t, node_record, gres_list); P(node_record_t, node_record, name);
 	P(node_record_t, node_record, index); P(node_record_t, node_record, real_memory);
+	P(node_record_t, node_record, cpus_efctv);
+	P(node_record_t, node_record, mem_spec_limit);
 	P(gres_state_t, gres_state, plugin_id); P(gres_state_t, gres_state, gres_data);
 	P(gres_node_state_t, gres_node_state, node_feature);
 	P(gres_node_state_t, gres_node_state, gres_cnt_avail);
@@ -65,6 +67,12 @@ printf 'AT_NODE(%s, %s, %s, %s, %s, %s); AT_GRES(%s);\n' \
 	"$(off node_record_t cpus)" "$(off node_record_t gres)" "$(off node_record_t gres_list)" \
 	"$(off node_record_t name)" "$(off node_record_t index)" "$(off node_record_t real_memory)" \
 	"$(off gres_node_state_t topo_gres_cnt_alloc)"
+# AT_NODE places cpus_efctv right after cpus and mem_spec_limit right
+# before name: say so if this release does not.
+[ "$(off node_record_t cpus_efctv)" = "$(($(off node_record_t cpus) + 2))" ] ||
+	echo "slurm-layout: node_record_t.cpus_efctv is not right after cpus: AT_NODE does not fit this release" >&2
+[ "$(off node_record_t mem_spec_limit)" = "$(($(off node_record_t name) - 8))" ] ||
+	echo "slurm-layout: node_record_t.mem_spec_limit is not right before name: AT_NODE does not fit this release" >&2
 # AT_GRES pins these for every release: say so if one moved.
 for pin in "gres_state_t plugin_id 4" "gres_state_t gres_data 8" \
 	"gres_node_state_t node_feature 25" "gres_node_state_t gres_cnt_avail 32" \

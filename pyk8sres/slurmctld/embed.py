@@ -211,9 +211,11 @@ def _bind_job_submit(ffi) -> None:
 def _bind_node_counts(ffi) -> None:
     """node_features: a node's k8scpu/k8smemory capacity."""
     @ffi.def_extern(error=INTERNAL_ERROR)
-    def pyk8sres_node_counts(node, cpus, real_memory, k8scpu, k8smemory, err, errlen):
+    def pyk8sres_node_capacity(node, cpus, cpus_effective, real_memory, mem_spec_limit,
+                               k8scpu, k8smemory, err, errlen):
         try:
-            k8scpu[0], k8smemory[0] = nodefeatures.capacity(_config, cpus, real_memory)
+            k8scpu[0], k8smemory[0] = nodefeatures.capacity(
+                _config, cpus, real_memory, cpus_effective, mem_spec_limit)
             return OK
         except BaseException as exc:
             _put(ffi, err, errlen, f"{type(exc).__name__}: {exc}")
