@@ -91,7 +91,7 @@ class Cache:
         """Reduce one listed object to what we keep: (key, value or None)."""
         if kind == "pods":
             return self._key(obj), self._pod(obj)
-        return (obj.get("metadata") or {}).get("name"), usage.slim_node(obj, self.node_key, state=True)
+        return (obj.get("metadata") or {}).get("name"), usage.slim_node(obj, self.node_key, offered=True, state=True)
 
     def replace(self, kind: str, items: list[dict]) -> None:
         self.replace_slim(kind, [self.slim(kind, o) for o in items])
@@ -124,7 +124,7 @@ class Cache:
         elif kind == "pods":
             new = self._pod(obj)
         else:
-            new = usage.slim_node(obj, self.node_key, state=True)
+            new = usage.slim_node(obj, self.node_key, offered=True, state=True)
         with self.lock:
             if kind == "pods" and (isinstance(new, workers.WorkerPod) or key in self.workers):
                 self._worker_event(key, new)

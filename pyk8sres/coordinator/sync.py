@@ -73,6 +73,7 @@ class Reconciler(GenericNodes):
         self.last_repair = 0.0
         self.oversubscribed: dict[str, bool] = {}
         self.warned: set[str] = set()
+        self.over_allocatable: set[str] = set()   # Kubernetes nodes, last cycle
         self.gn_init(cfg)
         self.cluster = cfg.cluster_name
         self.applied_total = 0
@@ -100,6 +101,15 @@ class Reconciler(GenericNodes):
         for w in sorted(now - self.warned):
             log.warning("%s", w)
         self.warned = now
+
+    def _event_over_allocatable(self, over: dict[str, str]) -> None:
+        """An Event on the GenericNode of each Kubernetes node whose Slurm
+        node newly shares more than its allocatable (the log line is among
+        the cycle's warnings).  Not held in the ledger: see docs/install.md."""
+        if self.events is not None:
+            for k in sorted(over.keys() - self.over_allocatable):
+                self.events.generic_node(k, events.OVER_ALLOCATABLE, over[k])
+        self.over_allocatable = set(over)
 
     def cycle(self, refresh: bool = True, dirty: set[str] | None = None) -> usage.Desired | None:
         """One reconcile.  refresh=False reuses the Slurm view of the last
@@ -132,6 +142,7 @@ class Reconciler(GenericNodes):
             key=self.cfg.node_key, map_by_name=self.cfg.map_by_name, node_map=self.cfg.node_map,
             workers=self.cache.worker_pods() if self.cfg.worker_pods else None, before=before)
         self._warn_new(d.warnings)
+        self._event_over_allocatable(d.over_allocatable)
         self.shared = mapping.by_slurm_node(d.k8s_to_slurm)
         if self.last is not None:
             self.fenced |= {s for k, s in d.k8s_to_slurm.items() if before.get(k) != s}

@@ -31,6 +31,8 @@ REFUSAL_REASONS = {
 }
 DEFAULT_REFUSAL_REASON = "AdmissionRefused"
 OVERSUBSCRIBED = "Oversubscribed"
+# A Slurm node shares more than its Kubernetes node's allocatable.
+OVER_ALLOCATABLE = "SlurmCapacityOverAllocatable"
 LEDGER_UNREACHABLE = "LedgerUnreachable"
 
 

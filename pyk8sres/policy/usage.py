@@ -18,7 +18,8 @@ from typing import Iterable, Mapping
 
 from . import departures
 from . import workers as worker_pods
-from .quantities import MI, NANO, QuantityError, format_cpu, format_memory, held_requests
+from .quantities import (MI, NANO, QuantityError, format_cpu, format_memory, held_requests,
+                         parse_quantity)
 
 CPU_GRES = "k8scpu"
 MEM_GRES = "k8smemory"
@@ -331,8 +332,8 @@ def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
                 "cpu": format_cpu(Fraction(usage.cpu, NANO) + Fraction(held[0], 1000)),
                 "memory": format_memory(Fraction(usage.memory + held[1]))}},
         ],
-        "capacity": {"cpu": format_cpu(Fraction(slurm_node.cpus)),
-                     "memory": format_memory(Fraction(slurm_node.real_memory) * MI)},
+        "capacity": {"cpu": format_cpu(Fraction(shared_capacity(slurm_node)[0])),
+                     "memory": format_memory(Fraction(shared_capacity(slurm_node)[1]) * MI)},
         "conditions": [{
             "type": "Oversubscribed", "status": "True" if oversubscribed else "False",
             "reason": "PodsBeyondWhatSlurmLeaves" if oversubscribed else "WithinCapacity",
@@ -344,6 +345,44 @@ def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
     return spec, status
 
 
+def shared_capacity(slurm_node) -> tuple[int, int]:
+    """(CPUs, MB) the node offers to both schedulers: its k8scpu/k8smemory
+    totals, which node_features set to what Slurm schedules there (CPUs less
+    specialized ones, RealMemory less MemSpecLimit, less the admin's
+    reserve); a node without them yet, its CPUs and RealMemory."""
+    gres = slurm_node.gres or {}
+    if CPU_GRES in gres and MEM_GRES in gres:
+        return int(gres[CPU_GRES]), int(gres[MEM_GRES])
+    return slurm_node.cpus, slurm_node.real_memory
+
+
+def over_allocatable(k8s_name: str, k8s_node: Mapping, slurm_node) -> str | None:
+    """What is wrong when the Slurm node shares more than its Kubernetes
+    node's allocatable (None: nothing, or no allocatable known).  Kubernetes
+    never places pods beyond allocatable, but Slurm's jobs may use all the
+    Slurm node offers: beyond allocatable they run on what the kubelet keeps
+    for the system and its eviction threshold."""
+    alloc = ((k8s_node.get("status") or {}).get("allocatable")) or {}
+    if slurm_node is None or not (alloc.get("cpu") or alloc.get("memory")):
+        return None
+    cpus, mb = shared_capacity(slurm_node)
+    over = []
+    try:
+        if alloc.get("cpu") and cpus > parse_quantity(alloc["cpu"]):
+            over.append(f"{cpus} CPUs > allocatable cpu {alloc['cpu']}")
+        if alloc.get("memory") and mb * MI > parse_quantity(alloc["memory"]):
+            over.append(f"{mb} MB > allocatable memory {alloc['memory']}")
+    except QuantityError:
+        return None
+    if not over:
+        return None
+    return (f"Slurm node {slurm_node.name} shares more than kubernetes node {k8s_name} offers "
+            f"pods ({'; '.join(over)}): Slurm jobs may use what the kubelet keeps for the "
+            "system (kube-reserved, system-reserved, eviction threshold); lower the worker "
+            "pod's limits (Slinky holds the rest back as CoreSpecCount/MemSpecLimit) or set "
+            "ReserveCPUs/ReserveMemory in k8s_resources.conf")
+
+
 @dataclass
 class Desired:
     """Everything one reconcile decides, computed from a snapshot (pure)."""
@@ -352,6 +391,8 @@ class Desired:
     warnings: list[str]
     mapping: dict = dataclasses.field(default_factory=dict)  # every Kubernetes node -> Slurm node or None
     here: dict = dataclasses.field(default_factory=dict)     # mapped_here(mapping)
+    # mapped Kubernetes node -> why its Slurm node shares more than its allocatable
+    over_allocatable: dict = dataclasses.field(default_factory=dict)
 
 
 def desired_state(k8s_usage: Mapping[str, NodeUsage], k8s_nodes: Mapping[str, Mapping], slurm_nodes,
@@ -384,9 +425,12 @@ def desired_state(k8s_usage: Mapping[str, NodeUsage], k8s_nodes: Mapping[str, Ma
         elif usage.get(name) and usage[name].errors:
             warnings.append(f"node {name}: its share only grows until these pods can be read: "
                             + "; ".join(usage[name].errors))
+    over = {k: m for k, s in mapping.items()
+            if s and (m := over_allocatable(k, k8s_nodes[k], by_name.get(s)))}
+    warnings.extend(over[k] for k in sorted(over))
     for k, s in mapping.items():
         if s is None and (k in (node_map or {})
                           or key in ((k8s_nodes[k].get("metadata") or {}).get("labels") or {})):
             warnings.append(f"kubernetes node {k}: {key} (or node_map) names no Slurm node")
     return Desired(usage, {k: s for k, s in mapping.items() if s}, warnings, mapping,
-                   mapped_here(mapping))
+                   mapped_here(mapping), over)

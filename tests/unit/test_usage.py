@@ -494,3 +494,52 @@ def test_held_requests(case, p, cpu, mem):
     # never less than kube-scheduler counts
     s = quantities.pod_requests(p)
     assert r["cpu"] >= s["cpu"] and r["memory"] >= s["memory"], case
+
+
+# ------------------------------------------- capacity as Slurm schedules it
+
+def test_generic_node_capacity_is_what_the_node_shares():
+    """Slinky's worker on a 4-CPU, 8000 MB host, limits 3 CPUs/7488 MB: Slurm
+    has CPUTot=4 RealMemory=8000 and holds back CoreSpecCount=1,
+    MemSpecLimit=512; node_features gives it k8scpu=3, k8smemory=7488."""
+    node = SNode(name="slinky-0", gres={"k8scpu": 3, "k8smemory": 7488})
+    _, status = usage.generic_node_body("cn-hongkong.10.1.0.19", node, None, "c1")
+    assert status["capacity"] == {"cpu": "3", "memory": "7488Mi"}
+    # Not yet registered with its GRES: its hardware.
+    _, status = usage.generic_node_body("k", SNode(gres={}), None, "c1")
+    assert status["capacity"] == {"cpu": "4", "memory": "8000Mi"}
+
+
+def kn(cpu=None, memory=None):
+    alloc = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
+    return {"metadata": {"name": "k1"}, "status": {"allocatable": alloc} if alloc else {}}
+
+
+@pytest.mark.parametrize("k8s_node, gres, over", [
+    (kn("4", "8000Mi"), {"k8scpu": 4, "k8smemory": 8000}, None),
+    (kn("4", "8000Mi"), {"k8scpu": 3, "k8smemory": 7488}, None),
+    # kube-reserved 100m and 500Mi: Slurm's whole-host node exceeds both.
+    (kn("3900m", "7500Mi"), {"k8scpu": 4, "k8smemory": 8000},
+     ["4 CPUs > allocatable cpu 3900m", "8000 MB > allocatable memory 7500Mi"]),
+    (kn("8", "7500Mi"), {"k8scpu": 4, "k8smemory": 8000}, ["8000 MB > allocatable memory"]),
+    (kn("3", None), {"k8scpu": 4, "k8smemory": 8000}, ["4 CPUs > allocatable cpu 3"]),
+    # Nothing known of the node, or a quantity that does not parse: no claim.
+    (kn(), {"k8scpu": 4, "k8smemory": 8000}, None),
+    (kn("lots", "8000Mi"), {"k8scpu": 4, "k8smemory": 8000}, None),
+])
+def test_over_allocatable(k8s_node, gres, over):
+    got = usage.over_allocatable("k1", k8s_node, SNode(gres=gres))
+    if over is None:
+        assert got is None
+    else:
+        assert got and all(o in got for o in over) and "k1" in got and "n1" in got, got
+
+
+def test_desired_state_reports_a_slurm_node_over_its_allocatable():
+    nodes = {"k1": {"metadata": {"name": "k1", "labels": {usage.NODE_LABEL: "n1"}},
+                    "status": {"allocatable": {"cpu": "3", "memory": "8000Mi"}}},
+             "k2": {"metadata": {"name": "k2", "labels": {usage.NODE_LABEL: "n2"}},
+                    "status": {"allocatable": {"cpu": "4", "memory": "8000Mi"}}}}
+    d = usage.desired_state({}, nodes, [SNode("n1"), SNode("n2")])
+    assert list(d.over_allocatable) == ["k1"]
+    assert d.over_allocatable["k1"] in d.warnings
