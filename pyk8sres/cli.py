@@ -95,17 +95,23 @@ def _containerized_up(args) -> int:
                                workers=args.workers, cpus=args.cpus, memory=args.memory,
                                base_port=args.base_port, kube_port=args.kube_port,
                                slurm=args.slurm, auth=args.auth)
-    sts = containerized.statefulset_name()
+    if args.containerized == containerized.SLINKY:
+        workers = (f"pods {containerized.NAMESPACE}/{containerized.slinky.pod_name(0)}, ... "
+                   f"(labelled as slurm-operator's NodeSet labels them), their Slurm nodes "
+                   f"{containerized.slinky.slurm_node_name(0)}, ...")
+    else:
+        workers = (f"StatefulSet {containerized.NAMESPACE}/{containerized.statefulset_name()}, "
+                   "its pods are the Slurm nodes")
     print(f"# Slurm inside Kubernetes ({args.containerized}): Kubernetes nodes "
-          f"{', '.join(containerized.kube_node_names(args.nodes))}; StatefulSet "
-          f"{containerized.NAMESPACE}/{sts}, its pods are the Slurm nodes (dynamic, "
+          f"{', '.join(containerized.kube_node_names(args.nodes))}; {workers} (dynamic, "
           f"slurmd -Z), started by {c.work}/log/{containerized.RUNTIME}.out")
     print(f"export SLURM_CONF={c.conf}")
     if c.release.bin_dirs:
         print(f"export PATH={os.pathsep.join(c.release.bin_dirs)}:$PATH  # Slurm {c.release.name}")
     print(f"export KUBECONFIG={kube.kubeconfig}")
     print(f"export PATH={os.path.dirname(kube.bin.kubectl)}:$PATH  # kubectl")
-    print(f"# pyk8sres sync and webhook with worker_pods = \"ack\", worker_namespace = "
+    print(f"# pyk8sres sync and webhook with worker_pods = \"{args.containerized}\", "
+          f"worker_namespace = "
           f"\"{containerized.NAMESPACE}\" (logs: {c.work}/log/sync.out, webhook.out); "
           "`kubectl get genericnode`: NAME the Kubernetes node, ALIAS its worker")
     return 0
@@ -228,10 +234,11 @@ def _add_cluster(sub) -> None:
                    help="also a backup slurmctld (two SlurmctldHost lines, one StateSaveLocation): "
                         "the primary listens on 127.0.0.1, the backup on 127.0.0.2, both on "
                         "--base-port; `scontrol takeover` or stopping the primary fails over")
-    u.add_argument("--containerized", choices=("ack",),
-                   help="with --kubernetes: Slurm inside Kubernetes, as ACK's operator runs it: "
-                        "kwok nodes named like a cloud's, a worker StatefulSet in namespace "
-                        "slurm whose pods are the Slurm nodes (each a real dynamic slurmd)")
+    u.add_argument("--containerized", choices=("ack", "slinky"),
+                   help="with --kubernetes: Slurm inside Kubernetes, as ACK's operator (ack) or "
+                        "SchedMD's slurm-operator (slinky) runs it: kwok nodes named like a "
+                        "cloud's, worker pods in namespace slurm that are the Slurm nodes "
+                        "(each a real dynamic slurmd)")
     u.add_argument("--workers", type=int, help="with --containerized: worker pods (default "
                                                 "--nodes - 1: one node stays free)")
     u.add_argument("--kube-port", type=int, default=16443)

@@ -1,5 +1,6 @@
-"""`pyk8sres cluster up --kubernetes --containerized ack`: Slurm inside
-Kubernetes, laid out as ACK's SlurmCluster operator lays it out.
+"""`pyk8sres cluster up --kubernetes --containerized {ack,slinky}`: Slurm
+inside Kubernetes, laid out as ACK's SlurmCluster operator lays it out, or
+as SchedMD's slurm-operator does (testbed/slinky.py: what differs).
 
 Kubernetes nodes are kwok nodes named like a cloud's (cn-hongkong.10.1.0.19,
 .20, ...).  Slurm's workers are real API objects: a StatefulSet in namespace
@@ -45,10 +46,10 @@ import sys
 import time
 
 from ..policy.quantities import parse_quantity
-from . import cluster, daemons
+from . import cluster, daemons, slinky
 
-ACK = "ack"
-LAYOUTS = (ACK,)
+ACK, SLINKY = "ack", slinky.SLINKY
+LAYOUTS = (ACK, SLINKY)
 NAMESPACE = "slurm"
 CLUSTER_NAME = "slurm-test"         # the SlurmCluster's name
 GROUP = "cpu"                       # the worker group (and the Slurm Feature)
@@ -161,15 +162,19 @@ def dynamic_conf(pod: dict, group: str = GROUP) -> str:
     return f"CPUs={max(1, cpus)} RealMemory={memory} Feature={group}"
 
 
-def wanted(pods: list[dict]) -> dict[str, tuple[str, str]]:
-    """{pod name: (uid, node)} of the pods whose slurmd should run: bound,
-    not being deleted, not finished."""
+def wanted(pods: list[dict], name_of=lambda p: p["metadata"]["name"]
+           ) -> dict[str, tuple[str, str, str]]:
+    """{Slurm node name (name_of): (uid, node, pod name)} of the pods whose
+    slurmd should run: bound, not being deleted, not finished."""
     out = {}
     for p in pods:
         meta, spec, status = p["metadata"], p.get("spec", {}), p.get("status", {})
         if spec.get("nodeName") and not meta.get("deletionTimestamp") and \
                 status.get("phase") not in ("Succeeded", "Failed"):
-            out[meta["name"]] = (meta["uid"], spec["nodeName"])
+            try:
+                out[name_of(p)] = (meta["uid"], spec["nodeName"], meta["name"])
+            except ValueError as e:
+                print(f"{meta['name']}: not started: {e}", flush=True)
     return out
 
 
@@ -190,14 +195,20 @@ def node_addr(scontrol_line: str) -> str | None:
 class ContainerRuntime:
     """Plays the container runtime of the worker pods in `work`'s cluster."""
 
-    def __init__(self, work: str, kubeconfig: str, group: str = GROUP):
+    def __init__(self, work: str, kubeconfig: str, group: str = GROUP, layout: str = ACK,
+                 workers: int = 0, cpus: int = 0, memory: int = 0):
         from ..coordinator import kube    # the Kubernetes client, only where it runs
         self.c = cluster.Cluster(work)
         self.kube = kube.Kube(kubeconfig)
-        self.group = group
-        self.labels = {"kai.alibabacloud.com/worker-group": group}
-        self.running: dict[str, tuple[str, str]] = {}     # pod -> (uid, node)
-        self.unaddressed: dict[str, str] = {}             # pod -> address to give its node
+        self.group, self.layout = group, layout
+        # slinky: the NodeSet controller's part too (workers pods of a
+        # cpus/memory host; 0: none)
+        self.nodeset = (workers, cpus, memory)
+        self.labels = slinky.selector_labels() if layout == SLINKY else \
+            {"kai.alibabacloud.com/worker-group": group}
+        self.name_of = slinky.slurm_node if layout == SLINKY else lambda p: p["metadata"]["name"]
+        self.running: dict[str, tuple] = {}       # Slurm node -> (uid, node, pod)
+        self.unaddressed: dict[str, str] = {}     # Slurm node -> address to give it
         self.own_port = slurmd_version(self.c) >= OWN_PORT_SINCE
         with open(self.c.conf, encoding="utf-8") as f:
             self.slurmd_port = slurmd_port_of(f.read())
@@ -213,10 +224,16 @@ class ContainerRuntime:
                 if self.labels.items() <= (p["metadata"].get("labels") or {}).items()]
 
     def reconcile(self) -> None:
+        if self.layout == SLINKY and self.nodeset[0]:
+            try:
+                for name in slinky.ensure_pods(self.kube.core, *self.nodeset):
+                    print(f"{name}: pod created (NodeSet controller)", flush=True)
+            except Exception as e:      # any failure of the client: try again next pass
+                print(f"creating worker pods: {e}", flush=True)
         pods = self.pods()
         if pods is None:                 # the API server did not answer: keep what runs
             return
-        want = wanted(pods)
+        want = wanted(pods, self.name_of)
         by_name = {p["metadata"]["name"]: p for p in pods}
         for name, seen in list(self.running.items()):
             if not self.c.pid(f"slurmd-{name}"):      # exited: restarted, as a kubelet does
@@ -227,7 +244,7 @@ class ContainerRuntime:
                 self.stop(name)
         for name, seen in want.items():
             if name not in self.running:
-                self.start(by_name[name], seen)
+                self.start(by_name[seen[2]], seen, name)
         for name, address in list(self.unaddressed.items()):
             self.give_address(name, address)
 
@@ -245,10 +262,19 @@ class ContainerRuntime:
             return                                  # checked again on the next pass
         self.unaddressed.pop(name, None)
 
-    def start(self, pod: dict, seen: tuple[str, str]) -> None:
-        name = pod["metadata"]["name"]
+    def conf(self, pod: dict, node: str) -> str:
+        if self.layout != SLINKY:
+            return dynamic_conf(pod, self.group)
+        nodes, _ = self.kube.list("nodes")
+        found = [n for n in nodes if n["metadata"]["name"] == node]
+        if not found:
+            raise ValueError(f"no Node {node}")
+        return slinky.dynamic_conf(pod, found[0])
+
+    def start(self, pod: dict, seen: tuple, name: str) -> None:
+        """Start Slurm node `name`'s slurmd for `pod`."""
         try:
-            address, conf = worker_address(name), dynamic_conf(pod, self.group)
+            address, conf = worker_address(name), self.conf(pod, seen[1])
         except ValueError as e:
             print(f"{name}: not started: {e}", flush=True)
             return
@@ -301,10 +327,13 @@ class ContainerRuntime:
             time.sleep(POLL_SECONDS)
 
 
-def start_runtime(c: cluster.Cluster, kube) -> None:
-    """The ContainerRuntime daemon of `c` (as root, like the slurmds it starts)."""
+def start_runtime(c: cluster.Cluster, kube, layout: str = ACK, nodeset=()) -> None:
+    """The ContainerRuntime daemon of `c` (as root, like the slurmds it starts);
+    nodeset: (workers, cpus, memory) of the pods it keeps (slinky)."""
     argv = [sys.executable, "-m", "pyk8sres.testbed.containerized", "--workdir", c.work,
-            "--kubeconfig", kube.kubeconfig]
+            "--kubeconfig", kube.kubeconfig, "--layout", layout]
+    if nodeset:
+        argv += ["--nodeset", ",".join(map(str, nodeset))]
     env = dict(c.env, PYTHONUNBUFFERED="1")
     daemons.start_process(c.work, RUNTIME, argv, env=env, cwd="/")
 
@@ -317,11 +346,16 @@ def worker_names(count: int, cluster_name: str = CLUSTER_NAME, group: str = GROU
 COORDINATOR_SETTINGS = f'worker_pods = "{ACK}"\nworker_namespace = "{NAMESPACE}"\n'
 
 
-def chart_values(coordinator: bool) -> tuple:
+def coordinator_settings(layout: str = ACK) -> str:
+    return slinky.COORDINATOR_SETTINGS if layout == SLINKY else COORDINATOR_SETTINGS
+
+
+def chart_values(coordinator: bool, layout: str = ACK) -> tuple:
     """helm --set arguments: the worker settings for the coordinator; without
     one, the webhook leaves the workers' namespace alone (nothing answers it)."""
     if coordinator:
-        return ("--set", f"sync.workerPods={ACK}", "--set", f"sync.workerNamespace={NAMESPACE}")
+        return ("--set", f"sync.workerPods={layout}",
+                "--set", f"sync.workerNamespace={NAMESPACE}")
     return ("--set", f"webhook.excludeNamespaces={{{NAMESPACE}}}")
 
 
@@ -354,8 +388,8 @@ def up(work: str, *, layout: str = ACK, nodes: int, workers: int | None = None, 
     cpus/memory, and `workers` worker pods (default nodes - 1: a node stays
     free for a worker to move to), each running its slurmd; returns once
     every worker's Slurm node is idle at its address.  coordinator: the
-    chart, sync and the webhook as a site running ACK's operator sets them
-    (worker_pods = "ack", worker_namespace = "slurm"), started before the
+    chart, sync and the webhook as a site running that operator sets them
+    (worker_pods = layout, worker_namespace = "slurm"), started before the
     workers; coordinator=False: none runs, and the chart's webhook leaves
     namespace `slurm` alone (every other pod's binding is refused, as
     always while no webhook answers)."""
@@ -381,15 +415,21 @@ def up(work: str, *, layout: str = ACK, nodes: int, workers: int | None = None, 
     try:
         hybrid.confine(c)
         kube = hybrid.start_kubernetes(c.work, kube_port, {n: (cpus, memory) for n in names},
-                                       values=chart_values(coordinator),
+                                       values=chart_values(coordinator, layout),
                                        namespaces=(NAMESPACE,))
         if coordinator:
-            hybrid.start_sync(c, kube, settings=COORDINATOR_SETTINGS)
-            hybrid.start_webhook(c, kube, settings=COORDINATOR_SETTINGS)
+            hybrid.start_sync(c, kube, settings=coordinator_settings(layout))
+            hybrid.start_webhook(c, kube, settings=coordinator_settings(layout))
             hybrid.wait_webhook(kube, c)
-        kube.kubectl("create", "-f", "-", input=json.dumps(statefulset(workers, cpus, memory)))
-        start_runtime(c, kube)
-        wait_workers(c, worker_names(workers), timeout)
+        if layout == SLINKY:
+            # the runtime creates the pods, as the NodeSet controller does
+            start_runtime(c, kube, layout, (workers, cpus, memory))
+            wait_workers(c, [slinky.slurm_node_name(i) for i in range(workers)], timeout)
+        else:
+            kube.kubectl("create", "-f", "-",
+                         input=json.dumps(statefulset(workers, cpus, memory)))
+            start_runtime(c, kube)
+            wait_workers(c, worker_names(workers), timeout)
     except BaseException:
         hybrid.down(work)
         raise
@@ -401,8 +441,13 @@ def main(argv: list[str] | None = None) -> int:
                                             "Slurm's worker pods")
     p.add_argument("--workdir", required=True)
     p.add_argument("--kubeconfig", required=True)
+    p.add_argument("--layout", choices=LAYOUTS, default=ACK)
+    p.add_argument("--nodeset", default="0,0,0", help="slinky: WORKERS,CPUS,MB of the pods "
+                   "to keep, as the NodeSet controller does")
     args = p.parse_args(argv)
-    ContainerRuntime(args.workdir, args.kubeconfig).run()
+    workers, cpus, memory = (int(x) for x in args.nodeset.split(","))
+    ContainerRuntime(args.workdir, args.kubeconfig, layout=args.layout, workers=workers,
+                     cpus=cpus, memory=memory).run()
     return 0
 
 

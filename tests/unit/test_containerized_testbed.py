@@ -64,7 +64,7 @@ def _pod(name, uid, node=None, deleting=False, phase="Running"):
 def test_wanted_bound_live_pods_only():
     pods = [_pod("a-0", "u0", "k1"), _pod("a-1", "u1"), _pod("a-2", "u2", "k2", deleting=True),
             _pod("a-3", "u3", "k3", phase="Failed")]
-    assert ct.wanted(pods) == {"a-0": ("u0", "k1")}
+    assert ct.wanted(pods) == {"a-0": ("u0", "k1", "a-0")}
 
 
 def test_slurmd_conf_copy_listens_on_the_workers_address_only():

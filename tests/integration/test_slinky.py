@@ -1,0 +1,169 @@
+"""Slurm inside Kubernetes as SchedMD's slurm-operator runs it (`cluster up
+--kubernetes --containerized slinky`), the coordinator with worker_pods =
+"slinky" (root only).
+
+Three kwok nodes of 4 CPUs and 8000 MB and two worker pods labelled as the
+operator's NodeSet labels them, placed by the real kube-scheduler; each
+pod's slurmd is a real dynamic node that is the whole host with what lies
+outside the pod's limits held back (CoreSpecCount, MemSpecLimit).  Checked
+from the ground truth: the API server's pods and GenericNodes, slurmctld's
+nodes (`scontrol show node`) and what it accepts or runs.
+
+Ports: port(29500) slurmctld, +1 SlurmdPort (22.05: every worker's, each at
+its own loopback address), +2, +3 the workers' own (23.11 on); the control
+plane pick_ports(29900, 29990).
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from conftest_kube import pick_ports, wait
+from local_slurm import SLURM, port, requires_slurm
+from pyk8sres.testbed import containerized, hybrid, slinky
+
+pytestmark = requires_slurm
+NODES, CPUS, MEMORY = 3, 4, 8000
+LIMIT_CPUS, LIMIT_MB = slinky.limits(CPUS, MEMORY)
+S0 = "slinky-0"
+
+
+@pytest.fixture(scope="module")
+def world():
+    work = tempfile.mkdtemp(prefix="pyk8sres-slinky-")
+    os.chmod(work, 0o755)
+    try:
+        c, kube = containerized.up(work, layout="slinky", nodes=NODES, cpus=CPUS, memory=MEMORY,
+                                   base_port=port(29500), kube_port=pick_ports(29900, 29990),
+                                   slurm=SLURM)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    try:
+        yield c, kube
+    finally:
+        subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
+        stopped = hybrid.down(work)
+        shutil.rmtree(work, ignore_errors=True)
+        assert "container-runtime" in stopped, stopped
+
+
+def node(c, name) -> dict:
+    out = subprocess.run(["scontrol", "-d", "-o", "show", "node", name], env=c.env,
+                         capture_output=True, text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def pods(kube) -> dict:
+    items = json.loads(kube.kubectl("get", "pods", "-n", "slurm", "-o", "json").stdout)["items"]
+    return {p["metadata"]["name"]: p for p in items}
+
+
+def sbatch(c, *args) -> subprocess.CompletedProcess:
+    return subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", *args],
+                          env=c.env, capture_output=True, text=True, cwd="/tmp")
+
+
+def job_state(c, job) -> str:
+    shown = subprocess.run(["scontrol", "show", "job", job], env=c.env, capture_output=True,
+                           text=True).stdout
+    return re.search(r"JobState=(\S+)", shown).group(1)
+
+
+def test_workers_are_labelled_as_the_operator_labels_them_one_per_node(world):
+    _, kube = world
+    workers = pods(kube)
+    assert sorted(workers) == ["slurm-worker-slinky-0", "slurm-worker-slinky-1"]
+    for i, (name, p) in enumerate(sorted(workers.items())):
+        labels = p["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "slurmd", labels
+        assert labels["app.kubernetes.io/component"] == "worker", labels
+        assert labels["app.kubernetes.io/instance"] == "slurm-worker-slinky", labels
+        assert labels["slinky.slurm.net/cluster"] == "slurm", labels
+        assert labels["nodeset.slinky.slurm.net/pod-hostname"] == f"slinky-{i}", labels
+        assert p["spec"]["hostname"] == f"slinky-{i}" and p["status"]["phase"] == "Running"
+    bound = {p["spec"]["nodeName"] for p in workers.values()}
+    assert len(bound) == 2 and all(b.startswith("cn-hongkong.10.1.0.") for b in bound), bound
+
+
+def test_each_worker_is_the_whole_host_less_what_lies_outside_its_limits(world):
+    """The entrypoint's `slurmd -Z --conf 'Features=<nodeset> CPUs=<host>
+    RealMemory=<host> CoreSpecCount=.. MemSpecLimit=..'`; node_features gives
+    the node k8scpu/k8smemory as Slurm schedules it: CPUs less the
+    specialized ones, RealMemory less MemSpecLimit."""
+    c, _ = world
+    for name in (S0, "slinky-1"):
+        n = node(c, name)
+        assert "DYNAMIC_NORM" in n["State"] and n["State"].startswith("IDLE"), n
+        assert (n["CPUTot"], n["RealMemory"]) == (str(CPUS), str(MEMORY)), n
+        assert (n["CoreSpecCount"], n["MemSpecLimit"]) == (
+            str(CPUS - LIMIT_CPUS), str(MEMORY - LIMIT_MB)), n
+        assert n["AvailableFeatures"] == "slinky" and n["Partitions"] == "debug", n
+        threads = int(n["ThreadsPerCore"])
+        schedulable = int(n["CPUTot"]) - int(n["CoreSpecCount"]) * threads
+        if "CPUEfctv" in n:                 # 23.02 on print Slurm's own figure
+            assert int(n["CPUEfctv"]) == schedulable, n
+        assert n["Gres"] == (f"k8scpu:{schedulable},"
+                             f"k8smemory:{int(n['RealMemory']) - int(n['MemSpecLimit'])}"), n
+        assert schedulable == LIMIT_CPUS
+        with open(f"/proc/{c.pid(f'slurmd-{name}')}/cmdline", "rb") as f:
+            argv = f.read().decode().split("\0")
+        assert argv[argv.index("--conf") + 1].startswith(
+            f"Features=slinky CPUs={CPUS} RealMemory={MEMORY} "
+            f"CoreSpecCount={CPUS - LIMIT_CPUS} MemSpecLimit={MEMORY - LIMIT_MB}"), argv
+
+
+def test_slurm_itself_schedules_no_more_than_that(world):
+    """Ground truth for the capacity: slurmctld refuses a job asking for the
+    host's CPUs on one worker and runs one asking for the schedulable ones."""
+    c, _ = world
+    too_big = sbatch(c, "-w", S0, "-c", str(CPUS), "--wrap", "true")
+    assert too_big.returncode != 0, too_big.stdout
+    fits = sbatch(c, "-w", S0, "-c", str(LIMIT_CPUS), "--wrap", "true")
+    assert fits.returncode == 0, fits.stderr
+    job = fits.stdout.strip().split(";")[0]
+    assert wait(lambda: job_state(c, job) == "COMPLETED", f"job {job} to run", 60)
+
+
+def test_generic_node_aliases_the_slurm_node_and_jobs_pend_behind_pods(world):
+    """NAME the Kubernetes node, ALIAS the Slurm node (the pod-hostname, not
+    the pod's name); capacity what Slurm schedules there; the Kubernetes
+    share is the pod beside the worker, never the worker itself; a job that
+    needs what that pod holds pends until it goes."""
+    c, kube = world
+    host = pods(kube)["slurm-worker-slinky-0"]["spec"]["nodeName"]
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "beside", "namespace": "default"},
+           "spec": {"nodeName": host, "terminationGracePeriodSeconds": 1, "containers": [
+               {"name": "c", "image": "busybox",
+                "resources": {"requests": {"cpu": "1500m", "memory": "2000Mi"}}}]}}
+    kube.kubectl("create", "-f", "-", input=json.dumps(pod))
+
+    def generic_node():
+        out = kube.kubectl("get", "genericnode", host, "-o", "json", check=False)
+        g = json.loads(out.stdout) if out.returncode == 0 else {}
+        shares = {a["type"]: a["allocated"]
+                  for a in g.get("status", {}).get("allocatedResources", [])}
+        return g if shares.get("Kubernetes") == {"cpu": "1500m", "memory": "2000Mi"} else None
+    g = wait(generic_node, f"GenericNode {host} to count the pod beside the worker", 30)
+    assert g["spec"]["alias"] == S0 and g["spec"]["type"] == "Slurm", g
+    assert g["status"]["capacity"] == {"cpu": str(LIMIT_CPUS), "memory": f"{LIMIT_MB}Mi"}, g
+    # the ledger holds the pod's share, rounded up to whole CPUs and MB
+    used = node(c, S0).get("GresUsed", "")
+    assert re.search(r"k8scpu:2\b", used) and re.search(r"k8smemory:2000\b", used), used
+    # LIMIT_CPUS - 2 CPUs are left beside the pod: a job asking for one more pends.
+    proc = sbatch(c, "-w", S0, "-c", str(LIMIT_CPUS - 1), "--wrap", "sleep 1")
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        assert job_state(c, job) == "PENDING"
+        time.sleep(0.5)
+    kube.kubectl("delete", "pod", "-n", "default", "beside", "--wait=false")
+    assert wait(lambda: job_state(c, job) in ("RUNNING", "COMPLETED") and "ran",
+                "the job to start once the pod is gone", 60)
