@@ -368,7 +368,8 @@ static int _walk_part(void *item, void *arg)
 /* One pass over the node table and the partitions: the hash of what the
  * policy uses, and with `out` the flat description Python reads
  * (pyk8sres/slurmctld/topology.py):
- *   N <index> <cpus> <real_memory> <threads_per_core> <cores_per_socket> <gpus>
+ *   N <index> <cpus> <memory MB: RealMemory - MemSpecLimit> <threads_per_core>
+ *     <cores_per_socket> <gpus>
  *   P <partition> <index> <index> ...
  *   D <default partition> */
 static uint64_t _walk(struct text *out)
@@ -379,16 +380,21 @@ static uint64_t _walk(struct text *out)
 	w.hash = _fnv(w.hash, (uint64_t) node_record_count);
 	for (int i = 0; (node = next_node(&i)); i++) {
 		uint64_t gpus = _gres_gpus(_node_gres(node));
+		/* What Slurm gives a job asking for all of the node's memory
+		 * (--mem=0): RealMemory less MemSpecLimit, as node_features
+		 * sizes k8smemory. */
+		uint64_t memory = node->mem_spec_limit < node->real_memory ?
+			node->real_memory - node->mem_spec_limit : 0;
 
 		w.hash = _fnv(w.hash, (uint64_t) i);
 		w.hash = _fnv(w.hash, node->cpus);
-		w.hash = _fnv(w.hash, node->real_memory);
+		w.hash = _fnv(w.hash, memory);
 		w.hash = _fnv(w.hash, node->threads);
 		w.hash = _fnv(w.hash, node->cores);
 		w.hash = _fnv(w.hash, gpus);
 		if (out)
 			_put(out, "N %d %u %" PRIu64 " %u %u %" PRIu64 "\n", i,
-			     (unsigned) node->cpus, (uint64_t) node->real_memory,
+			     (unsigned) node->cpus, memory,
 			     (unsigned) node->threads, (unsigned) node->cores,
 			     gpus);
 	}

@@ -91,8 +91,8 @@ def _gpus(gres_list: str | None) -> int:
 
 
 def _node(pairs: dict) -> tuple[int, int | None, int | None, int, int]:
-    """(ThreadsPerCore, CPUs, RealMemory, GPUs, CoresPerSocket) of one
-    NodeName line's values (Slurm's defaults: a line with CPUs alone has
+    """(ThreadsPerCore, CPUs, RealMemory less MemSpecLimit, GPUs,
+    CoresPerSocket) of one NodeName line's values (Slurm's defaults: a line with CPUs alone has
     sockets of one core)."""
     threads = _int(pairs, "threadspercore") or 1
     sockets = (_int(pairs, "sockets") or _int(pairs, "socketsperboard") or 1) * \
@@ -104,7 +104,11 @@ def _node(pairs: dict) -> tuple[int, int | None, int | None, int, int]:
     if cores is None:
         has_sockets = "sockets" in pairs or "socketsperboard" in pairs
         cores = max(1, cpus // (sockets * threads)) if has_sockets else 1
-    return threads, cpus, _int(pairs, "realmemory"), _gpus(pairs.get("gres")), cores
+    memory = _int(pairs, "realmemory")
+    if memory:          # what Slurm gives a job asking for all of it (--mem=0)
+        memory = (memory - (_int(pairs, "memspeclimit") or 0)) or None
+        memory = memory if memory and memory > 0 else None
+    return threads, cpus, memory, _gpus(pairs.get("gres")), cores
 
 
 def summarize(nodes: list[tuple]) -> Nodes:

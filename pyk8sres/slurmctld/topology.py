@@ -4,11 +4,13 @@ Pure parsing (no I/O).  The plugin walks slurmctld's partition list and
 node table under its read locks and passes a flat description whenever it
 changed (plugins/job_submit_k8s_resource_completion.c, _topology_refresh):
 
-    N <index> <cpus> <real_memory MB> <threads_per_core> <cores_per_socket> <gpus>
+    N <index> <cpus> <memory MB> <threads_per_core> <cores_per_socket> <gpus>
     P <partition> <index> <index> ...
     D <default partition>
 
-so the policy caps per-node counts with the nodes a partition really holds:
+(memory: RealMemory less MemSpecLimit, what Slurm gives a job asking for
+all of a node's memory), so the policy caps per-node counts with the nodes
+a partition really holds:
 `scontrol update PartitionName=p Nodes=...`, dynamic nodes (`slurmd -Z`,
 `scontrol create node`) and nodes a reconfigure added included.
 """

@@ -232,3 +232,15 @@ def test_ledger_connection_budget_covers_the_charts_default_replicas():
     need = 2 * values["webhook"]["replicas"] + 1 + 1
     assert config.Config().ledger_connections_per_user >= 2 * need
     assert config.Config().ledger_connections_per_user >= 2 * 8 + 2    # 8 replicas fit too
+
+
+@pytest.mark.parametrize("lines,memory", [
+    (["NodeName=a CPUs=4 RealMemory=8000"], 8000),
+    # MemSpecLimit is never given to jobs, --mem=0 included
+    (["NodeName=a CPUs=4 RealMemory=8000 MemSpecLimit=512"], 7488),
+    (["NodeName=DEFAULT MemSpecLimit=1000", "NodeName=a CPUs=4 RealMemory=8000"], 7000),
+    (["NodeName=a CPUs=4 RealMemory=8000 MemSpecLimit=8000"], None),
+])
+def test_slurm_conf_memory_is_what_a_job_can_get(lines, memory):
+    conf = slurmconf.parse(lines + ["PartitionName=p Nodes=ALL"])
+    assert conf.partitions["p"].nodes.memory == memory
