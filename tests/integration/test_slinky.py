@@ -130,6 +130,20 @@ def test_slurm_itself_schedules_no_more_than_that(world):
     assert wait(lambda: job_state(c, job) == "COMPLETED", f"job {job} to run", 60)
 
 
+def test_a_job_asking_for_all_of_a_workers_memory_runs(world):
+    """--mem=0: Slurm gives the job RealMemory less MemSpecLimit, and
+    job_submit asks that much k8smemory (not RealMemory, which the node
+    never has)."""
+    c, _ = world
+    proc = sbatch(c, "-w", S0, "-c", "1", "--mem=0", "--wrap", "true")
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    shown = subprocess.run(["scontrol", "show", "job", job], env=c.env, capture_output=True,
+                           text=True).stdout
+    assert f"k8smemory:{LIMIT_MB}" in shown, shown
+    assert wait(lambda: job_state(c, job) == "COMPLETED", f"job {job} to run", 60)
+
+
 def test_generic_node_aliases_the_slurm_node_and_jobs_pend_behind_pods(world):
     """NAME the Kubernetes node, ALIAS the Slurm node (the pod-hostname, not
     the pod's name); capacity what Slurm schedules there; the Kubernetes
