@@ -263,9 +263,13 @@ class ContainerRuntime:
         self.unaddressed.pop(name, None)
 
     def conf(self, pod: dict, node: str) -> str:
+        """The worker's slurmd --conf, as its operator's entrypoint writes it."""
         if self.layout != SLINKY:
             return dynamic_conf(pod, self.group)
-        nodes, _ = self.kube.list("nodes")
+        try:
+            nodes, _ = self.kube.list("nodes")
+        except Exception as e:      # any failure of the client: tried again next pass
+            raise ValueError(f"listing nodes: {e}") from None
         found = [n for n in nodes if n["metadata"]["name"] == node]
         if not found:
             raise ValueError(f"no Node {node}")
