@@ -328,3 +328,35 @@ def test_a_worker_rescheduled_leaves_its_old_nodes_pods_counted(world):
     cache.event("pods", "DELETED", pod("x", K19, "1", "0", phase="Succeeded"))
     rec.cycle()
     assert slurm.counts("slinky-0") == (4, 8000)
+
+
+class Events:
+    def __init__(self):
+        self.posted = []
+
+    def generic_node(self, name, reason, message, type_="Warning"):
+        self.posted.append((name, reason, message))
+
+
+def test_a_slurm_node_over_its_nodes_allocatable_gets_one_event(tmp_path):
+    """The Slurm node shares 4 CPUs and 8000 MB; its Kubernetes node offers
+    pods 3500m and 7000Mi (kube-reserved): a warning and one Event on the
+    GenericNode, again only once it has been fixed and come back."""
+    slurm = SlurmWorld(str(tmp_path), "slinky-0")
+    cfg = SyncConfig(ledger_socket="unused", worker_pods="slinky", worker_namespace="slurm")
+    cache = Cache(exemptions_of(cfg), cfg.node_key)
+    small = dict(knode(K19), status={"allocatable": {"cpu": "3500m", "memory": "7000Mi"}})
+    cache.replace("nodes", [small])
+    cache.replace("pods", [slinky("slinky-0", K19, "slinky-0")])
+    rec = sync.Reconciler(cfg, cache, slurm, ledger=slurm.ledger)
+    rec.events = Events()
+    rec.cycle()
+    rec.cycle()
+    ((name, reason, message),) = rec.events.posted
+    assert (name, reason) == (K19, "SlurmCapacityOverAllocatable")
+    assert "4 CPUs > allocatable cpu 3500m" in message and "8000 MB" in message
+    assert message in rec.warned
+    cache.event("nodes", "MODIFIED", dict(small, status={"allocatable": {"cpu": "4",
+                                                                          "memory": "8000Mi"}}))
+    rec.cycle()
+    assert not rec.last.over_allocatable and len(rec.events.posted) == 1
