@@ -343,6 +343,7 @@ static int _node_facts(node_record_t *node_ptr, uint64_t *out)
 	if (!(cpu = _gres_ns(node_ptr, 0)) ||
 	    !(mem = _gres_ns(node_ptr, 1)))
 		return -1;
+	memset(out, 0, PYK8SRES_FACTS_WORDS * sizeof(*out));
 	out[0] = cpu->gres_cnt_avail;
 	out[1] = mem->gres_cnt_avail;
 	out[2] = _jobs(cpu);
@@ -361,7 +362,7 @@ extern int gres_carry_facts(const char *name, uint64_t *out)
 struct fact_copy {
 	char *name;		/* first: _slot() reads it */
 	bool ok;		/* has k8s GRES */
-	uint64_t facts[4];
+	uint64_t facts[PYK8SRES_FACTS_WORDS];
 	uint64_t gen;		/* copy_gen when these facts last changed */
 };
 static struct fact_copy *copies;
@@ -383,7 +384,7 @@ extern void gres_carry_copy_facts(void)
 
 	for (int i = 0; (node_ptr = next_node(&i)); i++) {
 		struct fact_copy *c;
-		uint64_t facts[4] = { 0 };
+		uint64_t facts[PYK8SRES_FACTS_WORDS] = { 0 };
 		bool ok;
 
 		if (count == copy_size) {
@@ -454,7 +455,8 @@ extern const char *gres_carry_copied_node_name(int index)
 	return index >= 0 && index < copy_count ? copies[index].name : NULL;
 }
 
-extern void gres_carry_share(const char *name, uint64_t cpu, uint64_t mem)
+extern void gres_carry_share(const char *name, uint64_t cpu, uint64_t mem,
+			     const uint64_t *gpus)
 {
 	node_record_t *node_ptr;
 
@@ -473,7 +475,8 @@ extern void gres_carry_stats(uint64_t *out)
 }
 
 /* A journal load: remember only; the caller carries every node after. */
-extern void gres_carry_remember(const char *name, uint64_t cpu, uint64_t mem)
+extern void gres_carry_remember(const char *name, uint64_t cpu, uint64_t mem,
+				const uint64_t *gpus)
 {
 	_want_set(name, cpu, mem);
 }
