@@ -4,7 +4,8 @@ A reservation of GPU 0,1 on n1 is allocated in n1's gpu GRES itself: a job
 asking for 3 GPUs pends (Resources), one asking for 2 runs on IDX 2-3
 (`scontrol -d show job`); a reservation naming an index a job or another
 entry holds is refused nofit; the reservation and its bits are back after
-a slurmctld restart; its release lets the pending job start on them.
+a slurmctld restart and a reconfigure (both rebuild allocations from jobs);
+its release lets the pending job start on them.
 """
 import os
 import re
@@ -109,6 +110,11 @@ def test_gpus_reserved_jobs_pend_then_start_and_survive_a_restart(c):
     wait_serving(path)
     assert ledger.show("n1")["nodes"]["n1"]["gpus"]["share"] == [0, 1]
     _wait("the bits are back after the restart", lambda: _node_gpus_used(c) == 2)
+    time.sleep(3)
+    assert _state(c, big) == ("PENDING", "Resources")
+    sh(c, "scontrol", "reconfigure")                # rebuilds allocations from jobs
+    wait_serving(path)
+    _wait("the bits are back after reconfigure", lambda: _node_gpus_used(c) == 2)
     time.sleep(3)
     assert _state(c, big) == ("PENDING", "Resources")
 
