@@ -7,9 +7,11 @@ entry holds is refused nofit; the reservation and its bits are back after
 a slurmctld restart and a reconfigure (both rebuild allocations from jobs);
 its release lets the pending job start on them.
 """
+import json
 import os
 import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -76,7 +78,9 @@ def test_gpus_reserved_jobs_pend_then_start_and_survive_a_restart(c):
     _wait("n1 registered its gpus",
           lambda: (ledger.show("n1")["nodes"]["n1"].get("gpus") or {}).get("count") == GPUS)
 
-    reply = ledger.reserve("n1", "claim:a", 0, 0, gpus=[0, 1])
+    # The operator's CLI, as a pod's claim would be reserved.
+    reply = json.loads(sh(c, sys.executable, "-m", "pyk8sres", "ledger", "reserve", "n1",
+                          "claim:a", "--cpu", "0", "--memory", "0", "--gpus", "0,1"))
     assert reply == {"ok": True}, reply
     assert ledger.show("n1")["nodes"]["n1"]["gpus"] == {"count": GPUS, "jobs": [],
                                                          "share": [0, 1]}
@@ -90,6 +94,8 @@ def test_gpus_reserved_jobs_pend_then_start_and_survive_a_restart(c):
     assert _job_idx(c, two) == {2, 3}
     assert ledger.show("n1")["nodes"]["n1"]["gpus"] == {"count": GPUS, "jobs": [2, 3],
                                                          "share": [0, 1]}
+    table = sh(c, sys.executable, "-m", "pyk8sres", "ledger", "show")
+    assert re.search(r"^n1 .* 2,3 +0,1\s*$", table, re.M), table
 
     refused = ledger.reserve("n1", "claim:b", 0, 0, gpus=[2])
     assert refused["code"] == "nofit" and "Slurm jobs hold" in refused["error"], refused

@@ -215,3 +215,13 @@ def test_client_encodes_gpus():
     assert sent[2]["entries"] == {"a": [1, 2], "b": [0, 0, [1]], "c": [0, 0]}
     for doc in sent:
         policy.parse_request(json.dumps(doc))
+
+
+def test_cli_gpu_options():
+    from pyk8sres import cli
+    assert cli._gpu_list("0,3") == (0, 3) and cli._gpu_list(None) == ()
+    with pytest.raises(SystemExit, match="--gpus takes gpu indices"):
+        cli._gpu_list("0,a")
+    assert cli._indices({"jobs": [2, 3], "share": []}, "jobs") == "2,3"
+    assert cli._indices({"jobs": [2, 3], "share": []}, "share") == "none"
+    assert cli._indices(None, "share") == "-"
