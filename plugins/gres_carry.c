@@ -44,6 +44,7 @@
 #include "src/common/gres.h"
 #endif
 
+#include "gpu_carry.h"
 #include "gres_carry.h"
 #include "ledger_server.h"
 
@@ -60,8 +61,11 @@
 struct want {
 	char *name;
 	uint64_t cnt[2];	/* k8scpu CPUs, k8smemory MB */
+	uint64_t gpus[PYK8SRES_GPU_WORDS];	/* gpu indices held (gpu_carry.c) */
+	uint64_t gpus_carried[PYK8SRES_GPU_WORDS]; /* of them, set in the record */
 	bool clamped;		/* carries less: jobs leave less than pods hold */
 };
+static const uint64_t no_gpus[PYK8SRES_GPU_WORDS];
 static struct want *wants;
 static int want_count, want_size;
 /* Name -> index into wants (open addressing, at most half full): a rebuild
@@ -130,7 +134,7 @@ static struct want *_want_find(const char *name)
 	return *slot < 0 ? NULL : &wants[*slot];
 }
 
-static void _want_set(const char *name, uint64_t cpu, uint64_t mem)
+static void _want_set(const char *name, uint64_t cpu, uint64_t mem, const uint64_t *gpus)
 {
 	struct want *w = _want_find(name);
 
@@ -148,6 +152,7 @@ static void _want_set(const char *name, uint64_t cpu, uint64_t mem)
 	}
 	w->cnt[0] = cpu;
 	w->cnt[1] = mem;
+	memcpy(w->gpus, gpus ? gpus : no_gpus, sizeof(w->gpus));
 }
 
 /* The node's record of GRES g (0 k8scpu, 1 k8smemory), or NULL. */
@@ -239,14 +244,17 @@ static void _carry_node(node_record_t *node_ptr)
 
 	for (int g = 0; g < 2; g++)
 		clamped |= _carry(node_ptr, g, w ? w->cnt[g] : 0);
+	if (w)
+		clamped |= gpu_carry(node_ptr, w->gpus, w->gpus_carried);
 	if (!w || clamped == w->clamped)
 		return;
 	w->clamped = clamped;
 	clamped_nodes += clamped ? 1 : -1;
 	if (clamped)
-		error("%s: %s: node %s: pods hold %" PRIu64 " k8scpu/%" PRIu64 " k8smemory, more "
-		      "than Slurm jobs leave; carrying what fits, and what jobs free goes to the "
-		      "pods first: no new job starts there until they leave", LOG_PREFIX,
+		error("%s: %s: node %s: pods hold %" PRIu64 " k8scpu/%" PRIu64 " k8smemory (or "
+		      "GPU indices), more than Slurm jobs leave or the node has; carrying what "
+		      "fits, and what jobs free goes to the pods first: no new job starts there "
+		      "until they leave", LOG_PREFIX,
 		      __func__, node_ptr->name, w->cnt[0], w->cnt[1]);
 	else
 		info("%s: %s: node %s: its pods fit next to Slurm's jobs again", LOG_PREFIX,
@@ -343,10 +351,16 @@ static int _node_facts(node_record_t *node_ptr, uint64_t *out)
 	if (!(cpu = _gres_ns(node_ptr, 0)) ||
 	    !(mem = _gres_ns(node_ptr, 1)))
 		return -1;
+	memset(out, 0, PYK8SRES_FACTS_WORDS * sizeof(*out));
 	out[0] = cpu->gres_cnt_avail;
 	out[1] = mem->gres_cnt_avail;
 	out[2] = _jobs(cpu);
 	out[3] = _jobs(mem);
+	{
+		struct want *w = _want_find(node_ptr->name);
+
+		gpu_carry_facts(node_ptr, w ? w->gpus_carried : no_gpus, out + 4);
+	}
 	return 0;
 }
 
@@ -361,7 +375,7 @@ extern int gres_carry_facts(const char *name, uint64_t *out)
 struct fact_copy {
 	char *name;		/* first: _slot() reads it */
 	bool ok;		/* has k8s GRES */
-	uint64_t facts[4];
+	uint64_t facts[PYK8SRES_FACTS_WORDS];
 	uint64_t gen;		/* copy_gen when these facts last changed */
 };
 static struct fact_copy *copies;
@@ -383,7 +397,7 @@ extern void gres_carry_copy_facts(void)
 
 	for (int i = 0; (node_ptr = next_node(&i)); i++) {
 		struct fact_copy *c;
-		uint64_t facts[4] = { 0 };
+		uint64_t facts[PYK8SRES_FACTS_WORDS] = { 0 };
 		bool ok;
 
 		if (count == copy_size) {
@@ -454,11 +468,12 @@ extern const char *gres_carry_copied_node_name(int index)
 	return index >= 0 && index < copy_count ? copies[index].name : NULL;
 }
 
-extern void gres_carry_share(const char *name, uint64_t cpu, uint64_t mem)
+extern void gres_carry_share(const char *name, uint64_t cpu, uint64_t mem,
+			     const uint64_t *gpus)
 {
 	node_record_t *node_ptr;
 
-	_want_set(name, cpu, mem);
+	_want_set(name, cpu, mem, gpus);
 	if ((node_ptr = find_node_record((char *) name))) {
 		_carry_node(node_ptr);
 		last_node_update = time(NULL);
@@ -473,9 +488,10 @@ extern void gres_carry_stats(uint64_t *out)
 }
 
 /* A journal load: remember only; the caller carries every node after. */
-extern void gres_carry_remember(const char *name, uint64_t cpu, uint64_t mem)
+extern void gres_carry_remember(const char *name, uint64_t cpu, uint64_t mem,
+				const uint64_t *gpus)
 {
-	_want_set(name, cpu, mem);
+	_want_set(name, cpu, mem, gpus);
 }
 
 /*

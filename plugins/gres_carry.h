@@ -35,8 +35,10 @@ extern void gres_carry_all(void);
 
 /* Ledger callbacks: the contracts of struct ledger_plugin_ops. */
 extern int gres_carry_facts(const char *name, uint64_t *out);
-extern void gres_carry_share(const char *name, uint64_t cpu, uint64_t mem);
-extern void gres_carry_remember(const char *name, uint64_t cpu, uint64_t mem);
+extern void gres_carry_share(const char *name, uint64_t cpu, uint64_t mem,
+			     const uint64_t *gpus);
+extern void gres_carry_remember(const char *name, uint64_t cpu, uint64_t mem,
+				const uint64_t *gpus);
 extern void gres_carry_stats(uint64_t *out);
 extern void gres_carry_copy_facts(void);
 extern int gres_carry_copied_facts(const char *name, uint64_t *out);

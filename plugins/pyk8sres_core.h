@@ -18,6 +18,11 @@
 #define PYK8SRES_USER_ERROR 1     /* bad job options: tell the user */
 #define PYK8SRES_INTERNAL_ERROR 2 /* a bug: OnInternalError decides */
 
+#define PYK8SRES_GPU_WORDS 16	/* gpu indices 0..1023 (policy.ledger.MAX_GPUS) */
+#define PYK8SRES_FACTS_WORDS (6 + PYK8SRES_GPU_WORDS)
+#define PYK8SRES_GPU_OK 0
+#define PYK8SRES_GPU_NO_FILES 1	/* its gpu GRES has no bitmap: no File= */
+#define PYK8SRES_GPU_TOO_MANY 2	/* more indices than the masks hold */
 /* CFFI-BEGIN */
 /* A job as the job_submit plugin sees it: Slurm's NO_VAL/NO_VAL16/NO_VAL64
  * for unset numbers, NULL for unset strings. */
@@ -130,11 +135,17 @@ int pyk8sres_node_capacity(const char *node_name, uint32_t cpus,
 /* The ledger (node_features/k8s_resources serves it inside slurmctld;
  * policy in pyk8sres/slurmctld/ledger.py).  Callbacks from Python into the
  * plugin, valid only while the plugin holds slurmctld's job+node write locks:
- * facts: k8scpu total, k8smemory total, what jobs hold of each; -1 if the
- * node is unknown or has no k8s GRES yet.  share: the node's new Kubernetes
- * share, in CPUs and MB. */
-typedef int (*pyk8sres_facts_fn)(const char *node, uint64_t *facts4);
-typedef void (*pyk8sres_share_fn)(const char *node, uint64_t cpu, uint64_t mem);
+ * facts (PYK8SRES_FACTS_WORDS): k8scpu total, k8smemory total, what jobs
+ * hold of each, the node's gpu GRES count (0: none), why its GPUs cannot
+ * be reserved (PYK8SRES_GPU_OK, _NO_FILES, _TOO_MANY), then a bitmask of
+ * PYK8SRES_GPU_WORDS words of the gpu indices jobs hold (bit i of word
+ * i / 64); -1 if the node is unknown or has no k8s GRES yet.  share: the
+ * node's new Kubernetes share, in CPUs and MB, and the bitmask of the gpu
+ * indices it holds (PYK8SRES_GPU_WORDS words).  pyk8sres/slurmctld/embed.py
+ * has the same sizes. */
+typedef int (*pyk8sres_facts_fn)(const char *node, uint64_t *facts);
+typedef void (*pyk8sres_share_fn)(const char *node, uint64_t cpu, uint64_t mem,
+				  const uint64_t *gpus);
 /* The name of node `index` in slurmctld's table, "" for an empty slot, NULL
  * past the end (a `show` of every node). */
 typedef const char *(*pyk8sres_node_name_fn)(int index);

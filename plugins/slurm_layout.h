@@ -1,6 +1,7 @@
 /*
  * The layout of Slurm's structures node_features/k8s_resources reads and
- * writes (node_record_t, gres_state_t, gres_node_state_t).
+ * writes (node_record_t, gres_state_t, gres_node_state_t; AT_GPU: the
+ * fields gpu_carry.c sets in a gpu GRES record, as a job's allocation does).
  *
  * The structures come from the configured source tree the plugin is built
  * against.  When that tree is the one the running slurmctld was compiled
@@ -30,6 +31,17 @@ _Static_assert(FIELD_SIZE(gres_node_state_t, node_feature) == sizeof(bool), "nod
 _Static_assert(FIELD_SIZE(gres_node_state_t, topo_cnt) == sizeof(uint16_t), "topo_cnt");
 _Static_assert(FIELD_SIZE(gres_node_state_t, topo_gres_cnt_alloc) == sizeof(uint64_t *),
 	       "topo_gres_cnt_alloc");
+_Static_assert(FIELD_SIZE(gres_node_state_t, gres_bit_alloc) == sizeof(bitstr_t *),
+	       "gres_bit_alloc");
+_Static_assert(FIELD_SIZE(gres_node_state_t, topo_gres_bitmap) == sizeof(bitstr_t **),
+	       "topo_gres_bitmap");
+_Static_assert(FIELD_SIZE(gres_node_state_t, topo_type_id) == sizeof(uint32_t *), "topo_type_id");
+_Static_assert(FIELD_SIZE(gres_node_state_t, topo_type_name) == sizeof(char **),
+	       "topo_type_name");
+_Static_assert(FIELD_SIZE(gres_node_state_t, type_cnt) == sizeof(uint16_t), "type_cnt");
+_Static_assert(FIELD_SIZE(gres_node_state_t, type_cnt_alloc) == sizeof(uint64_t *),
+	       "type_cnt_alloc");
+_Static_assert(FIELD_SIZE(gres_node_state_t, type_id) == sizeof(uint32_t *), "type_id");
 
 #define AT(t, f, off) _Static_assert(offsetof(t, f) == (off), #t "." #f)
 /* Shared by every release verified: gres_state_t and gres_node_state_t. */
@@ -41,6 +53,15 @@ _Static_assert(FIELD_SIZE(gres_node_state_t, topo_gres_cnt_alloc) == sizeof(uint
 	AT(gres_node_state_t, gres_cnt_alloc, 48);			\
 	AT(gres_node_state_t, topo_cnt, 64);				\
 	AT(gres_node_state_t, topo_gres_cnt_alloc, alloc_array)
+#define AT_GPU(used, bits, tbits, tid, tname, tcnt, talloc, typeid)	\
+	AT(gres_node_state_t, gres_used, used);				\
+	AT(gres_node_state_t, gres_bit_alloc, bits);			\
+	AT(gres_node_state_t, topo_gres_bitmap, tbits);			\
+	AT(gres_node_state_t, topo_type_id, tid);			\
+	AT(gres_node_state_t, topo_type_name, tname);			\
+	AT(gres_node_state_t, type_cnt, tcnt);				\
+	AT(gres_node_state_t, type_cnt_alloc, talloc);			\
+	AT(gres_node_state_t, type_id, typeid)
 /*
  * cpus_efctv (CPUs less the specialized ones: CoreSpecCount x threads used
  * per core, or CpuSpecList) follows cpus, and mem_spec_limit (MemSpecLimit)
@@ -58,19 +79,27 @@ _Static_assert(FIELD_SIZE(gres_node_state_t, topo_gres_cnt_alloc) == sizeof(uint
 	AT(node_record_t, index, i);					\
 	AT(node_record_t, real_memory, m)
 
-/* Verified (x86-64): Debian's 22.05.8 and 24.11.5, SchedMD's release tags. */
+/* Verified (x86-64): Debian's 22.05.8 and 24.11.5, SchedMD's release tags.
+ * AT_GPU of 23.02.8 and 25.05.8: their gres_node_state_t is field for field
+ * that of 22.05.8 and 24.11.5 (git show of the tags' gres.h). */
 #if SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(22,5,8)
 AT_NODE(104, 168, 176, 232, 184, 344); AT_GRES(96);
+AT_GPU(40, 56, 88, 112, 120, 128, 136, 152);
 #elif SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(23,2,8)
 AT_NODE(104, 168, 176, 232, 184, 344); AT_GRES(96);
+AT_GPU(40, 56, 88, 112, 120, 128, 136, 152);
 #elif SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(24,11,5)
 AT_NODE(112, 192, 200, 272, 208, 376); AT_GRES(104);
+AT_GPU(40, 56, 96, 120, 128, 136, 144, 160);
 #elif SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(25,5,8)
 AT_NODE(144, 224, 232, 304, 240, 408); AT_GRES(104);
+AT_GPU(40, 56, 96, 120, 128, 136, 144, 160);
 #elif SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(25,11,7)
 AT_NODE(144, 224, 232, 304, 240, 424); AT_GRES(104);
+AT_GPU(40, 56, 96, 120, 128, 136, 144, 160);
 #elif SLURM_VERSION_NUMBER == SLURM_VERSION_NUM(26,5,3)
 AT_NODE(120, 200, 208, 280, 216, 408); AT_GRES(104);
+AT_GPU(40, 56, 96, 120, 128, 136, 144, 160);
 #elif !PYK8SRES_SLURM_BUILT_HERE
 #error "node_features/k8s_resources: the layout of node_record_t and gres_node_state_t is verified for Slurm 22.05.8, 23.02.8, 24.11.5, 25.05.8, 25.11.7 and 26.05.3 only. Build against the tree the running slurmctld was compiled from (tools/slurm-build.sh --source DIR VERSION), or add this release's line to plugins/slurm_layout.h from tools/slurm-layout.sh DIR once you have checked it against that slurmctld."
 #endif

@@ -156,23 +156,44 @@ def _ledger(args) -> int:
     elif args.action == "reserve":
         reply = ledger.reserve(args.node, args.key,
                                math.ceil(parse_quantity(args.cpu) * 1000),
-                               math.ceil(parse_quantity(args.memory)))
+                               math.ceil(parse_quantity(args.memory)), _gpu_list(args.gpus))
     else:
         reply = ledger.release(args.node, args.key)
     if getattr(args, "output", "") == "json" or args.action != "show" or not reply.get("ok"):
         print(json.dumps(reply, indent=1, sort_keys=True))
         return 0 if reply.get("ok") else 1
-    print(f"{'NODE':<16} {'CAPACITY':>14} {'JOBS':>14} {'KUBERNETES':>14} {'FREE':>14}  NOTE")
+    print(f"{'NODE':<16} {'CAPACITY':>14} {'JOBS':>14} {'KUBERNETES':>14} {'FREE':>14} "
+          f"{'GPU JOBS':>10} {'GPU K8S':>10}  NOTE")
     for name, n in sorted(reply["nodes"].items()):
         def cell(part):
             v = n.get(part)
             return f"{v['cpu']}/{v['mem']}" if v else "-"
+        gpus = n.get("gpus")
         note = ("unknown to slurmctld" if n.get("unknown") else
-                "OVERSUBSCRIBED: pods hold more than jobs leave" if n.get("oversubscribed") else "")
+                "OVERSUBSCRIBED: pods hold more than jobs leave" if n.get("oversubscribed") else
+                f"GPUs: {gpus['problem']}" if gpus and gpus.get("problem") else "")
         print(f"{name:<16} {cell('capacity'):>14} {cell('jobs'):>14} {cell('share'):>14} "
-              f"{cell('free'):>14}  {note}".rstrip())
-    print("(CPUs/MB; KUBERNETES is the pods' share the ledger holds inside slurmctld)")
+              f"{cell('free'):>14} {_indices(gpus, 'jobs'):>10} {_indices(gpus, 'share'):>10}"
+              f"  {note}".rstrip())
+    print("(CPUs/MB; KUBERNETES is the pods' share the ledger holds inside slurmctld; "
+          "GPU columns: gpu GRES indices)")
     return 0
+
+
+def _gpu_list(text: str | None) -> tuple:
+    """--gpus 0,1,3 -> (0, 1, 3)."""
+    if not text:
+        return ()
+    try:
+        return tuple(int(i) for i in text.split(","))
+    except ValueError:
+        raise SystemExit(f"pyk8sres ledger: --gpus takes gpu indices like 0,1, not {text!r}")
+
+
+def _indices(gpus: dict | None, part: str) -> str:
+    if not gpus:
+        return "-"
+    return ",".join(map(str, gpus.get(part, ()))) or "none"
 
 
 def _status(args) -> int:
@@ -260,6 +281,7 @@ def _add_ledger(sub) -> None:
     r.add_argument("key")
     r.add_argument("--cpu", required=True, help="Kubernetes quantity, e.g. 2735m")
     r.add_argument("--memory", required=True, help="Kubernetes quantity, e.g. 3417Mi")
+    r.add_argument("--gpus", help="the node's gpu GRES indices (Slurm's IDX), e.g. 0,1")
     r = gsub.add_parser("release", help="release what KEY holds on NODE")
     r.add_argument("node")
     r.add_argument("key")

@@ -52,6 +52,14 @@ int main(void)
 	P(gres_node_state_t, gres_node_state, gres_cnt_alloc);
 	P(gres_node_state_t, gres_node_state, topo_cnt);
 	P(gres_node_state_t, gres_node_state, topo_gres_cnt_alloc);
+	P(gres_node_state_t, gres_node_state, gres_used);
+	P(gres_node_state_t, gres_node_state, gres_bit_alloc);
+	P(gres_node_state_t, gres_node_state, topo_gres_bitmap);
+	P(gres_node_state_t, gres_node_state, topo_type_id);
+	P(gres_node_state_t, gres_node_state, topo_type_name);
+	P(gres_node_state_t, gres_node_state, type_cnt);
+	P(gres_node_state_t, gres_node_state, type_cnt_alloc);
+	P(gres_node_state_t, gres_node_state, type_id);
 	return 0;
 }
 EOF
@@ -67,6 +75,11 @@ printf 'AT_NODE(%s, %s, %s, %s, %s, %s); AT_GRES(%s);\n' \
 	"$(off node_record_t cpus)" "$(off node_record_t gres)" "$(off node_record_t gres_list)" \
 	"$(off node_record_t name)" "$(off node_record_t index)" "$(off node_record_t real_memory)" \
 	"$(off gres_node_state_t topo_gres_cnt_alloc)"
+printf 'AT_GPU(%s, %s, %s, %s, %s, %s, %s, %s);\n' \
+	"$(off gres_node_state_t gres_used)" "$(off gres_node_state_t gres_bit_alloc)" \
+	"$(off gres_node_state_t topo_gres_bitmap)" "$(off gres_node_state_t topo_type_id)" \
+	"$(off gres_node_state_t topo_type_name)" "$(off gres_node_state_t type_cnt)" \
+	"$(off gres_node_state_t type_cnt_alloc)" "$(off gres_node_state_t type_id)"
 # AT_NODE places cpus_efctv right after cpus and mem_spec_limit right
 # before name: say so if this release does not.
 [ "$(off node_record_t cpus_efctv)" = "$(($(off node_record_t cpus) + 2))" ] ||

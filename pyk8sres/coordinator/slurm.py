@@ -318,8 +318,12 @@ class Ledger:
             self.close()           # the ledger closed it: the next call connects anew
         return answer
 
-    def reserve(self, node: str, key: str, cpu_m: int, mem_bytes: int) -> dict:
-        return self.call("reserve", node=node, key=key, cpu_m=cpu_m, mem_bytes=mem_bytes)
+    def reserve(self, node: str, key: str, cpu_m: int, mem_bytes: int, gpus=()) -> dict:
+        """Reserve for `key` on `node`, with the node's gpu GRES indices
+        `gpus` (all or nothing).  A ledger older than GPUs answers
+        badrequest to a reserve with gpus: nothing is reserved."""
+        return self.call("reserve", node=node, key=key, cpu_m=cpu_m, mem_bytes=mem_bytes,
+                         **({"gpus": sorted(int(i) for i in gpus)} if gpus else {}))
 
     def release(self, node: str, key: str) -> dict:
         return self.call("release", node=node, key=key)
@@ -331,12 +335,27 @@ class Ledger:
         return self.call("release", node=node, key=key, unbound_only=True)
 
     def set(self, node: str, entries: dict, keep_younger_than: float) -> dict:
+        """`entries`: key -> (cpu_m, mem_bytes) or (cpu_m, mem_bytes, gpus)."""
         return self.call("set", node=node, keep_younger_than=keep_younger_than,
-                         entries={k: [int(c), int(m)] for k, (c, m) in entries.items()})
+                         entries={k: _set_entry(v) for k, v in entries.items()})
 
     def show(self, node: str | None = None, since: str | None = None) -> dict:
         return self.call("show", **({"node": node} if node else {}),
                          **({"since": since} if since else {}))
+
+
+def _set_entry(value) -> list:
+    cpu, mem, *rest = value
+    gpus = sorted(int(i) for i in rest[0]) if rest and rest[0] else []
+    return [int(cpu), int(mem), *([gpus] if gpus else [])]
+
+
+def show_gpus(view: dict) -> tuple[int, set, set]:
+    """(gpu count, indices Slurm jobs hold, indices the ledger holds) of one
+    node's `show` view; (0, set(), set()) for a node without GPUs or a
+    ledger older than them."""
+    g = view.get("gpus") or {}
+    return int(g.get("count", 0)), set(g.get("jobs", ())), set(g.get("share", ()))
 
 
 class ShowFollower:

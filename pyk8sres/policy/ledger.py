@@ -10,16 +10,27 @@ Protocol: one JSON object per line over a unix stream socket, one reply line
 per request line.
 
     {"op": "reserve", "node": "n1", "key": "<pod uid>", "cpu_m": 2735, "mem_bytes": 3582984192}
+    {"op": "reserve", "node": "n1", "key": "claim:<uid>", "cpu_m": 0, "mem_bytes": 0,
+     "gpus": [0, 1]}
     {"op": "release", "node": "n1", "key": "<pod uid>"}
     {"op": "release", "node": "n1", "key": "<pod uid>", "unbound_only": true}
-    {"op": "set", "node": "n1", "entries": {"<uid>": [cpu_m, mem_bytes], ...},
-     "keep_younger_than": 30}
+    {"op": "set", "node": "n1", "entries": {"<uid>": [cpu_m, mem_bytes], ...,
+     "claim:<uid>": [cpu_m, mem_bytes, [gpu index, ...]]}, "keep_younger_than": 30}
     {"op": "show"}  or  {"op": "show", "node": "n1"}  or  {"op": "show", "since": TOKEN}
 
 A `set` makes the node's entries what the sync daemon sees bound, but for
 keep_younger_than seconds after a key's last `reserve` it neither shrinks
 that key's entry nor (never seen bound) drops it: its view may predate the
 reserve (see decide).
+
+GPUs: "gpus" names indices of the node's `gpu` GRES (Slurm's IDX) an entry
+holds.  A reserve is refused nofit (nothing changed, its CPU and memory
+part neither) if any index is held by a Slurm job or by another entry on
+the node, is not below the node's gpu count, or the node's gpu GRES has no
+device files (File=) to tell indices apart.  Inside slurmctld the indices
+are allocated in the node's gpu GRES itself, so a job pends (Resources)
+behind them device by device.  A `set` keeps a recently reserved entry's
+indices as it keeps its size.
 
 A release with "unbound_only" drops the entry only while it is a reservation
 no `set` has listed yet (the pod was never seen bound); the reply then says
@@ -29,7 +40,9 @@ racing the sync daemon: a pod it has seen bound keeps its share.
 
 Each node's view in a `show` reply has its "share" (CPUs, MB), "reserved"
 (how many entries are reservations not yet seen bound by a `set`) and,
-for a node slurmctld knows, "capacity", "jobs", "free" and "oversubscribed".
+for a node slurmctld knows, "capacity", "jobs", "free" and "oversubscribed";
+for a node with a gpu GRES (or entries holding GPUs) "gpus": {"count": N,
+"jobs": [indices Slurm jobs hold], "share": [indices entries hold]}.
 
 A `show` of every node carries a "token".  Sent back as "since", the next
 reply lists only the nodes whose view changed after it ("full": false); the
@@ -70,6 +83,7 @@ MAX_CPU_M = 1 << 40               # 1e9 CPUs: anything above is a caller bug
 MAX_MEM_BYTES = 1 << 60
 MAX_ENTRIES = 100_000
 MAX_KEEP_SECONDS = 86_400
+MAX_GPUS = 1024                   # gpu indices 0..MAX_GPUS-1 (inside slurmctld: a bitmask)
 # Slurm node names may hold "_" (NodeName=gpu_01); Kubernetes names cannot,
 # but a node_map or the mapping label can point at such a Slurm node.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:@/+-]{0,252}\Z", re.ASCII)
@@ -98,6 +112,7 @@ class Entry(NamedTuple):
     since: float
     bound: bool = False
     reserved_at: float | None = None
+    gpus: tuple = ()                  # sorted gpu indices (Slurm's IDX)
 
 
 class Request(NamedTuple):
@@ -106,18 +121,26 @@ class Request(NamedTuple):
     key: str | None = None
     cpu_m: int = 0
     mem_bytes: int = 0
-    entries: tuple = ()               # ((key, cpu_m, mem_bytes), ...) for set
+    # set: ((key, cpu_m, mem_bytes), ...), with a 4th element, the sorted
+    # gpu indices, for an entry that holds GPUs
+    entries: tuple = ()
     keep_younger_than: float = 0.0
     since: str | None = None          # show: a token from an earlier show
     unbound_only: bool = False        # release: only a reservation never seen bound
+    gpus: tuple = ()                  # reserve: sorted gpu indices
 
 
 class Facts(NamedTuple):
-    """What slurmctld says of a node, read under its locks."""
+    """What slurmctld says of a node, read under its locks.  gpu_count is
+    the node's `gpu` GRES count (0: none), gpu_jobs the indices Slurm jobs
+    hold, gpu_problem why no index can be reserved there ("" if they can)."""
     capacity_cpu: int
     capacity_mem: int
     jobs_cpu: int
     jobs_mem: int
+    gpu_count: int = 0
+    gpu_jobs: frozenset = frozenset()
+    gpu_problem: str = ""
 
 
 def _name(value, what: str) -> str:
@@ -134,6 +157,15 @@ def _amount(value, what: str, limit: int) -> int:
     return value
 
 
+def _gpus(value, what: str) -> tuple:
+    if not isinstance(value, list) or len(value) > MAX_GPUS or \
+            any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < MAX_GPUS
+                for i in value) or len(set(value)) != len(value):
+        raise RequestError(f"{what} must be a list of distinct gpu indices from 0 to "
+                           f"{MAX_GPUS - 1}, not {value!r}"[:300])
+    return tuple(sorted(value))
+
+
 def parse_request(line: bytes | str) -> Request:
     """The checked request, or RequestError saying what is wrong."""
     if len(line) > MAX_REQUEST_BYTES:
@@ -147,7 +179,7 @@ def parse_request(line: bytes | str) -> Request:
     op = doc.get("op")
     if op not in OPS:
         raise RequestError(f"op must be one of {', '.join(OPS)}, not {op!r}"[:300])
-    allowed = {"reserve": {"node", "key", "cpu_m", "mem_bytes"},
+    allowed = {"reserve": {"node", "key", "cpu_m", "mem_bytes", "gpus"},
                "release": {"node", "key", "unbound_only"},
                "set": {"node", "entries", "keep_younger_than"}, "show": {"node", "since"}}[op]
     unknown = sorted(set(doc) - allowed - {"op"})
@@ -160,7 +192,7 @@ def parse_request(line: bytes | str) -> Request:
         return Request(op, node=None if node is None else _name(node, "node"),
                        since=None if since is None else _name(since, "since"))
     missing = sorted(f for f in allowed if f not in doc
-                     and f not in ("keep_younger_than", "unbound_only"))
+                     and f not in ("keep_younger_than", "unbound_only", "gpus"))
     if missing:
         raise RequestError(f"{op}: missing field(s) {', '.join(missing)}")
     node = _name(doc["node"], "node")
@@ -173,17 +205,20 @@ def parse_request(line: bytes | str) -> Request:
     if op == "reserve":
         return Request(op, node=node, key=_name(doc["key"], "key"),
                        cpu_m=_amount(doc["cpu_m"], "cpu_m", MAX_CPU_M),
-                       mem_bytes=_amount(doc["mem_bytes"], "mem_bytes", MAX_MEM_BYTES))
+                       mem_bytes=_amount(doc["mem_bytes"], "mem_bytes", MAX_MEM_BYTES),
+                       gpus=_gpus(doc.get("gpus", []), "gpus"))
     entries = doc["entries"]
     if not isinstance(entries, dict) or len(entries) > MAX_ENTRIES:
         raise RequestError(f"set: entries must be an object of at most {MAX_ENTRIES} "
-                           "key -> [cpu_m, mem_bytes]")
+                           "key -> [cpu_m, mem_bytes] or [cpu_m, mem_bytes, [gpu, ...]]")
     checked = []
     for key, value in entries.items():
-        if not isinstance(value, list) or len(value) != 2:
-            raise RequestError(f"set: entry {key!r} must be [cpu_m, mem_bytes]"[:300])
+        if not isinstance(value, list) or len(value) not in (2, 3):
+            raise RequestError(f"set: entry {key!r} must be [cpu_m, mem_bytes] or "
+                               f"[cpu_m, mem_bytes, [gpu, ...]]"[:300])
+        gpus = _gpus(value[2], f"set: entry {key!r}'s gpus") if len(value) == 3 else ()
         checked.append((_name(key, "key"), _amount(value[0], "cpu_m", MAX_CPU_M),
-                        _amount(value[1], "mem_bytes", MAX_MEM_BYTES)))
+                        _amount(value[1], "mem_bytes", MAX_MEM_BYTES), *([gpus] if gpus else [])))
     keep = doc.get("keep_younger_than", 0)
     if isinstance(keep, bool) or not isinstance(keep, (int, float)) or \
             not 0 <= keep <= MAX_KEEP_SECONDS:
@@ -250,6 +285,33 @@ def share_units(entries: Mapping[str, tuple]) -> tuple[int, int]:
     return -(-cpu_m // 1000), -(-mem // MIB)
 
 
+def gpu_units(entries: Mapping[str, Entry]) -> tuple[int, ...]:
+    """The gpu indices `entries` hold together, sorted."""
+    return tuple(sorted({i for e in entries.values() for i in e.gpus}))
+
+
+def gpu_conflicts(gpus, others: Mapping[str, Entry], facts: Facts) -> str:
+    """Why `gpus` cannot be held next to Slurm's jobs and `others` ("" if
+    they can)."""
+    if not gpus:
+        return ""
+    if facts.gpu_problem:
+        return facts.gpu_problem
+    if not facts.gpu_count:
+        return "it has no gpu GRES"
+    too_high = [i for i in gpus if i >= facts.gpu_count]
+    if too_high:
+        return f"it has {facts.gpu_count} GPUs (indices 0-{facts.gpu_count - 1}), not {too_high}"
+    jobs = sorted(set(gpus) & facts.gpu_jobs)
+    if jobs:
+        return f"Slurm jobs hold GPU index(es) {jobs}"
+    held = {i: k for k, e in others.items() for i in e.gpus}
+    taken = sorted(i for i in gpus if i in held)
+    if taken:
+        return f"GPU index(es) {taken} are held by {held[taken[0]]}"
+    return ""
+
+
 def applied(share: tuple[int, int], facts: Facts) -> tuple[int, int]:
     """What Slurm can really carry of `share` next to its jobs: allocated
     (jobs + share) is never above the total, or Slurm's unsigned free count
@@ -290,19 +352,30 @@ def decide(entries: Mapping[str, Entry], req: Request, facts: Facts | None,
     # server really has).  Even one that asks for no more renews
     # reserved_at: a `set` computed from an older view of the pod must not
     # shrink it below what was just admitted.
+    # A reservation's GPUs grow the same way (union), all or nothing with
+    # its CPU and memory.
     old = entries.get(req.key)
-    if old is not None and req.cpu_m <= old.cpu_m and req.mem_bytes <= old.mem_bytes:
+    if old is not None and req.cpu_m <= old.cpu_m and req.mem_bytes <= old.mem_bytes and \
+            set(req.gpus) <= set(old.gpus):
         if old.reserved_at == now:
             return None, {"ok": True}
         return {**entries, req.key: old._replace(reserved_at=now)}, {"ok": True}
     new = dict(entries)
     new[req.key] = Entry(max(req.cpu_m, old.cpu_m if old else 0),
                          max(req.mem_bytes, old.mem_bytes if old else 0),
-                         old.since if old else now, old.bound if old else False, now)
+                         old.since if old else now, old.bound if old else False, now,
+                         tuple(sorted({*req.gpus, *(old.gpus if old else ())})))
+    others_entries = {k: e for k, e in entries.items() if k != req.key}
+    gpu_refusal = gpu_conflicts(sorted(set(req.gpus) - set(old.gpus if old else ())),
+                                others_entries, facts)
     share = share_units(new)
-    if _fits(share, facts):
+    if _fits(share, facts) and not gpu_refusal:
         return new, {"ok": True}
-    others = share_units({k: e for k, e in entries.items() if k != req.key})
+    if gpu_refusal:
+        return None, {"ok": False, "code": "nofit", "error": (
+            f"node {req.node} cannot give GPU(s) {list(req.gpus)} to {req.key}: "
+            f"{gpu_refusal}")}
+    others = share_units(others_entries)
     return None, {"ok": False, "code": "nofit", "error": (
         f"node {req.node} has no room: this needs {req.cpu_m}m CPU and "
         f"{-(-req.mem_bytes // MIB)} MB; Slurm jobs hold {facts.jobs_cpu} of "
@@ -323,18 +396,22 @@ def _set(entries: Mapping[str, Entry], req: Request, facts: Facts,
     * a listed entry is never made smaller than it was at its last reserve
       that long ago: the sync daemon may have computed this `set` from a
       view of the pod older than that reserve (a resize admitted meanwhile).
-    One seen bound before and not listed now is gone: its pod object is."""
+    One seen bound before and not listed now is gone: its pod object is.
+    GPU indices follow the same rules as the size (a recent reserve's are
+    kept, united with those listed)."""
     keep = req.keep_younger_than
     wanted = {}
-    for key, cpu, mem in req.entries:
+    for key, cpu, mem, *rest in req.entries:
+        gpus = rest[0] if rest else ()
         old = entries.get(key)
         if old is None:
-            wanted[key] = Entry(cpu, mem, now, True)
+            wanted[key] = Entry(cpu, mem, now, True, gpus=gpus)
         elif _reserved_lately(old, now, keep):
             wanted[key] = old._replace(cpu_m=max(cpu, old.cpu_m),
-                                       mem_bytes=max(mem, old.mem_bytes), bound=True)
+                                       mem_bytes=max(mem, old.mem_bytes), bound=True,
+                                       gpus=tuple(sorted({*gpus, *old.gpus})))
         else:
-            wanted[key] = old._replace(cpu_m=cpu, mem_bytes=mem, bound=True)
+            wanted[key] = old._replace(cpu_m=cpu, mem_bytes=mem, bound=True, gpus=gpus)
     kept = {k: e for k, e in entries.items()
             if k not in wanted and not e.bound and
             now - max(e.since, e.reserved_at or e.since) < keep}
@@ -342,13 +419,21 @@ def _set(entries: Mapping[str, Entry], req: Request, facts: Facts,
     share = share_units(new)
     reply = {"ok": True, "dropped": sorted(set(entries) - set(new)),
              "share": {"cpu": share[0], "mem": share[1]}}
-    if not _fits(share, facts):
+    if not _fits(share, facts) or _gpus_overbooked(new, facts):
         reply["oversubscribed"] = True
     return (None if new == dict(entries) else new), reply
 
 
-def repair_needed(view: Mapping | None, entries: Mapping[str, tuple[int, int]]) -> bool:
-    """Must a `set` of `entries` (key -> (cpu_m, mem_bytes)), unchanged since
+def _gpus_overbooked(entries: Mapping[str, Entry], facts: Facts) -> bool:
+    """Do `entries` hold a GPU index twice, or one a job holds or the node
+    has not?  (Inside slurmctld only the indices free of jobs are carried.)"""
+    held = [i for e in entries.values() for i in e.gpus]
+    return bool(held) and (len(set(held)) != len(held) or
+                           bool(gpu_conflicts(sorted(set(held)), {}, facts)))
+
+
+def repair_needed(view: Mapping | None, entries: Mapping[str, tuple]) -> bool:
+    """Must a `set` of `entries` (key -> (cpu_m, mem_bytes[, gpus])), unchanged since
     the last one, be sent again to the node whose `show` view is `view`?
     Only if the ledger may hold something else there: reservations not
     seen bound (the `set` expires the stale ones), or another share than
@@ -357,7 +442,9 @@ def repair_needed(view: Mapping | None, entries: Mapping[str, tuple[int, int]]) 
     if not view or view.get("unknown") or view.get("reserved", 1):
         return True
     cpu, mem = share_units(entries)
-    return view.get("share") != {"cpu": cpu, "mem": mem}
+    gpus = sorted({i for e in entries.values() if len(e) > 2 for i in e[2]})
+    return view.get("share") != {"cpu": cpu, "mem": mem} or \
+        (view.get("gpus") or {}).get("share", []) != gpus
 
 
 def rebased(nodes: Mapping[str, Mapping[str, Entry]], now: float,
@@ -387,6 +474,7 @@ def node_view(entries: Mapping[str, Entry], facts: Facts | None, *,
     share = share_units(entries)
     view = {"share": {"cpu": share[0], "mem": share[1]},
             "reserved": sum(not e.bound for e in entries.values())}
+    gpus = gpu_units(entries)
     if facts is not None:
         carried = applied(share, facts)
         view.update(
@@ -394,10 +482,18 @@ def node_view(entries: Mapping[str, Entry], facts: Facts | None, *,
             jobs={"cpu": facts.jobs_cpu, "mem": facts.jobs_mem},
             free={"cpu": facts.capacity_cpu - facts.jobs_cpu - carried[0],
                   "mem": facts.capacity_mem - facts.jobs_mem - carried[1]},
-            oversubscribed=carried != share)
+            oversubscribed=carried != share or _gpus_overbooked(entries, facts))
+        if facts.gpu_count or gpus:
+            view["gpus"] = {"count": facts.gpu_count, "jobs": sorted(facts.gpu_jobs),
+                            "share": list(gpus)}
+            if facts.gpu_problem:
+                view["gpus"]["problem"] = facts.gpu_problem
     else:
         view["unknown"] = True
+        if gpus:
+            view["gpus"] = {"count": 0, "jobs": [], "share": list(gpus)}
     if with_entries:
-        view["entries"] = {k: [e.cpu_m, e.mem_bytes] for k, e in sorted(entries.items())}
+        view["entries"] = {k: [e.cpu_m, e.mem_bytes, *([list(e.gpus)] if e.gpus else [])]
+                           for k, e in sorted(entries.items())}
     return view
 

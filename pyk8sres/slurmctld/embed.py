@@ -14,9 +14,8 @@ import json
 import logging
 import os
 
-from ..policy.ledger import Facts
 from . import completion, config, jobspec, nodefeatures, slurmconf, submit, topology
-from .ledger import MAX_CHANGED, Ledger
+from .ledger import FACTS_WORDS, MAX_CHANGED, Ledger, facts_from_words, gpu_mask
 
 PING_SENTINEL = 0x6b38
 OK, USER_ERROR, INTERNAL_ERROR = submit.OK, submit.USER_ERROR, submit.INTERNAL_ERROR
@@ -233,13 +232,15 @@ def _bind_ledger_setup(ffi) -> None:
             ledger = _ledger if _ledger is not None and _ledger.directory == directory \
                 else Ledger(directory)
             ledger.allowed_uids = _allowed_uids()
-            before = ledger.shares()
+            before = (ledger.shares(), ledger.gpus())
             ledger.load(compact=bool(owner))
             _ledger = ledger
-            after = ledger.shares()
-            for node in sorted(before.keys() | after.keys()):
-                if before.get(node) != after.get(node):
-                    share(node.encode(), *after.get(node, (0, 0)))
+            after = (ledger.shares(), ledger.gpus())
+            for node in sorted({*before[0], *before[1], *after[0], *after[1]}):
+                if any(b.get(node) != a.get(node) for b, a in zip(before, after)):
+                    cpu, mem = after[0].get(node, (0, 0))
+                    share(node.encode(), cpu, mem,
+                          ffi.new("uint64_t[]", gpu_mask(after[1].get(node, ()))))
             return OK
         except BaseException as exc:
             _put(ffi, err, errlen, f"{type(exc).__name__}: {exc}")
@@ -281,10 +282,13 @@ def _bind_ledger_requests(ffi) -> None:
     @ffi.def_extern(error=INTERNAL_ERROR)
     def pyk8sres_ledger_apply(ticket, facts_fn, share, node_name, stats_fn, changes_fn,
                               reply, replylen):
-        out = ffi.new("uint64_t[4]")
+        out = ffi.new("uint64_t[]", FACTS_WORDS)
 
         def facts(node: str):
-            return Facts(*out) if facts_fn(node.encode(), out) == 0 else None
+            return facts_from_words(out) if facts_fn(node.encode(), out) == 0 else None
+
+        def set_share(node: str, cpu: int, mem: int, gpus: tuple):
+            share(node.encode(), cpu, mem, ffi.new("uint64_t[]", gpu_mask(gpus)))
 
         def names():
             i = 0
@@ -305,7 +309,7 @@ def _bind_ledger_requests(ffi) -> None:
                                           for i in range(n)]
             return now[0], now[1], changed
         try:
-            answer = _ledger.apply(ticket, facts, lambda n, c, m: share(n.encode(), c, m),
+            answer = _ledger.apply(ticket, facts, set_share,
                                    names, stats, fact_changes)
         except BaseException as exc:
             log.exception("node_features/k8s_resources: ledger request failed")

@@ -28,11 +28,12 @@ fresh grace period) and, as the owner, writes that down as the snapshot.
 
 Journal: JSON lines, each {"t": seconds, "op": ...} as in policy.ledger plus
 {"op": "undo", "node", "key", "entry": [cpu_m, mem_bytes, since, bound,
-reserved_at] | null} (a refused reserve), {"op": "undo", "node", "entries":
+reserved_at, gpus] | null} (a refused reserve), {"op": "undo", "node", "entries":
 {key: [...]}} (a refused set) and {"op": "snapshot", "nodes": {node: {key:
-[cpu_m, mem_bytes, since, bound, reserved_at]}}}; reserved_at is null when
-no reserve asked for the entry, and journals from before it was kept have
-the first four only (read as null).  A request that changes nothing is not
+[cpu_m, mem_bytes, since, bound, reserved_at, gpus]}}}; reserved_at is null
+when no reserve asked for the entry, gpus the sorted gpu indices; journals
+from before they were kept have the first four or five only (read as null
+and no GPUs).  A request that changes nothing is not
 written at all.
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ import time
 from typing import Callable, Iterable
 
 from ..policy.ledger import (Entry, Facts, Request, RequestError, ShowToken, decide,
-                             node_view, parse_request, rebased, share_units)
+                             gpu_units, node_view, parse_request, rebased, share_units)
 
 log = logging.getLogger("pyk8sres")
 
@@ -52,7 +53,8 @@ JOURNAL_NAME = "k8s_resources.ledger"
 COMPACT_AFTER = 20_000            # journal lines before a snapshot replaces them
 
 FactsFn = Callable[[str], "Facts | None"]
-ShareFn = Callable[[str, int, int], None]
+# (node, CPUs, MB, gpu indices): the node's whole share
+ShareFn = Callable[[str, int, int, tuple], None]
 # (layout, facts generation) of a `show` token -> (layout, generation now,
 # the nodes whose facts changed since, or None when the plugin cannot say).
 FactChangesFn = Callable[[int, int], "tuple[int, int, list[str] | None]"]
@@ -148,7 +150,7 @@ class Ledger:
 
     @staticmethod
     def _granted(entries: dict, req: Request, now: float) -> dict | None:
-        roomy = Facts(1 << 62, 1 << 62, 0, 0)
+        roomy = Facts(1 << 62, 1 << 62, 0, 0, gpu_count=1 << 62)
         return decide(entries, req, roomy, now)[0]
 
     def _store(self, node: str, entries: dict) -> None:
@@ -192,7 +194,7 @@ class Ledger:
     def _compact(self) -> None:
         """Replace the journal by one snapshot line (new file, fsync, rename)."""
         snapshot = {"t": self.clock(), "op": "snapshot",
-                    "nodes": {node: {k: list(e) for k, e in entries.items()}
+                    "nodes": {node: {k: _entry_doc(e) for k, e in entries.items()}
                               for node, entries in self.nodes.items()}}
         tmp = self.path + ".new"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -258,17 +260,17 @@ class Ledger:
         new, reply = decide(entries, req, facts(req.node), now)
         if new is not None:
             self._store(req.node, new)
-            set_share(req.node, *share_units(new))
+            set_share(req.node, *share_units(new), gpu_units(new))
         elif not reply["ok"] and journaled:
             # Replayed as granted unless undone (no fsync: a lost undo only
             # keeps a reservation the coordinator's next `set` drops).
             if req.op == "reserve":
                 old = entries.get(req.key)
                 self._append({"t": now, "op": "undo", "node": req.node, "key": req.key,
-                              "entry": list(old) if old else None}, sync=False)
+                              "entry": _entry_doc(old) if old else None}, sync=False)
             else:
                 self._append({"t": now, "op": "undo", "node": req.node,
-                              "entries": {k: list(e) for k, e in entries.items()}},
+                              "entries": {k: _entry_doc(e) for k, e in entries.items()}},
                              sync=False)
         if reply.get("oversubscribed"):
             log.error("node_features/k8s_resources: node %s: pods hold more than Slurm jobs "
@@ -301,20 +303,62 @@ class Ledger:
         """Every node's share in Slurm units (C re-applies them after a wipe)."""
         return {node: share_units(entries) for node, entries in self.nodes.items()}
 
+    def gpus(self) -> dict[str, tuple]:
+        """Every node's gpu indices held, for the nodes that hold any."""
+        return {node: gpus for node, entries in self.nodes.items()
+                if (gpus := gpu_units(entries))}
+
+
+# The C side's sizes (plugins/pyk8sres_core.h): a node's facts are
+# FACTS_WORDS uint64 words, a set of gpu indices a GPU_WORDS-word bitmask.
+GPU_WORDS = 16
+FACTS_WORDS = 6 + GPU_WORDS
+GPU_PROBLEMS = {
+    1: "its gpu GRES has no device bitmap (no File= for it in gres.conf, or the node has "
+       "not registered yet): Slurm cannot tell its GPUs apart, so none can be reserved by "
+       "index",
+    2: f"it has more than {GPU_WORDS * 64} GPUs",
+}
+
+
+def facts_from_words(words) -> Facts:
+    """A node's Facts from the words C filled in."""
+    count, problem = int(words[4]), int(words[5])
+    jobs = frozenset(w * 64 + b for w in range(GPU_WORDS) for b in range(64)
+                     if words[6 + w] >> b & 1) if count else frozenset()
+    return Facts(int(words[0]), int(words[1]), int(words[2]), int(words[3]), count, jobs,
+                 GPU_PROBLEMS.get(problem, f"gpu problem {problem}") if problem else "")
+
+
+def gpu_mask(indices) -> list[int]:
+    """The GPU_WORDS-word bitmask C reads for these gpu indices."""
+    words = [0] * GPU_WORDS
+    for i in indices:
+        words[i // 64] |= 1 << (i % 64)
+    return words
+
 
 def _entry(v: list) -> Entry:
-    """[cpu_m, mem_bytes, since, bound, reserved_at] as the journal has it;
-    older journals wrote the first three or four (no reserve time known)."""
+    """[cpu_m, mem_bytes, since, bound, reserved_at, gpus] as the journal has
+    it; older journals wrote the first three, four or five (no reserve time
+    known, no GPUs)."""
     return Entry(int(v[0]), int(v[1]), float(v[2]), bool(v[3]) if len(v) > 3 else False,
-                 float(v[4]) if len(v) > 4 and v[4] is not None else None)
+                 float(v[4]) if len(v) > 4 and v[4] is not None else None,
+                 tuple(sorted(int(i) for i in v[5])) if len(v) > 5 else ())
+
+
+def _entry_doc(e: Entry) -> list:
+    """An entry as the journal has it: without GPUs, as before they were
+    kept (five fields)."""
+    return list(e) if e.gpus else list(e)[:5]
 
 
 def _as_doc(req: Request) -> dict:
     if req.op == "reserve":
         return {"op": "reserve", "node": req.node, "key": req.key, "cpu_m": req.cpu_m,
-                "mem_bytes": req.mem_bytes}
+                "mem_bytes": req.mem_bytes, **({"gpus": list(req.gpus)} if req.gpus else {})}
     if req.op == "release":
         return {"op": "release", "node": req.node, "key": req.key,
                 **({"unbound_only": True} if req.unbound_only else {})}
     return {"op": "set", "node": req.node, "keep_younger_than": req.keep_younger_than,
-            "entries": {k: [c, m] for k, c, m in req.entries}}
+            "entries": {k: [c, m, *([list(g[0])] if g else [])] for k, c, m, *g in req.entries}}

@@ -258,7 +258,7 @@ def _serve(ledger, facts, line, uid=0):
     shares = {}
     if ticket:
         reply = ledger.apply(ticket, lambda n: facts.get(n),
-                             lambda n, c, m: shares.__setitem__(n, (c, m)))
+                             lambda n, c, m, g=(): shares.__setitem__(n, (c, m, *([g] if g else []))))
     return reply, shares
 
 
