@@ -41,15 +41,18 @@ from . import metrics
 from . import slurm
 from .backstop import Backstop
 from .cache import Cache
-from .config import ConfigError, SyncConfig, exemptions_of, fill_from_slurm_conf, load_config
+from .config import (ConfigError, SyncConfig, exemptions_of, fill_from_slurm_conf, gpu_identity,
+                     load_config)
 from .events import Recorder
 from .generic_nodes import GenericNodes
+from .gpus import GpuState, Holders
 from .holds import Holds
 from .kube import Informer, Kube, get_generic_node
 from .threads import GenericNodeWriter, SlurmPoller
 from ..policy import backstop
 from ..policy import departures
 from ..policy import events
+from ..policy import gpus
 from ..policy import ledger
 from ..policy import usage
 
@@ -94,6 +97,7 @@ class Reconciler(GenericNodes):
         # Slurm nodes newly mapped while the pods' data is not trusted: held
         # whole (backstop.FENCE_KEY) until their pods are counted.
         self.fenced: set[str] = set()
+        self.gpus = None   # a gpus.GpuState: claims' devices held in the ledger (None: off)
 
     def _warn_new(self, warnings: list[str]) -> None:
         now = set(warnings)
@@ -245,6 +249,7 @@ class Reconciler(GenericNodes):
         if only is not None:
             for name in only:
                 wanted.setdefault(name, {})
+        self._add_claims(wanted, d, only)
         self._add_backstop(wanted)
         out = {}
         for name, entries in wanted.items():
@@ -260,6 +265,27 @@ class Reconciler(GenericNodes):
             # else: never set by this process (it just started, or the ledger
             # failed): the ledger keeps what it holds until the data is trusted.
         return out
+
+    def _add_claims(self, wanted: dict[str, dict], d: usage.Desired,
+                    only: set[str] | None) -> None:
+        """The GPUs of the claims allocated on each node (claim:<uid> ->
+        (0, 0, [indices])).  While the claims or slices are not trusted,
+        what this process set there is kept: never hand a GPU back on
+        missing data."""
+        if self.gpus is None:
+            return
+        trusted = self.gpus.trusted()
+        got = self.gpus.entries(d.k8s_to_slurm, self.ledger_nodes or {}) if trusted else {}
+        for name in set(wanted) | set(got):
+            if only is not None and name not in only:
+                continue
+            if trusted:
+                e = got.get(name) or {}
+            else:
+                e = {k: v for k, v in (self.last_set.get(name) or {}).items()
+                     if k.startswith(gpus.CLAIM_KEY_PREFIX)}
+            if e:
+                wanted.setdefault(name, {}).update(e)
 
     def _add_backstop(self, wanted: dict[str, dict]) -> None:
         """What Slurm allocated on each node beyond what its jobs hold as
@@ -353,7 +379,11 @@ class Reconciler(GenericNodes):
         held = (view.get("entries") or {}).get(backstop.KEY)
         if held and backstop.KEY not in entries:
             entries.update(self.backstop.inherit(name, tuple(held[:2])))
-        for uid, (cpu_m, mem) in (view.get("entries") or {}).items():
+        for uid, e in (view.get("entries") or {}).items():
+            # A claim's devices come from the claims watch (allocated or not).
+            if uid.startswith(gpus.CLAIM_KEY_PREFIX):
+                continue
+            cpu_m, mem = e[0], e[1]
             if uid not in entries and uid not in backstop.KEYS:
                 # Its grace period and node unknown: the default, counted from now.
                 self.holds.add([name], uid, departures.first_hold(
@@ -434,6 +464,10 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
         3 * cfg.metrics_seconds + 2 * cfg.request_timeout))
     informers = [Informer(kube, k, cache, cfg.watch_timeout, cfg.backoff_max, stop)
                  for k in ("nodes", "pods")]
+    rec.gpus = GpuState(gpu_identity(cfg), cfg.placeholder_namespace, cache.changed)
+    informers += [Informer(kube, k, rec.gpus, cfg.watch_timeout, cfg.backoff_max, stop)
+                  for k in GpuState.KINDS]
+    holders = Holders(kube, rec.gpus)
     cache.stale_after = informers[0].stale_after()
     for i in informers:
         i.start()
@@ -447,6 +481,7 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
     rec.gn_thread = GenericNodeWriter(rec, stop)
     rec.gn_thread.start()
     alive = max(60.0, 20 * cfg.resync_seconds)
+    holders_due = 0.0
     SlurmPoller(rec, cfg.resync_seconds, stop,
                 slurm.Ledger(cfg.ledger_socket, timeout=cfg.request_timeout),
                 cfg.metrics_seconds, alive, cfg.slurm_read_seconds).start()
@@ -462,13 +497,29 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
         # a cycle only reads Slurm itself when it has no view yet.  Any
         # change but pods' recomputes everything, and so does a wake by
         # timeout when a full cycle is due (rec.idle_cycle_due).
+        gpu_changed = rec.gpus.take_changed()
+        if time.monotonic() >= holders_due or gpu_changed:
+            holders_due = time.monotonic() + cfg.resync_seconds
+            sync_holders(rec, holders)
         if not woke and not rec.idle_cycle_due():
             continue
         dirty = cache.take_dirty()
-        rec.cycle(refresh=False, dirty=dirty if woke else None)
+        # A claim allocated or released: every node (claims carry no pod's node).
+        rec.cycle(refresh=False, dirty=None if gpu_changed or not woke else dirty)
     if rec.events is not None:
         rec.events.stop()
     return 0
+
+
+def sync_holders(rec: Reconciler, holders: Holders) -> None:
+    """The holder claims of Slurm's GPUs, from the ledger's last show; not
+    while Slurm's side is unknown (nothing deleted on missing data)."""
+    if rec.ledger_nodes is None or rec.last is None:
+        return
+    try:
+        holders.sync(rec.last.k8s_to_slurm, rec.ledger_nodes)
+    except Exception:
+        log.exception("holder claims not synced")
 
 
 def parse_args(argv):
