@@ -157,10 +157,10 @@ class Holders:
         ns = self.state.holder_namespace
         for name in delete:
             try:
-                kube_calls.delete_claim(self.kube, ns, name)
-                log.info("holder claim %s/%s deleted", ns, name)
+                self._release(ns, name)
+                log.info("holder claim %s/%s released", ns, name)
             except Exception as e:
-                log.warning("cannot delete holder claim %s/%s: %s", ns, name, error_text(e))
+                log.warning("cannot release holder claim %s/%s: %s", ns, name, error_text(e))
                 ok = False
         for name in create:
             if name in delete and not ok:
@@ -181,6 +181,16 @@ class Holders:
                 log.warning("cannot hold %s of %s for Slurm: %s", device, knode, error_text(e))
                 ok = False
         return ok
+
+    def _release(self, ns: str, name: str) -> None:
+        """Deallocate, then delete: kube-scheduler retries the pods waiting
+        for a device when a claim is deallocated, not when one is deleted."""
+        c = kube_calls.get_claim(self.kube, ns, name)
+        if c is None:
+            return
+        if (c.get("status") or {}).get("allocation"):
+            kube_calls.put_claim_status(self.kube, {**c, "status": {}})
+        kube_calls.delete_claim(self.kube, ns, name)
 
     def _fill(self, ns: str, name: str, status: dict) -> bool:
         """A holder made but not allocated (the status write failed): write it."""
