@@ -103,8 +103,8 @@ class GpuState:
             return (list(self.objs["resourceclaims"].values()),
                     list(self.objs["resourceslices"].values()))
 
-    def node_gpus(self, shared: dict[str, str], shown: dict,
-                  slices: list[dict]) -> dict[str, gpus.NodeGpus]:
+    def node_gpus(self, shared: dict[str, str], shown: dict, slices: list[dict],
+                  full: bool = False) -> dict[str, gpus.NodeGpus]:
         """Kubernetes node -> its mapped devices (shared: Slurm node ->
         Kubernetes node; shown: the ledger's view of each Slurm node);
         a node newly fenced or unfenced is logged once."""
@@ -115,7 +115,9 @@ class GpuState:
             if g.fence and g.fence not in self.warned:
                 log.warning("GPUs of node %s fenced (every allocation there refused, every "
                             "device held for Slurm): %s", knode, g.fence)
-        self.warned = {g.fence for g in out.values() if g.fence}
+        fences = {g.fence for g in out.values() if g.fence}
+        # Every shared node seen (the holders' pass): forget fences lifted.
+        self.warned = fences if full else self.warned | fences
         return out
 
     def entries(self, k8s_to_slurm: dict[str, str],
@@ -149,7 +151,7 @@ class Holders:
             return True
         shared = {s: k for k, s in k8s_to_slurm.items()}
         _, slices = self.state.snapshot()
-        nodes = self.state.node_gpus(shared, shown, slices)
+        nodes = self.state.node_gpus(shared, shown, slices, full=True)
         jobs = {s: slurm_gpus(shown.get(s))[1] for s in shared}
         wanted = gpus.wanted_holders(jobs, shared, nodes)
         create, delete = gpus.holder_changes(wanted, self.existing(), self.state.ident)

@@ -275,7 +275,8 @@ class Reconciler(GenericNodes):
         if self.gpus is None:
             return
         trusted = self.gpus.trusted()
-        got = self.gpus.entries(d.k8s_to_slurm, self.ledger_nodes or {}) if trusted else {}
+        pairs = {k: s for k, s in d.k8s_to_slurm.items() if only is None or s in only}
+        got = self.gpus.entries(pairs, self.ledger_nodes or {}) if trusted else {}
         for name in set(wanted) | set(got):
             if only is not None and name not in only:
                 continue

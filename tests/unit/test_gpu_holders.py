@@ -157,3 +157,54 @@ def test_webhook_refuses_legacy_gpus_on_a_shared_node():
         {"request": req("CREATE", "pods", "", p)})
     assert answer["response"]["allowed"] is False
     assert "ResourceClaim" in answer["response"]["status"]["message"] and ledger.calls == []
+
+
+# ------------------------------------------------------------ the sync loop
+
+class SetLedger:
+    """Records each node's last `set`; `show` reports 4 GPUs per node."""
+
+    def __init__(self):
+        self.sets = {}
+
+    def set(self, node, entries, keep_younger_than):
+        self.sets[node] = dict(entries)
+        return {"ok": True, "share": {}}
+
+    def show(self, node=None, since=None):
+        return {"ok": True, "nodes": {node: {"entries": {}}}}
+
+
+ALLOC = {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1",
+                                  "device": "gpu-3"}]},
+         "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+             {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}
+CLAIM = {"metadata": {"name": "c", "namespace": "default", "uid": "u1"},
+         "status": {"allocation": ALLOC}}
+
+
+def test_sync_holds_allocated_claims_and_never_drops_them_on_missing_data(tmp_path, state):
+    from memory_slurm import SlurmWorld, knode, pod
+    from pyk8sres.coordinator import cache as cache_mod, config, sync
+    slurm = SlurmWorld(str(tmp_path), "n1")
+    slurm.completing_allocations = lambda: {}
+    cfg = config.SyncConfig(ledger_socket="unused")
+    cache = cache_mod.Cache(config.exemptions_of(cfg), cfg.node_key)
+    cache.replace("nodes", [knode("n1")])
+    cache.replace("pods", [pod("a", "n1", "1", "1000Mi")])
+    led = SetLedger()
+    rec = sync.Reconciler(cfg, cache, slurm, ledger=led)
+    rec.gpus, rec.ledger_nodes = state, shown([])
+    state.event("resourceclaims", "ADDED", CLAIM)
+    rec.cycle()
+    assert led.sets["n1"]["claim:u1"] == (0, 0, [3])
+    assert any(not k.startswith("claim:") for k in led.sets["n1"])     # the pod's entry
+    # The claims watch breaks and the claim is gone from what we saw: kept.
+    state.health("resourceclaims", False)
+    state.event("resourceclaims", "DELETED", CLAIM)
+    rec.cycle()
+    assert led.sets["n1"]["claim:u1"] == (0, 0, [3])
+    # Trusted again: the claim is gone, so are its GPUs.
+    state.replace("resourceclaims", [])
+    rec.cycle()
+    assert "claim:u1" not in led.sets["n1"]
