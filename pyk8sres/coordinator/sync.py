@@ -482,7 +482,10 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
     rec.gn_thread = GenericNodeWriter(rec, stop)
     rec.gn_thread.start()
     alive = max(60.0, 20 * cfg.resync_seconds)
-    holders_due = 0.0
+    # Its own thread: a slow API server never delays the ledger.
+    holders_wake = threading.Event()
+    threading.Thread(target=keep_holders, args=(rec, holders, holders_wake, cfg.resync_seconds,
+                                                stop), name="gpu-holders", daemon=True).start()
     SlurmPoller(rec, cfg.resync_seconds, stop,
                 slurm.Ledger(cfg.ledger_socket, timeout=cfg.request_timeout),
                 cfg.metrics_seconds, alive, cfg.slurm_read_seconds).start()
@@ -499,9 +502,8 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
         # change but pods' recomputes everything, and so does a wake by
         # timeout when a full cycle is due (rec.idle_cycle_due).
         gpu_changed = rec.gpus.take_changed()
-        if time.monotonic() >= holders_due or gpu_changed:
-            holders_due = time.monotonic() + cfg.resync_seconds
-            sync_holders(rec, holders)
+        if gpu_changed:
+            holders_wake.set()
         if not woke and not rec.idle_cycle_due():
             continue
         dirty = cache.take_dirty()
@@ -512,15 +514,20 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
     return 0
 
 
-def sync_holders(rec: Reconciler, holders: Holders) -> None:
-    """The holder claims of Slurm's GPUs, from the ledger's last show; not
-    while Slurm's side is unknown (nothing deleted on missing data)."""
-    if rec.ledger_nodes is None or rec.last is None:
-        return
-    try:
-        holders.sync(rec.last.k8s_to_slurm, rec.ledger_nodes)
-    except Exception:
-        log.exception("holder claims not synced")
+def keep_holders(rec: Reconciler, holders: Holders, wake: threading.Event, period: float,
+                 stop: threading.Event) -> None:
+    """The holder claims of Slurm's GPUs, from the ledger's last show, each
+    period and when a claim or slice changes; not while Slurm's side is
+    unknown (nothing deleted on missing data)."""
+    while not stop.is_set():
+        wake.wait(period)
+        wake.clear()
+        if rec.ledger_nodes is None or rec.last is None:
+            continue
+        try:
+            holders.sync(rec.last.k8s_to_slurm, rec.ledger_nodes)
+        except Exception:
+            log.exception("holder claims not synced")
 
 
 def parse_args(argv):
