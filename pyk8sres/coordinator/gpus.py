@@ -55,6 +55,7 @@ class GpuState:
         self.ok = {k: False for k in self.KINDS}
         self.dirty = False
         self.warned: set[str] = set()
+        self.on_fence = None    # on_fence(k8s node, why): an Event (None: the log only)
 
     def _key(self, obj: dict) -> str:
         meta = obj.get("metadata") or {}
@@ -115,6 +116,8 @@ class GpuState:
             if g.fence and g.fence not in self.warned:
                 log.warning("GPUs of node %s fenced (every allocation there refused, every "
                             "device held for Slurm): %s", knode, g.fence)
+                if self.on_fence is not None:
+                    self.on_fence(knode, g.fence)
         fences = {g.fence for g in out.values() if g.fence}
         # Every shared node seen (the holders' pass): forget fences lifted.
         self.warned = fences if full else self.warned | fences

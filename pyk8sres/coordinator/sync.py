@@ -469,6 +469,10 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
     informers += [Informer(kube, k, rec.gpus, cfg.watch_timeout, cfg.backoff_max, stop)
                   for k in GpuState.KINDS]
     holders = Holders(kube, rec.gpus)
+    rec.gpus.on_fence = lambda knode, why: rec.events and rec.events.generic_node(
+        knode, events.GPUS_FENCED,
+        f"GPUs of node {knode} fenced: {why}; every allocation of them is refused and every "
+        "one is held for Slurm until the published devices map one to one onto Slurm's")
     cache.stale_after = informers[0].stale_after()
     for i in informers:
         i.start()

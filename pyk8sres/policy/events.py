@@ -32,6 +32,7 @@ REFUSAL_REASONS = {
 DEFAULT_REFUSAL_REASON = "AdmissionRefused"
 OVERSUBSCRIBED = "Oversubscribed"
 LEDGER_UNREACHABLE = "LedgerUnreachable"
+GPUS_FENCED = "GPUsFenced"
 
 
 def refusal_reason(code: str) -> str:

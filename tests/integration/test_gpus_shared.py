@@ -12,7 +12,8 @@ kube-scheduler, kwok.
   Slurm's gpu GRES, `show` reporting them): skipped with the reason when
   the ledger does not report the node's GPUs.
 - A node whose published devices do not match Slurm's (a fifth device) is
-  fenced: every device held for Slurm, no claim allocated there.
+  fenced: every device held for Slurm, no claim allocated there, an Event
+  on its GenericNode saying why; set right, the waiting pod runs.
 - A pod asking for nvidia.com/gpu on the shared node is refused, saying to
   use a ResourceClaim.
 """
@@ -224,6 +225,9 @@ def test_a_device_slurm_does_not_have_fences_the_node(world):
         events = cp.kubectl("get", "events", "--field-selector",
                             "involvedObject.name=fenced").stdout
         assert "cannot allocate all claims" in events or "fenced" in events, events
+        fenced = wait(lambda: cp.kubectl("get", "events", "-A", "--field-selector",
+                                         "reason=GPUsFenced").stdout, "a GPUsFenced Event")
+        assert "5 devices published for node n1, Slurm node n1 has 4 GPUs" in fenced, fenced
     finally:
         good["spec"]["pool"]["generation"] = 3
         cp.kubectl("apply", "-f", "-", input=json.dumps(good))
