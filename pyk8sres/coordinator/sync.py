@@ -449,15 +449,17 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
     cache = Cache(exemptions_of(cfg), cfg.node_key)
     rec = Reconciler(cfg, cache, slurm, kube,
                      ledger=slurm.Ledger(cfg.ledger_socket, timeout=cfg.request_timeout))
+    rec.gpus = GpuState(gpu_identity(cfg), cfg.placeholder_namespace, cache.changed)
     if once:
         ok = True
-        for kind in Cache.KINDS:
-            try:
-                items, _ = kube.list(kind)
-                cache.replace(kind, items)
-            except Exception as e:
-                log.error("cannot list %s: %s", kind, e)
-                ok = False
+        for handler, kinds in ((cache, Cache.KINDS), (rec.gpus, GpuState.KINDS)):
+            for kind in kinds:
+                try:
+                    items, _ = kube.list(kind)
+                    handler.replace(kind, items)
+                except Exception as e:
+                    log.error("cannot list %s: %s", kind, e)
+                    ok = False
         return 0 if rec.cycle() is not None and ok else 1
 
     metrics.HEALTH.check("watches", cache.not_ready)
@@ -465,7 +467,6 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
         3 * cfg.metrics_seconds + 2 * cfg.request_timeout))
     informers = [Informer(kube, k, cache, cfg.watch_timeout, cfg.backoff_max, stop)
                  for k in ("nodes", "pods")]
-    rec.gpus = GpuState(gpu_identity(cfg), cfg.placeholder_namespace, cache.changed)
     informers += [Informer(kube, k, rec.gpus, cfg.watch_timeout, cfg.backoff_max, stop)
                   for k in GpuState.KINDS]
     holders = Holders(kube, rec.gpus)

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from . import ledger
 from .admission import Allow, Deny
 
 API_VERSION = "resource.k8s.io/v1"
@@ -214,8 +215,8 @@ def claim_plan(t: ClaimTarget, slurm_node: str | None, gpus: NodeGpus | None,
     they could not be read); unknown: why sharing cannot be told now."""
     what = f"claim {t.namespace}/{t.name}"
     if not t.node:
-        return Deny(f"{what}: its allocation names no single node; GPUs of driver "
-                    "on nodes shared with Slurm are only allocated node by node", "bad_request")
+        return Deny(f"{what}: its allocation names no single node; GPUs that may be on nodes "
+                    "shared with Slurm are only given node by node", "bad_request")
     if slurm_node is None and unknown is None:
         return Allow(f"node {t.node} is not shared with Slurm", "not_shared")
     if slurm_node is None:
@@ -248,9 +249,12 @@ def claim_verdict(t: ClaimTarget, r: GpuReserve, reply: Mapping) -> Allow | Deny
     if code == "nofit":
         return Deny(f"{what} refused on node {t.node}: {err}; kube-scheduler retries with "
                     "other devices once it sees Slurm's", "nofit")
+    if ledger.not_ready(reply):
+        return Deny(f"{what} refused on node {t.node}: {ledger.NOT_READY_TEXT} ({err}); "
+                    "retry shortly", "ledger_not_ready")
     return Deny(f"{what} refused on node {t.node} ({code}): {err}",
-                "ledger_refused" if code in ("unknown_node", "denied", "badrequest",
-                                             "not_ready") else "internal")
+                "ledger_refused" if code in ("unknown_node", "denied", "badrequest")
+                else "internal")
 
 
 # ----------------------------------------------------------------- legacy

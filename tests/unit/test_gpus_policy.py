@@ -142,7 +142,7 @@ def test_sharing_unknown_fails_closed():
 @pytest.mark.parametrize("reply,allowed,code", [
     ({"ok": True}, True, "reserved"),
     ({"ok": False, "code": "nofit", "error": "gpu 2 held by job 7"}, False, "nofit"),
-    ({"ok": False, "code": "notready", "error": "replaying"}, False, "internal"),
+    ({"ok": False, "code": "notready", "error": "replaying"}, False, "ledger_not_ready"),
     ({"ok": False, "code": "unknown_node"}, False, "ledger_refused"),
     ({}, False, "internal"),
 ])
