@@ -314,8 +314,9 @@ class Ledger:
 GPU_WORDS = 16
 FACTS_WORDS = 6 + GPU_WORDS
 GPU_PROBLEMS = {
-    1: "its gpu GRES has no device files (gres.conf Name=gpu File=...): Slurm cannot tell "
-       "its GPUs apart, so none can be reserved by index",
+    1: "its gpu GRES has no device bitmap (no File= for it in gres.conf, or the node has "
+       "not registered yet): Slurm cannot tell its GPUs apart, so none can be reserved by "
+       "index",
     2: f"it has more than {GPU_WORDS * 64} GPUs",
 }
 

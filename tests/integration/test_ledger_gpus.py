@@ -124,3 +124,36 @@ def test_gpus_reserved_jobs_pend_then_start_and_survive_a_restart(c):
     assert ledger.show("n1")["nodes"]["n1"]["gpus"]["share"] == []
     sh(c, "scancel", big)
     c.cancel_all_jobs()
+
+
+def test_a_gpu_gres_without_device_files_is_refused_not_crashed(c):
+    """gres.conf with `Name=gpu Count=4` (no File=): Slurm keeps no bitmap,
+    so no index can be reserved there; the reserve is refused with the
+    reason, slurmctld lives on, and a reservation without GPUs still works.
+    (22.05's slurmd then reports 0 GPUs and the node is INVALID: Slurm's own
+    refusal; the ledger's must not depend on it.)"""
+    path = ledger_socket_path(c.conf)
+    gres_conf = os.path.join(c.work, "etc", "gres.conf")
+    with open(gres_conf) as f:
+        text = f.read()
+    with open(gres_conf, "w") as f:
+        f.write(re.sub(r"Name=gpu File=\S+", f"Name=gpu Count={GPUS}", text))
+    # Slurm keeps a node's gpu bitmap in its saved node state: start from none.
+    c.stop("slurmd-n1")
+    c.stop("slurmctld")
+    for name in os.listdir(os.path.join(c.work, "state")):
+        if name.startswith("node_state"):
+            os.unlink(os.path.join(c.work, "state", name))
+    c.start_slurmctld()
+    c.start_slurmd("n1")
+    wait_serving(path)
+    ledger = Ledger(path, timeout=10)
+    view = _wait("n1 registered without device files", lambda: (
+        ledger.show("n1")["nodes"]["n1"].get("gpus") or {}).get("problem") and
+        ledger.show("n1")["nodes"]["n1"]["gpus"])
+    assert "File=" in view["problem"], view
+    refused = ledger.reserve("n1", "claim:c", 0, 0, gpus=[0])
+    assert refused["code"] == "nofit" and "File=" in refused["error"], refused
+    assert ledger.reserve("n1", "pod", 1000, 0) == {"ok": True}
+    assert ledger.release("n1", "pod")["ok"]
+    c.wait_slurmctld()

@@ -142,7 +142,7 @@ def test_words_and_masks():
     assert facts == Facts(8, 16000, 1, 2, 130, frozenset({0, 64, 129}), "")
     assert len(words) == journal.FACTS_WORDS
     assert journal.facts_from_words([8, 1, 0, 0, 2, 1] + [0] * 16).gpu_problem.startswith(
-        "its gpu GRES has no device files")
+        "its gpu GRES has no device bitmap (no File=")
     assert journal.gpu_mask([]) == [0] * journal.GPU_WORDS
 
 
