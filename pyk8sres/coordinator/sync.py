@@ -41,15 +41,18 @@ from . import metrics
 from . import slurm
 from .backstop import Backstop
 from .cache import Cache
-from .config import ConfigError, SyncConfig, exemptions_of, fill_from_slurm_conf, load_config
+from .config import (ConfigError, SyncConfig, exemptions_of, fill_from_slurm_conf, gpu_identity,
+                     load_config)
 from .events import Recorder
 from .generic_nodes import GenericNodes
+from .gpus import GpuState, Holders
 from .holds import Holds
 from .kube import Informer, Kube, get_generic_node
 from .threads import GenericNodeWriter, SlurmPoller
 from ..policy import backstop
 from ..policy import departures
 from ..policy import events
+from ..policy import gpus
 from ..policy import ledger
 from ..policy import usage
 
@@ -95,6 +98,7 @@ class Reconciler(GenericNodes):
         # Slurm nodes newly mapped while the pods' data is not trusted: held
         # whole (backstop.FENCE_KEY) until their pods are counted.
         self.fenced: set[str] = set()
+        self.gpus = None   # a gpus.GpuState: claims' devices held in the ledger (None: off)
 
     def _warn_new(self, warnings: list[str]) -> None:
         now = set(warnings)
@@ -256,6 +260,7 @@ class Reconciler(GenericNodes):
         if only is not None:
             for name in only:
                 wanted.setdefault(name, {})
+        self._add_claims(wanted, d, only)
         self._add_backstop(wanted)
         out = {}
         for name, entries in wanted.items():
@@ -271,6 +276,28 @@ class Reconciler(GenericNodes):
             # else: never set by this process (it just started, or the ledger
             # failed): the ledger keeps what it holds until the data is trusted.
         return out
+
+    def _add_claims(self, wanted: dict[str, dict], d: usage.Desired,
+                    only: set[str] | None) -> None:
+        """The GPUs of the claims allocated on each node (claim:<uid> ->
+        (0, 0, [indices])).  While the claims or slices are not trusted,
+        what this process set there is kept: never hand a GPU back on
+        missing data."""
+        if self.gpus is None:
+            return
+        trusted = self.gpus.trusted()
+        pairs = {k: s for k, s in d.k8s_to_slurm.items() if only is None or s in only}
+        got = self.gpus.entries(pairs, self.ledger_nodes or {}) if trusted else {}
+        for name in set(wanted) | set(got):
+            if only is not None and name not in only:
+                continue
+            if trusted:
+                e = got.get(name) or {}
+            else:
+                e = {k: v for k, v in (self.last_set.get(name) or {}).items()
+                     if k.startswith(gpus.CLAIM_KEY_PREFIX)}
+            if e:
+                wanted.setdefault(name, {}).update(e)
 
     def _add_backstop(self, wanted: dict[str, dict]) -> None:
         """What Slurm allocated on each node beyond what its jobs hold as
@@ -364,7 +391,11 @@ class Reconciler(GenericNodes):
         held = (view.get("entries") or {}).get(backstop.KEY)
         if held and backstop.KEY not in entries:
             entries.update(self.backstop.inherit(name, tuple(held[:2])))
-        for uid, (cpu_m, mem) in (view.get("entries") or {}).items():
+        for uid, e in (view.get("entries") or {}).items():
+            # A claim's devices come from the claims watch (allocated or not).
+            if uid.startswith(gpus.CLAIM_KEY_PREFIX):
+                continue
+            cpu_m, mem = e[0], e[1]
             if uid not in entries and uid not in backstop.KEYS:
                 # Its grace period and node unknown: the default, counted from now.
                 self.holds.add([name], uid, departures.first_hold(
@@ -429,15 +460,17 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
     cache = Cache(exemptions_of(cfg), cfg.node_key)
     rec = Reconciler(cfg, cache, slurm, kube,
                      ledger=slurm.Ledger(cfg.ledger_socket, timeout=cfg.request_timeout))
+    rec.gpus = GpuState(gpu_identity(cfg), cfg.placeholder_namespace, cache.changed)
     if once:
         ok = True
-        for kind in Cache.KINDS:
-            try:
-                items, _ = kube.list(kind)
-                cache.replace(kind, items)
-            except Exception as e:
-                log.error("cannot list %s: %s", kind, e)
-                ok = False
+        for handler, kinds in ((cache, Cache.KINDS), (rec.gpus, GpuState.KINDS)):
+            for kind in kinds:
+                try:
+                    items, _ = kube.list(kind)
+                    handler.replace(kind, items)
+                except Exception as e:
+                    log.error("cannot list %s: %s", kind, e)
+                    ok = False
         return 0 if rec.cycle() is not None and ok else 1
 
     metrics.HEALTH.check("watches", cache.not_ready)
@@ -445,6 +478,13 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
         3 * cfg.metrics_seconds + 2 * cfg.request_timeout))
     informers = [Informer(kube, k, cache, cfg.watch_timeout, cfg.backoff_max, stop)
                  for k in ("nodes", "pods")]
+    informers += [Informer(kube, k, rec.gpus, cfg.watch_timeout, cfg.backoff_max, stop)
+                  for k in GpuState.KINDS]
+    holders = Holders(kube, rec.gpus)
+    rec.gpus.on_fence = lambda knode, why: rec.events and rec.events.generic_node(
+        knode, events.GPUS_FENCED,
+        f"GPUs of node {knode} fenced: {why}; every allocation of them is refused and every "
+        "one is held for Slurm until the published devices map one to one onto Slurm's")
     cache.stale_after = informers[0].stale_after()
     for i in informers:
         i.start()
@@ -458,6 +498,10 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
     rec.gn_thread = GenericNodeWriter(rec, stop)
     rec.gn_thread.start()
     alive = max(60.0, 20 * cfg.resync_seconds)
+    # Its own thread: a slow API server never delays the ledger.
+    holders_wake = threading.Event()
+    threading.Thread(target=keep_holders, args=(rec, holders, holders_wake, cfg.resync_seconds,
+                                                stop), name="gpu-holders", daemon=True).start()
     SlurmPoller(rec, cfg.resync_seconds, stop,
                 slurm.Ledger(cfg.ledger_socket, timeout=cfg.request_timeout),
                 cfg.metrics_seconds, alive, cfg.slurm_read_seconds).start()
@@ -473,13 +517,33 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
         # a cycle only reads Slurm itself when it has no view yet.  Any
         # change but pods' recomputes everything, and so does a wake by
         # timeout when a full cycle is due (rec.idle_cycle_due).
+        gpu_changed = rec.gpus.take_changed()
+        if gpu_changed:
+            holders_wake.set()
         if not woke and not rec.idle_cycle_due():
             continue
         dirty = cache.take_dirty()
-        rec.cycle(refresh=False, dirty=dirty if woke else None)
+        # A claim allocated or released: every node (claims carry no pod's node).
+        rec.cycle(refresh=False, dirty=None if gpu_changed or not woke else dirty)
     if rec.events is not None:
         rec.events.stop()
     return 0
+
+
+def keep_holders(rec: Reconciler, holders: Holders, wake: threading.Event, period: float,
+                 stop: threading.Event) -> None:
+    """The holder claims of Slurm's GPUs, from the ledger's last show, each
+    period and when a claim or slice changes; not while Slurm's side is
+    unknown (nothing deleted on missing data)."""
+    while not stop.is_set():
+        wake.wait(period)
+        wake.clear()
+        if rec.ledger_nodes is None or rec.last is None:
+            continue
+        try:
+            holders.sync(rec.last.k8s_to_slurm, rec.ledger_nodes)
+        except Exception:
+            log.exception("holder claims not synced")
 
 
 def parse_args(argv):

@@ -163,4 +163,5 @@ class SlurmPoller(threading.Thread):
 def _slurm_side(view: dict | None) -> tuple:
     """What a node's ledger view says of Slurm (not of the pods' share)."""
     view = view or {}
-    return view.get("unknown"), view.get("capacity"), view.get("jobs")
+    return (view.get("unknown"), view.get("capacity"), view.get("jobs"),
+            (view.get("gpus") or {}).get("jobs"))

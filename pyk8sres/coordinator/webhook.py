@@ -39,17 +39,20 @@ import time
 
 from . import certs
 from . import metrics
-from .config import (ConfigError, SyncConfig, WebhookConfig, check_webhook_config, load_config,
-                     load_webhook_config)
+from .config import (ConfigError, SyncConfig, WebhookConfig, check_webhook_config, gpu_identity,
+                     load_config, load_webhook_config)
 from .confirm import CreateConfirmer
 from .events import Recorder
-from .kube import ApiException, Informer, Kube, get_pod, get_webhook_config, put_webhook_config
+from .gpus import slurm_gpus
+from .kube import (ApiException, Informer, Kube, get_pod, get_webhook_config, list_resource_slices,
+                   put_webhook_config)
 from .permissions import error_text
 from .placeholder import Placeholders
 from .scope import Scope, WorkersUnknown, slurm_names
 from .slurm import Ledger, ShowFollower, ledger_socket_path
 from .webhook_server import HEALTH_NAME, Limits, WebhookServer  # noqa: F401 (callers' names)
 from ..policy import admission
+from ..policy import gpus
 from ..policy.events import refusal_reason
 
 log = logging.getLogger("pyk8sres.coordinator.webhook")
@@ -65,12 +68,16 @@ class Admission:
     def __init__(self, kube, ledger, scope: Scope, events=None, confirmer=None):
         self.kube, self.ledger, self.scope, self.events = kube, ledger, scope, events
         self.confirmer = confirmer if confirmer is not None else CreateConfirmer(kube, ledger)
+        self.ident = gpu_identity(scope.cfg)
+        self.legacy = tuple(scope.cfg.legacy_gpu_resources)
 
     def decide(self, request: dict) -> admission.Allow | admission.Deny:
         return self._decide(request)[0]
 
     def _decide(self, request: dict):
         """(decision, the Target or None, the pod or None)."""
+        if (request.get("resource") or {}).get("resource") == "resourceclaims":
+            return self._decide_claim(request), None, None
         t = admission.classify(request)
         if not isinstance(t, admission.Target):
             return t, None, None
@@ -89,6 +96,9 @@ class Admission:
         d = admission.plan(t, pod, snode, self.scope.exempt, unknown)
         if not isinstance(d, admission.Reserve):
             return d, t, pod
+        found = gpus.legacy_requests(t.pod if t.pod is not None else pod or {}, self.legacy)
+        if found and not d.static:
+            return gpus.legacy_refusal(t.namespace, t.pod_name, t.node, found), t, pod
         creates = t.op == "create" and not d.static
         if creates and (left := self.confirmer.blocked_for(t.namespace)) > 0:
             return admission.phantom_refusal(t, left), t, pod
@@ -104,6 +114,45 @@ class Admission:
             self.confirmer.track(t.namespace, t.pod_name, d.key, d.slurm_node, t.node,
                                  create=creates)
         return decision, t, pod
+
+    def _decide_claim(self, request: dict):
+        """A claim's allocation on a shared node: its devices' Slurm indices
+        reserved in the ledger (claim:<uid>) before the API server stores it."""
+        t = gpus.classify_claim(request, self.ident, self.scope.cfg.placeholder_namespace)
+        if not isinstance(t, gpus.ClaimTarget):
+            return t
+        snode = unknown = node_gpus = None
+        if t.node:
+            try:
+                snode = self.scope.slurm_node(t.node)
+            except WorkersUnknown as e:
+                unknown = str(e)
+        if snode is not None:
+            try:
+                node_gpus = self._node_gpus(t.node, snode)
+            except Exception as e:
+                return admission.Deny(f"pyk8sres: cannot read the GPUs of node {t.node} "
+                                      f"({error_text(e)}); failing closed", "ledger_unreachable")
+        d = gpus.claim_plan(t, snode, node_gpus, unknown)
+        if not isinstance(d, gpus.GpuReserve):
+            return d
+        try:
+            reply = self.ledger.reserve(d.slurm_node, d.key, 0, 0, gpus=list(d.gpus))
+        except Exception as e:
+            return admission.Deny(f"pyk8sres: Slurm's ledger did not answer for node {t.node} "
+                                  f"({e}); no GPU is given on a shared node until it does",
+                                  "ledger_unreachable")
+        return gpus.claim_verdict(t, d, reply)
+
+    def _node_gpus(self, k8s_node: str, slurm_node: str):
+        """The node's devices mapped onto Slurm's indices, read now: its
+        ResourceSlices and Slurm's gpu count (the ledger's show)."""
+        slices = list_resource_slices(self.kube, k8s_node, self.ident.driver)
+        shown = self.ledger.show(slurm_node)
+        if not shown.get("ok"):
+            raise RuntimeError(f"ledger show: {shown.get('error')}")
+        count, _, problem = slurm_gpus((shown.get("nodes") or {}).get(slurm_node))
+        return gpus.node_gpus(slices, k8s_node, slurm_node, count, self.ident, problem)
 
     def review(self, body: dict) -> dict:
         t0 = time.perf_counter()

@@ -6,6 +6,7 @@ Requests we see (the Helm chart's templates/webhook.yaml):
   CREATE pods/binding, CREATE bindings   a scheduler binds a pod to a node
   CREATE pods with spec.nodeName         a pod placed directly on a node
   UPDATE pods/resize                     in-place resize: an increase needs room
+  UPDATE resourceclaims/status           a claim allocated GPUs (policy/gpus.py)
 
 A pod costs what the ledger holds for it (quantities.held_requests: the larger of
 what its spec asks and what its kubelet may run, an Infeasible or Deferred
@@ -59,7 +60,8 @@ ALLOW_CODES = ("reserved", "not_shared", "exempt", "dry_run", "unbound", "not_ch
                "no_growth", "static_over_capacity")
 DENY_CODES = ("nofit", "ledger_unreachable", "ledger_not_ready", "ledger_refused",
               "pod_unreadable", "pod_not_found", "bad_request", "internal", "unauthenticated",
-              "unbound_growth", "phantom_creates", "workers_unknown")
+              "unbound_growth", "phantom_creates", "workers_unknown", "gpus_fenced",
+              "legacy_gpu")
 
 
 @dataclass(frozen=True)
@@ -285,11 +287,21 @@ def unshared_nodes_condition(unshared: list[str]) -> str:
                             for n in sorted(set(unshared))) + "}"
     # request.subResource is absent (not "") on plain pod requests: guard with has().
     # The resize of a pod no node holds yet is checked too (a growth is refused).
-    return (f"(request.resource.resource == 'bindings' ||"
+    # A ResourceClaim's status update is checked when it brings an
+    # allocation (the API server keeps one immutable until it is cleared)
+    # unless it names only nodes known unshared.
+    claim = (f"has(object.status) && has(object.status.allocation)"
+             f" && !(has(oldObject.status) && has(oldObject.status.allocation))"
+             f" && !(has(object.status.allocation.nodeSelector)"
+             f" && object.status.allocation.nodeSelector.nodeSelectorTerms.all(t,"
+             f" has(t.matchFields) && t.matchFields.exists(f, f.key == 'metadata.name'"
+             f" && f.operator == 'In' && has(f.values) && f.values.all(v, v in {names}))))")
+    return (f"request.resource.resource == 'resourceclaims' ? ({claim}) : "
+            f"((request.resource.resource == 'bindings' ||"
             f" (has(request.subResource) && request.subResource == 'binding'))"
             f" ? !(object.target.name in {names})"
             f" : (has(object.spec.nodeName) ? !(object.spec.nodeName in {names})"
-            f" : (has(request.subResource) && request.subResource == 'resize'))")
+            f" : (has(request.subResource) && request.subResource == 'resize')))")
 
 
 SHARED_CONDITION = "shared-node"

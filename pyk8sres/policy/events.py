@@ -34,6 +34,7 @@ OVERSUBSCRIBED = "Oversubscribed"
 # A Slurm node shares more than its Kubernetes node's allocatable.
 OVER_ALLOCATABLE = "SlurmCapacityOverAllocatable"
 LEDGER_UNREACHABLE = "LedgerUnreachable"
+GPUS_FENCED = "GPUsFenced"
 
 
 def refusal_reason(code: str) -> str:

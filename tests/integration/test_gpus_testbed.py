@@ -9,12 +9,12 @@ ResourceSlice as NVIDIA's DRA driver would publish them; the real
 kube-scheduler allocates a pod's claim a device there and binds the pod to
 the kwok node, which runs it.
 
-THE PRODUCT DOES NOT YET PREVENT A GPU FROM BEING HELD BY A SLURM JOB AND A
-POD AT ONCE: nothing here coordinates GPUs, so these tests make the overlap
-on purpose (a claim whose selector asks for the job's index) to show that the
-checker sees it, and make a disjoint pair to show it reports none then.  They
-assert nothing about the product keeping GPUs apart; once it does, the
-overlapping pod must pend and test_checker_* must make its overlap otherwise.
+The product keeps GPUs apart (docs/gpus.md; tests/integration/
+test_gpus_shared.py): to show that the checker sees an overlap, the test
+makes one behind the product's back, as an admin could: a claim in the
+coordinator's own namespace (the webhook never sees it) whose allocation the
+admin writes naming the job's GPU, and a pod there using it; and a disjoint
+pair to show it reports none then.
 """
 import json
 import os
@@ -112,6 +112,36 @@ def gpu_pod(cp, name: str, index: int) -> str:
     return claim
 
 
+FORCED_NS = "pyk8sres-system"   # the release namespace: the webhook never sees it
+
+
+def forced_gpu_pod(cp, name: str, node: str, index: int) -> str:
+    """Pod `name` in FORCED_NS on `node` with a claim the admin allocated
+    the GPU `index` by hand (kube-scheduler only reserves an allocated
+    claim); returns the claim's name once the pod runs."""
+    template = gpus.claim_template(name, namespace=FORCED_NS)
+    claim = {"apiVersion": gpus.API_VERSION, "kind": "ResourceClaim",
+             "metadata": {"name": name, "namespace": FORCED_NS},
+             "spec": template["spec"]["spec"]}
+    made = json.loads(cp.kubectl("create", "-f", "-", "-o", "json",
+                                 input=json.dumps(claim)).stdout)
+    made["status"] = {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": gpus.DRIVER, "pool": node,
+                                 "device": gpus.device_name(index)}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+    cp.kubectl("replace", "--subresource=status", "-f", "-", input=json.dumps(made))
+    resources = {"requests": {"cpu": "100m", "memory": "64Mi"}, "claims": [{"name": "gpu"}]}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": FORCED_NS},
+           "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                    "containers": [{"name": "c", "image": "busybox", "resources": resources}]}}
+    cp.kubectl("create", "-f", "-", input=json.dumps(pod))
+    wait(lambda: json.loads(cp.kubectl("get", "pod", "-n", FORCED_NS, name, "-o", "json").stdout)
+         ["status"].get("phase") == "Running", f"pod {name} running")
+    return name
+
+
 def test_checker_reports_disjoint_gpus_then_an_overlap(world):
     c, cp, kube = world
     job, idx = sbatch_gpu(c)
@@ -122,14 +152,14 @@ def test_checker_reports_disjoint_gpus_then_an_overlap(world):
     assert pods == {"n1": {other: {f"default/{apart}"}}}
     assert overlaps == []
 
-    # Today nothing keeps a claim off the job's GPU: the pod gets it and runs.
-    same = gpu_pod(cp, "gpu-same", idx)
+    # An overlap made behind the product's back is seen.
+    same = forced_gpu_pod(cp, "gpu-same", "n1", idx)
     jobs, pods, overlaps = gpu_sample(c.env, kube)
-    assert pods == {"n1": {other: {f"default/{apart}"}, idx: {f"default/{same}"}}}
-    assert overlaps == [f"n1 gpu {idx}: jobs {job} and claims default/{same}"]
+    assert pods == {"n1": {other: {f"default/{apart}"}, idx: {f"{FORCED_NS}/{same}"}}}
+    assert overlaps == [f"n1 gpu {idx}: jobs {job} and claims {FORCED_NS}/{same}"]
 
     # Once that pod is gone its claim no longer counts.
-    cp.kubectl("delete", "pod", "gpu-same", "--grace-period=1", "--wait=true")
+    cp.kubectl("delete", "pod", "-n", FORCED_NS, "gpu-same", "--grace-period=1", "--wait=true")
     assert gpu_sample(c.env, kube)[2] == []
     subprocess.run(["scancel", job], env=c.env, check=True)
     wait(lambda: gpu_sample(c.env, kube)[0] == {}, f"job {job} to free its GPU")

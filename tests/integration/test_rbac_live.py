@@ -9,7 +9,9 @@ the Helm chart, with tokens, as the coordinator's uid).
    scenario that takes every path that calls Kubernetes: start (CRD check,
    lists, watches, the webhook configuration updated), a stray GenericNode
    and a stray placeholder pod removed, a pod bound (admission reads it), a
-   job started and ended (placeholders follow it), pods coming and going.
+   job started and ended (placeholders follow it), pods coming and going, a
+   GPU job (its holder claim) and a pod's claim allocated (the webhook reads
+   the node's ResourceSlices).
    The requests seen, classified by the API server's rules, must be exactly
    the set derived from the code, all granted by the chart (the API server
    answered none of them 403) except the CRD check, which the API server
@@ -50,6 +52,7 @@ from pyk8sres.coordinator import slurm as slurm_calls
 from pyk8sres.coordinator.placeholder import RELIST_SECONDS
 from pyk8sres.policy import placeholder
 from pyk8sres.testbed import cluster, hybrid, pki
+from pyk8sres.testbed import gpus as fake_gpus
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
@@ -58,6 +61,7 @@ import test_rbac  # noqa: E402  (the static derivation and the chart's grants)
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (Slurm daemons)")
 NAMESPACE = hybrid.NAMESPACE
 PLACEHOLDERS = test_rbac.PLACEHOLDERS
+GPUS = 2   # each node's fake GPUs: a job's GPU gets a holder claim, a pod's claim is checked
 KUBE_PORTS = (31000, 31990)
 
 
@@ -146,11 +150,12 @@ def world(kube_binaries):
     root = tempfile.mkdtemp(prefix="pyk8sres-rbac-live-")
     os.chmod(root, 0o755)          # the coordinator's uid reaches its files
     c = cluster.up(f"{root}/slurm", nodes=2, cpus=4, memory=4000, base_port=port(27900),
-                   synced=True, slurm=SLURM, k8s_conf=hybrid.ledger_conf(f"{root}/slurm"))
+                   synced=True, slurm=SLURM, k8s_conf=hybrid.ledger_conf(f"{root}/slurm"),
+                   gpus=GPUS)
     try:
         hybrid.confine(c)
         kube = hybrid.start_kubernetes(c.work, pick_ports(*KUBE_PORTS),
-                                       {"n1": (4, 4000), "n2": (4, 4000)})
+                                       {"n1": (4, 4000), "n2": (4, 4000)}, gpus=GPUS)
         yield c, kube, kube_calls.Kube(kube.kubeconfig)
     finally:
         hybrid.down(c.work)
@@ -281,6 +286,36 @@ def _reports_oversubscription(c, direct) -> None:
         ledger.set("n2", held, 0)
 
 
+def holder_claims(direct) -> list[str]:
+    """The allocated holder claims (the GPUs Slurm's jobs hold)."""
+    items = json.loads(direct.resource.list_namespaced_resource_claim(
+        PLACEHOLDERS, _preload_content=False).data)["items"]
+    return [c["metadata"]["name"] for c in items if (c.get("status") or {}).get("allocation")]
+
+
+def _gpus_follow_jobs_and_claims(c, direct) -> None:
+    """A job's GPU held by a holder claim (created, allocated; released
+    when it ends: deallocated, then deleted), and a pod's claim allocated
+    on a shared node (the webhook reads the node's ResourceSlices)."""
+    job = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "-w", "n1",
+                          "--gres=gpu:1", "--wrap", "sleep 300"], capture_output=True, text=True,
+                         env=c.env, check=True).stdout.strip()
+    wait("a holder claim for the job's GPU", lambda: holder_claims(direct), timeout=60)
+    done(direct.resource.create_namespaced_resource_claim_template(
+        "default", fake_gpus.claim_template("rbac-gpu"), _preload_content=False))
+    pod = _pod("gpu", cpu="100m")
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "n1"}
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "rbac-gpu"}]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    done(direct.core.create_namespaced_pod("default", pod, _preload_content=False))
+    wait("kube-scheduler bound the GPU pod",
+         lambda: kube_calls.get_pod(direct, "default", "gpu")["spec"].get("nodeName"), timeout=60)
+    subprocess.run(["scancel", job], env=c.env, check=True)
+    wait("the holder claim released", lambda: not holder_claims(direct), timeout=60)
+    done(direct.core.delete_namespaced_pod("gpu", "default", grace_period_seconds=0,
+                                           _preload_content=False))
+
+
 def _placeholders_follow_jobs(c, direct) -> None:
     """Placeholders grown, downsized in place and deleted as jobs come and go."""
     # Two 1-CPU jobs on n1 started in one scheduling pass (an array): one
@@ -322,6 +357,7 @@ def test_requests_made_are_exactly_the_derived_calls_and_granted(world, recorded
     _admits_counts_and_refuses(direct)
     _reports_oversubscription(c, direct)
     _placeholders_follow_jobs(c, direct)
+    _gpus_follow_jobs_and_claims(c, direct)
     _webhook_configuration_repaired(kas, direct)
     time.sleep(3)          # a few more reconcile and refresh cycles
     for name in ("sync", "webhook"):

@@ -191,7 +191,12 @@ def test_unshared_nodes_condition_quotes_and_fails_closed():
     assert "!(object.spec.nodeName in {" in c
     # a pod with no node: only its resize is sent (a growth is refused)
     assert "has(object.spec.nodeName) ? !(object.spec.nodeName in {" in c
-    assert c.endswith(": (has(request.subResource) && request.subResource == 'resize'))")
+    assert c.endswith(": (has(request.subResource) && request.subResource == 'resize')))")
+    # a claim's status: only a new allocation, unless it names only unshared nodes
+    assert c.startswith("request.resource.resource == 'resourceclaims' ? (has(object.status) "
+                        "&& has(object.status.allocation) && !(has(oldObject.status) "
+                        "&& has(oldObject.status.allocation))")
+    assert "f.values.all(v, v in {'it\\'s': true, 'n1': true, 'n2': true})" in c
 
 
 VWC = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",

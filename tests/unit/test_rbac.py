@@ -32,12 +32,12 @@ PLACEHOLDERS = "pyk8sres-placeholders"       # the placeholder pods' (a Role the
 
 # Which daemon (ServiceAccount) runs which module's Kubernetes calls.
 DAEMONS = {
-    "pyk8sres-sync": ["sync.py", "generic_nodes.py", "events.py"],
+    "pyk8sres-sync": ["sync.py", "generic_nodes.py", "events.py", "gpus.py"],
     "pyk8sres-webhook": ["webhook.py", "confirm.py", "placeholder.py", "events.py"],
 }
 # Modules whose namespaced calls stay in the coordinator's namespace (a Role
 # there, not a ClusterRole): the placeholder pods live in PLACEHOLDERS.
-OWN_NAMESPACE_ONLY = {"placeholder.py"}
+OWN_NAMESPACE_ONLY = {"placeholder.py", "gpus.py"}
 # An Informer given a namespace (Informer(..., namespace=...)) reads only
 # that one: Slurm's worker pods, in sync.workerNamespace (a Role there,
 # rendered with WORKER_VALUES).
@@ -52,7 +52,7 @@ DENIED_ON_PURPOSE = {
     ("pyk8sres-sync", ("apiextensions.k8s.io", "customresourcedefinitions", "create")),
 }
 APIS = {"core": "CoreV1Api", "custom": "CustomObjectsApi", "ext": "ApiextensionsV1Api",
-        "admission": "AdmissionregistrationV1Api"}
+        "admission": "AdmissionregistrationV1Api", "resource": "ResourceV1Api"}
 
 
 def _kube_py():

@@ -1,0 +1,238 @@
+"""GPUs shared by Slurm's jobs and pods' ResourceClaims, device by device
+(docs/gpus.md), on `cluster up --kubernetes --gpus 4` with the product's
+sync daemon and webhook: real slurmctld/slurmd, the real API server and
+kube-scheduler, kwok.
+
+- A job holding IDX 0,1: the holder claims make kube-scheduler give a pod's
+  2-GPU claim devices 2,3; a 3-GPU claim pends; once the job is gone a
+  3-GPU job pends behind the pod's devices, and runs once the pod is gone.
+  Ground truth (ground_truth.gpu_sample: `scontrol -d show job` against the
+  allocated claims of running pods) is sampled all along: no GPU is ever
+  held by both.  Needs the Slurm side (the ledger carrying GPU indices into
+  Slurm's gpu GRES, `show` reporting them): skipped with the reason when
+  the ledger does not report the node's GPUs.
+- A node whose published devices do not match Slurm's (a fifth device) is
+  fenced: every device held for Slurm, no claim allocated there, an Event
+  on its GenericNode saying why; set right, the waiting pod runs.
+- A pod asking for nvidia.com/gpu on the shared node is refused, saying to
+  use a ResourceClaim.
+"""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+from conftest_kube import pick_ports, wait
+from ground_truth import Unreadable, gpu_sample
+from local_slurm import SLURM, port, requires_slurm
+from pyk8sres.coordinator import kube as kube_calls
+from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
+from pyk8sres.testbed import gpus, hybrid
+
+pytestmark = requires_slurm
+GPUS = 4
+HOLDERS = "pyk8sres-placeholders"
+pytest_timeout = 240
+
+
+@pytest.fixture(scope="module")
+def world():
+    work = tempfile.mkdtemp(prefix="pyk8sres-gpushare-")
+    try:
+        c, cp = hybrid.up(work, nodes=1, cpus=8, memory=16000, base_port=port(29500),
+                          kube_port=pick_ports(29600, 29690), slurm=SLURM, gpus=GPUS)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    try:
+        yield c, cp, kube_calls.Kube(cp.kubeconfig)
+    finally:
+        subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
+        hybrid.down(work)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def kubectl_json(cp, *args):
+    return json.loads(cp.kubectl(*args, "-o", "json").stdout)
+
+
+def holders(cp) -> dict[str, str]:
+    """holder claim -> the device its allocation names (allocated ones only)."""
+    out = {}
+    for c in kubectl_json(cp, "get", "resourceclaims", "-n", HOLDERS)["items"]:
+        res = ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results")
+        if res:
+            out[c["metadata"]["name"]] = res[0]["device"]
+    return out
+
+
+def gpu_pod(cp, name: str, count: int) -> None:
+    """Pod `name` on n1 with a claim for `count` GPUs (a ResourceClaimTemplate)."""
+    resources = {"requests": {"cpu": "100m", "memory": "64Mi"}, "claims": [{"name": "gpu"}]}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+           "spec": {"nodeSelector": {"kubernetes.io/hostname": "n1"},
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+                    "containers": [{"name": "c", "image": "busybox", "resources": resources}]}}
+    cp.kubectl("create", "-f", "-", identity="developer", input=json.dumps(
+        {"apiVersion": "v1", "kind": "List", "items": [gpus.claim_template(name, count), pod]}))
+
+
+def pod_devices(cp, name: str) -> list[str] | None:
+    """The devices of a Running pod's claim (None: not running)."""
+    p = kubectl_json(cp, "get", "pod", name)
+    if p["status"].get("phase") != "Running":
+        return None
+    claim = p["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    c = kubectl_json(cp, "get", "resourceclaim", claim)
+    return sorted(r["device"] for r in c["status"]["allocation"]["devices"]["results"])
+
+
+def allocate_by_hand(cp, name: str, device: str) -> str:
+    """Write a claim's allocation (device on n1) as kube-scheduler would;
+    returns what the API server answered."""
+    template = gpus.claim_template(name)
+    claim = {"apiVersion": gpus.API_VERSION, "kind": "ResourceClaim",
+             "metadata": {"name": name, "namespace": "default"}, "spec": template["spec"]["spec"]}
+    made = json.loads(cp.kubectl("create", "-f", "-", "-o", "json",
+                                 input=json.dumps(claim)).stdout)
+    made["status"] = {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": gpus.DRIVER, "pool": "n1",
+                                 "device": device}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}
+    r = cp.kubectl("replace", "--subresource=status", "-f", "-", input=json.dumps(made),
+                   check=False)
+    cp.kubectl("delete", "resourceclaim", name, "--ignore-not-found", check=False)
+    return r.stdout + r.stderr
+
+
+def job_state(c, job: str) -> str:
+    out = subprocess.run(["scontrol", "-d", "show", "job", job], env=c.env, capture_output=True,
+                         text=True).stdout
+    return out
+
+
+def sbatch(c, gres: str) -> str:
+    return subprocess.run(["sbatch", "--parsable", "-w", "n1", f"--gres={gres}", "-o",
+                           "/dev/null", "--wrap", "sleep 300"], env=c.env, capture_output=True,
+                          text=True, check=True, cwd="/tmp").stdout.strip().split(";")[0]
+
+
+class Sampler(threading.Thread):
+    """gpu_sample every 0.2 s until stopped: every overlap seen, and how
+    many samples were read."""
+
+    def __init__(self, c, kube):
+        super().__init__(daemon=True)
+        self.c, self.kube = c, kube
+        self.stop_event = threading.Event()
+        self.overlaps: list[str] = []
+        self.samples = 0
+
+    def run(self):
+        while not self.stop_event.wait(0.2):
+            try:
+                self.overlaps += gpu_sample(self.c.env, self.kube)[2]
+                self.samples += 1
+            except Unreadable:
+                continue
+
+    def finish(self) -> None:
+        self.stop_event.set()
+        self.join(10)
+
+
+def slurm_reports_gpus(c) -> bool:
+    shown = Ledger(ledger_socket_path(c.conf)).show("n1")
+    return isinstance(((shown.get("nodes") or {}).get("n1") or {}).get("gpus"), dict)
+
+
+def test_legacy_gpu_request_on_a_shared_node_is_refused(world):
+    _, cp, _ = world
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "legacy", "namespace": "default"},
+           "spec": {"nodeName": "n1", "containers": [
+               {"name": "c", "image": "busybox",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    r = cp.kubectl("create", "-f", "-", identity="developer", input=json.dumps(pod), check=False)
+    assert r.returncode != 0
+    assert "nvidia.com/gpu" in r.stderr and "ResourceClaim" in r.stderr, r.stderr
+
+
+def test_gpus_apart_device_by_device(world):
+    c, cp, kube = world
+    if not slurm_reports_gpus(c):
+        pytest.skip("the ledger does not report n1's GPUs (the Slurm side of GPU sharing "
+                    "is not in this build): every GPU of n1 is fenced")
+    sampler = Sampler(c, kube)
+    sampler.start()
+    try:
+        j1 = sbatch(c, "gpu:2")
+        wait(lambda: "JobState=RUNNING" in job_state(c, j1), f"job {j1} running")
+        assert "gpu:2(IDX:0-1)" in job_state(c, j1)
+        wait(lambda: set(holders(cp).values()) == {"gpu-0", "gpu-1"},
+             "holder claims of gpu-0 and gpu-1")
+        # Allocating the job's GPU by hand is refused at the status write.
+        assert "refused on node n1" in allocate_by_hand(cp, "by-hand", "gpu-0")
+        gpu_pod(cp, "two", 2)
+        wait(lambda: pod_devices(cp, "two"), "pod two running", timeout=40)
+        assert pod_devices(cp, "two") == ["gpu-2", "gpu-3"]
+        gpu_pod(cp, "three", 3)
+        time.sleep(3)
+        assert pod_devices(cp, "three") is None
+
+        # The job leaves; a 3-GPU job pends behind the pod's devices.
+        subprocess.run(["scancel", j1], env=c.env, check=True)
+        wait(lambda: holders(cp) == {}, "holders gone with the job")
+        j2 = sbatch(c, "gpu:3")
+        time.sleep(3)
+        state = job_state(c, j2)
+        assert "JobState=PENDING" in state and "Reason=Resources" in state, state
+        # The pod leaves: its devices go back and one of the two waiting gets them.
+        cp.kubectl("delete", "pod", "two", "--grace-period=0", "--force", check=False)
+        wait(lambda: "JobState=RUNNING" in job_state(c, j2) or pod_devices(cp, "three"),
+             "the 3-GPU job or the 3-GPU pod to start", timeout=60)
+        time.sleep(2)
+    finally:
+        sampler.finish()
+        subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
+        cp.kubectl("delete", "pod", "two", "three", "--grace-period=0", "--force",
+                   "--ignore-not-found", check=False)
+    assert sampler.samples >= 20
+    assert sampler.overlaps == []
+
+
+def test_a_device_slurm_does_not_have_fences_the_node(world):
+    """A fifth device published for n1 (Slurm has four): n1's GPUs are
+    fenced, every device held for Slurm, a claim there pends; the slice
+    set right again lifts the fence."""
+    c, cp, _ = world
+    good = gpus.resource_slice("n1", GPUS)
+    bad = gpus.resource_slice("n1", GPUS + 1)
+    bad["spec"]["pool"]["generation"] = 2
+    cp.kubectl("apply", "-f", "-", input=json.dumps(bad))
+    try:
+        wait(lambda: set(holders(cp).values()) == {f"gpu-{i}" for i in range(GPUS + 1)},
+             "every device of n1 held", timeout=30)
+        gpu_pod(cp, "fenced", 1)
+        time.sleep(4)
+        assert pod_devices(cp, "fenced") is None
+        events = cp.kubectl("get", "events", "--field-selector",
+                            "involvedObject.name=fenced").stdout
+        assert "cannot allocate all claims" in events or "fenced" in events, events
+        fenced = wait(lambda: cp.kubectl("get", "events", "-A", "--field-selector",
+                                         "reason=GPUsFenced").stdout, "a GPUsFenced Event")
+        assert "5 devices published for node n1, Slurm node n1 has 4 GPUs" in fenced, fenced
+    finally:
+        good["spec"]["pool"]["generation"] = 3
+        cp.kubectl("apply", "-f", "-", input=json.dumps(good))
+    if slurm_reports_gpus(c):
+        wait(lambda: pod_devices(cp, "fenced"), "the pod to run once the fence is lifted",
+             timeout=40)
+    cp.kubectl("delete", "pod", "fenced", "--grace-period=0", "--force", "--ignore-not-found",
+               check=False)
