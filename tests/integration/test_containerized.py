@@ -17,18 +17,21 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 
 import pytest
 
 from conftest_kube import pick_ports, wait
+from ground_truth import Unreadable, workers_over_capacity
 from local_slurm import SLURM, port, requires_slurm
+from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.testbed import containerized, daemons, hybrid
 
 pytestmark = requires_slurm
 NODES, CPUS, MEMORY = 3, 4, 8000
 WORKER_CPUS, WORKER_MB = containerized.worker_limits(CPUS, MEMORY)
-W0 = "slurm-test-worker-cpu-0"
+W0, W1 = "slurm-test-worker-cpu-0", "slurm-test-worker-cpu-1"
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +190,88 @@ def test_deleting_a_worker_pod_stops_its_slurmd_and_the_replacement_registers(wo
     assert n["Gres"] == f"k8scpu:{WORKER_CPUS},k8smemory:{WORKER_MB}", n
     assert new["spec"]["nodeName"].startswith("cn-hongkong.10.1.0.")
     assert run_hostname(c, W0) == W0
+
+
+def sbatch(c, *args) -> str:
+    proc = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", *args], env=c.env,
+                          capture_output=True, text=True, cwd="/tmp")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+class Sampler(threading.Thread):
+    """Ground truth all along (ground_truth.workers_over_capacity): jobs +
+    the pods beside each worker within its Slurm node, at every sample."""
+
+    def __init__(self, c, kube):
+        super().__init__(daemon=True)
+        self.c, self.kube, self.stop = c, kube, threading.Event()
+        self.violations, self.unreadable, self.samples = [], [], 0
+        self.job, self.states = None, set()     # a job whose states are recorded meanwhile
+
+    def run(self):
+        capacity = {w: (WORKER_CPUS, WORKER_MB) for w in (W0, W1)}
+        while not self.stop.is_set():
+            try:
+                self.violations += workers_over_capacity(self.c.env, self.kube, capacity,
+                                                         "slurm")
+                self.samples += 1
+                if (job := self.job) is not None:
+                    self.states.add(job_state(self.c, job))
+            except Unreadable as e:
+                self.unreadable.append(str(e))
+            self.stop.wait(0.2)
+
+
+def test_a_worker_moved_to_the_free_node_takes_no_job_before_its_pods_are_counted(world):
+    """W0's pod is deleted while a job runs on W1 and a pod runs on the free
+    node; kube-scheduler places the replacement there (W0's old node is
+    cordoned) and its slurmd registers as W0 again.  A job submitted for W0
+    meanwhile, needing all of it, pends until the pod beside the new worker
+    is gone; at no sample do jobs + pods exceed a Slurm node."""
+    c, cp = world
+    kube = kube_calls.Kube(cp.kubeconfig)
+    hosts = {name: p["spec"]["nodeName"] for name, p in pods(cp).items()}
+    nodes = {n[5:] for n in cp.kubectl("get", "nodes", "-o", "name").stdout.split()}
+    old, (free,) = hosts[W0], nodes - set(hosts.values())
+    running = sbatch(c, "-w", W1, "-c", "1", "--wrap", "sleep 300")
+    beside = {"apiVersion": "v1", "kind": "Pod",
+              "metadata": {"name": "on-the-free-node", "namespace": "default"},
+              "spec": {"nodeName": free, "terminationGracePeriodSeconds": 1, "containers": [
+                  {"name": "c", "image": "busybox",
+                   "resources": {"requests": {"cpu": "2", "memory": "2000Mi"}}}]}}
+    cp.kubectl("create", "-f", "-", input=json.dumps(beside))
+    wait(lambda: job_state(c, running) == "RUNNING", "the job on W1", 30)
+    sampler = Sampler(c, kube)
+    sampler.start()
+    cp.kubectl("cordon", old)
+    whole, states = None, set()
+    try:
+        start = node(c, W0)["SlurmdStartTime"]
+        cp.kubectl("delete", "pod", "-n", "slurm", W0, "--wait=false")
+        time.sleep(1)            # the sync daemon's reaction to the deletion
+        whole = sbatch(c, "-w", W0, "-c", str(WORKER_CPUS), "--wrap", "sleep 300")
+        sampler.job = whole
+        wait(lambda: (p := pods(cp).get(W0)) and p["spec"].get("nodeName") == free and
+             not p["metadata"].get("deletionTimestamp"), "the replacement bound on the free "
+             "node", 60)
+        wait(lambda: node(c, W0).get("SlurmdStartTime", start) > start,
+             "W0's slurmd registered again", 60)
+        time.sleep(5)            # the new slurmd registered, the pod still beside it
+        sampler.job, states = None, set(sampler.states)
+        cp.kubectl("delete", "pod", "-n", "default", beside["metadata"]["name"], "--wait=false")
+        if states == {"PENDING"}:
+            wait(lambda: job_state(c, whole) == "RUNNING",
+                 "the job to start once the pod is gone", 60)
+        time.sleep(2)            # samples of the job running on the moved worker
+    finally:
+        sampler.stop.set()
+        sampler.join(30)
+        cp.kubectl("uncordon", old)
+        subprocess.run(["scancel", *filter(None, (running, whole))], env=c.env,
+                       capture_output=True)
+    assert sampler.violations == [], sampler.violations
+    assert states == {"PENDING"}, (f"the job for all of W0 did not pend beside the pod: "
+                                   f"{states}; W0: {node(c, W0)}")
+    assert not sampler.unreadable and sampler.samples >= 10, (sampler.samples,
+                                                              sampler.unreadable)
