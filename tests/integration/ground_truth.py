@@ -242,13 +242,19 @@ def worker_hosts(pods: list[dict], namespace: str, names) -> dict[str, set[str]]
 
 
 def workers_over_capacity(env, kube, capacity: dict[str, tuple[int, int]],
-                          namespace: str) -> list[str]:
+                          namespace: str, still_running=None,
+                          crowded: list | None = None) -> list[str]:
     """Slurm in Kubernetes: Slurm nodes (capacity: Slurm node -> (CPUs, MB))
     where Slurm's jobs + the pods bound on the Kubernetes node their worker
     pod runs on (the workers themselves left out) exceed it, now.  A pod
     counts on the Slurm nodes whose worker ran beside it when the API server
     was asked before or after slurmctld (a worker moving counts on both).
-    Raises Unreadable when either side cannot be read."""
+    still_running: as over_capacity's, by Kubernetes node.  Pods alone over
+    a Slurm node, no job there, are no double booking: pods bound while no
+    worker ran on their node were admitted against nothing, and a worker
+    coming back finds them (the ledger holds them, clamped, and no job
+    starts there until they leave); such samples go to `crowded`.  Raises
+    Unreadable when either side cannot be read."""
     first = all_pods(kube)
     jobs = slurm_jobs(env, capacity)
     second = all_pods(kube)
@@ -260,8 +266,8 @@ def workers_over_capacity(env, kube, capacity: dict[str, tuple[int, int]],
                if p["metadata"]["namespace"] == namespace and p["metadata"]["name"] in capacity}
     before, after = bound_pods(kube, first), bound_pods(kube, second)
     pods = {s: [Fraction(0), 0] for s in capacity}
-    for uid in (before.keys() & after.keys()) - workers:
-        node, cpu, mem = after[uid]
+    running = [after[uid] for uid in (before.keys() & after.keys()) - workers]
+    for node, cpu, mem in running + [(k, c, m) for k, (c, m) in (still_running or {}).items()]:
         for s in hosts.get(node, ()):
             pods[s][0] += cpu
             pods[s][1] += mem
@@ -270,8 +276,13 @@ def workers_over_capacity(env, kube, capacity: dict[str, tuple[int, int]],
         jc, jm = jobs[s]
         pc, pm = math.ceil(pods[s][0]), math.ceil(pods[s][1] / (1 << 20))
         if jc + pc > cpus or jm + pm > mb:
-            out.append(f"{time.strftime('%T')} {s} (on {sorted(k for k, v in hosts.items() if s in v)}"
-                       f"): jobs {jc} CPUs {jm} MB + pods {pc} CPUs {pm} MB > {cpus}/{mb}")
+            text = (f"{time.strftime('%T')} {s} (on "
+                    f"{sorted(k for k, v in hosts.items() if s in v)}): jobs {jc} CPUs {jm} MB "
+                    f"+ pods {pc} CPUs {pm} MB > {cpus}/{mb}")
+            if jc or jm:
+                out.append(text)
+            elif crowded is not None:
+                crowded.append(text)
     return out
 
 

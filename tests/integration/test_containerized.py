@@ -21,7 +21,10 @@ import threading
 import time
 
 import pytest
+from kubernetes import client as kclient
 
+from churn_world import DEPLOYMENTS, NAMESPACE as CHURN_NAMESPACE, QUOTA_NAMESPACE, Churn, \
+    deployment
 from conftest_kube import pick_ports, wait
 from ground_truth import Unreadable, workers_over_capacity
 from local_slurm import SLURM, port, requires_slurm
@@ -29,6 +32,9 @@ from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.testbed import containerized, daemons, hybrid
 
 pytestmark = requires_slurm
+# The churn slice (test_churn_with_worker_moves_never_double_books); a soak by hand:
+# PYK8SRES_CHURN_SECONDS=1800 python3 -m pytest -s integration/test_containerized.py -k churn
+CHURN_SECONDS = float(os.environ.get("PYK8SRES_CHURN_SECONDS", "60"))
 NODES, CPUS, MEMORY = 3, 4, 8000
 WORKER_CPUS, WORKER_MB = containerized.worker_limits(CPUS, MEMORY)
 W0, W1 = "slurm-test-worker-cpu-0", "slurm-test-worker-cpu-1"
@@ -275,3 +281,98 @@ def test_a_worker_moved_to_the_free_node_takes_no_job_before_its_pods_are_counte
                                    f"{states}; W0: {node(c, W0)}")
     assert not sampler.unreadable and sampler.samples >= 10, (sampler.samples,
                                                               sampler.unreadable)
+
+
+def move_workers(churn, c, cp, moved: list, errors: list):
+    """As an operator replaces a worker: drain its Slurm node (Slinky's does
+    before a scale-in) until its jobs are done, delete the pod; kube-scheduler
+    binds the StatefulSet's replacement where it fits (the free node or
+    back on its own: the churn's pods decide), its slurmd registers, the
+    node is resumed.  A job still on a deleted worker dies with its pod
+    while Slurm lists it until the node registers again: ground truth from
+    Slurm could not tell, hence the drain."""
+    while not churn.stop.wait(churn.rnd.uniform(2, 4)):
+        name = churn.rnd.choice((W0, W1))
+        subprocess.run(["scontrol", "update", f"NodeName={name}", "State=DRAIN",
+                        "Reason=moving"], env=c.env, capture_output=True)
+        try:
+            host = pods(cp)[name]["spec"].get("nodeName")
+            wait(lambda: node(c, name).get("CPUAlloc") == "0" and
+                 "COMPLETING" not in node(c, name).get("State", ""), f"{name} drained", 60)
+            start = node(c, name)["SlurmdStartTime"]
+            cp.kubectl("delete", "pod", "-n", "slurm", name, "--wait=false")
+            new = wait(lambda: (p := pods(cp).get(name)) and p["spec"].get("nodeName") and
+                       not p["metadata"].get("deletionTimestamp") and p["spec"]["nodeName"],
+                       f"{name}'s replacement bound", 90)
+            wait(lambda: node(c, name).get("SlurmdStartTime", start) > start,
+                 f"{name}'s slurmd registered again", 60)
+            moved.append(f"{name}: {host} -> {new}")
+        except Exception as e:     # noqa: BLE001 - reported by the test
+            errors.append(f"{time.strftime('%T')} {name}: {type(e).__name__}: {e}")
+            return
+        finally:
+            subprocess.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"],
+                           env=c.env, capture_output=True)
+
+
+def test_churn_with_worker_moves_never_double_books(world):
+    """A slice of the churn (churn_world.Churn: jobs and sruns, pods put on
+    nodes directly and placed by kube-scheduler, Deployments scaled, pods
+    deleted, force-deleted and resized, creates a quota refuses) in this
+    layout, with worker pods replaced meanwhile (move_workers) in place of
+    the hybrid churn's faults; ground truth (workers_over_capacity) at every sample."""
+    c, cp = world
+    kube = kube_calls.Kube(cp.kubeconfig, None, 10)
+    for ns in (CHURN_NAMESPACE, QUOTA_NAMESPACE):
+        kube.core.create_namespace({"metadata": {"name": ns}})
+    kube.core.create_namespaced_resource_quota(QUOTA_NAMESPACE, {
+        "metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}})
+    apps = kclient.AppsV1Api(kube.api)
+    for name, (cpu, memory) in DEPLOYMENTS.items():
+        apps.create_namespaced_deployment(CHURN_NAMESPACE, deployment(name, cpu, memory))
+    # Workers preempt ordinary pods, as a site runs them: else the churn's
+    # pods take the room a deleted worker left and its replacement pends.
+    # OnDelete: the running workers stay until move_workers deletes them.
+    cp.kubectl("create", "-f", "-", input=json.dumps({
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": "slurm-worker"}, "value": 1000000}))
+    cp.kubectl("patch", "statefulset", "-n", "slurm", containerized.statefulset_name(),
+               "--type=merge", "-p",
+               json.dumps({"spec": {"updateStrategy": {"type": "OnDelete", "rollingUpdate": None},
+                                    "template": {"spec": {"priorityClassName": "slurm-worker"}}}}))
+    nodes = [n[5:] for n in cp.kubectl("get", "nodes", "-o", "name").stdout.split()]
+    capacity = {w: (WORKER_CPUS, WORKER_MB) for w in (W0, W1)}
+    churn = Churn(c, cp, kube, seed=int(os.environ.get("PYK8SRES_CHURN_SEED", "8")), nodes=nodes,
+                  over=lambda ch: workers_over_capacity(c.env, ch.kube, capacity, "slurm",
+                                                        ch.still_running(), crowded))
+    moved: list[str] = []
+    errors: list[str] = []
+    crowded: list[str] = []      # pods alone over a worker (workers_over_capacity)
+    loops = [threading.Thread(target=f, daemon=True) for f in
+             (churn.submit_jobs, churn.create_pods, churn.scale_deployments, churn.delete_pods,
+              churn.resize_pods, churn.quota_refused_creates, churn.check,
+              lambda: move_workers(churn, c, cp, moved, errors))]
+    for t in loops:
+        t.start()
+    try:
+        time.sleep(CHURN_SECONDS)
+    finally:
+        churn.stop.set()
+        for t in loops:
+            t.join(120)
+        for name in DEPLOYMENTS:
+            apps.patch_namespaced_deployment_scale(name, CHURN_NAMESPACE,
+                                                   {"spec": {"replicas": 0}})
+        subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
+    counts = churn.counts
+    print(f"\ncontainerized churn: {counts}; moves: {moved}; samples of pods alone over a "
+          f"worker (bound while none ran there; no job beside them): {len(crowded)} "
+          f"{crowded[:2]}")
+    assert not churn.violations, (f"{len(churn.violations)} violations: "
+                                  f"{churn.violations[:5]}\n{churn.first_violation}")
+    assert not churn.check_errors, churn.check_errors[:5]
+    assert not churn.unexplained(), churn.unexplained()[:5]     # no fault explains any
+    assert not errors, errors
+    assert counts["samples"] > 50 and len(moved) >= 2, (counts, moved)
+    assert counts["pods admitted"] > 0 and counts["pods refused"] > 0
+    assert counts["jobs submitted"] > 10 and counts["deployment scalings"] >= 10
