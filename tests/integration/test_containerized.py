@@ -284,11 +284,11 @@ def test_a_worker_moved_to_the_free_node_takes_no_job_before_its_pods_are_counte
 
 
 def move_workers(churn, c, cp, moved: list, errors: list):
-    """As an operator replaces a worker: drain its Slurm node (Slinky's does
-    before a scale-in) until its jobs are done, delete the pod; kube-scheduler
-    binds the StatefulSet's replacement where it fits (the free node or
-    back on its own: the churn's pods decide), its slurmd registers, the
-    node is resumed.  A job still on a deleted worker dies with its pod
+    """As an operator moves a worker off a node: drain its Slurm node
+    (Slinky's does before a scale-in) until its jobs are done, cordon the
+    Kubernetes node, delete the pod; kube-scheduler binds the StatefulSet's
+    replacement on the free node (preempting churn pods there if need be),
+    its slurmd registers, the node is resumed.  A job still on a deleted worker dies with its pod
     while Slurm lists it until the node registers again: ground truth from
     Slurm could not tell, hence the drain."""
     while not churn.stop.wait(churn.rnd.uniform(2, 4)):
@@ -300,10 +300,14 @@ def move_workers(churn, c, cp, moved: list, errors: list):
             wait(lambda: node(c, name).get("CPUAlloc") == "0" and
                  "COMPLETING" not in node(c, name).get("State", ""), f"{name} drained", 60)
             start = node(c, name)["SlurmdStartTime"]
-            cp.kubectl("delete", "pod", "-n", "slurm", name, "--wait=false")
-            new = wait(lambda: (p := pods(cp).get(name)) and p["spec"].get("nodeName") and
-                       not p["metadata"].get("deletionTimestamp") and p["spec"]["nodeName"],
-                       f"{name}'s replacement bound", 90)
+            cp.kubectl("cordon", host)
+            try:
+                cp.kubectl("delete", "pod", "-n", "slurm", name, "--wait=false")
+                new = wait(lambda: (p := pods(cp).get(name)) and p["spec"].get("nodeName") and
+                           not p["metadata"].get("deletionTimestamp") and p["spec"]["nodeName"],
+                           f"{name}'s replacement bound", 90)
+            finally:
+                cp.kubectl("uncordon", host)
             wait(lambda: node(c, name).get("SlurmdStartTime", start) > start,
                  f"{name}'s slurmd registered again", 60)
             moved.append(f"{name}: {host} -> {new}")
@@ -374,5 +378,6 @@ def test_churn_with_worker_moves_never_double_books(world):
     assert not churn.unexplained(), churn.unexplained()[:5]     # no fault explains any
     assert not errors, errors
     assert counts["samples"] > 50 and len(moved) >= 2, (counts, moved)
+    assert all(m.split(" -> ")[0].split()[-1] != m.split(" -> ")[1] for m in moved), moved
     assert counts["pods admitted"] > 0 and counts["pods refused"] > 0
     assert counts["jobs submitted"] > 10 and counts["deployment scalings"] >= 10

@@ -43,6 +43,7 @@ def test_demo_containerized_reads_as_the_reference(kube_binaries):
             pass
         proc.wait()
         shutil.rmtree(work, ignore_errors=True)
+    print(out)              # the walkthrough, for the log (pytest -s)
     assert proc.returncode == 0, out[-3000:]
     node = re.search(r"^\$ kubectl get genericnode (cn-hongkong\.10\.1\.0\.\d+)$", out, re.M)
     assert node, out[-3000:]
