@@ -6,6 +6,10 @@ placed by the real kube-scheduler; for each bound pod the test cluster's
 container runtime starts a real `slurmd -Z` named as the pod.  Checked from
 the ground truth: the API server's pods and bindings, slurmctld's nodes
 (`scontrol show node`), the slurmd processes themselves, and a job's output.
+Then a worker moves onto the free node where a pod runs, and a churn slice
+runs while workers move, both sampled all along: Slurm's jobs
+(`scontrol -d show job`) + the pods bound beside each worker within its
+Slurm node (ground_truth.workers_over_capacity).
 
 Ports: port(29600) slurmctld, +1 SlurmdPort (22.05: every worker's, each at
 its own loopback address), +2, +3 the workers' own (23.02 on); the control
