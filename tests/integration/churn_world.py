@@ -127,6 +127,10 @@ class Churn:
             except subprocess.TimeoutExpired:
                 pass    # slurmctld being killed: submissions may time out
 
+    def _any_node(self) -> str:
+        # randint as before self.nodes: a seed's churn stays the same run
+        return self.nodes[self.rnd.randint(1, len(self.nodes)) - 1]
+
     def _pod(self, name: str, node: str | None) -> dict:
         cpu = self.rnd.choice(["250m", "500m", "1", "1500m", "2", "3"])
         mem = self.rnd.choice(["128Mi", "512Mi", "1Gi", "2Gi", "4Gi"])
@@ -142,7 +146,7 @@ class Churn:
         while not self.stop.wait(self.rnd.uniform(0.1, 0.4)):
             i += 1
             direct = self.rnd.random() < 0.5
-            node = self.rnd.choice(self.nodes) if direct else None
+            node = self._any_node() if direct else None
             t0 = time.monotonic()
             try:
                 kube_calls.create_pod(self.kube, NAMESPACE, self._pod(f"p{i}", node))
@@ -243,7 +247,7 @@ class Churn:
         i = 0
         while not self.stop.wait(self.rnd.uniform(0.5, 1.5)):
             i += 1
-            pod = self._pod(f"q{i}", self.rnd.choice(self.nodes))
+            pod = self._pod(f"q{i}", self._any_node())
             try:
                 kube_calls.create_pod(self.kube, QUOTA_NAMESPACE, pod)
                 with self.lock:
