@@ -55,6 +55,7 @@ from ..policy import events
 from ..policy import gpus
 from ..policy import ledger
 from ..policy import usage
+from ..policy import workers as worker_pods
 
 log = logging.getLogger("pyk8sres.coordinator.sync")
 
@@ -99,6 +100,10 @@ class Reconciler(GenericNodes):
         # whole (backstop.FENCE_KEY) until their pods are counted.
         self.fenced: set[str] = set()
         self.gpus = None   # a gpus.GpuState: claims' devices held in the ledger (None: off)
+        # Slurm nodes of worker pods (worker_pods.unplaced), and those between
+        # pods (a worker deleted, its successor not yet mapped): held whole.
+        self.worker_nodes: frozenset = frozenset()
+        self.unplaced: frozenset = frozenset()
 
     def _warn_new(self, warnings: list[str]) -> None:
         now = set(warnings)
@@ -141,12 +146,16 @@ class Reconciler(GenericNodes):
         k8s_usage, knodes, healthy = self.cache.snapshot()
         before = self.last.mapping if self.last else {}
         self.last_full, self.last_healthy, self.failed = time.monotonic(), healthy, False
+        found = self.cache.worker_pods() if self.cfg.worker_pods else None
         d = usage.desired_state(
             k8s_usage, knodes, list(view.values()),
             key=self.cfg.node_key, map_by_name=self.cfg.map_by_name, node_map=self.cfg.node_map,
-            workers=self.cache.worker_pods() if self.cfg.worker_pods else None, before=before)
+            workers=found, before=before)
         self._warn_new(d.warnings)
         self._event_over_allocatable(d.over_allocatable)
+        if found is not None:
+            self.worker_nodes, self.unplaced = worker_pods.unplaced(
+                self.worker_nodes, found, d.mapping, view)
         self.shared = mapping.by_slurm_node(d.k8s_to_slurm)
         if self.last is not None:
             self.fenced |= {s for k, s in d.k8s_to_slurm.items() if before.get(k) != s}
@@ -257,11 +266,15 @@ class Reconciler(GenericNodes):
         for name in self.holds.nodes():
             if only is None or name in only:
                 wanted[name] = {**self.holds.entries(name), **wanted.get(name, {})}
+        for name in self.unplaced:
+            if only is None or name in only:
+                wanted.setdefault(name, {})
         if only is not None:
             for name in only:
                 wanted.setdefault(name, {})
         self._add_claims(wanted, d, only)
         self._add_backstop(wanted)
+        self._add_fences(wanted)
         out = {}
         for name, entries in wanted.items():
             if healthy and not (d.usage.get(name) or usage.NodeUsage()).errors:
@@ -307,6 +320,15 @@ class Reconciler(GenericNodes):
             held = self.backstop.entry(name, view.get(name), (shown.get(name) or {}).get("jobs"))
             if held is not None:
                 entries[backstop.KEY] = held
+
+    def _add_fences(self, wanted: dict[str, dict]) -> None:
+        """A worker's Slurm node between pods is held whole: its next slurmd
+        may register on a Kubernetes node whose pods are not counted yet,
+        and no job may start there before they are (worker_pods.unplaced)."""
+        for name in self.unplaced & wanted.keys():
+            rest = backstop.fence_rest((self.slurm_view or {}).get(name), wanted[name])
+            if rest is not None:
+                wanted[name][backstop.FENCE_KEY] = rest
 
     def _backstop_event(self, name: str, reason: str, message: str) -> None:
         if self.events is not None:
@@ -412,6 +434,7 @@ class Reconciler(GenericNodes):
         """Record what the ledger said of Slurm node `name` (from set or show):
         log, gauge, counter and Event when it becomes oversubscribed, an Event
         again (its count bumped) while it stays so."""
+        over = over and name not in self.unplaced   # held whole on purpose, jobs or not
         with self.over_lock:
             was = self.oversubscribed.get(name, False)
             self.oversubscribed[name] = over

@@ -71,6 +71,19 @@ def entry(g: Gap | None) -> tuple[int, int] | None:
     return g.cpus * 1000, g.mb << 20
 
 
+def fence_rest(node, entries: Mapping[str, tuple]) -> tuple[int, int] | None:
+    """The entry that, with `entries` (key -> (millicores, bytes), the
+    fence's own left out), holds all of the node's k8scpu/k8smemory; None
+    when they hold it all already, or the node is unknown."""
+    whole = fence(node)
+    if whole is None:
+        return None
+    others = [v for k, v in entries.items() if k != FENCE_KEY]
+    cpu_m = max(0, whole[0] - sum(int(v[0]) for v in others))
+    mem = max(0, whole[1] - sum(int(v[1]) for v in others))
+    return (cpu_m, mem) if cpu_m or mem else None
+
+
 def fence(node) -> tuple[int, int] | None:
     """The entry (millicores, bytes) that holds all of a Slurm node's
     k8scpu/k8smemory; None for a node Slurm does not list or without them."""

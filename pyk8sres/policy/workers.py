@@ -105,10 +105,12 @@ def is_worker(pod: Mapping, sel: Selector | None) -> bool:
 @dataclass(frozen=True)
 class WorkerPod:
     """A bound, running worker pod, kept compact: its key (namespace/name),
-    its Kubernetes node, and its Slurm node name (None: none usable)."""
+    its Kubernetes node, its Slurm node name (None: none usable), and
+    whether it is being deleted (its slurmd is going: leaving)."""
     key: str
     k8s_node: str
     slurm_node: str | None
+    leaving: bool = False
 
 
 def slurm_name(pod: Mapping, sel: Selector) -> str | None:
@@ -135,7 +137,26 @@ def worker_pod(pod: Mapping, sel: Selector | None) -> WorkerPod | None:
     if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return None
     meta = pod.get("metadata") or {}
-    return WorkerPod(f"{meta.get('namespace')}/{meta.get('name')}", node, slurm_name(pod, sel))
+    return WorkerPod(f"{meta.get('namespace')}/{meta.get('name')}", node, slurm_name(pod, sel),
+                     bool(meta.get("deletionTimestamp")))
+
+
+def unplaced(known: Iterable[str], pods: Iterable[WorkerPod], mapping: Mapping[str, str | None],
+             slurm_names) -> tuple[frozenset, frozenset]:
+    """(the Slurm nodes known as workers', those of them no running worker
+    holds now).  A worker's Slurm node is known once a worker pod maps its
+    Kubernetes node to it (mapping: this cycle's), and forgotten when Slurm
+    no longer has it.  Such a node with no worker mapped there, or only one
+    being deleted, is between pods: its slurmd is gone or going, and the
+    next one may register on a Kubernetes node whose pods are not counted
+    yet (a worker rescheduled).  The sync daemon holds it whole until a
+    running worker maps it again and that node's pods are counted."""
+    pods = list(pods)
+    mapped = [p for p in pods if p.slurm_node and mapping.get(p.k8s_node) == p.slurm_node]
+    names = frozenset(slurm_names)
+    now = (frozenset(known) | {p.slurm_node for p in mapped}) & names
+    held = {p.slurm_node for p in mapped if not p.leaving}
+    return now, frozenset(now - held)
 
 
 def merge(base: Mapping[str, str | None], pods: Iterable[WorkerPod], k8s_nodes,

@@ -46,8 +46,15 @@ class Churn:
     windows and state here too, so the checks can tell what explains a
     sample not taken."""
 
-    def __init__(self, c, cp, kube, seed: int):
+    def __init__(self, c, cp, kube, seed: int, nodes=None, over=None):
+        """nodes: the Kubernetes nodes pods are put on directly (default
+        CAPACITY's: this world's); over: the invariant's sample, a function
+        of this Churn returning the violations (default over_capacity on
+        CAPACITY, what this world shares)."""
         self.c, self.cp, self.kube = c, cp, kube
+        self.nodes = sorted(nodes or CAPACITY)
+        self.over = over or (lambda churn: over_capacity(
+            churn.c.env, churn.kube, CAPACITY, churn.ctld_restarted_at, churn.still_running()))
         self.apps = kclient.AppsV1Api(kube.api)
         self.rnd = random.Random(seed)
         self.stop = threading.Event()
@@ -120,6 +127,10 @@ class Churn:
             except subprocess.TimeoutExpired:
                 pass    # slurmctld being killed: submissions may time out
 
+    def _any_node(self) -> str:
+        # randint as before self.nodes: a seed's churn stays the same run
+        return self.nodes[self.rnd.randint(1, len(self.nodes)) - 1]
+
     def _pod(self, name: str, node: str | None) -> dict:
         cpu = self.rnd.choice(["250m", "500m", "1", "1500m", "2", "3"])
         mem = self.rnd.choice(["128Mi", "512Mi", "1Gi", "2Gi", "4Gi"])
@@ -135,7 +146,7 @@ class Churn:
         while not self.stop.wait(self.rnd.uniform(0.1, 0.4)):
             i += 1
             direct = self.rnd.random() < 0.5
-            node = f"n{self.rnd.randint(1, NODES)}" if direct else None
+            node = self._any_node() if direct else None
             t0 = time.monotonic()
             try:
                 kube_calls.create_pod(self.kube, NAMESPACE, self._pod(f"p{i}", node))
@@ -236,7 +247,7 @@ class Churn:
         i = 0
         while not self.stop.wait(self.rnd.uniform(0.5, 1.5)):
             i += 1
-            pod = self._pod(f"q{i}", f"n{self.rnd.randint(1, NODES)}")
+            pod = self._pod(f"q{i}", self._any_node())
             try:
                 kube_calls.create_pod(self.kube, QUOTA_NAMESPACE, pod)
                 with self.lock:
@@ -262,8 +273,7 @@ class Churn:
         API server is recorded, never counted as clean."""
         t0 = time.monotonic()
         try:
-            over = over_capacity(self.c.env, self.kube, CAPACITY, self.ctld_restarted_at,
-                                 self.still_running())
+            over = self.over(self)
             pods = kube_calls.list_pods(self.kube, NAMESPACE)
         except Unreadable as e:
             self._not_sampled(e.side, t0, e.detail)

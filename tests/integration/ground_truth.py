@@ -172,14 +172,20 @@ def slurm_jobs(env, nodes, restarted_at: float = 0.0) -> dict[str, list[int]]:
     return used
 
 
-def bound_pods(kube) -> dict[str, tuple[str, Fraction, int]]:
-    """uid -> (node, CPUs, bytes) of every non-terminal pod bound to a node
-    (Terminating ones included), placeholders left out.  Raises Unreadable
-    when the API server does not answer."""
+def all_pods(kube) -> list[dict]:
+    """Every pod the API server has.  Raises Unreadable when it does not answer."""
     try:
-        pods = kube_calls.list_pods(kube)
+        return kube_calls.list_pods(kube)
     except (kube_calls.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
         raise Unreadable("kubernetes", f"list pods: {type(e).__name__}: {e}"[:300]) from None
+
+
+def bound_pods(kube, pods: list[dict] | None = None) -> dict[str, tuple[str, Fraction, int]]:
+    """uid -> (node, CPUs, bytes) of every non-terminal pod bound to a node
+    (Terminating ones included), placeholders left out; of `pods` when
+    given, else of what the API server has now.  Raises Unreadable when the
+    API server does not answer."""
+    pods = all_pods(kube) if pods is None else pods
     out = {}
     for p in pods:
         node = (p.get("spec") or {}).get("nodeName")
@@ -219,6 +225,64 @@ def over_capacity(env, kube, capacity: dict[str, tuple[int, int]],
         if jc + pc > cpus or jm + pm > mb:
             out.append(f"{time.strftime('%T')} {node}: jobs {jc} CPUs {jm} MB + pods {pc} CPUs "
                        f"{pm} MB > {cpus}/{mb}")
+    return out
+
+
+def worker_hosts(pods: list[dict], namespace: str, names) -> dict[str, set[str]]:
+    """Kubernetes node -> the Slurm nodes whose worker pod (named as its
+    Slurm node, in `namespace`) is bound there and not finished, Terminating
+    ones included (their slurmd may still run jobs)."""
+    out: dict[str, set[str]] = {}
+    for p in pods:
+        meta, node = p["metadata"], (p.get("spec") or {}).get("nodeName")
+        if meta["namespace"] == namespace and meta["name"] in names and node and \
+                (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            out.setdefault(node, set()).add(meta["name"])
+    return out
+
+
+def workers_over_capacity(env, kube, capacity: dict[str, tuple[int, int]],
+                          namespace: str, still_running=None,
+                          crowded: list | None = None) -> list[str]:
+    """Slurm in Kubernetes: Slurm nodes (capacity: Slurm node -> (CPUs, MB))
+    where Slurm's jobs + the pods bound on the Kubernetes node their worker
+    pod runs on (the workers themselves left out) exceed it, now.  A pod
+    counts on the Slurm nodes whose worker ran beside it when the API server
+    was asked before or after slurmctld (a worker moving counts on both).
+    still_running: as over_capacity's, by Kubernetes node.  Pods alone over
+    a Slurm node, no job there, are no double booking: pods bound while no
+    worker ran on their node were admitted against nothing, and a worker
+    coming back finds them (the ledger holds them, clamped, and no job
+    starts there until they leave); such samples go to `crowded`.  Raises
+    Unreadable when either side cannot be read."""
+    first = all_pods(kube)
+    jobs = slurm_jobs(env, capacity)
+    second = all_pods(kube)
+    hosts: dict[str, set[str]] = {}
+    for listing in (first, second):
+        for k, names in worker_hosts(listing, namespace, capacity).items():
+            hosts.setdefault(k, set()).update(names)
+    workers = {p["metadata"]["uid"] for p in first + second
+               if p["metadata"]["namespace"] == namespace and p["metadata"]["name"] in capacity}
+    before, after = bound_pods(kube, first), bound_pods(kube, second)
+    pods = {s: [Fraction(0), 0] for s in capacity}
+    running = [after[uid] for uid in (before.keys() & after.keys()) - workers]
+    for node, cpu, mem in running + [(k, c, m) for k, (c, m) in (still_running or {}).items()]:
+        for s in hosts.get(node, ()):
+            pods[s][0] += cpu
+            pods[s][1] += mem
+    out = []
+    for s, (cpus, mb) in capacity.items():
+        jc, jm = jobs[s]
+        pc, pm = math.ceil(pods[s][0]), math.ceil(pods[s][1] / (1 << 20))
+        if jc + pc > cpus or jm + pm > mb:
+            text = (f"{time.strftime('%T')} {s} (on "
+                    f"{sorted(k for k, v in hosts.items() if s in v)}): jobs {jc} CPUs {jm} MB "
+                    f"+ pods {pc} CPUs {pm} MB > {cpus}/{mb}")
+            if jc or jm:
+                out.append(text)
+            elif crowded is not None:
+                crowded.append(text)
     return out
 
 

@@ -6,6 +6,10 @@ placed by the real kube-scheduler; for each bound pod the test cluster's
 container runtime starts a real `slurmd -Z` named as the pod.  Checked from
 the ground truth: the API server's pods and bindings, slurmctld's nodes
 (`scontrol show node`), the slurmd processes themselves, and a job's output.
+Then a worker moves onto the free node where a pod runs, and a churn slice
+runs while workers move, both sampled all along: Slurm's jobs
+(`scontrol -d show job`) + the pods bound beside each worker within its
+Slurm node (ground_truth.workers_over_capacity).
 
 Ports: port(29600) slurmctld, +1 SlurmdPort (22.05: every worker's, each at
 its own loopback address), +2, +3 the workers' own (23.02 on); the control
@@ -17,18 +21,27 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 
 import pytest
+from kubernetes import client as kclient
 
+from churn_world import DEPLOYMENTS, NAMESPACE as CHURN_NAMESPACE, QUOTA_NAMESPACE, Churn, \
+    deployment
 from conftest_kube import pick_ports, wait
+from ground_truth import Unreadable, workers_over_capacity
 from local_slurm import SLURM, port, requires_slurm
+from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.testbed import containerized, daemons, hybrid
 
 pytestmark = requires_slurm
+# The churn slice (test_churn_with_worker_moves_never_double_books); a soak by hand:
+# PYK8SRES_CHURN_SECONDS=1800 python3 -m pytest -s integration/test_containerized.py -k churn
+CHURN_SECONDS = float(os.environ.get("PYK8SRES_CHURN_SECONDS", "60"))
 NODES, CPUS, MEMORY = 3, 4, 8000
 WORKER_CPUS, WORKER_MB = containerized.worker_limits(CPUS, MEMORY)
-W0 = "slurm-test-worker-cpu-0"
+W0, W1 = "slurm-test-worker-cpu-0", "slurm-test-worker-cpu-1"
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +200,188 @@ def test_deleting_a_worker_pod_stops_its_slurmd_and_the_replacement_registers(wo
     assert n["Gres"] == f"k8scpu:{WORKER_CPUS},k8smemory:{WORKER_MB}", n
     assert new["spec"]["nodeName"].startswith("cn-hongkong.10.1.0.")
     assert run_hostname(c, W0) == W0
+
+
+def sbatch(c, *args) -> str:
+    proc = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", *args], env=c.env,
+                          capture_output=True, text=True, cwd="/tmp")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+class Sampler(threading.Thread):
+    """Ground truth all along (ground_truth.workers_over_capacity): jobs +
+    the pods beside each worker within its Slurm node, at every sample."""
+
+    def __init__(self, c, kube):
+        super().__init__(daemon=True)
+        self.c, self.kube, self.stop = c, kube, threading.Event()
+        self.violations, self.unreadable, self.samples = [], [], 0
+        self.job, self.states = None, set()     # a job whose states are recorded meanwhile
+
+    def run(self):
+        capacity = {w: (WORKER_CPUS, WORKER_MB) for w in (W0, W1)}
+        while not self.stop.is_set():
+            try:
+                self.violations += workers_over_capacity(self.c.env, self.kube, capacity,
+                                                         "slurm")
+                self.samples += 1
+                if (job := self.job) is not None:
+                    self.states.add(job_state(self.c, job))
+            except Unreadable as e:
+                self.unreadable.append(str(e))
+            self.stop.wait(0.2)
+
+
+def test_a_worker_moved_to_the_free_node_takes_no_job_before_its_pods_are_counted(world):
+    """W0's pod is deleted while a job runs on W1 and a pod runs on the free
+    node; kube-scheduler places the replacement there (W0's old node is
+    cordoned) and its slurmd registers as W0 again.  A job submitted for W0
+    meanwhile, needing all of it, pends until the pod beside the new worker
+    is gone; at no sample do jobs + pods exceed a Slurm node."""
+    c, cp = world
+    kube = kube_calls.Kube(cp.kubeconfig)
+    hosts = {name: p["spec"]["nodeName"] for name, p in pods(cp).items()}
+    nodes = {n[5:] for n in cp.kubectl("get", "nodes", "-o", "name").stdout.split()}
+    old, (free,) = hosts[W0], nodes - set(hosts.values())
+    running = sbatch(c, "-w", W1, "-c", "1", "--wrap", "sleep 300")
+    beside = {"apiVersion": "v1", "kind": "Pod",
+              "metadata": {"name": "on-the-free-node", "namespace": "default"},
+              "spec": {"nodeName": free, "terminationGracePeriodSeconds": 1, "containers": [
+                  {"name": "c", "image": "busybox",
+                   "resources": {"requests": {"cpu": "2", "memory": "2000Mi"}}}]}}
+    cp.kubectl("create", "-f", "-", input=json.dumps(beside))
+    wait(lambda: job_state(c, running) == "RUNNING", "the job on W1", 30)
+    sampler = Sampler(c, kube)
+    sampler.start()
+    cp.kubectl("cordon", old)
+    whole, states = None, set()
+    try:
+        start = node(c, W0)["SlurmdStartTime"]
+        cp.kubectl("delete", "pod", "-n", "slurm", W0, "--wait=false")
+        time.sleep(1)            # the sync daemon's reaction to the deletion
+        whole = sbatch(c, "-w", W0, "-c", str(WORKER_CPUS), "--wrap", "sleep 300")
+        sampler.job = whole
+        wait(lambda: (p := pods(cp).get(W0)) and p["spec"].get("nodeName") == free and
+             not p["metadata"].get("deletionTimestamp"), "the replacement bound on the free "
+             "node", 60)
+        wait(lambda: node(c, W0).get("SlurmdStartTime", start) > start,
+             "W0's slurmd registered again", 60)
+        time.sleep(5)            # the new slurmd registered, the pod still beside it
+        sampler.job, states = None, set(sampler.states)
+        cp.kubectl("delete", "pod", "-n", "default", beside["metadata"]["name"], "--wait=false")
+        if states == {"PENDING"}:
+            wait(lambda: job_state(c, whole) == "RUNNING",
+                 "the job to start once the pod is gone", 60)
+        time.sleep(2)            # samples of the job running on the moved worker
+    finally:
+        sampler.stop.set()
+        sampler.join(30)
+        cp.kubectl("uncordon", old)
+        subprocess.run(["scancel", *filter(None, (running, whole))], env=c.env,
+                       capture_output=True)
+    assert sampler.violations == [], sampler.violations
+    assert states == {"PENDING"}, (f"the job for all of W0 did not pend beside the pod: "
+                                   f"{states}; W0: {node(c, W0)}")
+    assert not sampler.unreadable and sampler.samples >= 10, (sampler.samples,
+                                                              sampler.unreadable)
+
+
+def move_workers(churn, c, cp, moved: list, errors: list):
+    """As an operator moves a worker off a node: drain its Slurm node
+    (Slinky's does before a scale-in) until its jobs are done, cordon the
+    Kubernetes node, delete the pod; kube-scheduler binds the StatefulSet's
+    replacement on the free node (preempting churn pods there if need be),
+    its slurmd registers, the node is resumed.  A job still on a deleted worker dies with its pod
+    while Slurm lists it until the node registers again: ground truth from
+    Slurm could not tell, hence the drain."""
+    while not churn.stop.wait(churn.rnd.uniform(2, 4)):
+        name = churn.rnd.choice((W0, W1))
+        subprocess.run(["scontrol", "update", f"NodeName={name}", "State=DRAIN",
+                        "Reason=moving"], env=c.env, capture_output=True)
+        try:
+            host = pods(cp)[name]["spec"].get("nodeName")
+            wait(lambda: node(c, name).get("CPUAlloc") == "0" and
+                 "COMPLETING" not in node(c, name).get("State", ""), f"{name} drained", 60)
+            start = node(c, name)["SlurmdStartTime"]
+            cp.kubectl("cordon", host)
+            try:
+                cp.kubectl("delete", "pod", "-n", "slurm", name, "--wait=false")
+                new = wait(lambda: (p := pods(cp).get(name)) and p["spec"].get("nodeName") and
+                           not p["metadata"].get("deletionTimestamp") and p["spec"]["nodeName"],
+                           f"{name}'s replacement bound", 90)
+            finally:
+                cp.kubectl("uncordon", host)
+            wait(lambda: node(c, name).get("SlurmdStartTime", start) > start,
+                 f"{name}'s slurmd registered again", 60)
+            moved.append(f"{name}: {host} -> {new}")
+        except Exception as e:     # noqa: BLE001 - reported by the test
+            errors.append(f"{time.strftime('%T')} {name}: {type(e).__name__}: {e}")
+            return
+        finally:
+            subprocess.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"],
+                           env=c.env, capture_output=True)
+
+
+def test_churn_with_worker_moves_never_double_books(world):
+    """A slice of the churn (churn_world.Churn: jobs and sruns, pods put on
+    nodes directly and placed by kube-scheduler, Deployments scaled, pods
+    deleted, force-deleted and resized, creates a quota refuses) in this
+    layout, with worker pods replaced meanwhile (move_workers) in place of
+    the hybrid churn's faults; ground truth (workers_over_capacity) at every sample."""
+    c, cp = world
+    kube = kube_calls.Kube(cp.kubeconfig, None, 10)
+    for ns in (CHURN_NAMESPACE, QUOTA_NAMESPACE):
+        kube.core.create_namespace({"metadata": {"name": ns}})
+    kube.core.create_namespaced_resource_quota(QUOTA_NAMESPACE, {
+        "metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}})
+    apps = kclient.AppsV1Api(kube.api)
+    for name, (cpu, memory) in DEPLOYMENTS.items():
+        apps.create_namespaced_deployment(CHURN_NAMESPACE, deployment(name, cpu, memory))
+    # Workers preempt ordinary pods, as a site runs them: else the churn's
+    # pods take the room a deleted worker left and its replacement pends.
+    # OnDelete: the running workers stay until move_workers deletes them.
+    cp.kubectl("create", "-f", "-", input=json.dumps({
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": "slurm-worker"}, "value": 1000000}))
+    cp.kubectl("patch", "statefulset", "-n", "slurm", containerized.statefulset_name(),
+               "--type=merge", "-p",
+               json.dumps({"spec": {"updateStrategy": {"type": "OnDelete", "rollingUpdate": None},
+                                    "template": {"spec": {"priorityClassName": "slurm-worker"}}}}))
+    nodes = [n[5:] for n in cp.kubectl("get", "nodes", "-o", "name").stdout.split()]
+    capacity = {w: (WORKER_CPUS, WORKER_MB) for w in (W0, W1)}
+    churn = Churn(c, cp, kube, seed=int(os.environ.get("PYK8SRES_CHURN_SEED", "8")), nodes=nodes,
+                  over=lambda ch: workers_over_capacity(c.env, ch.kube, capacity, "slurm",
+                                                        ch.still_running(), crowded))
+    moved: list[str] = []
+    errors: list[str] = []
+    crowded: list[str] = []      # pods alone over a worker (workers_over_capacity)
+    loops = [threading.Thread(target=f, daemon=True) for f in
+             (churn.submit_jobs, churn.create_pods, churn.scale_deployments, churn.delete_pods,
+              churn.resize_pods, churn.quota_refused_creates, churn.check,
+              lambda: move_workers(churn, c, cp, moved, errors))]
+    for t in loops:
+        t.start()
+    try:
+        time.sleep(CHURN_SECONDS)
+    finally:
+        churn.stop.set()
+        for t in loops:
+            t.join(120)
+        for name in DEPLOYMENTS:
+            apps.patch_namespaced_deployment_scale(name, CHURN_NAMESPACE,
+                                                   {"spec": {"replicas": 0}})
+        subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
+    counts = churn.counts
+    print(f"\ncontainerized churn: {counts}; moves: {moved}; samples of pods alone over a "
+          f"worker (bound while none ran there; no job beside them): {len(crowded)} "
+          f"{crowded[:2]}")
+    assert not churn.violations, (f"{len(churn.violations)} violations: "
+                                  f"{churn.violations[:5]}\n{churn.first_violation}")
+    assert not churn.check_errors, churn.check_errors[:5]
+    assert not churn.unexplained(), churn.unexplained()[:5]     # no fault explains any
+    assert not errors, errors
+    assert counts["samples"] > 50 and len(moved) >= 2, (counts, moved)
+    assert all(m.split(" -> ")[0].split()[-1] != m.split(" -> ")[1] for m in moved), moved
+    assert counts["pods admitted"] > 0 and counts["pods refused"] > 0
+    assert counts["jobs submitted"] > 10 and counts["deployment scalings"] >= 10

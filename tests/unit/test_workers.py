@@ -360,3 +360,95 @@ def test_a_slurm_node_over_its_nodes_allocatable_gets_one_event(tmp_path):
                                                                           "memory": "8000Mi"}}))
     rec.cycle()
     assert not rec.last.over_allocatable and len(rec.events.posted) == 1
+
+
+# ----------------------------------------------------------------- moves
+
+W = workers.WorkerPod
+
+
+@pytest.mark.parametrize("case, known, pods, mapping, want_known, want_unplaced", [
+    ("a running worker maps its node: known, held by it", (), [W("s/a", "k1", "a")],
+     {"k1": "a"}, {"a"}, set()),
+    ("its pod being deleted: its slurmd is going", (), [W("s/a", "k1", "a", leaving=True)],
+     {"k1": "a"}, {"a"}, {"a"}),
+    ("no pod at all (between the old one and its successor)", ("a",), [], {"k1": None},
+     {"a"}, {"a"}),
+    ("the successor bound, not yet mapped (its node maps elsewhere)", ("a",),
+     [W("s/a", "k2", "a")], {"k2": "b"}, {"a"}, {"a"}),
+    ("the successor mapped on another node", ("a",), [W("s/a", "k2", "a")], {"k2": "a"},
+     {"a"}, set()),
+    ("Slurm no longer has the node: forgotten", ("gone",), [], {}, set(), set()),
+    ("a worker whose node maps nothing (a conflict) is not known", (),
+     [W("s/a", "k1", "a")], {"k1": None}, set(), set()),
+    ("no usable name", (), [W("s/x", "k1", None)], {"k1": None}, set(), set()),
+])
+def test_unplaced(case, known, pods, mapping, want_known, want_unplaced):
+    got = workers.unplaced(known, pods, mapping, {"a", "b"})
+    assert got == (want_known, want_unplaced), case
+
+
+def test_a_deleted_worker_pod_is_leaving():
+    p = slinky("slinky-0", K19, "slinky-0")
+    assert not workers.worker_pod(p, SL).leaving
+    p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert workers.worker_pod(p, SL).leaving
+
+
+@pytest.mark.parametrize("gres, entries, want", [
+    ({"k8scpu": 4, "k8smemory": 8000}, {}, (4000, 8000 << 20)),
+    ({"k8scpu": 4, "k8smemory": 8000}, {"u1": (1500, 1 << 30)}, (2500, (8000 << 20) - (1 << 30))),
+    ({"k8scpu": 4, "k8smemory": 8000}, {"slurm:fence": (4000, 1), "u1": (1000, 0)},
+     (3000, 8000 << 20)),                                           # the fence's own left out
+    ({"k8scpu": 4, "k8smemory": 8000}, {"u1": (5000, 9000 << 20)}, None),   # held all already
+    ({}, {}, None),
+])
+def test_fence_rest(gres, entries, want):
+    from pyk8sres.policy import backstop
+    node = type("N", (), {"gres": gres})()
+    assert backstop.fence_rest(node, entries) == want
+    assert backstop.fence_rest(None, entries) is None
+
+
+def leaving(p):
+    p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return p
+
+
+def test_a_worker_moved_holds_its_slurm_node_whole_until_the_new_nodes_pods_are_counted(world):
+    """The worker on K19 is deleted; its successor comes to K20, where z
+    runs already.  From the deletion on, no job may start on slinky-0 (its
+    slurmd is going, and the next one may register before z is counted);
+    once the successor maps K20, slinky-0 holds z and, while x runs on
+    K19, x too."""
+    slurm, cache, rec = world
+    cache.event("pods", "ADDED", pod("z", K20, "2", "0"))
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (3, 8000) and slurm.counts("slinky-1") == (4, 8000)
+    cache.event("pods", "MODIFIED", leaving(slinky("slinky-0", K19, "slinky-0")))
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (0, 0)               # held whole
+    assert rec.last.k8s_to_slurm == {K19: "slinky-0"}       # x still counts there
+    cache.event("pods", "DELETED", leaving(slinky("slinky-0", K19, "slinky-0")))
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (0, 0)               # no pod: still whole
+    cache.event("pods", "ADDED", pod("y", K19, "1", "0"))   # a pod event's cycle keeps it
+    rec.cycle(refresh=False, dirty=cache.take_dirty())
+    assert slurm.counts("slinky-0") == (0, 0)
+    cache.event("pods", "ADDED", slinky("slinky-0", K20, "slinky-0"))
+    rec.cycle()
+    assert rec.last.k8s_to_slurm == {K20: "slinky-0"}
+    assert slurm.counts("slinky-0") == (0, 8000)            # z (2) + x, y kept from K19 (2)
+    assert "slurm:fence" not in slurm.core.nodes["slinky-0"]
+    for name in ("x", "y"):
+        cache.event("pods", "DELETED", pod(name, K19, "1", "0", phase="Succeeded"))
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (2, 8000)            # z alone
+
+
+def test_a_worker_scaled_in_keeps_its_slurm_node_held(world):
+    slurm, cache, rec = world
+    cache.event("pods", "DELETED", slinky("slinky-0", K19, "slinky-0"))
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (0, 0)
+    assert not rec.oversubscribed.get("slinky-0")           # on purpose, not pods over
