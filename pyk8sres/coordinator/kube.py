@@ -285,28 +285,28 @@ class Kube:
             GROUP, VERSION, PLURAL, _preload_content=False, _request_timeout=self.timeout))
         return {o["metadata"]["name"]: o for o in body.get("items") or []}
 
-    def create_generic_node(self, name: str, spec: dict, status: dict) -> dict:
+    def create_generic_node(self, name: str, spec: dict, status: dict) -> None:
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GenericNode",
                 "metadata": {"name": name, "labels": dict(MANAGED_BY)}, "spec": spec}
-        obj = _json(self.custom.create_cluster_custom_object(
+        done(self.custom.create_cluster_custom_object(
             GROUP, VERSION, PLURAL, body, _preload_content=False,
             _request_timeout=self.timeout))
         # status is a subresource: create ignores it, set it separately.
-        return self.patch_generic_node(name, status=status) if status else obj
+        if status:
+            self.patch_generic_node(name, status=status)
 
     def patch_generic_node(self, name: str, spec: dict | None = None,
-                           status: dict | None = None) -> dict:
-        """Merge-patch spec and/or status (the status patch follows every
-        admitted pod: the short request path)."""
-        obj = None
+                           status: dict | None = None) -> None:
+        """Merge-patch spec and/or status.  The status patch follows every
+        admitted pod: the short request path, and the reply (the whole
+        object) is drained, not parsed: nobody reads it."""
         path = f"/apis/{GROUP}/{VERSION}/{PLURAL}/{quote(name, safe='')}"
         if spec is not None:
-            obj = _json(self.request("PATCH", path, {"spec": spec}, MERGE_PATCH))
+            done(self.request("PATCH", path, {"spec": spec}, MERGE_PATCH))
         if status is not None:
             # A merge patch merges maps but replaces lists, which is what we want
             # for allocatedResources.  null removes keys we no longer set.
-            obj = _json(self.request("PATCH", path + "/status", {"status": status}, MERGE_PATCH))
-        return obj or {}
+            done(self.request("PATCH", path + "/status", {"status": status}, MERGE_PATCH))
 
     def delete_generic_node(self, name: str) -> None:
         try:
