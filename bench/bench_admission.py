@@ -213,14 +213,14 @@ def request_costs(kube, pids: dict, idle: dict, count: int = 200) -> dict:
     (one field that changes each time: a real write), and a pod read back.
     What a profile of our daemons cannot show: the API server's share."""
     pids = {k: v for k, v in pids.items() if k in CONTROL_PLANE}
-    gn = "/apis/pyk8sres.io/v1alpha1/genericnodes/n2/status"
+    gn = kube_calls.GENERIC_NODE_STATUS_PATH
     ns = "cost-" + uuid.uuid4().hex[:6]
     kube.core.create_namespace({"metadata": {"name": ns}})
     kube_calls.create_pod(kube, ns, pod("probe", "not-shared", "1m"))
     calls = {
         "GenericNode status PATCH": lambda i: kube_calls.done(kube.request(
             "PATCH", gn, {"status": {"observedAt": f"2026-01-01T00:00:0{i % 2}Z"}},
-            kube_calls.MERGE_PATCH)),
+            kube_calls.MERGE_PATCH, name="n2")),
         "pod GET": lambda i: kube_calls.get_pod(kube, ns, "probe")}
     out = {}
     for what, call in calls.items():
@@ -230,7 +230,7 @@ def request_costs(kube, pids: dict, idle: dict, count: int = 200) -> dict:
         used = cpu_per_pod(cpu0, cpu_seconds(pids), time.monotonic() - t0, idle, count)
         out[what] = sum(used.values())
     kube_calls.done(kube.request("PATCH", gn, {"status": {"observedAt": None}},
-                                 kube_calls.MERGE_PATCH))
+                                 kube_calls.MERGE_PATCH, name="n2"))
     return out
 
 

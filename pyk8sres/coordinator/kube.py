@@ -20,7 +20,7 @@ import select
 import threading
 import time
 from typing import Iterator
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 import yaml  # a dependency of the kubernetes client
 from kubernetes import client, config
@@ -36,6 +36,12 @@ VERSION = "v1alpha1"
 PLURAL = "genericnodes"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "pyk8sres-sync"}
 MERGE_PATCH = "application/merge-patch+json"
+# The paths Kube.request is given, in the client's own notation (names in
+# braces, filled and quoted by request); tests/unit/test_rbac.py reads them
+# to know what the chart's RBAC must grant.
+POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
+GENERIC_NODE_PATH = "/apis/{group}/{version}/{plural}/{name}"
+GENERIC_NODE_STATUS_PATH = "/apis/{group}/{version}/{plural}/{name}/status"
 
 # The one definition of GenericNode: the Helm chart's crds/.
 CRD_MANIFEST = ("deploy", "helm", "pyk8sres", "crds", "genericnode.yaml")
@@ -120,21 +126,24 @@ class Kube:
         self.pod_field_selector_ok = True
 
     def request(self, method: str, path: str, body=None, content_type: str | None = None,
-                query: dict | None = None, timeout=None):
-        """One request the short way: the response, unread (as the client's
+                timeout=None, **names: str):
+        """One request the short way: path one of the *_PATH above, its
+        names given as keywords (group, version and plural are GenericNode's
+        unless given); the response, unread (as the client's
         _preload_content=False gives it), ApiException for anything not 2xx.
         For the calls made once per admitted pod: the generated methods
         validate their arguments (pydantic) and walk the body to serialise
         it on every call, which costs more CPU than the request itself;
         this keeps the same connection pool, authentication and RBAC
         bookkeeping (permissions.watch_client) without them."""
+        path = path.format(**{"group": GROUP, "version": VERSION, "plural": PLURAL,
+                              **{k: quote(v, safe="") for k, v in names.items()}})
         api = self.api
         headers = {"Accept": "application/json", **api.default_headers}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
-        queries = list((query or {}).items())
-        api.update_params_for_auth(headers, queries, ["BearerToken"], path, method, body)
-        url = api.configuration.host + path + (f"?{urlencode(queries)}" if queries else "")
+        api.update_params_for_auth(headers, [], ["BearerToken"], path, method, body)
+        url = api.configuration.host + path
         resp = api.call_api(method, url, headers, body, None,
                             self.timeout if timeout is None else timeout)
         if not 200 <= resp.status <= 299:
@@ -300,13 +309,13 @@ class Kube:
         """Merge-patch spec and/or status.  The status patch follows every
         admitted pod: the short request path, and the reply (the whole
         object) is drained, not parsed: nobody reads it."""
-        path = f"/apis/{GROUP}/{VERSION}/{PLURAL}/{quote(name, safe='')}"
         if spec is not None:
-            done(self.request("PATCH", path, {"spec": spec}, MERGE_PATCH))
+            done(self.request("PATCH", GENERIC_NODE_PATH, {"spec": spec}, MERGE_PATCH, name=name))
         if status is not None:
             # A merge patch merges maps but replaces lists, which is what we want
             # for allocatedResources.  null removes keys we no longer set.
-            done(self.request("PATCH", path + "/status", {"status": status}, MERGE_PATCH))
+            done(self.request("PATCH", GENERIC_NODE_STATUS_PATH, {"status": status}, MERGE_PATCH,
+                              name=name))
 
     def delete_generic_node(self, name: str) -> None:
         try:
@@ -425,8 +434,7 @@ def _missing(e: ApiException) -> bool:
 
 def get_pod(kube: Kube, namespace: str, name: str) -> dict | None:
     try:
-        return _json(kube.request(
-            "GET", f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"))
+        return _json(kube.request("GET", POD_PATH, namespace=namespace, name=name))
     except ApiException as e:
         if _missing(e):
             return None
