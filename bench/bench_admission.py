@@ -1,6 +1,7 @@
 """Admission latency through the real Kubernetes API server and the coordinator's webhook.
 
     python3 bench/bench_admission.py [--nodes 100,1000] [--queue 10000] [--pods 500] [--threads 8]
+                                     [--no-generic-nodes]
 
 For each node count it brings up its own hybrid cluster (real slurmctld with
 that many nodes in slurm.conf -- no slurmd, Gres= lines, the ledger served by
@@ -23,7 +24,10 @@ against the baseline of the same run; the last line, for the largest node
 count, is what a script reads:
     admission: extra CPU per pod R1, pods/s admitted/alone R2
 R1 = (admitted pod's CPU, all daemons - the baseline pod's) / the baseline
-pod's; R2 = admitted pods/s / the baseline's.
+pod's; R2 = admitted pods/s / the baseline's.  Then what a GenericNode
+status PATCH and a pod GET cost kube-apiserver and etcd.  --no-generic-nodes
+runs the sync daemon with generic_nodes = false: the same without the
+GenericNode write each admitted pod sets off.
 """
 from __future__ import annotations
 
@@ -158,7 +162,8 @@ def cpu_line(what: str, used: dict) -> str:
         + f"; total {sum(used.values()):.1f}")
 
 
-def measure(kube, pods: int, threads: int, nodes: int, pids: dict) -> dict:
+def measure(kube, pods: int, threads: int, nodes: int, pids: dict,
+            generic_nodes: bool = True) -> dict:
     """Per case: p50 and p99 ms (sequential), pods/s (threads clients), CPU
     ms per pod by daemon (sequential and concurrent), API writes per pod
     (sequential)."""
@@ -194,11 +199,12 @@ def measure(kube, pods: int, threads: int, nodes: int, pids: dict) -> dict:
                       "writes": {k: v for k, v in per_pod(writes0, writes1, pods).items() if v}}
         print(cpu_line(f"{label} sequential", out[label]["cpu"]), flush=True)
         print(cpu_line(f"{label} concurrent", out[label]["cpu_concurrent"]), flush=True)
-    costs = request_costs(kube, pids, idle)
+    costs = request_costs(kube, pids, idle) if generic_nodes else {}
     base = sum(out["baseline"]["cpu"][k] for k in CONTROL_PLANE if k in out["baseline"]["cpu"])
-    print("  kube-apiserver + etcd CPU ms per request: " + ", ".join(
-        f"{what} {ms:.2f} ({ms / base:.2f}x theirs per baseline pod)"
-        for what, ms in costs.items()), flush=True)
+    if costs:
+        print("  kube-apiserver + etcd CPU ms per request: " + ", ".join(
+            f"{what} {ms:.2f} ({ms / base:.2f}x theirs per baseline pod)"
+            for what, ms in costs.items()), flush=True)
     kube.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
     return out
 
@@ -305,6 +311,9 @@ def main():
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--base-port", type=int, default=19000)
     ap.add_argument("--kube-port", type=int, help="default: --base-port + 50")
+    ap.add_argument("--no-generic-nodes", action="store_true",
+                    help="the sync daemon writes no GenericNodes (generic_nodes = false): "
+                         "what an admitted pod costs without them")
     args = ap.parse_args()
     rows = []
     for n in [int(x) for x in args.nodes.split(",")]:
@@ -315,14 +324,20 @@ def main():
         c, cp = hybrid.up(work, nodes=n, cpus=64, memory=256000, base_port=args.base_port,
                           kube_port=args.kube_port or args.base_port + 50, node_features=False,
                           slurmd=False,
-                          extra_conf="NodeFeaturesPlugins=node_features/k8s_resources\n")
+                          extra_conf="NodeFeaturesPlugins=node_features/k8s_resources\n",
+                          coordinator=not args.no_generic_nodes)
         try:
+            if args.no_generic_nodes:
+                hybrid.start_sync(c, cp, settings="generic_nodes = false")
+                hybrid.start_webhook(c, cp)
+                hybrid.wait_webhook(cp, c)
             os.environ["SLURM_CONF"] = c.conf
             cp.register_nodes({"not-shared": (64, 256000)})
             kube = kube_calls.Kube(cp.kubeconfig)
             print(f"{n} nodes: up in {time.monotonic() - t0:.0f} s, the webhook in force "
                   f"{settle(kube):.0f} s later", flush=True)
-            rows.append((n, "idle", measure(kube, args.pods, args.threads, n, daemons(c, cp))))
+            rows.append((n, "idle", measure(kube, args.pods, args.threads, n, daemons(c, cp),
+                                            not args.no_generic_nodes)))
             if args.queue:
                 print(f"{n} nodes: queueing {args.queue} jobs ...", flush=True)
                 fill_queue(c, args.queue)
