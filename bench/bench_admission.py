@@ -343,6 +343,10 @@ def main():
                 fill_queue(c, args.queue)
                 rows.append((n, f"{args.queue} queued",
                              measure(kube, args.pods, args.threads, n, daemons(c, cp))))
+        except BaseException:
+            for log in ("sync.out", "webhook.out"):
+                print(f"--- {log} ends:\n{c.log_tail(log)}", flush=True)
+            raise
         finally:
             hybrid.down(work)
             shutil.rmtree(work, ignore_errors=True)
