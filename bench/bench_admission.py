@@ -328,7 +328,7 @@ def main():
                           coordinator=not args.no_generic_nodes)
         try:
             if args.no_generic_nodes:
-                hybrid.start_sync(c, cp, settings="generic_nodes = false")
+                hybrid.start_sync(c, cp, settings="generic_nodes = false\n")
                 hybrid.start_webhook(c, cp)
                 hybrid.wait_webhook(cp, c)
             os.environ["SLURM_CONF"] = c.conf
