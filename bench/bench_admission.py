@@ -1,6 +1,7 @@
 """Admission latency through the real Kubernetes API server and the coordinator's webhook.
 
     python3 bench/bench_admission.py [--nodes 100,1000] [--queue 10000] [--pods 500] [--threads 8]
+                                     [--no-generic-nodes]
 
 For each node count it brings up its own hybrid cluster (real slurmctld with
 that many nodes in slurm.conf -- no slurmd, Gres= lines, the ledger served by
@@ -23,7 +24,10 @@ against the baseline of the same run; the last line, for the largest node
 count, is what a script reads:
     admission: extra CPU per pod R1, pods/s admitted/alone R2
 R1 = (admitted pod's CPU, all daemons - the baseline pod's) / the baseline
-pod's; R2 = admitted pods/s / the baseline's.
+pod's; R2 = admitted pods/s / the baseline's.  Then what a GenericNode
+status PATCH and a pod GET cost kube-apiserver and etcd.  --no-generic-nodes
+runs the sync daemon with generic_nodes = false: the same without the
+GenericNode write each admitted pod sets off.
 """
 from __future__ import annotations
 
@@ -158,7 +162,8 @@ def cpu_line(what: str, used: dict) -> str:
         + f"; total {sum(used.values()):.1f}")
 
 
-def measure(kube, pods: int, threads: int, nodes: int, pids: dict) -> dict:
+def measure(kube, pods: int, threads: int, nodes: int, pids: dict,
+            generic_nodes: bool = True) -> dict:
     """Per case: p50 and p99 ms (sequential), pods/s (threads clients), CPU
     ms per pod by daemon (sequential and concurrent), API writes per pod
     (sequential)."""
@@ -194,7 +199,44 @@ def measure(kube, pods: int, threads: int, nodes: int, pids: dict) -> dict:
                       "writes": {k: v for k, v in per_pod(writes0, writes1, pods).items() if v}}
         print(cpu_line(f"{label} sequential", out[label]["cpu"]), flush=True)
         print(cpu_line(f"{label} concurrent", out[label]["cpu_concurrent"]), flush=True)
+    costs = request_costs(kube, pids, idle) if generic_nodes else {}
+    base = sum(out["baseline"]["cpu"][k] for k in CONTROL_PLANE if k in out["baseline"]["cpu"])
+    if costs:
+        print("  kube-apiserver + etcd CPU ms per request: " + ", ".join(
+            f"{what} {ms:.2f} ({ms / base:.2f}x theirs per baseline pod)"
+            for what, ms in costs.items()), flush=True)
     kube.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+    return out
+
+
+CONTROL_PLANE = ("kube-apiserver", "etcd")
+
+
+def request_costs(kube, pids: dict, idle: dict, count: int = 200) -> dict:
+    """kube-apiserver + etcd CPU ms per request of each kind an admitted
+    pod may set off beyond the baseline's, made `count` times from here
+    (less the idle cluster's CPU meanwhile): a GenericNode status patch
+    (one field that changes each time: a real write), and a pod read back.
+    What a profile of our daemons cannot show: the API server's share."""
+    pids = {k: v for k, v in pids.items() if k in CONTROL_PLANE}
+    gn = kube_calls.GENERIC_NODE_STATUS_PATH
+    ns = "cost-" + uuid.uuid4().hex[:6]
+    kube.core.create_namespace({"metadata": {"name": ns}})
+    kube_calls.create_pod(kube, ns, pod("probe", "not-shared", "1m"))
+    calls = {
+        "GenericNode status PATCH": lambda i: kube_calls.done(kube.request(
+            "PATCH", gn, {"status": {"observedAt": f"2026-01-01T00:00:0{i % 2}Z"}},
+            kube_calls.MERGE_PATCH, name="n2")),
+        "pod GET": lambda i: kube_calls.get_pod(kube, ns, "probe")}
+    out = {}
+    for what, call in calls.items():
+        t0, cpu0 = time.monotonic(), cpu_seconds(pids)
+        for i in range(count):
+            call(i)
+        used = cpu_per_pod(cpu0, cpu_seconds(pids), time.monotonic() - t0, idle, count)
+        out[what] = sum(used.values())
+    kube_calls.done(kube.request("PATCH", gn, {"status": {"observedAt": None}},
+                                 kube_calls.MERGE_PATCH, name="n2"))
     return out
 
 
@@ -269,6 +311,9 @@ def main():
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--base-port", type=int, default=19000)
     ap.add_argument("--kube-port", type=int, help="default: --base-port + 50")
+    ap.add_argument("--no-generic-nodes", action="store_true",
+                    help="the sync daemon writes no GenericNodes (generic_nodes = false): "
+                         "what an admitted pod costs without them")
     args = ap.parse_args()
     rows = []
     for n in [int(x) for x in args.nodes.split(",")]:
@@ -279,19 +324,29 @@ def main():
         c, cp = hybrid.up(work, nodes=n, cpus=64, memory=256000, base_port=args.base_port,
                           kube_port=args.kube_port or args.base_port + 50, node_features=False,
                           slurmd=False,
-                          extra_conf="NodeFeaturesPlugins=node_features/k8s_resources\n")
+                          extra_conf="NodeFeaturesPlugins=node_features/k8s_resources\n",
+                          coordinator=not args.no_generic_nodes)
         try:
+            if args.no_generic_nodes:
+                hybrid.start_sync(c, cp, settings="generic_nodes = false\n")
+                hybrid.start_webhook(c, cp)
+                hybrid.wait_webhook(cp, c)
             os.environ["SLURM_CONF"] = c.conf
             cp.register_nodes({"not-shared": (64, 256000)})
             kube = kube_calls.Kube(cp.kubeconfig)
             print(f"{n} nodes: up in {time.monotonic() - t0:.0f} s, the webhook in force "
                   f"{settle(kube):.0f} s later", flush=True)
-            rows.append((n, "idle", measure(kube, args.pods, args.threads, n, daemons(c, cp))))
+            rows.append((n, "idle", measure(kube, args.pods, args.threads, n, daemons(c, cp),
+                                            not args.no_generic_nodes)))
             if args.queue:
                 print(f"{n} nodes: queueing {args.queue} jobs ...", flush=True)
                 fill_queue(c, args.queue)
                 rows.append((n, f"{args.queue} queued",
                              measure(kube, args.pods, args.threads, n, daemons(c, cp))))
+        except BaseException:
+            for log in ("sync.out", "webhook.out"):
+                print(f"--- {log} ends:\n{c.log_tail(log)}", flush=True)
+            raise
         finally:
             hybrid.down(work)
             shutil.rmtree(work, ignore_errors=True)

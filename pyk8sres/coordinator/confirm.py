@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 from .kube import get_pod
 from ..policy import admission
-from ..policy.ledger import not_ready
+from ..policy.ledger import not_ready, seen_bound
 
 log = logging.getLogger("pyk8sres.coordinator.confirm")
 
@@ -139,6 +139,18 @@ class CreateConfirmer:
                     self._seq += 1
                     heapq.heappush(self._due, (self.clock() + self.retry, self._seq, c))
 
+    def _seen_bound(self, c: Created) -> bool:
+        """Has the sync daemon already listed this pod bound on its node in
+        the ledger?  Then it landed and the sync daemon owns its share:
+        nothing to read back.  The usual case, and one local `show` of one
+        node instead of a read of the pod from the API server (and etcd)
+        for every admitted pod.  Anything else (not listed yet, an older
+        ledger, no answer) reads the pod as before."""
+        try:
+            return seen_bound(self.ledger.show(c.slurm_node), c.slurm_node, c.uid)
+        except Exception:     # LedgerError, or a ledger without show: ask the API server
+            return False
+
     def _failed(self, namespace: str) -> None:
         now = self.clock()
         with self._cv:
@@ -152,6 +164,8 @@ class CreateConfirmer:
 
     def check(self, c: Created) -> bool:
         """One look at a tracked create; True when nothing is left to do."""
+        if self._seen_bound(c):
+            return True
         try:
             stored = get_pod(self.kube, c.namespace, c.name)
         except Exception as e:

@@ -20,6 +20,7 @@ import select
 import threading
 import time
 from typing import Iterator
+from urllib.parse import quote
 
 import yaml  # a dependency of the kubernetes client
 from kubernetes import client, config
@@ -35,6 +36,12 @@ VERSION = "v1alpha1"
 PLURAL = "genericnodes"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "pyk8sres-sync"}
 MERGE_PATCH = "application/merge-patch+json"
+# The paths Kube.request is given, in the client's own notation (names in
+# braces, filled and quoted by request); tests/unit/test_rbac.py reads them
+# to know what the chart's RBAC must grant.
+POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
+GENERIC_NODE_PATH = "/apis/{group}/{version}/{plural}/{name}"
+GENERIC_NODE_STATUS_PATH = "/apis/{group}/{version}/{plural}/{name}/status"
 
 # The one definition of GenericNode: the Helm chart's crds/.
 CRD_MANIFEST = ("deploy", "helm", "pyk8sres", "crds", "genericnode.yaml")
@@ -123,6 +130,32 @@ class Kube:
         # Set to False once the server rejects the "spec.nodeName!=" selector;
         # from then on we filter unbound pods client-side.
         self.pod_field_selector_ok = True
+
+    def request(self, method: str, path: str, body=None, content_type: str | None = None,
+                timeout=None, **names: str):
+        """One request the short way: path one of the *_PATH above, its
+        names given as keywords (group, version and plural are GenericNode's
+        unless given); the response, unread (as the client's
+        _preload_content=False gives it), ApiException for anything not 2xx.
+        For the calls made once per admitted pod: the generated methods
+        validate their arguments (pydantic) and walk the body to serialise
+        it on every call, which costs more CPU than the request itself;
+        this keeps the same connection pool, authentication and RBAC
+        bookkeeping (permissions.watch_client) without them."""
+        path = path.format(**{"group": GROUP, "version": VERSION, "plural": PLURAL,
+                              **{k: quote(v, safe="") for k, v in names.items()}})
+        api = self.api
+        headers = {"Accept": "application/json", **api.default_headers}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        api.update_params_for_auth(headers, [], ["BearerToken"], path, method, body)
+        url = api.configuration.host + path
+        resp = api.call_api(method, url, headers, body, None,
+                            self.timeout if timeout is None else timeout)
+        if not 200 <= resp.status <= 299:
+            resp.read()
+            raise ApiException.from_response(http_resp=resp, body=None, data=None)
+        return resp.response
 
     # ------------------------------------------------------------ pods/nodes
 
@@ -271,30 +304,28 @@ class Kube:
             GROUP, VERSION, PLURAL, _preload_content=False, _request_timeout=self.timeout))
         return {o["metadata"]["name"]: o for o in body.get("items") or []}
 
-    def create_generic_node(self, name: str, spec: dict, status: dict) -> dict:
+    def create_generic_node(self, name: str, spec: dict, status: dict) -> None:
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GenericNode",
                 "metadata": {"name": name, "labels": dict(MANAGED_BY)}, "spec": spec}
-        obj = _json(self.custom.create_cluster_custom_object(
+        done(self.custom.create_cluster_custom_object(
             GROUP, VERSION, PLURAL, body, _preload_content=False,
             _request_timeout=self.timeout))
         # status is a subresource: create ignores it, set it separately.
-        return self.patch_generic_node(name, status=status) if status else obj
+        if status:
+            self.patch_generic_node(name, status=status)
 
     def patch_generic_node(self, name: str, spec: dict | None = None,
-                           status: dict | None = None) -> dict:
-        """Merge-patch spec and/or status."""
-        obj = None
+                           status: dict | None = None) -> None:
+        """Merge-patch spec and/or status.  The status patch follows every
+        admitted pod: the short request path, and the reply (the whole
+        object) is drained, not parsed: nobody reads it."""
         if spec is not None:
-            obj = _json(self.custom.patch_cluster_custom_object(
-                GROUP, VERSION, PLURAL, name, {"spec": spec}, _content_type=MERGE_PATCH,
-                _preload_content=False, _request_timeout=self.timeout))
+            done(self.request("PATCH", GENERIC_NODE_PATH, {"spec": spec}, MERGE_PATCH, name=name))
         if status is not None:
             # A merge patch merges maps but replaces lists, which is what we want
             # for allocatedResources.  null removes keys we no longer set.
-            obj = _json(self.custom.patch_cluster_custom_object_status(
-                GROUP, VERSION, PLURAL, name, {"status": status}, _content_type=MERGE_PATCH,
-                _preload_content=False, _request_timeout=self.timeout))
-        return obj or {}
+            done(self.request("PATCH", GENERIC_NODE_STATUS_PATH, {"status": status}, MERGE_PATCH,
+                              name=name))
 
     def delete_generic_node(self, name: str) -> None:
         try:
@@ -413,8 +444,7 @@ def _missing(e: ApiException) -> bool:
 
 def get_pod(kube: Kube, namespace: str, name: str) -> dict | None:
     try:
-        return _json(kube.core.read_namespaced_pod(
-            name, namespace, _preload_content=False, _request_timeout=kube.timeout))
+        return _json(kube.request("GET", POD_PATH, namespace=namespace, name=name))
     except ApiException as e:
         if _missing(e):
             return None

@@ -102,6 +102,8 @@ class Refusals:
         self.refused: dict[tuple, str] = {}
 
     def answered(self, method: str, url: str, status: int, body=None) -> None:
+        if status != 403 and not self.refused:
+            return      # the common case, on every request: nothing to record or clear
         rule = request_rule(method, url)
         if rule is None or rule[1:3] in EXPECTED:
             return

@@ -92,6 +92,8 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"   # keep-alive: the API server reuses connections
     server: "WebhookServer"
     anonymous = False
+    caller_checked = False
+    caller_refused: tuple[int, str] | None = None
 
     def handle(self) -> None:
         if self.anonymous:          # one request, no keep-alive
@@ -108,8 +110,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _refused(self) -> tuple[int, str] | None:
+        """refuse_caller of this connection's certificate, asked once: it
+        cannot change within a TLS connection, and the API server sends
+        every review on the few it keeps alive."""
+        if not self.caller_checked:
+            self.caller_refused = self.server.refuse_caller(self.connection.getpeercert())
+            self.caller_checked = True
+        return self.caller_refused
+
     def do_POST(self) -> None:
-        refused = self.server.refuse_caller(self.connection.getpeercert())
+        refused = self._refused()
         if refused:
             code, why = refused
             log.warning("refused a review from %s: %s", self.client_address[0], why)

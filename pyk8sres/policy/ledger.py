@@ -42,7 +42,9 @@ Each node's view in a `show` reply has its "share" (CPUs, MB), "reserved"
 (how many entries are reservations not yet seen bound by a `set`) and,
 for a node slurmctld knows, "capacity", "jobs", "free" and "oversubscribed";
 for a node with a gpu GRES (or entries holding GPUs) "gpus": {"count": N,
-"jobs": [indices Slurm jobs hold], "share": [indices entries hold]}.
+"jobs": [indices Slurm jobs hold], "share": [indices entries hold]}; a
+`show` of one node adds its "entries" and which of them are "unbound"
+(reservations no `set` has listed).
 
 A `show` of every node carries a "token".  Sent back as "since", the next
 reply lists only the nodes whose view changed after it ("full": false); the
@@ -495,5 +497,17 @@ def node_view(entries: Mapping[str, Entry], facts: Facts | None, *,
     if with_entries:
         view["entries"] = {k: [e.cpu_m, e.mem_bytes, *([list(e.gpus)] if e.gpus else [])]
                            for k, e in sorted(entries.items())}
+        view["unbound"] = sorted(k for k, e in entries.items() if not e.bound)
     return view
+
+
+def seen_bound(reply: Mapping, node: str, key: str) -> bool:
+    """Does this `show` of one node say that a `set` has listed entry `key`
+    there (its pod seen bound by the sync daemon)?  False whenever the
+    reply cannot say: not ok, no such entry, or a server that does not
+    list "unbound"."""
+    view = (reply.get("nodes") or {}).get(node) if reply.get("ok") is True else None
+    if not isinstance(view, Mapping) or not isinstance(view.get("unbound"), list):
+        return False
+    return key in (view.get("entries") or {}) and key not in view["unbound"]
 

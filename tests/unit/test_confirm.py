@@ -231,3 +231,75 @@ def test_webhook_settings_are_checked(settings, words):
     with pytest.raises(ConfigError) as e:
         webhook.Webhook(WebhookConfig(**settings), SyncConfig(), None, None)
     assert words in str(e.value)
+
+
+class ShowingLedger(Ledger):
+    """Ledger with the real `show` of one node (policy.ledger.node_view)."""
+
+    def __init__(self, entries=None, answer=None, show_answer=None):
+        super().__init__(entries, answer)
+        self.show_answer, self.shows = show_answer, 0
+
+    def show(self, node=None):
+        self.shows += 1
+        if isinstance(self.show_answer, Exception):
+            raise self.show_answer
+        if self.show_answer is not None:
+            return self.show_answer
+        return {"ok": True, "nodes": {node: ledger_policy.node_view(
+            self.entries, NODE, with_entries=True)}}
+
+
+@pytest.mark.parametrize("case,entries,show_answer,reads_pod", [
+    ("seen bound in the ledger: landed, the pod is not read", {"u-1": Entry(6000, 0, 0.0, True)},
+     None, False),
+    ("still a reservation: the pod is read", {"u-1": Entry(6000, 0, 0.0)}, None, True),
+    ("not in the ledger: the pod is read", {"other": Entry(1000, 0, 0.0, True)}, None, True),
+    ("an older ledger (no unbound list): the pod is read", {"u-1": Entry(6000, 0, 0.0, True)},
+     {"ok": True, "nodes": {"n1": {"entries": {"u-1": [6000, 0]}, "reserved": 0}}}, True),
+    ("not ready: the pod is read", {"u-1": Entry(6000, 0, 0.0, True)},
+     {"ok": False, "code": "notready", "error": "starting"}, True),
+    ("no answer: the pod is read", {"u-1": Entry(6000, 0, 0.0, True)}, OSError("refused"), True),
+])
+def test_ledger_asked_before_the_api_server(monkeypatch, case, entries, show_answer, reads_pod):
+    reads = []
+
+    def read(kube, ns, name):
+        reads.append(name)
+        return stored("u-1")          # it did land on n1
+    monkeypatch.setattr(confirm, "get_pod", read)
+    ledger = ShowingLedger(entries, show_answer=show_answer)
+    c = confirm.CreateConfirmer(None, ledger, clock=Clock())
+    assert c.check(confirm.Created("q", "p", "u-1", "n1", 100.0, "n1")) is True, case
+    assert ledger.shows == 1, case
+    assert bool(reads) is reads_pod, case
+    assert ledger.calls == [], case         # a landed pod's reservation is never released
+
+
+def test_a_failed_create_is_still_released_with_the_ledger_asked_first(monkeypatch):
+    monkeypatch.setattr(confirm, "get_pod", lambda kube, ns, name: None)   # never stored
+    ledger = ShowingLedger({"u-1": Entry(6000, 0, 0.0)})
+    c = confirm.CreateConfirmer(None, ledger, clock=Clock())
+    assert c.check(confirm.Created("q", "p", "u-1", "n1", 100.0, "n1")) is True
+    assert ledger.entries == {} and ledger.calls == [("n1", "u-1")]
+
+
+@pytest.mark.parametrize("reply,expected", [
+    ({"ok": True, "nodes": {"n1": {"entries": {"k": [1, 1]}, "unbound": []}}}, True),
+    ({"ok": True, "nodes": {"n1": {"entries": {"k": [1, 1]}, "unbound": ["k"]}}}, False),
+    ({"ok": True, "nodes": {"n1": {"entries": {}, "unbound": []}}}, False),
+    ({"ok": True, "nodes": {"n1": {"entries": {"k": [1, 1]}}}}, False),      # older server
+    ({"ok": True, "nodes": {"n2": {"entries": {"k": [1, 1]}, "unbound": []}}}, False),
+    ({"ok": False, "nodes": {"n1": {"entries": {"k": [1, 1]}, "unbound": []}}}, False),
+    ({"ok": True, "nodes": {"n1": {"entries": {"k": [1, 1]}, "unbound": "k"}}}, False),
+    ({"ok": True}, False),
+])
+def test_seen_bound(reply, expected):
+    assert ledger_policy.seen_bound(reply, "n1", "k") is expected
+
+
+def test_show_of_one_node_lists_its_unbound_entries():
+    view = ledger_policy.node_view({"a": Entry(1000, 0, 0.0), "b": Entry(1000, 0, 0.0, True)},
+                                   NODE, with_entries=True)
+    assert view["unbound"] == ["a"] and view["reserved"] == 1
+    assert "unbound" not in ledger_policy.node_view({}, NODE, with_entries=False)

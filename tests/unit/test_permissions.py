@@ -115,3 +115,20 @@ def test_error_text_is_one_line_naming_what_rbac_refused():
     e.body = "not json"
     assert permissions.error_text(e) == "500 Internal Server Error: not json"
     assert permissions.error_text(TimeoutError("read timed out")) == "TimeoutError: read timed out"
+
+
+def test_answers_are_not_classified_while_nothing_is_refused(monkeypatch):
+    """request_rule (URL parsing) runs on every request's answer only while
+    something is refused, or for a 403."""
+    parsed = []
+    real = permissions.request_rule
+    monkeypatch.setattr(permissions, "request_rule", lambda m, u: parsed.append(u) or real(m, u))
+    r = permissions.Refusals()
+    for code in (200, 201, 404, 409, 500):
+        r.answered("PATCH", f"{S}/apis/pyk8sres.io/v1alpha1/genericnodes/n1/status", code)
+    assert parsed == [] and r.not_ready() is None
+    r.answered("GET", f"{S}/api/v1/nodes", 403, status('nodes is forbidden: User "sa" cannot '
+                                                       'list resource "nodes"'))
+    assert len(parsed) == 1 and r.not_ready()
+    r.answered("GET", f"{S}/api/v1/nodes", 200)                   # granted again: cleared
+    assert len(parsed) == 2 and r.not_ready() is None

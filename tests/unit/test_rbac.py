@@ -103,6 +103,8 @@ def _client_methods(func: str, watch: bool = False, seen=None) -> set:
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
                 and node.value.attr in APIS:
             found.add((node.value.attr, node.attr, watch))
+        if isinstance(node, ast.Call) and _raw_request(node):
+            found.add(("raw", _raw_request(node), watch))
         if isinstance(node, ast.Call):
             f = node.func
             # A bare name is a module function (never a method: `list(...)`
@@ -114,8 +116,22 @@ def _client_methods(func: str, watch: bool = False, seen=None) -> set:
     return found
 
 
+def _raw_request(call: ast.Call) -> str | None:
+    """"METHOD PATH" of a Kube.request call (`x.request("PATCH", SOME_PATH, ...)`,
+    the path one of kube.py's constants), else None."""
+    f, args = call.func, call.args
+    if not (isinstance(f, ast.Attribute) and f.attr == "request" and len(args) >= 2):
+        return None
+    method, path = args[0], args[1]
+    assert isinstance(method, ast.Constant) and isinstance(path, ast.Name) \
+        and path.id in CONSTS, "Kube.request: a literal method and one of kube.py's *_PATH"
+    return f"{method.value} {CONSTS[path.id]}"
+
+
 def _http(api: str, method: str) -> tuple[str, str]:
     """(HTTP method, path) of a client method, from the client's own source."""
+    if api == "raw":            # Kube.request: "METHOD PATH"
+        return tuple(method.split(" ", 1))
     cls = getattr(kubernetes.client, APIS[api])
     src = inspect.getsource(getattr(cls, f"_{method}_serialize"))
     m = re.search(r"method='(\w+)',\s*resource_path='([^']+)'", src)

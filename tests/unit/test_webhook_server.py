@@ -207,3 +207,25 @@ def test_close_drops_kept_alive_connections(tls):
         review(api)
     api.close()
     srv.close()                                   # twice is harmless
+
+
+def test_the_callers_certificate_is_checked_once_per_connection(tls):
+    """Reviews on one kept-alive connection: refuse_caller once for the
+    handshake, once for the connection's first request, never again."""
+    srv, _ = start(tls)
+    asked = []
+    refuse = srv.refuse_caller
+    srv.refuse_caller = lambda cert: asked.append(cert) or refuse(cert)
+    try:
+        port = srv.server_address[1]
+        api = http.client.HTTPSConnection("127.0.0.1", port, context=client_ctx(tls, tls[2]))
+        for _ in range(4):
+            assert review(api)[0] == 200
+        assert srv.admission.calls == 4 and len(asked) == 2
+        api.close()
+        other = http.client.HTTPSConnection("127.0.0.1", port, context=client_ctx(tls, tls[3]))
+        assert review(other)[0] == 403        # another connection: checked again, refused
+        assert srv.admission.calls == 4
+        other.close()
+    finally:
+        srv.close()
