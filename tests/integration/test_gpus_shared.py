@@ -18,7 +18,6 @@ kube-scheduler, kwok.
   use a ResourceClaim.
 """
 import json
-import os
 import shutil
 import subprocess
 import tempfile

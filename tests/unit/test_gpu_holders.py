@@ -9,6 +9,7 @@ from pyk8sres.coordinator import gpus as cgpus
 from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.policy import gpus
 from pyk8sres.testbed import gpus as fake
+from test_gpus_policy import claim, review
 
 ID = gpus.Identity()
 NS = "pyk8sres-placeholders"
@@ -116,7 +117,6 @@ class GpuLedger:
 
 
 def claim_review(devices=("gpu-2",), node="n1", labels=None, ns="default"):
-    from test_gpus_policy import claim, review, NODE_SEL
     sel = {"nodeSelectorTerms": [{"matchFields": [
         {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
     return {"request": {**review(claim(devices=devices, node_sel=sel if node else None,
