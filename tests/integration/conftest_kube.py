@@ -12,7 +12,10 @@ kubernetes.Ports from 26400 upward.
 from __future__ import annotations
 
 import os
+import shutil
 import ssl
+import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +26,8 @@ from kubernetes import config
 
 from local_slurm import port
 from pyk8sres.coordinator.kube import done  # noqa: F401 (the tests' too)
-from pyk8sres.testbed import chart, cluster, kubernetes
+from pyk8sres.coordinator.kube import Kube
+from pyk8sres.testbed import chart, cluster, hybrid, kubernetes
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_MANIFEST = chart.CRD
@@ -124,3 +128,21 @@ def wait_for(pred, timeout=15.0, what="condition", every=0.05):
 def wait(pred, what: str, timeout: float = 30):
     """wait_for, `what` first, polled every 0.2 s (for predicates that run a command)."""
     return wait_for(pred, timeout, what, every=0.2)
+
+
+def hybrid_world(prefix: str, **up):
+    """A module's hybrid cluster (hybrid.up with `up`): yields (slurm
+    cluster, control plane, Kube client); its jobs cancelled and every
+    daemon stopped after, even when it failed to come up."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    try:
+        c, cp = hybrid.up(work, **up)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    try:
+        yield c, cp, Kube(cp.kubeconfig)
+    finally:
+        subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
+        hybrid.down(work)
+        shutil.rmtree(work, ignore_errors=True)

@@ -18,9 +18,7 @@ plane pick_ports(29700, 29790).
 import json
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 
@@ -33,7 +31,8 @@ from conftest_kube import pick_ports, wait
 from ground_truth import Unreadable, workers_over_capacity
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.coordinator import kube as kube_calls
-from pyk8sres.testbed import containerized, daemons, hybrid
+from pyk8sres.testbed import containerized, daemons
+from worker_world import containerized_world, generic_node_counting, job_state, node, pods, put_pod
 
 pytestmark = requires_slurm
 # The churn slice (test_churn_with_worker_moves_never_double_books); a soak by hand:
@@ -46,33 +45,9 @@ W0, W1 = "slurm-test-worker-cpu-0", "slurm-test-worker-cpu-1"
 
 @pytest.fixture(scope="module")
 def world():
-    work = tempfile.mkdtemp(prefix="pyk8sres-ack-")
-    os.chmod(work, 0o755)
-    try:
-        c, kube = containerized.up(work, nodes=NODES, cpus=CPUS, memory=MEMORY,
+    yield from containerized_world("pyk8sres-ack-", nodes=NODES, cpus=CPUS, memory=MEMORY,
                                    base_port=port(29600), kube_port=pick_ports(29700, 29790),
                                    slurm=SLURM)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    try:
-        yield c, kube
-    finally:
-        subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
-        stopped = hybrid.down(work)
-        shutil.rmtree(work, ignore_errors=True)
-        assert "container-runtime" in stopped, stopped
-
-
-def node(c, name) -> dict:
-    out = subprocess.run(["scontrol", "-o", "show", "node", name], env=c.env,
-                         capture_output=True, text=True).stdout
-    return dict(re.findall(r"(\w+)=(\S*)", out))
-
-
-def pods(kube) -> dict:
-    items = json.loads(kube.kubectl("get", "pods", "-n", "slurm", "-o", "json").stdout)["items"]
-    return {p["metadata"]["name"]: p for p in items}
 
 
 def slurmd_pid(c, name):
@@ -138,12 +113,6 @@ def test_a_job_runs_on_a_worker(world):
     assert run_hostname(c, W0) == W0      # slurmd's hostname is its pod's, as in a pod
 
 
-def job_state(c, job) -> str:
-    shown = subprocess.run(["scontrol", "show", "job", job], env=c.env, capture_output=True,
-                           text=True).stdout
-    return re.search(r"JobState=(\S+)", shown).group(1)
-
-
 def test_generic_node_is_the_kubernetes_node_aliased_to_its_worker_and_jobs_pend_behind_pods(
         world):
     """The reference's own output: NAME the Kubernetes node, ALIAS the worker
@@ -151,20 +120,9 @@ def test_generic_node_is_the_kubernetes_node_aliased_to_its_worker_and_jobs_pend
     worker itself holds nothing), so a job that needs it pends until it goes."""
     c, kube = world
     host = pods(kube)[W0]["spec"]["nodeName"]
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "beside", "namespace": "default"},
-           "spec": {"nodeName": host, "terminationGracePeriodSeconds": 1, "containers": [
-               {"name": "c", "image": "busybox",
-                "resources": {"requests": {"cpu": "1735m", "memory": "2393Mi"}}}]}}
-    kube.kubectl("create", "-f", "-", input=json.dumps(pod))
-
-    def generic_node():
-        out = kube.kubectl("get", "genericnode", host, "-o", "json", check=False)
-        g = json.loads(out.stdout) if out.returncode == 0 else {}
-        shares = {a["type"]: a["allocated"]
-                  for a in g.get("status", {}).get("allocatedResources", [])}
-        return g if shares.get("Kubernetes") == {"cpu": "1735m", "memory": "2393Mi"} else None
-    g = wait(generic_node, f"GenericNode {host} to count the pod beside the worker", 30)
+    put_pod(kube, "beside", host, "1735m", "2393Mi")
+    g = wait(lambda: generic_node_counting(kube, host, "1735m", "2393Mi"),
+             f"GenericNode {host} to count the pod beside the worker", 30)
     assert g["spec"]["alias"] == W0 and g["spec"]["type"] == "Slurm", g
     assert g["status"]["capacity"] == {"cpu": str(WORKER_CPUS), "memory": f"{WORKER_MB}Mi"}, g
     # WORKER_CPUS - 2 CPUs are left beside the pod (1735m counts as 2): a job
@@ -245,12 +203,7 @@ def test_a_worker_moved_to_the_free_node_takes_no_job_before_its_pods_are_counte
     nodes = {n[5:] for n in cp.kubectl("get", "nodes", "-o", "name").stdout.split()}
     old, (free,) = hosts[W0], nodes - set(hosts.values())
     running = sbatch(c, "-w", W1, "-c", "1", "--wrap", "sleep 300")
-    beside = {"apiVersion": "v1", "kind": "Pod",
-              "metadata": {"name": "on-the-free-node", "namespace": "default"},
-              "spec": {"nodeName": free, "terminationGracePeriodSeconds": 1, "containers": [
-                  {"name": "c", "image": "busybox",
-                   "resources": {"requests": {"cpu": "2", "memory": "2000Mi"}}}]}}
-    cp.kubectl("create", "-f", "-", input=json.dumps(beside))
+    put_pod(cp, "on-the-free-node", free, "2", "2000Mi")
     wait(lambda: job_state(c, running) == "RUNNING", "the job on W1", 30)
     sampler = Sampler(c, kube)
     sampler.start()
@@ -269,7 +222,7 @@ def test_a_worker_moved_to_the_free_node_takes_no_job_before_its_pods_are_counte
              "W0's slurmd registered again", 60)
         time.sleep(5)            # the new slurmd registered, the pod still beside it
         sampler.job, states = None, set(sampler.states)
-        cp.kubectl("delete", "pod", "-n", "default", beside["metadata"]["name"], "--wait=false")
+        cp.kubectl("delete", "pod", "-n", "default", "on-the-free-node", "--wait=false")
         if states == {"PENDING"}:
             wait(lambda: job_state(c, whole) == "RUNNING",
                  "the job to start once the pod is gone", 60)

@@ -18,42 +18,28 @@ kube-scheduler, kwok.
   use a ResourceClaim.
 """
 import json
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 
 import pytest
 
-from conftest_kube import pick_ports, wait
+from conftest_kube import hybrid_world, pick_ports, wait
 from ground_truth import Unreadable, gpu_sample
 from local_slurm import SLURM, port, requires_slurm
-from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
-from pyk8sres.testbed import gpus, hybrid
+from pyk8sres.testbed import gpus
 
 pytestmark = requires_slurm
 GPUS = 4
 HOLDERS = "pyk8sres-placeholders"
-pytest_timeout = 240
 
 
 @pytest.fixture(scope="module")
 def world():
-    work = tempfile.mkdtemp(prefix="pyk8sres-gpushare-")
-    try:
-        c, cp = hybrid.up(work, nodes=1, cpus=8, memory=16000, base_port=port(29500),
-                          kube_port=pick_ports(29600, 29690), slurm=SLURM, gpus=GPUS)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    try:
-        yield c, cp, kube_calls.Kube(cp.kubeconfig)
-    finally:
-        subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
-        hybrid.down(work)
-        shutil.rmtree(work, ignore_errors=True)
+    yield from hybrid_world("pyk8sres-gpushare-", nodes=1, cpus=8, memory=16000,
+                            base_port=port(29500), kube_port=pick_ports(29600, 29690),
+                            slurm=SLURM, gpus=GPUS)
 
 
 def kubectl_json(cp, *args):

@@ -18,18 +18,15 @@ pair to show it reports none then.
 """
 import json
 import os
-import shutil
 import stat
 import subprocess
-import tempfile
 
 import pytest
 
-from conftest_kube import pick_ports, wait
+from conftest_kube import hybrid_world, pick_ports, wait
 from ground_truth import gpu_sample
 from local_slurm import SLURM, port, requires_slurm
-from pyk8sres.coordinator import kube as kube_calls
-from pyk8sres.testbed import gpus, hybrid
+from pyk8sres.testbed import gpus
 
 pytestmark = requires_slurm
 GPUS = 2
@@ -37,19 +34,9 @@ GPUS = 2
 
 @pytest.fixture(scope="module")
 def world():
-    work = tempfile.mkdtemp(prefix="pyk8sres-gpus-")
-    try:
-        c, cp = hybrid.up(work, nodes=1, cpus=4, memory=8000, base_port=port(29300),
-                          kube_port=pick_ports(29400, 29490), slurm=SLURM, gpus=GPUS)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    try:
-        yield c, cp, kube_calls.Kube(cp.kubeconfig)
-    finally:
-        subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
-        hybrid.down(work)
-        shutil.rmtree(work, ignore_errors=True)
+    yield from hybrid_world("pyk8sres-gpus-", nodes=1, cpus=4, memory=8000,
+                            base_port=port(29300), kube_port=pick_ports(29400, 29490),
+                            slurm=SLURM, gpus=GPUS)
 
 
 def test_slurm_gpus_are_character_devices_every_slurmd_keeps(world):

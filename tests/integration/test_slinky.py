@@ -13,19 +13,16 @@ Ports: port(29500) slurmctld, +1 SlurmdPort (22.05: every worker's, each at
 its own loopback address), +2, +3 the workers' own (23.11 on); the control
 plane pick_ports(29900, 29990).
 """
-import json
-import os
 import re
-import shutil
 import subprocess
-import tempfile
 import time
 
 import pytest
 
 from conftest_kube import pick_ports, wait
 from local_slurm import SLURM, port, requires_slurm
-from pyk8sres.testbed import containerized, hybrid, slinky
+from pyk8sres.testbed import slinky
+from worker_world import containerized_world, generic_node_counting, job_state, node, pods, put_pod
 
 pytestmark = requires_slurm
 NODES, CPUS, MEMORY = 3, 4, 8000
@@ -35,44 +32,14 @@ S0 = "slinky-0"
 
 @pytest.fixture(scope="module")
 def world():
-    work = tempfile.mkdtemp(prefix="pyk8sres-slinky-")
-    os.chmod(work, 0o755)
-    try:
-        c, kube = containerized.up(work, layout="slinky", nodes=NODES, cpus=CPUS, memory=MEMORY,
-                                   base_port=port(29500), kube_port=pick_ports(29900, 29990),
-                                   slurm=SLURM)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    try:
-        yield c, kube
-    finally:
-        subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
-        stopped = hybrid.down(work)
-        shutil.rmtree(work, ignore_errors=True)
-        assert "container-runtime" in stopped, stopped
-
-
-def node(c, name) -> dict:
-    out = subprocess.run(["scontrol", "-d", "-o", "show", "node", name], env=c.env,
-                         capture_output=True, text=True).stdout
-    return dict(re.findall(r"(\w+)=(\S*)", out))
-
-
-def pods(kube) -> dict:
-    items = json.loads(kube.kubectl("get", "pods", "-n", "slurm", "-o", "json").stdout)["items"]
-    return {p["metadata"]["name"]: p for p in items}
+    yield from containerized_world("pyk8sres-slinky-", layout="slinky", nodes=NODES, cpus=CPUS,
+                                   memory=MEMORY, base_port=port(29500),
+                                   kube_port=pick_ports(29900, 29990), slurm=SLURM)
 
 
 def sbatch(c, *args) -> subprocess.CompletedProcess:
     return subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", *args],
                           env=c.env, capture_output=True, text=True, cwd="/tmp")
-
-
-def job_state(c, job) -> str:
-    shown = subprocess.run(["scontrol", "show", "job", job], env=c.env, capture_output=True,
-                           text=True).stdout
-    return re.search(r"JobState=(\S+)", shown).group(1)
 
 
 def test_workers_are_labelled_as_the_operator_labels_them_one_per_node(world):
@@ -151,20 +118,9 @@ def test_generic_node_aliases_the_slurm_node_and_jobs_pend_behind_pods(world):
     needs what that pod holds pends until it goes."""
     c, kube = world
     host = pods(kube)["slurm-worker-slinky-0"]["spec"]["nodeName"]
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "beside", "namespace": "default"},
-           "spec": {"nodeName": host, "terminationGracePeriodSeconds": 1, "containers": [
-               {"name": "c", "image": "busybox",
-                "resources": {"requests": {"cpu": "1500m", "memory": "2000Mi"}}}]}}
-    kube.kubectl("create", "-f", "-", input=json.dumps(pod))
-
-    def generic_node():
-        out = kube.kubectl("get", "genericnode", host, "-o", "json", check=False)
-        g = json.loads(out.stdout) if out.returncode == 0 else {}
-        shares = {a["type"]: a["allocated"]
-                  for a in g.get("status", {}).get("allocatedResources", [])}
-        return g if shares.get("Kubernetes") == {"cpu": "1500m", "memory": "2000Mi"} else None
-    g = wait(generic_node, f"GenericNode {host} to count the pod beside the worker", 30)
+    put_pod(kube, "beside", host, "1500m", "2000Mi")
+    g = wait(lambda: generic_node_counting(kube, host, "1500m", "2000Mi"),
+             f"GenericNode {host} to count the pod beside the worker", 30)
     assert g["spec"]["alias"] == S0 and g["spec"]["type"] == "Slurm", g
     assert g["status"]["capacity"] == {"cpu": str(LIMIT_CPUS), "memory": f"{LIMIT_MB}Mi"}, g
     # the ledger holds the pod's share, rounded up to whole CPUs and MB
