@@ -11,9 +11,10 @@
  * ours; a rebuild of allocations from jobs (gres_node_state_dealloc_all)
  * clears ours with every other: gres_carry.c notices it and carries again.
  *
- * What is carried is remembered per node (`carried`, a bitmask): what jobs
- * hold is every bit set that is not ours.  Were one of our bits found
- * clear, the record was rebuilt since we set it: nothing is ours any more.
+ * What is carried is remembered per node (struct gpu_carried): what jobs
+ * hold is every bit set that is not ours.  One of our bits found clear
+ * means the record was rebuilt since we set it, and a record Slurm made
+ * anew holds none of ours: nothing is ours any more in either.
  * Bitmaps are only touched through Slurm's bit_* functions.
  */
 #include <inttypes.h>
@@ -76,12 +77,32 @@ static gres_node_state_t *_gpu_ns(node_record_t *node_ptr)
 	return gres_state->gres_data;
 }
 
+/* shard and MPS GRES split the node's GPUs: a job holding a share of one
+ * sets bits in its own record only (alt_gres links the two), never in the
+ * gpu record's gres_bit_alloc, so that bitmap alone cannot say which GPUs
+ * jobs hold.  The field was alt_gres_ns before 23.11. */
+#if SLURM_VERSION_NUMBER < SLURM_VERSION_NUM(23,11,0)
+#define GPU_SHARED_BY(ns) ((ns)->alt_gres_ns != NULL)
+#else
+#define GPU_SHARED_BY(ns) ((ns)->alt_gres != NULL)
+#endif
+
 /* The bitmap's size, or -1 with `*problem` set: no bitmap (no File= in
- * gres.conf, or not registered yet), or more indices than our masks. */
+ * gres.conf, or not registered yet), more indices than our masks, GPUs
+ * also shared as shard/MPS, or a gpu GRES Slurm does not count (no_consume):
+ * in each the node's GPUs are fenced, never guessed. */
 static int _size(gres_node_state_t *ns, uint64_t *problem)
 {
 	int size;
 
+	if (GPU_SHARED_BY(ns)) {
+		*problem = PYK8SRES_GPU_SHARED;
+		return -1;
+	}
+	if (ns->no_consume) {
+		*problem = PYK8SRES_GPU_NO_CONSUME;
+		return -1;
+	}
 	if (!ns->gres_bit_alloc) {
 		*problem = PYK8SRES_GPU_NO_FILES;
 		return -1;
@@ -94,12 +115,16 @@ static int _size(gres_node_state_t *ns, uint64_t *problem)
 	return size;
 }
 
-/* Is everything we carried still set?  If not, the record was rebuilt
- * (gres_node_state_dealloc_all): nothing in it is ours now. */
+/* Indices we carried beyond the bitmap (it shrank at a registration) are
+ * gone, the others kept.  One found clear inside it means the record was
+ * rebuilt from jobs (gres_node_state_dealloc_all clears all of ours at
+ * once): nothing set in it is ours now, whatever a job took since. */
 static void _forget_if_rebuilt(gres_node_state_t *ns, int size, uint64_t *carried)
 {
-	for (int i = 0; i < GPU_BITS; i++)
-		if (_has(carried, i) && (i >= size || !bit_test(ns->gres_bit_alloc, i))) {
+	for (int i = size; i < GPU_BITS; i++)
+		_put(carried, i, false);
+	for (int i = 0; i < size; i++)
+		if (_has(carried, i) && !bit_test(ns->gres_bit_alloc, i)) {
 			memset(carried, 0, PYK8SRES_GPU_WORDS * sizeof(*carried));
 			return;
 		}
@@ -134,7 +159,7 @@ struct gpu_carry {
 	node_record_t *node_ptr;
 	gres_node_state_t *ns;
 	const uint64_t *want;
-	uint64_t *carried;
+	uint64_t *carried;	/* the bits of a struct gpu_carried */
 	bool clamped;
 };
 
@@ -160,8 +185,12 @@ static int _carry_locked(void *x, void *arg)
 
 		if (want == ours)
 			continue;
-		if (want && (i >= size || bit_test(ns->gres_bit_alloc, i))) {
-			c->clamped = true;	/* a job holds it, or no such GPU */
+		/* A job holds it, no such GPU, or the counts say every GPU is
+		 * taken already (counted past avail, cons_tres's unsigned
+		 * arithmetic would wrap). */
+		if (want && (i >= size || bit_test(ns->gres_bit_alloc, i) ||
+			     ns->gres_cnt_alloc >= ns->gres_cnt_avail)) {
+			c->clamped = true;
 			continue;
 		}
 		if (want)
@@ -177,20 +206,30 @@ static int _carry_locked(void *x, void *arg)
 	return 0;
 }
 
-extern bool gpu_carry(node_record_t *node_ptr, const uint64_t *want, uint64_t *carried)
+/* What we carried in a record Slurm has since replaced is not there. */
+static void _same_record(gres_node_state_t *ns, struct gpu_carried *carried)
+{
+	if (carried->record == ns)
+		return;
+	memset(carried->bits, 0, sizeof(carried->bits));
+	carried->record = ns;
+}
+
+extern bool gpu_carry(node_record_t *node_ptr, const uint64_t *want,
+		      struct gpu_carried *carried)
 {
 	struct gpu_carry c = { .node_ptr = node_ptr, .ns = _gpu_ns(node_ptr),
-			       .want = want, .carried = carried };
+			       .want = want, .carried = carried->bits };
 
-	if (!c.ns) {
-		memset(carried, 0, PYK8SRES_GPU_WORDS * sizeof(*carried));
+	_same_record(c.ns, carried);
+	if (!c.ns)
 		return !_empty(want);
-	}
 	(void) list_for_each(node_ptr->gres_list, _carry_locked, &c);
 	return c.clamped;	/* logged by the caller when it changes */
 }
 
-extern void gpu_carry_facts(node_record_t *node_ptr, const uint64_t *carried, uint64_t *out)
+extern void gpu_carry_facts(node_record_t *node_ptr, const struct gpu_carried *carried,
+			    uint64_t *out)
 {
 	gres_node_state_t *ns = _gpu_ns(node_ptr);
 	uint64_t ours[PYK8SRES_GPU_WORDS];
@@ -204,7 +243,10 @@ extern void gpu_carry_facts(node_record_t *node_ptr, const uint64_t *carried, ui
 	if ((size = _size(ns, &out[1])) < 0)
 		return;
 	out[0] = size;
-	memcpy(ours, carried, sizeof(ours));
+	if (carried->record == ns)
+		memcpy(ours, carried->bits, sizeof(ours));
+	else
+		memset(ours, 0, sizeof(ours));
 	_forget_if_rebuilt(ns, size, ours);
 	for (int i = 0; i < size; i++)
 		if (bit_test(ns->gres_bit_alloc, i) && !_has(ours, i))

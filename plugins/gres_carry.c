@@ -62,10 +62,11 @@ struct want {
 	char *name;
 	uint64_t cnt[2];	/* k8scpu CPUs, k8smemory MB */
 	uint64_t gpus[PYK8SRES_GPU_WORDS];	/* gpu indices held (gpu_carry.c) */
-	uint64_t gpus_carried[PYK8SRES_GPU_WORDS]; /* of them, set in the record */
+	struct gpu_carried gpus_carried;	/* of them, set in the record */
 	bool clamped;		/* carries less: jobs leave less than pods hold */
 };
-static const uint64_t no_gpus[PYK8SRES_GPU_WORDS];
+static const struct gpu_carried no_gpus;
+static const uint64_t no_indices[PYK8SRES_GPU_WORDS];
 static struct want *wants;
 static int want_count, want_size;
 /* Name -> index into wants (open addressing, at most half full): a rebuild
@@ -152,7 +153,7 @@ static void _want_set(const char *name, uint64_t cpu, uint64_t mem, const uint64
 	}
 	w->cnt[0] = cpu;
 	w->cnt[1] = mem;
-	memcpy(w->gpus, gpus ? gpus : no_gpus, sizeof(w->gpus));
+	memcpy(w->gpus, gpus ? gpus : no_indices, sizeof(w->gpus));
 }
 
 /* The node's record of GRES g (0 k8scpu, 1 k8smemory), or NULL. */
@@ -245,7 +246,7 @@ static void _carry_node(node_record_t *node_ptr)
 	for (int g = 0; g < 2; g++)
 		clamped |= _carry(node_ptr, g, w ? w->cnt[g] : 0);
 	if (w)
-		clamped |= gpu_carry(node_ptr, w->gpus, w->gpus_carried);
+		clamped |= gpu_carry(node_ptr, w->gpus, &w->gpus_carried);
 	if (!w || clamped == w->clamped)
 		return;
 	w->clamped = clamped;
@@ -359,7 +360,7 @@ static int _node_facts(node_record_t *node_ptr, uint64_t *out)
 	{
 		struct want *w = _want_find(node_ptr->name);
 
-		gpu_carry_facts(node_ptr, w ? w->gpus_carried : no_gpus, out + 4);
+		gpu_carry_facts(node_ptr, w ? &w->gpus_carried : &no_gpus, out + 4);
 	}
 	return 0;
 }
@@ -395,6 +396,10 @@ extern void gres_carry_copy_facts(void)
 	uint64_t layout = copy_layout;
 	int count = 0;
 
+	/* Only the node read lock is held here, as on the submit path, where
+	 * a resync may load the journal and grow the wants table that
+	 * _node_facts reads: sync_lock keeps the two apart. */
+	slurm_mutex_lock(&sync_lock);
 	for (int i = 0; (node_ptr = next_node(&i)); i++) {
 		struct fact_copy *c;
 		uint64_t facts[PYK8SRES_FACTS_WORDS] = { 0 };
@@ -418,6 +423,7 @@ extern void gres_carry_copy_facts(void)
 			c->gen = ++copy_gen;
 		}
 	}
+	slurm_mutex_unlock(&sync_lock);
 	if (count != copy_count)
 		copy_layout++;
 	copy_count = count;

@@ -23,6 +23,8 @@
 #define PYK8SRES_GPU_OK 0
 #define PYK8SRES_GPU_NO_FILES 1	/* its gpu GRES has no bitmap: no File= */
 #define PYK8SRES_GPU_TOO_MANY 2	/* more indices than the masks hold */
+#define PYK8SRES_GPU_SHARED 3	/* shard or MPS GRES split its GPUs */
+#define PYK8SRES_GPU_NO_CONSUME 4	/* Slurm does not track its allocations */
 /* CFFI-BEGIN */
 /* A job as the job_submit plugin sees it: Slurm's NO_VAL/NO_VAL16/NO_VAL64
  * for unset numbers, NULL for unset strings. */

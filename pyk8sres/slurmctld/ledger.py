@@ -318,6 +318,9 @@ GPU_PROBLEMS = {
        "not registered yet): Slurm cannot tell its GPUs apart, so none can be reserved by "
        "index",
     2: f"it has more than {GPU_WORDS * 64} GPUs",
+    3: "its GPUs are shared by a shard or MPS GRES as well: a job holding a share of a GPU "
+       "does not show in the gpu GRES's own bitmap, so none can be reserved by index",
+    4: "its gpu GRES is no_consume: Slurm does not track which GPUs jobs hold",
 }
 
 
