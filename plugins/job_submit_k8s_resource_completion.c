@@ -368,7 +368,8 @@ static int _walk_part(void *item, void *arg)
 /* One pass over the node table and the partitions: the hash of what the
  * policy uses, and with `out` the flat description Python reads
  * (pyk8sres/slurmctld/topology.py):
- *   N <index> <cpus> <memory MB: RealMemory - MemSpecLimit> <threads_per_core>
+ *   N <index> <cpus: effective (less specialized)> <memory MB: RealMemory -
+ *     MemSpecLimit> <threads_per_core>
  *     <cores_per_socket> <gpus>
  *   P <partition> <index> <index> ...
  *   D <default partition> */
@@ -385,16 +386,22 @@ static uint64_t _walk(struct text *out)
 		 * sizes k8smemory. */
 		uint64_t memory = node->mem_spec_limit < node->real_memory ?
 			node->real_memory - node->mem_spec_limit : 0;
+		/* Likewise its CPUs: all Slurm allocates there, a whole node
+		 * included, are the effective ones (CPUs less CoreSpecCount x
+		 * threads per core, or CpuSpecList: cons_tres never gives a job
+		 * the specialized cores unless it asks --core-spec). */
+		uint16_t cpus = node->cpus_efctv < node->cpus ?
+			node->cpus_efctv : node->cpus;
 
 		w.hash = _fnv(w.hash, (uint64_t) i);
-		w.hash = _fnv(w.hash, node->cpus);
+		w.hash = _fnv(w.hash, cpus);
 		w.hash = _fnv(w.hash, memory);
 		w.hash = _fnv(w.hash, node->threads);
 		w.hash = _fnv(w.hash, node->cores);
 		w.hash = _fnv(w.hash, gpus);
 		if (out)
 			_put(out, "N %d %u %" PRIu64 " %u %u %" PRIu64 "\n", i,
-			     (unsigned) node->cpus, memory,
+			     (unsigned) cpus, memory,
 			     (unsigned) node->threads, (unsigned) node->cores,
 			     gpus);
 	}

@@ -114,7 +114,8 @@ int pyk8sres_job_submit_py(const struct pyk8sres_job *job,
 
 /* job_submit: the partitions and nodes slurmctld has now (read under its
  * locks; runtime partition updates and dynamic nodes included), as lines
- * "N <index> <cpus> <memory MB: RealMemory - MemSpecLimit> <threads_per_core>
+ * "N <index> <cpus: effective, less the specialized ones> <memory MB: RealMemory
+ * - MemSpecLimit> <threads_per_core>
  * <cores_per_socket> <gpus>", "P <partition> <index> ..." and "D <default partition>".
  * Python rebuilds its view of the partitions' nodes from it and empties the
  * job_submit memo.  It stays in force across a reload of slurm.conf until

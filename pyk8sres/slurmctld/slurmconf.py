@@ -90,8 +90,30 @@ def _gpus(gres_list: str | None) -> int:
     return total
 
 
+def effective_cpus(cpus: int, threads: int, tot_cores: int, core_spec_count: int = 0,
+                   cpu_spec_list: str | None = None) -> int:
+    """The CPUs Slurm can give jobs on a node, a whole node included:
+    node_conf.c's cpus_efctv = CPUs less specialized cores x tpc, tpc the
+    threads per core Slurm schedules (ThreadsPerCore when the node has fewer
+    cores than CPUs, else 1).  CpuSpecList, when given, replaces
+    CoreSpecCount, each CPU it names reserving its whole core (CPU i is in
+    core i / tpc).  cons_tres never allocates the specialized cores (its
+    mark_avail_cores and, for whole nodes, _clear_spec_cores) unless a job
+    asks --core-spec under AllowSpecResourcesUsage."""
+    tpc = threads if 0 < tot_cores < cpus else 1
+    spec = max(0, core_spec_count)
+    if cpu_spec_list:
+        ids = set()
+        for part in cpu_spec_list.split(","):
+            low, _, high = part.strip().partition("-")
+            if _digits(low) and (not high or _digits(high)):
+                ids.update(range(int(low), min(int(high or low), cpus) + 1))
+        spec = len({i // tpc for i in ids if i < cpus})
+    return max(0, cpus - spec * tpc)
+
+
 def _node(pairs: dict) -> tuple[int, int | None, int | None, int, int]:
-    """(ThreadsPerCore, CPUs, RealMemory less MemSpecLimit, GPUs,
+    """(ThreadsPerCore, effective CPUs, RealMemory less MemSpecLimit, GPUs,
     CoresPerSocket) of one NodeName line's values (Slurm's defaults: a line with CPUs alone has
     sockets of one core)."""
     threads = _int(pairs, "threadspercore") or 1
@@ -101,9 +123,15 @@ def _node(pairs: dict) -> tuple[int, int | None, int | None, int, int]:
     cpus = _int(pairs, "cpus") or _int(pairs, "procs")
     if cpus is None:
         cpus = sockets * (cores or 1) * threads
+    # read_config.c: no Sockets= infers them from CPUs / (cores x threads)
+    has_sockets = "sockets" in pairs or "socketsperboard" in pairs
+    tot_sockets = sockets if has_sockets or cpus % ((cores or 1) * threads) else \
+        max(1, cpus // ((cores or 1) * threads))
+    tot_cores = tot_sockets * (cores or 1)
     if cores is None:
-        has_sockets = "sockets" in pairs or "socketsperboard" in pairs
         cores = max(1, cpus // (sockets * threads)) if has_sockets else 1
+    cpus = effective_cpus(cpus, threads, tot_cores, _int(pairs, "corespeccount") or 0,
+                          pairs.get("cpuspeclist"))
     memory = _int(pairs, "realmemory")
     if memory:          # what Slurm gives a job asking for all of it (--mem=0)
         memory = (memory - (_int(pairs, "memspeclimit") or 0)) or None

@@ -8,8 +8,9 @@ changed (plugins/job_submit_k8s_resource_completion.c, _topology_refresh):
     P <partition> <index> <index> ...
     D <default partition>
 
-(memory: RealMemory less MemSpecLimit, what Slurm gives a job asking for
-all of a node's memory), so the policy caps per-node counts with the nodes
+(cpus: the node's effective CPUs, less CoreSpecCount/CpuSpecList, the
+most Slurm allocates there, a whole node included; memory: RealMemory less
+MemSpecLimit, what Slurm gives a job asking for all of a node's memory), so the policy caps per-node counts with the nodes
 a partition really holds:
 `scontrol update PartitionName=p Nodes=...`, dynamic nodes (`slurmd -Z`,
 `scontrol create node`) and nodes a reconfigure added included.

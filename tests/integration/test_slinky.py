@@ -20,6 +20,7 @@ import time
 import pytest
 
 from conftest_kube import pick_ports, wait
+from ground_truth import count_ids
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.testbed import slinky
 from worker_world import containerized_world, generic_node_counting, job_state, node, pods, put_pod
@@ -109,6 +110,48 @@ def test_a_job_asking_for_all_of_a_workers_memory_runs(world):
                            text=True).stdout
     assert f"k8smemory:{LIMIT_MB}" in shown, shown
     assert wait(lambda: job_state(c, job) == "COMPLETED", f"job {job} to run", 60)
+
+
+def test_an_exclusive_job_runs_asking_the_cpus_slurm_allocates_it(world):
+    """--exclusive: Slurm gives the job every CPU of the node but the
+    specialized ones (cons_tres _clear_spec_cores), and job_submit asks that
+    much k8scpu (not CPUTot, which the node never has)."""
+    c, _ = world
+    proc = sbatch(c, "-w", S0, "--exclusive", "-n1", "--wrap", "sleep 5")
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    assert wait(lambda: job_state(c, job) == "RUNNING", f"job {job} to start", 60)
+    shown = subprocess.run(["scontrol", "-d", "show", "job", job], env=c.env,
+                           capture_output=True, text=True).stdout
+    held = re.findall(r"Nodes=(\S+) CPU_IDs=(\S+) Mem=\d+ GRES=\S*k8scpu\(CNT:(\d+)\)", shown)
+    assert [n for n, _, _ in held] == [S0], shown
+    assert int(held[0][2]) == count_ids(held[0][1]) == LIMIT_CPUS, shown
+    assert wait(lambda: job_state(c, job) == "COMPLETED", f"job {job} to end", 60)
+
+
+@pytest.mark.parametrize("shape", [["--threads-per-core=1"], ["--mincpus=2"]])
+def test_a_job_sized_by_the_most_a_worker_can_get_runs(world, shape):
+    """-n 5 on the two workers, a shape whose k8scpu is the most tasks a node
+    can get (4 here) capped at the biggest node's CPUs: that cap is the
+    node's effective CPUs (CPUTot less the specialized cores, all Slurm can
+    allocate there), so each node asks what Slurm may give it and no more
+    than its k8scpu, and the job runs (on CPUTot it asked 4 > 3 and was
+    refused)."""
+    c, _ = world
+    proc = sbatch(c, "-N2", "-n5", *shape, "--wrap", "sleep 5")
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    assert wait(lambda: job_state(c, job) == "RUNNING", f"job {job} to start", 60)
+    shown = subprocess.run(["scontrol", "-d", "show", "job", job], env=c.env,
+                           capture_output=True, text=True).stdout
+    held = re.findall(r"Nodes=(\S+) CPU_IDs=(\S+) Mem=\d+ GRES=\S*k8scpu\(CNT:(\d+)\)", shown)
+    assert sorted(n for n, _, _ in held) == [S0, "slinky-1"], shown
+    assert sum(count_ids(ids) for _, ids, _ in held) >= 5, shown
+    for _, ids, k8scpu in held:
+        assert count_ids(ids) <= int(k8scpu) <= LIMIT_CPUS, shown
+    assert wait(lambda: job_state(c, job) == "COMPLETED", f"job {job} to end", 60)
+    assert wait(lambda: all(re.search(r"k8scpu:0\b", node(c, n).get("GresUsed", ""))
+                            for n in (S0, "slinky-1")), "the workers' k8scpu to be free", 30)
 
 
 def test_generic_node_aliases_the_slurm_node_and_jobs_pend_behind_pods(world):

@@ -6,8 +6,8 @@ from pyk8sres import data
 from pyk8sres.slurmctld import config, embed
 from pyk8sres.slurmctld import gres
 from pyk8sres.coordinator import slurm
-from pyk8sres.slurmctld import jobspec, slurmconf
-from pyk8sres.slurmctld.jobspec import MemDefault
+from pyk8sres.slurmctld import completion, jobspec, slurmconf
+from pyk8sres.slurmctld.jobspec import CR_CORE, Job, MemDefault, Site
 
 
 @pytest.mark.parametrize("text,name,count", [
@@ -244,3 +244,40 @@ def test_ledger_connection_budget_covers_the_charts_default_replicas():
 def test_slurm_conf_memory_is_what_a_job_can_get(lines, memory):
     conf = slurmconf.parse(lines + ["PartitionName=p Nodes=ALL"])
     assert conf.partitions["p"].nodes.memory == memory
+
+
+@pytest.mark.parametrize("lines,cpus", [
+    (["NodeName=a CPUs=4"], 4),
+    # the specialized cores are never given to jobs, a whole node included
+    (["NodeName=a CPUs=4 CoreSpecCount=1"], 3),
+    (["NodeName=DEFAULT CoreSpecCount=2", "NodeName=a CPUs=8"], 6),
+    # x threads per core when Slurm schedules threads
+    (["NodeName=a Sockets=1 CoresPerSocket=4 ThreadsPerCore=2 CoreSpecCount=1"], 6),
+    (["NodeName=a CPUs=8 ThreadsPerCore=2 CoreSpecCount=1"], 6),
+    # ... and x 1 when it schedules cores (CPUs = cores)
+    (["NodeName=a CPUs=4 Sockets=1 CoresPerSocket=4 ThreadsPerCore=2 CoreSpecCount=1"], 3),
+    # CpuSpecList replaces CoreSpecCount; each CPU reserves its whole core
+    (["NodeName=a CPUs=4 CpuSpecList=0,2"], 2),
+    (["NodeName=a CPUs=4 CpuSpecList=2-3 CoreSpecCount=1"], 2),
+    (["NodeName=a Sockets=1 CoresPerSocket=4 ThreadsPerCore=2 CpuSpecList=0"], 6),
+    (["NodeName=a Sockets=1 CoresPerSocket=4 ThreadsPerCore=2 CpuSpecList=0-1,5"], 4),
+    (["NodeName=a CPUs=2 CoreSpecCount=2"], 0),
+])
+def test_slurm_conf_cpus_are_what_a_job_can_get(lines, cpus):
+    conf = slurmconf.parse(lines + ["PartitionName=p Nodes=ALL"])
+    nodes = conf.partitions["p"].nodes
+    assert (nodes.cpus, nodes.least_cpus, nodes.cpu_counts) == (cpus, cpus, ((cpus, 1),))
+
+
+@pytest.mark.parametrize("job", [
+    Job(num_tasks=5, min_nodes=2, pn_min_cpus=2),
+    Job(num_tasks=5, min_nodes=2, threads_per_core=1),
+])
+def test_a_job_sized_by_the_biggest_node_asks_no_more_than_its_effective_cpus(job):
+    """The most tasks a node can get (4) capped at the biggest node's CPUs,
+    which are CPUs less the specialized ones (3): all Slurm can give."""
+    conf = slurmconf.parse(["NodeName=w[0-1] CPUs=4 RealMemory=8000 CoreSpecCount=1",
+                            "PartitionName=p Nodes=ALL Default=YES"])
+    site = Site(select_type_param=CR_CORE, partitions=conf.partitions, default_partition="p",
+                all_nodes=conf.all_nodes)
+    assert completion.complete(job, site).per_node["k8scpu"] == 3
