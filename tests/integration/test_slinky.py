@@ -166,9 +166,10 @@ def test_generic_node_aliases_the_slurm_node_and_jobs_pend_behind_pods(world):
              f"GenericNode {host} to count the pod beside the worker", 30)
     assert g["spec"]["alias"] == S0 and g["spec"]["type"] == "Slurm", g
     assert g["status"]["capacity"] == {"cpu": str(LIMIT_CPUS), "memory": f"{LIMIT_MB}Mi"}, g
-    # the ledger holds the pod's share, rounded up to whole CPUs and MB
-    used = node(c, S0).get("GresUsed", "")
-    assert re.search(r"k8scpu:2\b", used) and re.search(r"k8smemory:2000\b", used), used
+    # the ledger holds the pod's share, rounded up to whole CPUs and MB, and
+    # nothing else once the earlier tests' last jobs are done completing
+    wait(lambda: re.search(r"k8scpu:2\b", u := node(c, S0).get("GresUsed", "")) and
+         re.search(r"k8smemory:2000\b", u), f"GresUsed of {S0}: the pod's share alone", 30)
     # LIMIT_CPUS - 2 CPUs are left beside the pod: a job asking for one more pends.
     proc = sbatch(c, "-w", S0, "-c", str(LIMIT_CPUS - 1), "--wrap", "sleep 1")
     assert proc.returncode == 0, proc.stderr
