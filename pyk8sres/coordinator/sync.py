@@ -162,6 +162,7 @@ class Reconciler(GenericNodes):
         self._hold_departures((before, d.mapping), view)
         self.holds.keep_mappings(before, d.mapping, self.cache.has_pods)
         self.holds.forget_unknown(view)
+        self._forget_unknown(view)
         self.set_shares(d, healthy)
         self._publish(d, view, healthy)
         self.last = d
@@ -395,6 +396,16 @@ class Reconciler(GenericNodes):
                 self.fenced.discard(name)     # its pods are counted
         if repair:
             self.last_repair = now
+
+    def _forget_unknown(self, view) -> None:
+        """Slurm nodes slurmctld no longer has (scontrol delete node, a
+        worker scaled in) are no longer sent: the ledger would refuse each
+        `set` every cycle.  Should the name come back, it is read and set
+        afresh, and what the ledger still holds under it stands until then."""
+        for name in [n for n in self.last_set if n not in view]:
+            del self.last_set[name]
+            self.fenced.discard(name)
+            self.seeded.discard(name)
 
     def _seed(self, name: str, entries: dict, now: float) -> bool:
         """Before this process first replaces what the ledger holds on a node:

@@ -150,11 +150,17 @@ def unplaced(known: Iterable[str], pods: Iterable[WorkerPod], mapping: Mapping[s
     being deleted, is between pods: its slurmd is gone or going, and the
     next one may register on a Kubernetes node whose pods are not counted
     yet (a worker rescheduled).  The sync daemon holds it whole until a
-    running worker maps it again and that node's pods are counted."""
+    running worker maps it again and that node's pods are counted.
+
+    A worker that maps nothing (refused: two workers on one node, one name
+    on two nodes) makes its Slurm node known too, unless something else
+    maps that node: its slurmd runs beside pods no one counts there."""
     pods = list(pods)
     mapped = [p for p in pods if p.slurm_node and mapping.get(p.k8s_node) == p.slurm_node]
     names = frozenset(slurm_names)
-    now = (frozenset(known) | {p.slurm_node for p in mapped}) & names
+    elsewhere = set(mapping.values())
+    refused = {p.slurm_node for p in pods if p.slurm_node and p.slurm_node not in elsewhere}
+    now = (frozenset(known) | {p.slurm_node for p in mapped} | refused) & names
     held = {p.slurm_node for p in mapped if not p.leaving}
     return now, frozenset(now - held)
 

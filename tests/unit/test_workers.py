@@ -379,8 +379,10 @@ W = workers.WorkerPod
     ("the successor mapped on another node", ("a",), [W("s/a", "k2", "a")], {"k2": "a"},
      {"a"}, set()),
     ("Slurm no longer has the node: forgotten", ("gone",), [], {}, set(), set()),
-    ("a worker whose node maps nothing (a conflict) is not known", (),
-     [W("s/a", "k1", "a")], {"k1": None}, set(), set()),
+    ("a worker whose node maps nothing (a conflict): known, held whole", (),
+     [W("s/a", "k1", "a")], {"k1": None}, {"a"}, {"a"}),
+    ("refused, but its Slurm node mapped from another node (node_map): not held", (),
+     [W("s/a", "k1", "a")], {"k1": None, "k2": "a"}, set(), set()),
     ("no usable name", (), [W("s/x", "k1", None)], {"k1": None}, set(), set()),
 ])
 def test_unplaced(case, known, pods, mapping, want_known, want_unplaced):
@@ -452,3 +454,21 @@ def test_a_worker_scaled_in_keeps_its_slurm_node_held(world):
     rec.cycle()
     assert slurm.counts("slinky-0") == (0, 0)
     assert not rec.oversubscribed.get("slinky-0")           # on purpose, not pods over
+
+
+def test_a_slurm_node_deleted_while_held_is_no_longer_sent(world):
+    """Scaled in, then `scontrol delete node`: the name is gone from Slurm,
+    so the daemon stops sending its share (the ledger would refuse every
+    `set`, a failed cycle each time); its other nodes are unaffected."""
+    slurm, cache, rec = world
+    cache.event("pods", "DELETED", slinky("slinky-0", K19, "slinky-0"))
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (0, 0)             # held whole
+    del slurm.nodes["slinky-0"]
+    sent = []
+    call = slurm.ledger.call
+    slurm.ledger.call = lambda op, **f: (sent.append((op, f.get("node"))), call(op, **f))[1]
+    for _ in range(3):
+        rec.cycle()
+    assert ("set", "slinky-0") not in sent and not rec.failed, sent
+    assert "slinky-0" not in rec.last_set
