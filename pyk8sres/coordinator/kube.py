@@ -442,13 +442,18 @@ def _missing(e: ApiException) -> bool:
     return e.status == 404
 
 
-def get_pod(kube: Kube, namespace: str, name: str) -> dict | None:
+def _read(call) -> dict | None:
+    """The object call() reads, None where the server says there is none."""
     try:
-        return _json(kube.request("GET", POD_PATH, namespace=namespace, name=name))
+        return _json(call())
     except ApiException as e:
         if _missing(e):
             return None
         raise
+
+
+def get_pod(kube: Kube, namespace: str, name: str) -> dict | None:
+    return _read(lambda: kube.request("GET", POD_PATH, namespace=namespace, name=name))
 
 
 def list_pods(kube: Kube, namespace: str | None = None, field_selector: str | None = None) -> list:
@@ -504,13 +509,8 @@ def list_nodes(kube: Kube) -> list:
 
 
 def get_webhook_config(kube: Kube, name: str) -> dict | None:
-    try:
-        return _json(kube.admission.read_validating_webhook_configuration(
-            name, _preload_content=False, _request_timeout=kube.timeout))
-    except ApiException as e:
-        if _missing(e):
-            return None
-        raise
+    return _read(lambda: kube.admission.read_validating_webhook_configuration(
+        name, _preload_content=False, _request_timeout=kube.timeout))
 
 
 def put_webhook_config(kube: Kube, body: dict) -> dict:
@@ -541,14 +541,8 @@ def list_events(kube: Kube, namespace: str, field_selector: str | None = None) -
 
 
 def get_generic_node(kube: Kube, name: str) -> dict | None:
-    try:
-        return _json(kube.custom.get_cluster_custom_object(
-            GROUP, VERSION, PLURAL, name, _preload_content=False,
-            _request_timeout=kube.timeout))
-    except ApiException as e:
-        if _missing(e):
-            return None
-        raise
+    return _read(lambda: kube.custom.get_cluster_custom_object(
+        GROUP, VERSION, PLURAL, name, _preload_content=False, _request_timeout=kube.timeout))
 
 
 # ------------------------------------------------------------ DRA (GPUs)
@@ -561,13 +555,8 @@ def list_resource_slices(kube: Kube, node: str, driver: str) -> list:
 
 
 def get_claim(kube: Kube, namespace: str, name: str) -> dict | None:
-    try:
-        return _json(kube.resource.read_namespaced_resource_claim(
-            name, namespace, _preload_content=False, _request_timeout=kube.timeout))
-    except ApiException as e:
-        if _missing(e):
-            return None
-        raise
+    return _read(lambda: kube.resource.read_namespaced_resource_claim(
+        name, namespace, _preload_content=False, _request_timeout=kube.timeout))
 
 
 def create_claim(kube: Kube, namespace: str, body: dict) -> dict:
