@@ -32,7 +32,8 @@ from ground_truth import Unreadable, workers_over_capacity
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.testbed import containerized, daemons
-from worker_world import containerized_world, generic_node_counting, job_state, node, pods, put_pod
+from worker_world import containerized_world, generic_node_counting, job_state, node, \
+    pends_until_pod_gone, pods, put_pod
 
 pytestmark = requires_slurm
 # The churn slice (test_churn_with_worker_moves_never_double_books); a soak by hand:
@@ -131,14 +132,7 @@ def test_generic_node_is_the_kubernetes_node_aliased_to_its_worker_and_jobs_pend
                            "-o", "/dev/null", "--wrap", "sleep 1"],
                           env=c.env, capture_output=True, text=True, cwd="/tmp")
     assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + 6
-    while time.monotonic() < deadline:
-        assert job_state(c, job) == "PENDING"
-        time.sleep(0.5)
-    kube.kubectl("delete", "pod", "-n", "default", "beside", "--wait=false")
-    assert wait(lambda: job_state(c, job) in ("RUNNING", "COMPLETED") and "ran",
-                "the job to start once the pod is gone", 60)
+    pends_until_pod_gone(c, kube, proc.stdout.strip().split(";")[0], "beside")
 
 
 def test_deleting_a_worker_pod_stops_its_slurmd_and_the_replacement_registers(world):

@@ -15,7 +15,6 @@ plane pick_ports(29900, 29990).
 """
 import re
 import subprocess
-import time
 
 import pytest
 
@@ -23,7 +22,8 @@ from conftest_kube import pick_ports, wait
 from ground_truth import count_ids
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.testbed import slinky
-from worker_world import containerized_world, generic_node_counting, job_state, node, pods, put_pod
+from worker_world import containerized_world, generic_node_counting, job_state, k8scpu_held, \
+    node, pends_until_pod_gone, pods, put_pod
 
 pytestmark = requires_slurm
 NODES, CPUS, MEMORY = 3, 4, 8000
@@ -121,11 +121,9 @@ def test_an_exclusive_job_runs_asking_the_cpus_slurm_allocates_it(world):
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip().split(";")[0]
     assert wait(lambda: job_state(c, job) == "RUNNING", f"job {job} to start", 60)
-    shown = subprocess.run(["scontrol", "-d", "show", "job", job], env=c.env,
-                           capture_output=True, text=True).stdout
-    held = re.findall(r"Nodes=(\S+) CPU_IDs=(\S+) Mem=\d+ GRES=\S*k8scpu\(CNT:(\d+)\)", shown)
-    assert [n for n, _, _ in held] == [S0], shown
-    assert int(held[0][2]) == count_ids(held[0][1]) == LIMIT_CPUS, shown
+    held = k8scpu_held(c, job)
+    assert [n for n, _, _ in held] == [S0], held
+    assert held[0][2] == count_ids(held[0][1]) == LIMIT_CPUS, held
     assert wait(lambda: job_state(c, job) == "COMPLETED", f"job {job} to end", 60)
 
 
@@ -142,13 +140,11 @@ def test_a_job_sized_by_the_most_a_worker_can_get_runs(world, shape):
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip().split(";")[0]
     assert wait(lambda: job_state(c, job) == "RUNNING", f"job {job} to start", 60)
-    shown = subprocess.run(["scontrol", "-d", "show", "job", job], env=c.env,
-                           capture_output=True, text=True).stdout
-    held = re.findall(r"Nodes=(\S+) CPU_IDs=(\S+) Mem=\d+ GRES=\S*k8scpu\(CNT:(\d+)\)", shown)
-    assert sorted(n for n, _, _ in held) == [S0, "slinky-1"], shown
-    assert sum(count_ids(ids) for _, ids, _ in held) >= 5, shown
+    held = k8scpu_held(c, job)
+    assert sorted(n for n, _, _ in held) == [S0, "slinky-1"], held
+    assert sum(count_ids(ids) for _, ids, _ in held) >= 5, held
     for _, ids, k8scpu in held:
-        assert count_ids(ids) <= int(k8scpu) <= LIMIT_CPUS, shown
+        assert count_ids(ids) <= k8scpu <= LIMIT_CPUS, held
     assert wait(lambda: job_state(c, job) == "COMPLETED", f"job {job} to end", 60)
     assert wait(lambda: all(re.search(r"k8scpu:0\b", node(c, n).get("GresUsed", ""))
                             for n in (S0, "slinky-1")), "the workers' k8scpu to be free", 30)
@@ -173,11 +169,4 @@ def test_generic_node_aliases_the_slurm_node_and_jobs_pend_behind_pods(world):
     # LIMIT_CPUS - 2 CPUs are left beside the pod: a job asking for one more pends.
     proc = sbatch(c, "-w", S0, "-c", str(LIMIT_CPUS - 1), "--wrap", "sleep 1")
     assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + 6
-    while time.monotonic() < deadline:
-        assert job_state(c, job) == "PENDING"
-        time.sleep(0.5)
-    kube.kubectl("delete", "pod", "-n", "default", "beside", "--wait=false")
-    assert wait(lambda: job_state(c, job) in ("RUNNING", "COMPLETED") and "ran",
-                "the job to start once the pod is gone", 60)
+    pends_until_pod_gone(c, kube, proc.stdout.strip().split(";")[0], "beside")

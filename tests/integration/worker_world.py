@@ -14,7 +14,9 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 
+from conftest_kube import wait
 from pyk8sres.testbed import containerized, hybrid
 
 
@@ -74,3 +76,24 @@ def generic_node_counting(kube, host: str, cpu: str, memory: str):
     g = json.loads(out.stdout) if out.returncode == 0 else {}
     shares = {a["type"]: a["allocated"] for a in g.get("status", {}).get("allocatedResources", [])}
     return g if shares.get("Kubernetes") == {"cpu": cpu, "memory": memory} else None
+
+
+def k8scpu_held(c, job) -> list:
+    """Per node of a running job, Slurm's own word (scontrol -d show job):
+    (node, CPU_IDs, the k8scpu it holds there)."""
+    shown = subprocess.run(["scontrol", "-d", "show", "job", job], env=c.env,
+                           capture_output=True, text=True).stdout
+    return [(n, ids, int(cnt)) for n, ids, cnt in
+            re.findall(r"Nodes=(\S+) CPU_IDs=(\S+) Mem=\d+ GRES=\S*k8scpu\(CNT:(\d+)\)", shown)]
+
+
+def pends_until_pod_gone(c, kube, job, pod: str, seconds: float = 6) -> None:
+    """The job stays PENDING for `seconds` while the pod (namespace default)
+    holds its node's share, then starts once the pod is deleted."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert job_state(c, job) == "PENDING"
+        time.sleep(0.5)
+    kube.kubectl("delete", "pod", "-n", "default", pod, "--wait=false")
+    assert wait(lambda: job_state(c, job) in ("RUNNING", "COMPLETED") and "ran",
+                "the job to start once the pod is gone", 60)
