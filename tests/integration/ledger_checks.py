@@ -7,7 +7,7 @@ import subprocess
 import threading
 import time
 
-from ground_truth import stepd_jobs
+from ground_truth import count_ids, stepd_jobs
 from pyk8sres.coordinator.slurm import Ledger, LedgerError, ledger_socket_path
 
 # slurmctld saves job state a few seconds after a change (controller.c's
@@ -115,11 +115,6 @@ def assert_durable(path: str, stream: ReserveStream) -> dict:
             "held_unacked": len(set(held) - set(stream.acked)), "refused": stream.refusals}
 
 
-def _count_ids(ids: str) -> int:
-    return sum(int(b) - int(a) + 1 if b else 1
-               for part in ids.split(",") for a, _, b in [part.partition("-")])
-
-
 def jobs_hold(c) -> dict[str, dict[str, int]]:
     """Ground truth: CPUs and MB of memory Slurm's jobs hold per node
     (scontrol -d show job; it must answer): "cpu"/"mem" of RUNNING jobs,
@@ -141,7 +136,7 @@ def jobs_hold(c) -> dict[str, dict[str, int]]:
             assert re.fullmatch(r"n\d+", nodes), line    # one node per job here
             per = held.setdefault(nodes, {"cpu": 0, "mem": 0, "cpu_completing": 0,
                                           "mem_completing": 0})
-            per["cpu" + tail] += _count_ids(ids)
+            per["cpu" + tail] += count_ids(ids)
             per["mem" + tail] += int(mem)
     return held
 
