@@ -28,8 +28,10 @@ fresh grace period) and, as the owner, writes that down as the snapshot.
 
 Journal: JSON lines, each {"t": seconds, "op": ...} as in policy.ledger plus
 {"op": "undo", "node", "key", "entry": [cpu_m, mem_bytes, since, bound,
-reserved_at, gpus] | null} (a refused reserve), {"op": "undo", "node", "entries":
-{key: [...]}} (a refused set) and {"op": "snapshot", "nodes": {node: {key:
+reserved_at, gpus] | null} (a refused reserve; also a newly registered node's
+hold, see registered()), {"op": "undo", "node", "entries": {key: [...]}} (a
+refused set; also a node's entries after a request that a registration's
+hold overtook) and {"op": "snapshot", "nodes": {node: {key:
 [cpu_m, mem_bytes, since, bound, reserved_at, gpus]}}}; reserved_at is null
 when no reserve asked for the entry, gpus the sorted gpu indices; journals
 from before they were kept have the first four or five only (read as null
@@ -273,7 +275,8 @@ class Ledger:
         `node_names` lists slurmctld's nodes, `stats` the plugin's counters
         and `fact_changes` which nodes' facts changed (for a `show` of all
         of them)."""
-        req, now, journaled = self._tickets.pop(ticket)
+        with self.mutex:     # registered() reads them from another thread
+            req, now, journaled = self._tickets.pop(ticket)
         if req.op == "show":
             return self._show(req, facts, node_names, stats, fact_changes)
         entries = self.nodes.get(req.node, {})
@@ -359,11 +362,16 @@ class Ledger:
             new = registered(entries, known, (cpus, mb), now)
             if new is None:
                 return None
-            if self.lines >= COMPACT_AFTER:
-                self._compact()
-            # An "undo" line puts one entry as it is: older releases replay it.
-            self._append({"t": now, "op": "undo", "node": node, "key": REGISTERED_KEY,
-                          "entry": _entry_doc(new[REGISTERED_KEY])}, sync=True)
+            # An "undo" line puts one entry as it is: older releases replay
+            # it.  No compaction here, under slurmctld's lock: prepare() does
+            # it.  A hold that cannot be written is held all the same (it
+            # grants nothing): lost on a restart, it is then not re-made.
+            try:
+                self._append({"t": now, "op": "undo", "node": node, "key": REGISTERED_KEY,
+                              "entry": _entry_doc(new[REGISTERED_KEY])}, sync=True)
+            except OSError as exc:
+                log.error("node_features/k8s_resources: node %s: cannot journal its hold "
+                          "(%s); held until slurmctld restarts", node, exc)
             if any(r.node == node and r.op != "show" for r, _, _ in self._tickets.values()):
                 self._held_meanwhile.add(node)
             self._store(node, new)
