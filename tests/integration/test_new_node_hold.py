@@ -4,7 +4,8 @@ With HoldNewNodes=yes (k8s_resources.conf), a dynamic node (`slurmd -Z`,
 as a Slinky or ACK worker pod starts it) that the ledger never met is held
 whole from its registration on: a job sent to it pends (ground truth:
 `scontrol -d show job`) until the coordinator's first `set` there, here
-sent by hand with no coordinator running, replaces the hold.  The hold
+sent by hand with no coordinator running, replaces the hold; so for a node
+made with `scontrol create node` before its slurmd registers.  The hold
 survives a slurmctld restart (journal); a node once set, and slurm.conf's
 nodes, are not held again when they re-register.
 Ports: PYK8SRES_TEST_HOLD_PORT (default 18100) .. +3 (+3: the dynamic slurmd).
@@ -34,6 +35,12 @@ def c(tmp_path_factory):
                              k8s_conf="HoldNewNodes=yes\n",
                              # a dynamic slurmd takes SlurmdPort (no Port= in --conf)
                              extra_conf=f"MaxNodeCount=8\nSlurmdPort={BASE_PORT + 3}\n")
+
+
+@pytest.fixture(autouse=True)
+def no_jobs_left(c):
+    yield
+    c.cancel_all_jobs()
 
 
 def run(*args, check=True):
@@ -93,8 +100,11 @@ def test_a_new_node_accepts_no_job_until_its_pods_are_counted(c):
     assert entries(c, "d1") == {REGISTERED_KEY: whole}
     shown = Ledger(ledger_socket_path(c.conf)).show()["nodes"]
     assert shown["d1"].get("registered") and not shown["n1"].get("registered"), shown
-    # slurmctld restarts (slurmd re-registers): the journal keeps the hold.
+    # slurmctld restarts, then d1's slurmd (a fresh registration: 22.05
+    # may not reach a dynamic node it recovered): the journal keeps the hold.
     c.restart_slurmctld()
+    c.stop("slurmd-d1")
+    c.start_slurmd("d1", dynamic_conf=f"CPUs={DYN_CPUS} RealMemory={DYN_MEMORY}")
     c.wait_nodes_idle(["n1", "d1"])
     assert entries(c, "d1") == {REGISTERED_KEY: whole}
     pends(job_id, 3)
@@ -109,3 +119,19 @@ def test_a_new_node_accepts_no_job_until_its_pods_are_counted(c):
     assert entries(c, "d1") == {}
     runs_on(submit("d1"), "d1")
     runs_on(submit("n1"), "n1")
+
+
+def test_a_node_made_with_scontrol_create_node_is_held_too(c):
+    """`scontrol create node` then its slurmd: held from that registration
+    (the node had no capacity before it)."""
+    run("scontrol", "create", f"NodeName=d2 NodeAddr=127.0.0.1 CPUs={DYN_CPUS} "
+        f"RealMemory={DYN_MEMORY} State=FUTURE")
+    c.stop("slurmd-d1")                          # its port: one dynamic slurmd at a time
+    os.makedirs(os.path.join(c.work, "spool", "d2"), exist_ok=True)
+    c.start_slurmd("d2", dynamic_conf=f"CPUs={DYN_CPUS} RealMemory={DYN_MEMORY}")
+    c.wait_nodes_idle(["d2"])
+    job_id = submit("d2")
+    pends(job_id, 3)
+    assert entries(c, "d2") == {REGISTERED_KEY: [DYN_CPUS * 1000, DYN_MEMORY << 20]}
+    set_share(c, "d2")
+    runs_on(job_id, "d2")
