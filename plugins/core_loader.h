@@ -53,6 +53,9 @@ struct pyk8sres_core {
 	int (*ledger_apply)(int, pyk8sres_facts_fn, pyk8sres_share_fn,
 			    pyk8sres_node_name_fn, pyk8sres_stats_fn,
 			    pyk8sres_changes_fn, char *, size_t);
+	int (*ledger_meet)(pyk8sres_node_name_fn, char *, size_t);
+	int (*ledger_registered)(const char *, uint64_t, uint64_t,
+				 pyk8sres_share_fn, char *, size_t);
 };
 
 /* Fills `core`; returns 0, or -1 after logging why (prefixed by `who`). */
@@ -95,9 +98,12 @@ static inline int pyk8sres_core_load(struct pyk8sres_core *core, const char *who
 	core->ledger_prepare = dlsym(core->handle, "pyk8sres_ledger_prepare");
 	core->ledger_apply = dlsym(core->handle, "pyk8sres_ledger_apply");
 	core->ledger_settings = dlsym(core->handle, "pyk8sres_ledger_settings");
+	core->ledger_meet = dlsym(core->handle, "pyk8sres_ledger_meet");
+	core->ledger_registered = dlsym(core->handle, "pyk8sres_ledger_registered");
 	if (!core->ping || !core->job_submit || !core->reconfigure ||
 	    !core->node_counts || !core->ledger_open || !core->ledger_settings ||
-	    !core->ledger_prepare || !core->ledger_apply) {
+	    !core->ledger_prepare || !core->ledger_apply ||
+	    !core->ledger_meet || !core->ledger_registered) {
 		slurm_error("%s: %s lacks an entry point (version mismatch?): %s",
 			    who, path, dlerror());
 		return -1;

@@ -79,7 +79,7 @@ static uint32_t base_uids[2];	/* root, SlurmUser */
 static pthread_mutex_t own_lock = PTHREAD_MUTEX_INITIALIZER;
 static int lock_fd = -1;
 static volatile bool owner;
-static bool capacity_given;	/* since in control (the thread's own) */
+static bool capacity_given;	/* since in control (the thread's; read atomically by registrations) */
 static time_t retry_load_at;
 static bool told_waiting;
 
@@ -301,15 +301,18 @@ static void _follow_control(void)
 	/* Before the first answer: a node that has not registered yet must
 	 * not be shown, or reserved on, as empty. */
 	if (owner && !capacity_given && _in_control()) {
-		if (ops.give_capacity) {
-			slurmctld_lock_t rebuild_lock = { .job = WRITE_LOCK, .node = WRITE_LOCK,
-							  .part = READ_LOCK };
+		slurmctld_lock_t rebuild_lock = { .job = WRITE_LOCK, .node = WRITE_LOCK,
+						  .part = READ_LOCK };
+		char err[PYK8SRES_OUT_LEN] = "";
 
-			lock_slurmctld(rebuild_lock);
+		lock_slurmctld(rebuild_lock);
+		if (ops.give_capacity)
 			ops.give_capacity();
-			unlock_slurmctld(rebuild_lock);
-		}
-		capacity_given = true;
+		/* The nodes slurmctld has now are not new (ledger_server_registered). */
+		if (core->ledger_meet(ops.node_name, err, sizeof(err)))
+			error("%s: %s: %s", LOG_PREFIX, __func__, err);
+		__atomic_store_n(&capacity_given, true, __ATOMIC_RELEASE);
+		unlock_slurmctld(rebuild_lock);
 	}
 	if (owner && listen_fd < 0 && _should_own() &&
 	    time(NULL) >= listen_retry_at && (listen_fd = ledger_access_listen()) < 0)
@@ -419,6 +422,23 @@ extern int ledger_server_start(const struct pyk8sres_core *loaded,
 			"standing by: another slurmctld owns the journal, or this is a backup",
 		ledger_access_socket_path());
 	return SLURM_SUCCESS;
+}
+
+/* Under slurmctld's node write lock, `name` registering with capacity
+ * `cnt`: a node this process has not met is held whole until the
+ * coordinator's first `set` there (HoldNewNodes=, Ledger.registered).  Only
+ * once in control with the journal loaded: before that, every node in the
+ * table is met then. */
+extern void ledger_server_registered(const char *name, const uint64_t *cnt)
+{
+	char err[PYK8SRES_OUT_LEN] = "";
+
+	if (!running || !owner || !_in_control() ||
+	    !__atomic_load_n(&capacity_given, __ATOMIC_ACQUIRE))
+		return;
+	if (core->ledger_registered(name, cnt[0], cnt[1], ops.share, err,
+				    sizeof(err)))
+		error("%s: %s: node %s: %s", LOG_PREFIX, __func__, name, err);
 }
 
 extern void ledger_server_reconfigure(void)

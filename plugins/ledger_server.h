@@ -53,6 +53,9 @@ extern void ledger_server_reconfigure(void);
  * that just took over), take it now and load it, so no job is placed on
  * what a pod was granted a moment ago.  True if this process owns it. */
 extern bool ledger_server_claim(void);
+/* Under slurmctld's node write lock, a node registering with its
+ * k8scpu/k8smemory capacity `cnt`: held whole if new (HoldNewNodes=). */
+extern void ledger_server_registered(const char *name, const uint64_t *cnt);
 extern bool ledger_server_running(void);
 extern void ledger_server_stop(void);
 #endif

@@ -149,8 +149,10 @@ static const struct ledger_plugin_ops ledger_ops = {
 	.copied_changes = gres_carry_copied_changes,
 };
 
-/* Give the node its capacity, then its share (clamped to what fits). */
-static int _apply(node_record_t *node_ptr)
+/* Give the node its capacity, then its share (clamped to what fits);
+ * `registering`: slurmd's registration, where a node the ledger has not
+ * met is held whole (ledger_server_registered). */
+static int _apply_as(node_record_t *node_ptr, bool registering)
 {
 	char err[PYK8SRES_OUT_LEN] = "";
 	uint64_t cnt[2] = { 0, 0 };
@@ -171,11 +173,18 @@ static int _apply(node_record_t *node_ptr)
 	}
 	if (gres_carry_set_capacity(node_ptr, cnt))
 		goto fail;
+	if (registering)
+		ledger_server_registered(node_ptr->name, cnt);
 	debug("%s: %s: node %s: %s=%" PRIu64 " %s=%" PRIu64, plugin_type,
 	      __func__, node_ptr->name, GRES_CARRY_CPU, cnt[0], GRES_CARRY_MEM, cnt[1]);
 	rv = SLURM_SUCCESS;
 fail:
 	return rv;
+}
+
+static int _apply(node_record_t *node_ptr)
+{
+	return _apply_as(node_ptr, false);
 }
 
 extern int init(void)
@@ -260,7 +269,7 @@ extern char *node_features_p_node_xlate(char *new_features, char *orig_features,
 	if (!_has_marker(new_features))
 		return xstrdup(new_features);
 	if ((node_inx >= 0) && (node_inx < node_record_count))
-		(void) _apply(node_record_table_ptr[node_inx]);
+		(void) _apply_as(node_record_table_ptr[node_inx], true);
 	else
 		error("%s: %s: bad node index %d", plugin_type, __func__,
 		      node_inx);

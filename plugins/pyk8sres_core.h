@@ -192,6 +192,15 @@ int pyk8sres_ledger_apply(int ticket, pyk8sres_facts_fn facts,
 			  pyk8sres_share_fn share, pyk8sres_node_name_fn node_name,
 			  pyk8sres_stats_fn stats, pyk8sres_changes_fn changes,
 			  char *reply, size_t replylen);
+/* Once this process is in control with the journal loaded (under slurmctld's
+ * node lock): the nodes it has now, by index (node_name), are not new. */
+int pyk8sres_ledger_meet(pyk8sres_node_name_fn node_name, char *err, size_t errlen);
+/* Under slurmctld's node write lock, a node registering with its
+ * k8scpu/k8smemory capacity: a node not met before is held whole
+ * (HoldNewNodes= in k8s_resources.conf), journaled, then handed to `share`;
+ * one still held is re-sized. */
+int pyk8sres_ledger_registered(const char *node, uint64_t k8scpu, uint64_t k8smemory,
+			       pyk8sres_share_fn share, char *err, size_t errlen);
 /* CFFI-END */
 
 /* Plain C in the core library: same contract as pyk8sres_job_submit_py,

@@ -171,7 +171,9 @@ def _ledger(args) -> int:
         gpus = n.get("gpus")
         note = ("unknown to slurmctld" if n.get("unknown") else
                 "OVERSUBSCRIBED: pods hold more than jobs leave" if n.get("oversubscribed") else
-                f"GPUs: {gpus['problem']}" if gpus and gpus.get("problem") else "")
+                f"GPUs: {gpus['problem']}" if gpus and gpus.get("problem") else
+                "new node: held whole until the coordinator counts its pods"
+                if n.get("registered") else "")
         print(f"{name:<16} {cell('capacity'):>14} {cell('jobs'):>14} {cell('share'):>14} "
               f"{cell('free'):>14} {_indices(gpus, 'jobs'):>10} {_indices(gpus, 'share'):>10}"
               f"  {note}".rstrip())

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Mapping, NamedTuple
 
 from .. import GRES_CPU, GRES_MEMORY
+from .ledger import REGISTERED_KEY
 from .hostlist import ascii_digits
 
 # The ledger entry that holds the difference (a name no pod UID can take).
@@ -32,7 +33,9 @@ KEY = "slurm:unheld"
 # the pods there cannot be counted yet (a watch broken, an unparsable pod):
 # pods may already run on it, so no job may start until they are counted.
 FENCE_KEY = "slurm:fence"
-KEYS = (KEY, FENCE_KEY)      # entries of Slurm's, never a departed pod's
+# Entries of Slurm's, never a departed pod's (the ledger's own hold of a
+# newly registered node included).
+KEYS = (KEY, FENCE_KEY, REGISTERED_KEY)
 
 
 class Gap(NamedTuple):

@@ -39,7 +39,9 @@ create's reservation once the create is known to have failed, without
 racing the sync daemon: a pod it has seen bound keeps its share.
 
 Each node's view in a `show` reply has its "share" (CPUs, MB), "reserved"
-(how many entries are reservations not yet seen bound by a `set`) and,
+(how many entries are reservations not yet seen bound by a `set`),
+"registered": true for a node held whole since it newly registered
+(REGISTERED_KEY, until the coordinator's first `set` there) and,
 for a node slurmctld knows, "capacity", "jobs", "free" and "oversubscribed";
 for a node with a gpu GRES (or entries holding GPUs) "gpus": {"count": N,
 "jobs": [indices Slurm jobs hold], "share": [indices entries hold]}; a
@@ -385,6 +387,34 @@ def decide(entries: Mapping[str, Entry], req: Request, facts: Facts | None,
         f"pods already hold {others[0]} CPUs and {others[1]} MB")}
 
 
+# The entry that holds a node slurmctld newly registered (a dynamic node, a
+# node created at runtime) whole until the coordinator's first `set` there:
+# it may come up beside pods nobody has counted yet.  A name no pod UID can
+# take; bound, so the first `set` (which never lists it) replaces it.
+REGISTERED_KEY = "slurm:registered"
+
+
+def registered(entries: Mapping[str, Entry], known: bool, capacity: tuple[int, int],
+               now: float) -> dict[str, Entry] | None:
+    """The node's new entries (None: unchanged) when it registers with
+    `capacity` (CPUs, MB).  A node the ledger has not met (`known` False:
+    not in slurmctld's table when this process took the ledger over, not
+    registered since) is held whole by REGISTERED_KEY; one still held is
+    re-sized to its new capacity.  Whatever else it holds stays, and the
+    hold is what those entries leave of the capacity."""
+    held = entries.get(REGISTERED_KEY)
+    if held is None and known:
+        return None
+    others = share_units({k: e for k, e in entries.items() if k != REGISTERED_KEY})
+    cpu_m = max(0, int(capacity[0]) - others[0]) * 1000
+    mem = max(0, int(capacity[1]) - others[1]) * MIB
+    if held is not None:
+        if (held.cpu_m, held.mem_bytes) == (cpu_m, mem):
+            return None
+        return {**entries, REGISTERED_KEY: held._replace(cpu_m=cpu_m, mem_bytes=mem)}
+    return {**entries, REGISTERED_KEY: Entry(cpu_m, mem, now, True)}
+
+
 def _reserved_lately(e: Entry, now: float, keep: float) -> bool:
     return e.reserved_at is not None and now - e.reserved_at < keep
 
@@ -476,6 +506,8 @@ def node_view(entries: Mapping[str, Entry], facts: Facts | None, *,
     share = share_units(entries)
     view = {"share": {"cpu": share[0], "mem": share[1]},
             "reserved": sum(not e.bound for e in entries.values())}
+    if REGISTERED_KEY in entries:      # held whole until the coordinator's first set
+        view["registered"] = True
     gpus = gpu_units(entries)
     if facts is not None:
         carried = applied(share, facts)

@@ -43,6 +43,11 @@ class Config:
     # Capacity kept away from both schedulers (kubelet, system daemons).
     reserve_cpus: int = 0
     reserve_memory_mb: int = 0
+    # Hold a node slurmctld newly registers at runtime (`slurmd -Z`,
+    # `scontrol create node`) whole in the ledger until the coordinator's
+    # first `set` there: under Slurm in Kubernetes a new worker pod's slurmd
+    # may come up beside pods nobody has counted yet (docs/ledger.md).
+    hold_new_nodes: str = "no"
 
 
 # Each connection may hold a reply of up to 4 MiB in slurmctld.
@@ -51,6 +56,7 @@ MAX_CONNECTIONS_PER_USER = 1024
 _CHOICES = {
     "on_internal_error": ("reject", "accept"),
     "under_request": ("correct", "reject"),
+    "hold_new_nodes": ("no", "yes"),
 }
 _KEYS = {
     "oninternalerror": "on_internal_error",
@@ -61,6 +67,7 @@ _KEYS = {
     "ledgerconnectionsperuser": "ledger_connections_per_user",
     "reservecpus": "reserve_cpus",
     "reservememory": "reserve_memory_mb",
+    "holdnewnodes": "hold_new_nodes",
 }
 
 

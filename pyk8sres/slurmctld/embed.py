@@ -157,6 +157,7 @@ def bind(ffi, lib) -> None:
     _bind_node_counts(ffi)
     _bind_ledger_setup(ffi)
     _bind_ledger_requests(ffi)
+    _bind_ledger_nodes(ffi)
 
 
 def _log_to_slurmctld(lib) -> None:
@@ -316,6 +317,39 @@ def _bind_ledger_requests(ffi) -> None:
             answer = _internal(exc)
         _put(ffi, reply, replylen, _reply_line(answer, replylen))
         return OK
+
+def _bind_ledger_nodes(ffi) -> None:
+    """node_features: the nodes slurmctld has once in control, and a node
+    registering (held whole if new: Ledger.registered)."""
+    @ffi.def_extern(error=INTERNAL_ERROR)
+    def pyk8sres_ledger_meet(node_name, err, errlen):
+        try:
+            def names():
+                i = 0
+                while (name := node_name(i)) != ffi.NULL:
+                    if name[0] != b"\0":
+                        yield ffi.string(name).decode()
+                    i += 1
+            if _ledger is not None:
+                _ledger.meet(names())
+            return OK
+        except BaseException as exc:
+            _put(ffi, err, errlen, f"{type(exc).__name__}: {exc}")
+            return INTERNAL_ERROR
+
+    @ffi.def_extern(error=INTERNAL_ERROR)
+    def pyk8sres_ledger_registered(node, k8scpu, k8smemory, share, err, errlen):
+        try:
+            name = ffi.string(node).decode()
+            new = None if _ledger is None else _ledger.registered(
+                name, int(k8scpu), int(k8smemory), _config.hold_new_nodes == "yes")
+            if new is not None:
+                share(node, new[0], new[1], ffi.new("uint64_t[]", gpu_mask(new[2])))
+            return OK
+        except BaseException as exc:
+            _put(ffi, err, errlen, f"{type(exc).__name__}: {exc}")
+            return INTERNAL_ERROR
+
 
 _ledger = None
 _ledger_base_uids: frozenset = frozenset({0})   # root and SlurmUser

@@ -28,8 +28,10 @@ fresh grace period) and, as the owner, writes that down as the snapshot.
 
 Journal: JSON lines, each {"t": seconds, "op": ...} as in policy.ledger plus
 {"op": "undo", "node", "key", "entry": [cpu_m, mem_bytes, since, bound,
-reserved_at, gpus] | null} (a refused reserve), {"op": "undo", "node", "entries":
-{key: [...]}} (a refused set) and {"op": "snapshot", "nodes": {node: {key:
+reserved_at, gpus] | null} (a refused reserve; also a newly registered node's
+hold, see registered()), {"op": "undo", "node", "entries": {key: [...]}} (a
+refused set; also a node's entries after a request that a registration's
+hold overtook) and {"op": "snapshot", "nodes": {node: {key:
 [cpu_m, mem_bytes, since, bound, reserved_at, gpus]}}}; reserved_at is null
 when no reserve asked for the entry, gpus the sorted gpu indices; journals
 from before they were kept have the first four or five only (read as null
@@ -41,11 +43,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from typing import Callable, Iterable
 
-from ..policy.ledger import (Entry, Facts, Request, RequestError, ShowToken, decide,
-                             gpu_units, node_view, parse_request, rebased, share_units)
+from ..policy.ledger import (REGISTERED_KEY, Entry, Facts, Request, RequestError, ShowToken,
+                             decide, gpu_units, node_view, parse_request, rebased, registered,
+                             share_units)
 
 log = logging.getLogger("pyk8sres")
 
@@ -78,6 +82,19 @@ class Ledger:
         self.epoch = os.urandom(4).hex()
         self.entries_gen = 0
         self.entries_changed: dict[str, int] = {}
+        # The nodes met since this process took the ledger over (slurmctld's
+        # table once it is in control, and every node registered since);
+        # None until then: no node is held as new before it is known which
+        # are (see registered()).
+        self.known: set[str] | None = None
+        # registered() runs on slurmctld's registration thread, under its
+        # node write lock; the requests' thread touches the journal and reads
+        # the entries outside those locks (prepare, a `show`).  Never held
+        # while waiting for a slurmctld lock.
+        self.mutex = threading.Lock()
+        # Nodes a registration changed while a request's ticket was between
+        # prepare and apply: its journal line then precedes the hold's.
+        self._held_meanwhile: set[str] = set()
 
     # --- persistence -------------------------------------------------------
     def load(self, *, compact: bool = True) -> None:
@@ -92,6 +109,7 @@ class Ledger:
         # Replayed in the writer's clock; from here on in ours.
         self.nodes, self.lines = rebased(nodes, self.clock(), written_at), lines
         self.epoch, self.entries_changed = os.urandom(4).hex(), {}
+        self.known = None
         if compact:
             self._compact()
 
@@ -224,6 +242,10 @@ class Ledger:
             req = parse_request(line)
         except RequestError as exc:
             return 0, {"ok": False, "code": exc.code, "error": str(exc)}
+        with self.mutex:
+            return self._prepare(req)
+
+    def _prepare(self, req: Request) -> tuple[int, None]:
         now = self.clock()
         # Only a request that changes something is journaled (and fsynced):
         # one that changes nothing -- the sync daemon's `set` of a node every
@@ -253,7 +275,8 @@ class Ledger:
         `node_names` lists slurmctld's nodes, `stats` the plugin's counters
         and `fact_changes` which nodes' facts changed (for a `show` of all
         of them)."""
-        req, now, journaled = self._tickets.pop(ticket)
+        with self.mutex:     # registered() reads them from another thread
+            req, now, journaled = self._tickets.pop(ticket)
         if req.op == "show":
             return self._show(req, facts, node_names, stats, fact_changes)
         entries = self.nodes.get(req.node, {})
@@ -261,6 +284,17 @@ class Ledger:
         if new is not None:
             self._store(req.node, new)
             set_share(req.node, *share_units(new), gpu_units(new))
+        if req.op == "set" and reply["ok"] and self.known is not None:
+            with self.mutex:     # the coordinator has counted it: not new
+                self.known.add(req.node)
+        if req.node in self._held_meanwhile:
+            # A registration's hold was journaled after this request's line
+            # but decided before it: write down the outcome, so replay agrees.
+            with self.mutex:
+                self._held_meanwhile.discard(req.node)
+                self._append({"t": now, "op": "undo", "node": req.node, "entries": {
+                    k: _entry_doc(e) for k, e in self.nodes.get(req.node, {}).items()}},
+                    sync=True)
         elif not reply["ok"] and journaled:
             # Replayed as granted unless undone (no fsync: a lost undo only
             # keeps a reservation the coordinator's next `set` drops).
@@ -280,24 +314,72 @@ class Ledger:
 
     def _show(self, req: Request, facts: FactsFn, node_names, stats,
               fact_changes: FactChangesFn | None) -> dict:
+        since = ShowToken.parse(req.since)
+        with self.mutex:     # a registration may change them meanwhile
+            nodes, entries_gen = dict(self.nodes), self.entries_gen
+            entries = self._entries_changed_since(since.entries) \
+                if since and since.entries <= entries_gen else None
         if req.node:
             return {"ok": True, "nodes": {req.node: node_view(
-                self.nodes.get(req.node, {}), facts(req.node), with_entries=True)}}
-        since = ShowToken.parse(req.since)
+                nodes.get(req.node, {}), facts(req.node), with_entries=True)}}
         layout, facts_gen, changed = (fact_changes(since.layout if since else 0,
                                                    since.facts if since else 0)
                                       if fact_changes else (0, 0, None))
-        token = ShowToken(self.epoch, layout, facts_gen, self.entries_gen)
+        token = ShowToken(self.epoch, layout, facts_gen, entries_gen)
         if since and since.epoch == self.epoch and changed is not None and \
-                since.entries <= self.entries_gen and \
-                (entries := self._entries_changed_since(since.entries)) is not None:
+                entries is not None:
             names, full = sorted({*changed, *entries}), False
         else:
-            names, full = sorted({*self.nodes, *node_names()}), True
+            names, full = sorted({*nodes, *node_names()}), True
         return {"ok": True, "full": full, "token": str(token),
-                "nodes": {n: node_view(self.nodes.get(n, {}), facts(n), with_entries=False)
+                "nodes": {n: node_view(nodes.get(n, {}), facts(n), with_entries=False)
                           for n in names},
                 "plugin": stats()}
+
+    # --- nodes slurmctld registers -----------------------------------------
+    def meet(self, names: Iterable[str]) -> None:
+        """Once this process is in control with the ledger loaded: the nodes
+        slurmctld has now (slurm.conf's, and the dynamic ones it recovered)
+        are not new, whatever the ledger holds there."""
+        with self.mutex:
+            self.known = set(names)
+
+    def registered(self, node: str, cpus: int, mb: int, hold: bool) -> tuple | None:
+        """Under slurmctld's node write lock, when `node` registers with
+        capacity (cpus, mb): its new share (CPUs, MB, gpus) if the ledger
+        now holds it otherwise, else None.  With `hold`, a node not met
+        before is held whole (policy.ledger.registered), journaled (fsync)
+        before its share is handed to Slurm; before meet() nothing is."""
+        with self.mutex:
+            if self.known is None:
+                return None
+            known = node in self.known
+            self.known.add(node)
+            entries = self.nodes.get(node, {})
+            if not hold and REGISTERED_KEY not in entries:
+                return None
+            now = self.clock()
+            new = registered(entries, known, (cpus, mb), now)
+            if new is None:
+                return None
+            # An "undo" line puts one entry as it is: older releases replay
+            # it.  No compaction here, under slurmctld's lock: prepare() does
+            # it.  A hold that cannot be written is held all the same (it
+            # grants nothing): lost on a restart, it is then not re-made.
+            try:
+                self._append({"t": now, "op": "undo", "node": node, "key": REGISTERED_KEY,
+                              "entry": _entry_doc(new[REGISTERED_KEY])}, sync=True)
+            except OSError as exc:
+                log.error("node_features/k8s_resources: node %s: cannot journal its hold "
+                          "(%s); held until slurmctld restarts", node, exc)
+            if any(r.node == node and r.op != "show" for r, _, _ in self._tickets.values()):
+                self._held_meanwhile.add(node)
+            self._store(node, new)
+        if REGISTERED_KEY not in entries:
+            log.info("node_features/k8s_resources: node %s registered for the first time: "
+                     "held whole in the ledger (%s %d CPUs, %d MB) until the coordinator "
+                     "counts the pods there (its first set)", node, REGISTERED_KEY, cpus, mb)
+        return (*share_units(new), gpu_units(new))
 
     def shares(self) -> dict[str, tuple[int, int]]:
         """Every node's share in Slurm units (C re-applies them after a wipe)."""

@@ -413,7 +413,10 @@ def up(work: str, *, layout: str = ACK, nodes: int, workers: int | None = None, 
     os.makedirs(work, exist_ok=True)
     c = cluster.up(work, nodes=0, cpus=cpus, memory=memory, base_port=base_port,
                    node_features=node_features, synced=True, slurm=slurm, auth=auth,
-                   k8s_conf=hybrid.ledger_conf(work),
+                   # a site running the coordinator for worker pods holds each
+                   # new worker's node until its pods are counted (docs/ledger.md)
+                   k8s_conf=hybrid.ledger_conf(work) + (
+                       "HoldNewNodes=yes\n" if coordinator else ""),
                    # every dynamic slurmd listens on SlurmdPort, each at its own address
                    extra_conf=f"MaxNodeCount={workers + 8}\nSlurmdPort={slurmd_port}\n")
     try:

@@ -31,6 +31,8 @@ from conftest_kube import pick_ports, wait
 from ground_truth import Unreadable, workers_over_capacity
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.coordinator import kube as kube_calls
+from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
+from pyk8sres.policy.ledger import REGISTERED_KEY
 from pyk8sres.testbed import containerized, daemons
 from worker_world import containerized_world, generic_node_counting, job_state, node, \
     pends_until_pod_gone, pods, put_pod
@@ -107,6 +109,20 @@ def test_each_worker_is_a_dynamic_slurm_node_sized_to_its_limits(world):
             assert argv[argv.index("--conf") + 1].endswith(f" Port={port(29600) + 2 + i}"), argv
         else:
             assert n["NodeAddr"] == f"127.0.1.{i + 1}", n
+
+
+def test_each_worker_was_held_until_the_coordinator_counted_its_pods(world):
+    """HoldNewNodes=yes, as a site with worker pods sets it: each worker's
+    node was held whole from its slurmd's registration (slurmctld's log),
+    and the sync daemon's first `set` there replaced the hold."""
+    c, _ = world
+    with open(os.path.join(c.work, "log", "slurmctld.log"), errors="replace") as f:
+        text = f.read()
+    ledger = Ledger(ledger_socket_path(c.conf))
+    for name in (W0, "slurm-test-worker-cpu-1"):
+        assert f"node {name} registered for the first time: held whole" in text, name
+        wait(lambda: REGISTERED_KEY not in ledger.show(name)["nodes"][name]["entries"],
+             f"the coordinator's set on {name}", 30)
 
 
 def test_a_job_runs_on_a_worker(world):
