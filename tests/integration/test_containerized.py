@@ -8,7 +8,8 @@ the ground truth: the API server's pods and bindings, slurmctld's nodes
 (`scontrol show node`), the slurmd processes themselves, and a job's output.
 Then a worker moves onto the free node where a pod runs, a careless
 operator force-deletes a worker under a job and deletes the Node under
-another, and a churn slice runs while workers move, all sampled: Slurm's jobs
+another, test_webhook_e2e's double-allocation checks run on the workers'
+nodes, and a churn slice runs while workers move, all sampled: Slurm's jobs
 (`scontrol -d show job`) + the pods bound beside each worker within its
 Slurm node (ground_truth.workers_over_capacity).
 
@@ -23,9 +24,12 @@ import re
 import subprocess
 import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from kubernetes import client as kclient
+from kubernetes.client.exceptions import ApiException
 
 from churn_world import DEPLOYMENTS, NAMESPACE as CHURN_NAMESPACE, QUOTA_NAMESPACE, Churn, \
     deployment
@@ -34,6 +38,7 @@ from ground_truth import Unreadable, workers_over_capacity
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.testbed import containerized, daemons
+from webhook_world import active, node_of, pod as webhook_pod, refused_every_way
 from worker_world import containerized_world, generic_node_counting, job_state, node, \
     pends_until_pod_gone, pods, put_pod
 
@@ -348,6 +353,68 @@ def test_a_deleted_node_object_under_a_worker_releases_nothing(world):
         cp.kubectl("delete", "pod", "-n", "default", "beside-w0", "--wait=false",
                    "--ignore-not-found")
     assert states == {"PENDING"}, f"the job beside the pod did not pend: {states}"
+
+
+@pytest.fixture
+def admission_ns(world):
+    """A namespace of the test's pods, once the webhook is in force for it
+    (webhook_world.active, on W0's node), and that client."""
+    _, cp = world
+    kube = kube_calls.Kube(cp.kubeconfig)
+    name = "adm-" + uuid.uuid4().hex[:8]
+    kube.core.create_namespace({"metadata": {"name": name}})
+    active(kube, name, pods(cp)[W0]["spec"]["nodeName"])
+    yield kube, name
+    kube.core.delete_namespace(name)
+
+
+def test_every_way_onto_a_worker_held_by_jobs_is_refused(world, admission_ns):
+    """test_webhook_e2e's refusals on a worker's node: a job holds all of W0
+    but one CPU; a pod wanting two is refused created there, dressed as a
+    worker, and bound there; kube-scheduler places it elsewhere; one that
+    fits is admitted and the next job pends behind it."""
+    c, cp = world
+    kube, ns = admission_ns
+    host = pods(cp)[W0]["spec"]["nodeName"]
+    with sampled(c, cp) as sampler:
+        job = sbatch(c, "-w", W0, "-c", str(WORKER_CPUS - 1), "--wrap", "sleep 300")
+        sampler.cancel.append(job)
+        wait(lambda: job_state(c, job) == "RUNNING", "the job on W0", 30)
+        body = refused_every_way(kube, ns, host, "2")
+        assert f"Slurm jobs hold {WORKER_CPUS - 1} of {WORKER_CPUS} CPUs" in body, body
+        kube_calls.create_pod(kube, ns, webhook_pod("placed", "2"))
+        assert wait(lambda: node_of(kube, ns, "placed"), "the pod placed", 30) != host
+        kube_calls.create_pod(kube, ns, webhook_pod("fits", "1", "512Mi", node=host))
+        behind = sbatch(c, "-w", W0, "-c", "1", "--wrap", "sleep 300")
+        sampler.cancel.append(behind)
+        time.sleep(3)
+        assert job_state(c, behind) == "PENDING"
+
+
+def test_concurrent_admissions_and_jobs_on_a_worker_never_double_book(world, admission_ns):
+    """Pods created onto W1's node all at once while jobs for W1 are
+    submitted: whatever wins, jobs + admitted pods stay within W1 at every
+    sample, and what does not fit is refused or pends."""
+    c, cp = world
+    kube, ns = admission_ns
+    host = pods(cp)[W1]["spec"]["nodeName"]
+
+    def create(i):
+        try:
+            kube_calls.create_pod(kube, ns, webhook_pod(f"burst-{i}", "1", "512Mi", node=host))
+            return "admitted"
+        except ApiException as e:
+            assert e.status == 403 and f"does not fit on node {host}" in e.body, e.body
+            return "refused"
+    with sampled(c, cp) as sampler, ThreadPoolExecutor(8) as pool:
+        answers = pool.map(create, range(2 * WORKER_CPUS))
+        for _ in range(WORKER_CPUS):
+            sampler.cancel.append(sbatch(c, "-w", W1, "-c", "1", "--wrap", "sleep 300"))
+        answers = list(answers)
+        time.sleep(5)            # samples of whatever runs there now
+        running = [j for j in sampler.cancel if job_state(c, j) == "RUNNING"]
+    assert answers.count("admitted") + len(running) <= WORKER_CPUS, (answers, running)
+    assert answers.count("refused") >= WORKER_CPUS, answers
 
 
 def move_workers(churn, c, cp, moved: list, errors: list):
