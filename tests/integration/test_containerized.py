@@ -8,8 +8,8 @@ the ground truth: the API server's pods and bindings, slurmctld's nodes
 (`scontrol show node`), the slurmd processes themselves, and a job's output.
 Then a worker moves onto the free node where a pod runs, a careless
 operator force-deletes a worker under a job and deletes the Node under
-another, test_webhook_e2e's double-allocation checks run on the workers'
-nodes, and a churn slice runs while workers move, all sampled: Slurm's jobs
+another, test_webhook_e2e's and test_sync's double-allocation checks run
+on the workers' nodes, and a churn slice runs while workers move, all sampled: Slurm's jobs
 (`scontrol -d show job`) + the pods bound beside each worker within its
 Slurm node (ground_truth.workers_over_capacity).
 
@@ -415,6 +415,27 @@ def test_concurrent_admissions_and_jobs_on_a_worker_never_double_book(world, adm
         running = [j for j in sampler.cancel if job_state(c, j) == "RUNNING"]
     assert answers.count("admitted") + len(running) <= WORKER_CPUS, (answers, running)
     assert answers.count("refused") >= WORKER_CPUS, answers
+
+
+def test_a_pod_force_deleted_beside_a_worker_holds_its_share_for_its_grace_period(world):
+    """test_sync's forced delete, beside a worker: the object goes at once,
+    its containers only within its grace period; no job takes those CPUs
+    of the worker's Slurm node until that has run out."""
+    c, cp = world
+    host = pods(cp)[W0]["spec"]["nodeName"]
+    put_pod(cp, "forced", host, "2", "1000Mi", grace=8)
+    wait(lambda: generic_node_counting(cp, host, "2", "1000Mi"), f"{host} counting its pod", 30)
+    cp.kubectl("delete", "pod", "-n", "default", "forced", "--grace-period=0", "--force")
+    t0 = time.monotonic()
+    job = sbatch(c, "-w", W0, "-c", str(WORKER_CPUS - 1), "--wrap", "sleep 300")
+    try:
+        while time.monotonic() - t0 < 7:
+            assert job_state(c, job) == "PENDING", "a job took the CPUs of a pod that may run"
+            time.sleep(0.3)
+        wait(lambda: job_state(c, job) == "RUNNING", "the job, once the grace ran out", 30)
+        assert time.monotonic() - t0 >= 8
+    finally:
+        subprocess.run(["scancel", job], env=c.env, capture_output=True)
 
 
 def move_workers(churn, c, cp, moved: list, errors: list):
