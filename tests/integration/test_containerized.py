@@ -6,8 +6,10 @@ placed by the real kube-scheduler; for each bound pod the test cluster's
 container runtime starts a real `slurmd -Z` named as the pod.  Checked from
 the ground truth: the API server's pods and bindings, slurmctld's nodes
 (`scontrol show node`), the slurmd processes themselves, and a job's output.
-Then a worker moves onto the free node where a pod runs, and a churn slice
-runs while workers move, both sampled all along: Slurm's jobs
+Then a worker moves onto the free node where a pod runs, a careless
+operator force-deletes a worker under a job and deletes the Node under
+another, test_webhook_e2e's and test_sync's double-allocation checks run
+on the workers' nodes, and a churn slice runs while workers move, all sampled: Slurm's jobs
 (`scontrol -d show job`) + the pods bound beside each worker within its
 Slurm node (ground_truth.workers_over_capacity).
 
@@ -15,15 +17,19 @@ Ports: port(29600) slurmctld, +1 SlurmdPort (22.05: every worker's, each at
 its own loopback address), +2, +3 the workers' own (23.02 on); the control
 plane pick_ports(29700, 29790).
 """
+import contextlib
 import json
 import os
 import re
 import subprocess
 import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from kubernetes import client as kclient
+from kubernetes.client.exceptions import ApiException
 
 from churn_world import DEPLOYMENTS, NAMESPACE as CHURN_NAMESPACE, QUOTA_NAMESPACE, Churn, \
     deployment
@@ -34,6 +40,7 @@ from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
 from pyk8sres.policy.ledger import REGISTERED_KEY
 from pyk8sres.testbed import containerized, daemons
+from webhook_world import active, node_of, pod as webhook_pod, refused_every_way
 from worker_world import containerized_world, generic_node_counting, job_state, node, \
     pends_until_pod_gone, pods, put_pod
 
@@ -186,6 +193,7 @@ class Sampler(threading.Thread):
         self.c, self.kube, self.stop = c, kube, threading.Event()
         self.violations, self.unreadable, self.samples = [], [], 0
         self.job, self.states = None, set()     # a job whose states are recorded meanwhile
+        self.cancel: list[str] = []             # jobs to cancel after (sampled)
 
     def run(self):
         capacity = {w: (WORKER_CPUS, WORKER_MB) for w in (W0, W1)}
@@ -201,6 +209,53 @@ class Sampler(threading.Thread):
             self.stop.wait(0.2)
 
 
+@contextlib.contextmanager
+def sampled(c, cp):
+    """A Sampler all along the block; after it, the jobs the block put in
+    sampler.cancel cancelled, and ground truth asserted: no sample over a
+    Slurm node, enough samples, none unreadable."""
+    sampler = Sampler(c, kube_calls.Kube(cp.kubeconfig))
+    sampler.start()
+    try:
+        yield sampler
+    finally:
+        sampler.stop.set()
+        sampler.join(30)
+        subprocess.run(["scancel", *sampler.cancel], env=c.env, capture_output=True)
+    assert sampler.violations == [], sampler.violations
+    assert not sampler.unreadable and sampler.samples >= 10, (sampler.samples,
+                                                              sampler.unreadable)
+
+
+def states_while(sampler, job, until, what: str, timeout: float = 60) -> set:
+    """The states the sampler saw `job` in until `until()` holds, and for a
+    few samples more."""
+    sampler.job = job
+    try:
+        wait(until, what, timeout)
+        time.sleep(5)
+    finally:
+        sampler.job = None
+    return set(sampler.states)
+
+
+def layout(cp) -> tuple[dict, str]:
+    """({worker: its Kubernetes node}, the free node)."""
+    hosts = {name: p["spec"]["nodeName"] for name, p in pods(cp).items()}
+    nodes = {n[5:] for n in cp.kubectl("get", "nodes", "-o", "name").stdout.split()}
+    (free,) = nodes - set(hosts.values())
+    return hosts, free
+
+
+def replaced(cp, c, name, uid, start, host) -> bool:
+    """Worker `name`'s pod is a new one (not `uid`), bound on `host`, and its
+    slurmd registered after `start` (SlurmdStartTime)."""
+    p = pods(cp).get(name)
+    return bool(p and p["metadata"]["uid"] != uid and not p["metadata"].get("deletionTimestamp")
+                and p["spec"].get("nodeName") == host and
+                node(c, name).get("SlurmdStartTime", start) > start)
+
+
 def test_a_worker_moved_to_the_free_node_takes_no_job_before_its_pods_are_counted(world):
     """W0's pod is deleted while a job runs on W1 and a pod runs on the free
     node; kube-scheduler places the replacement there (W0's old node is
@@ -208,46 +263,195 @@ def test_a_worker_moved_to_the_free_node_takes_no_job_before_its_pods_are_counte
     meanwhile, needing all of it, pends until the pod beside the new worker
     is gone; at no sample do jobs + pods exceed a Slurm node."""
     c, cp = world
-    kube = kube_calls.Kube(cp.kubeconfig)
-    hosts = {name: p["spec"]["nodeName"] for name, p in pods(cp).items()}
-    nodes = {n[5:] for n in cp.kubectl("get", "nodes", "-o", "name").stdout.split()}
-    old, (free,) = hosts[W0], nodes - set(hosts.values())
+    hosts, free = layout(cp)
+    old = hosts[W0]
     running = sbatch(c, "-w", W1, "-c", "1", "--wrap", "sleep 300")
     put_pod(cp, "on-the-free-node", free, "2", "2000Mi")
     wait(lambda: job_state(c, running) == "RUNNING", "the job on W1", 30)
-    sampler = Sampler(c, kube)
-    sampler.start()
     cp.kubectl("cordon", old)
-    whole, states = None, set()
     try:
-        start = node(c, W0)["SlurmdStartTime"]
-        cp.kubectl("delete", "pod", "-n", "slurm", W0, "--wait=false")
-        time.sleep(1)            # the sync daemon's reaction to the deletion
-        whole = sbatch(c, "-w", W0, "-c", str(WORKER_CPUS), "--wrap", "sleep 300")
-        sampler.job = whole
-        wait(lambda: (p := pods(cp).get(W0)) and p["spec"].get("nodeName") == free and
-             not p["metadata"].get("deletionTimestamp"), "the replacement bound on the free "
-             "node", 60)
-        wait(lambda: node(c, W0).get("SlurmdStartTime", start) > start,
-             "W0's slurmd registered again", 60)
-        time.sleep(5)            # the new slurmd registered, the pod still beside it
-        sampler.job, states = None, set(sampler.states)
-        cp.kubectl("delete", "pod", "-n", "default", "on-the-free-node", "--wait=false")
-        if states == {"PENDING"}:
-            wait(lambda: job_state(c, whole) == "RUNNING",
-                 "the job to start once the pod is gone", 60)
-        time.sleep(2)            # samples of the job running on the moved worker
+        with sampled(c, cp) as sampler:
+            sampler.cancel.append(running)
+            start, uid = node(c, W0)["SlurmdStartTime"], pods(cp)[W0]["metadata"]["uid"]
+            cp.kubectl("delete", "pod", "-n", "slurm", W0, "--wait=false")
+            time.sleep(1)            # the sync daemon's reaction to the deletion
+            whole = sbatch(c, "-w", W0, "-c", str(WORKER_CPUS), "--wrap", "sleep 300")
+            sampler.cancel.append(whole)
+            # the new slurmd registered, the pod still beside it
+            states = states_while(sampler, whole, lambda: replaced(cp, c, W0, uid, start, free),
+                                  "the replacement bound on the free node, registered")
+            cp.kubectl("delete", "pod", "-n", "default", "on-the-free-node", "--wait=false")
+            if states == {"PENDING"}:
+                wait(lambda: job_state(c, whole) == "RUNNING",
+                     "the job to start once the pod is gone", 60)
+            time.sleep(2)            # samples of the job running on the moved worker
     finally:
-        sampler.stop.set()
-        sampler.join(30)
         cp.kubectl("uncordon", old)
-        subprocess.run(["scancel", *filter(None, (running, whole))], env=c.env,
-                       capture_output=True)
-    assert sampler.violations == [], sampler.violations
     assert states == {"PENDING"}, (f"the job for all of W0 did not pend beside the pod: "
                                    f"{states}; W0: {node(c, W0)}")
-    assert not sampler.unreadable and sampler.samples >= 10, (sampler.samples,
-                                                              sampler.unreadable)
+
+
+def test_a_worker_pod_force_deleted_under_a_job_leaves_no_window(world):
+    """A careless operator force-deletes W1's pod (--grace-period=0 --force:
+    the object is gone at once, never seen Terminating) while a job runs on
+    it and a pod runs beside it; that node is cordoned, so kube-scheduler
+    binds the replacement on the free node, where a pod runs too.  A job
+    that fits beside the first one only if no pod counted pends while the
+    pods run; no sample shows jobs + pods over a Slurm node; W1 takes the
+    job once the pods are gone."""
+    c, cp = world
+    hosts, free = layout(cp)
+    old = hosts[W1]
+    running = sbatch(c, "-w", W1, "-c", "1", "--wrap", "sleep 300")
+    put_pod(cp, "beside-w1", old, "1", "1000Mi")
+    put_pod(cp, "on-the-free-node", free, "1", "1000Mi")
+    wait(lambda: job_state(c, running) == "RUNNING", "the job on W1", 30)
+    wait(lambda: generic_node_counting(cp, old, "1", "1000Mi"), f"{old} counting its pod", 30)
+    cp.kubectl("cordon", old)
+    try:
+        with sampled(c, cp) as sampler:
+            sampler.cancel.append(running)
+            start, uid = node(c, W1)["SlurmdStartTime"], pods(cp)[W1]["metadata"]["uid"]
+            cp.kubectl("delete", "pod", "-n", "slurm", W1, "--grace-period=0", "--force")
+            rest = sbatch(c, "-w", W1, "-c", str(WORKER_CPUS - 1), "--wrap", "sleep 300")
+            sampler.cancel.append(rest)
+            states = states_while(sampler, rest, lambda: replaced(cp, c, W1, uid, start, free),
+                                  "the replacement bound on the free node, registered")
+            first = job_state(c, running)
+            # The old node's pod counts on W1 too, until it is gone (docs/ledger.md).
+            cp.kubectl("delete", "pod", "-n", "default", "on-the-free-node", "beside-w1",
+                       "--wait=false")
+            wait(lambda: job_state(c, rest) == "RUNNING", "W1 to take the job once the pods "
+                 "are gone", 60)
+            time.sleep(2)            # samples of the job running on the replacement
+    finally:
+        cp.kubectl("uncordon", old)
+        cp.kubectl("delete", "pod", "-n", "default", "beside-w1", "on-the-free-node",
+                   "--wait=false", "--ignore-not-found")
+    assert first == "RUNNING", f"the first job did not outlive its worker pod: {first}"
+    assert states == {"PENDING"}, f"the job beside the first one did not pend: {states}"
+
+
+def test_a_deleted_node_object_under_a_worker_releases_nothing(world):
+    """A careless operator deletes the Node object under W0 (`kubectl delete
+    node`) while a job runs there and a pod runs beside it; the machine goes
+    on, as its kubelet does, and the Node is registered again (as kwok's
+    would be).  Meanwhile nothing is released: a job that fits only if the
+    pod's share were handed back pends throughout, and starts once the pod
+    is gone; no sample shows jobs + pods over a Slurm node."""
+    c, cp = world
+    host = pods(cp)[W0]["spec"]["nodeName"]
+    body = json.loads(cp.kubectl("get", "node", host, "-o", "json").stdout)
+    body["metadata"] = {k: v for k, v in body["metadata"].items()
+                        if k in ("name", "labels", "annotations")}
+    running = sbatch(c, "-w", W0, "-c", "1", "--wrap", "sleep 300")
+    put_pod(cp, "beside-w0", host, "1", "1000Mi")
+    wait(lambda: job_state(c, running) == "RUNNING", "the job on W0", 30)
+    wait(lambda: generic_node_counting(cp, host, "1", "1000Mi"), f"{host} counting its pod", 30)
+    try:
+        with sampled(c, cp) as sampler:
+            sampler.cancel.append(running)
+            cp.kubectl("delete", "node", host)
+            rest = sbatch(c, "-w", W0, "-c", str(WORKER_CPUS - 1), "--wrap", "sleep 300")
+            sampler.cancel.append(rest)
+            deadline = time.monotonic() + 10      # well within pod GC's wait for orphans
+            states = states_while(sampler, rest, lambda: time.monotonic() > deadline,
+                                  "the Node gone a while", 20)
+            cp.kubectl("create", "-f", "-", input=json.dumps(body))
+            states |= states_while(sampler, rest, lambda: generic_node_counting(
+                cp, host, "1", "1000Mi"), f"{host} back and counting its pod", 30)
+            assert pods(cp)[W0]["spec"]["nodeName"] == host, "the worker was not kept"
+            cp.kubectl("delete", "pod", "-n", "default", "beside-w0", "--wait=false")
+            wait(lambda: job_state(c, rest) == "RUNNING", "W0 to take the job once the pod is "
+                 "gone", 60)
+            time.sleep(2)
+    finally:
+        cp.kubectl("delete", "pod", "-n", "default", "beside-w0", "--wait=false",
+                   "--ignore-not-found")
+    assert states == {"PENDING"}, f"the job beside the pod did not pend: {states}"
+
+
+@pytest.fixture
+def admission_ns(world):
+    """A namespace of the test's pods, once the webhook is in force for it
+    (webhook_world.active, on W0's node), and that client."""
+    _, cp = world
+    kube = kube_calls.Kube(cp.kubeconfig)
+    name = "adm-" + uuid.uuid4().hex[:8]
+    kube.core.create_namespace({"metadata": {"name": name}})
+    active(kube, name, pods(cp)[W0]["spec"]["nodeName"])
+    yield kube, name
+    kube.core.delete_namespace(name)
+
+
+def test_every_way_onto_a_worker_held_by_jobs_is_refused(world, admission_ns):
+    """test_webhook_e2e's refusals on a worker's node: a job holds all of W0
+    but one CPU; a pod wanting two is refused created there, dressed as a
+    worker, and bound there; kube-scheduler places it elsewhere; one that
+    fits is admitted and the next job pends behind it."""
+    c, cp = world
+    kube, ns = admission_ns
+    host = pods(cp)[W0]["spec"]["nodeName"]
+    with sampled(c, cp) as sampler:
+        job = sbatch(c, "-w", W0, "-c", str(WORKER_CPUS - 1), "--wrap", "sleep 300")
+        sampler.cancel.append(job)
+        wait(lambda: job_state(c, job) == "RUNNING", "the job on W0", 30)
+        body = refused_every_way(kube, ns, host, "2")
+        assert f"Slurm jobs hold {WORKER_CPUS - 1} of {WORKER_CPUS} CPUs" in body, body
+        kube_calls.create_pod(kube, ns, webhook_pod("placed", "2"))
+        assert wait(lambda: node_of(kube, ns, "placed"), "the pod placed", 30) != host
+        kube_calls.create_pod(kube, ns, webhook_pod("fits", "1", "512Mi", node=host))
+        behind = sbatch(c, "-w", W0, "-c", "1", "--wrap", "sleep 300")
+        sampler.cancel.append(behind)
+        time.sleep(3)
+        assert job_state(c, behind) == "PENDING"
+
+
+def test_concurrent_admissions_and_jobs_on_a_worker_never_double_book(world, admission_ns):
+    """Pods created onto W1's node all at once while jobs for W1 are
+    submitted: whatever wins, jobs + admitted pods stay within W1 at every
+    sample, and what does not fit is refused or pends."""
+    c, cp = world
+    kube, ns = admission_ns
+    host = pods(cp)[W1]["spec"]["nodeName"]
+
+    def create(i):
+        try:
+            kube_calls.create_pod(kube, ns, webhook_pod(f"burst-{i}", "1", "512Mi", node=host))
+            return "admitted"
+        except ApiException as e:
+            assert e.status == 403 and f"does not fit on node {host}" in e.body, e.body
+            return "refused"
+    with sampled(c, cp) as sampler, ThreadPoolExecutor(8) as pool:
+        answers = pool.map(create, range(2 * WORKER_CPUS))
+        for _ in range(WORKER_CPUS):
+            sampler.cancel.append(sbatch(c, "-w", W1, "-c", "1", "--wrap", "sleep 300"))
+        answers = list(answers)
+        time.sleep(5)            # samples of whatever runs there now
+        running = [j for j in sampler.cancel if job_state(c, j) == "RUNNING"]
+    assert answers.count("admitted") + len(running) <= WORKER_CPUS, (answers, running)
+    assert answers.count("refused") >= WORKER_CPUS, answers
+
+
+def test_a_pod_force_deleted_beside_a_worker_holds_its_share_for_its_grace_period(world):
+    """test_sync's forced delete, beside a worker: the object goes at once,
+    its containers only within its grace period; no job takes those CPUs
+    of the worker's Slurm node until that has run out."""
+    c, cp = world
+    host = pods(cp)[W0]["spec"]["nodeName"]
+    put_pod(cp, "forced", host, "2", "1000Mi", grace=8)
+    wait(lambda: generic_node_counting(cp, host, "2", "1000Mi"), f"{host} counting its pod", 30)
+    cp.kubectl("delete", "pod", "-n", "default", "forced", "--grace-period=0", "--force")
+    t0 = time.monotonic()
+    job = sbatch(c, "-w", W0, "-c", str(WORKER_CPUS - 1), "--wrap", "sleep 300")
+    try:
+        while time.monotonic() - t0 < 7:
+            assert job_state(c, job) == "PENDING", "a job took the CPUs of a pod that may run"
+            time.sleep(0.3)
+        wait(lambda: job_state(c, job) == "RUNNING", "the job, once the grace ran out", 30)
+        assert time.monotonic() - t0 >= 8
+    finally:
+        subprocess.run(["scancel", job], env=c.env, capture_output=True)
 
 
 def move_workers(churn, c, cp, moved: list, errors: list):

@@ -49,8 +49,8 @@ from pyk8sres.testbed.faults import Caller
 from webhook_world import (KUBELET_RESIZE, NODE_CPUS, NODE_MEM, NOBODY_SCHEDULES, active,
                            cpu_to, flood_webhook, hold_ledger, http_status, in_process_webhook,
                            job_state, no_double_booking, node_of, pod, probe_reach, ran_with,
-                           resize_pending, restart_coordinator_webhook, sbatch, timed_create,
-                           used, wait_for)
+                           refused_every_way, resize_pending, restart_coordinator_webhook, sbatch,
+                           timed_create, used, wait_for)
 
 pytestmark = requires_slurm
 
@@ -142,25 +142,10 @@ def test_refusal_names_node_and_slurm_and_nothing_is_double_booked(slurm, kube, 
     active(kube, ns)
     job = sbatch(slurm, "n1", 6)
     wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "job running")
-    # pods with spec.nodeName on the node Slurm holds: refused, with the reason
-    with pytest.raises(ApiException) as e:
-        kube_calls.create_pod(kube, ns, pod("direct", "4", node="n1"))
-    assert e.value.status == 403
-    assert "does not fit on node n1" in e.value.body and "Slurm jobs hold 6 of 8 CPUs" in e.value.body
-    print("refusal:", e.value.body)
-    # nothing the pod's creator writes exempts it: any user could write it
-    selfish = pod("selfish", "4", node="n1")
-    selfish["metadata"]["labels"] = {"pyk8sres.io/slurm-worker": "true"}
-    selfish["metadata"]["annotations"] = {"pyk8sres.io/slurm-worker": "true"}
-    with pytest.raises(ApiException) as e:
-        kube_calls.create_pod(kube, ns, selfish)
-    assert e.value.status == 403 and "does not fit on node n1" in e.value.body
-    # the scheduler path: pods/binding to the same node, as kube-scheduler's DefaultBinder posts
-    kube_calls.create_pod(kube, ns, pod("sched", "4", scheduler=NOBODY_SCHEDULES))
-    with pytest.raises(ApiException) as e:
-        kube_calls.bind_pod(kube, ns, "sched", "n1")
-    assert e.value.status == 403 and "does not fit on node n1" in e.value.body
-    assert node_of(kube, ns, "sched") is None
+    # every way onto the node Slurm holds is refused, with the reason
+    body = refused_every_way(kube, ns, "n1", "4")
+    assert "Slurm jobs hold 6 of 8 CPUs" in body
+    print("refusal:", body)
     assert used(slurm, "n1")[0] == 6                       # only the job
     # the other node has room: allowed, and Slurm holds the pod's share
     kube_calls.bind_pod(kube, ns, "sched", "n2")

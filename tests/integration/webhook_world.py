@@ -68,7 +68,7 @@ def node_of(kube, ns, name):
     return ((kube_calls.get_pod(kube, ns, name) or {}).get("spec") or {}).get("nodeName")
 
 
-def active(kube, ns):
+def active(kube, ns, node="n1"):
     """Wait until the webhook is in force: its configuration reaches the API
     server's plugin through an informer, and the ledger answers (slurmctld
     may have just restarted).  The probe asks for more than any node has:
@@ -77,7 +77,7 @@ def active(kube, ns):
 
     def refused():
         try:
-            kube_calls.create_pod(kube, ns, pod("probe", "100", node="n1"))
+            kube_calls.create_pod(kube, ns, pod("probe", "100", node=node))
         except ApiException as e:
             last[:] = [e.status, e.body]
             return e.status == 403 and "does not fit" in (e.body or "")
@@ -90,6 +90,35 @@ def active(kube, ns):
         hook_config = kube_calls.get_webhook_config(kube, "pyk8sres-admission")
         raise AssertionError(f"webhook not in force: last answer {last}; configuration "
                              f"{hook_config}") from None
+
+
+def refused_every_way(kube, ns, node, cpu, mem="1Gi") -> str:
+    """A pod of cpu/mem is refused on `node` (403, "does not fit on node
+    <node>") each way it may get there: created with spec.nodeName; dressed
+    as a Slurm worker (named as ACK's, labelled as Slinky's, with the
+    labels and annotations anyone may write: nothing exempts it outside the
+    workers' namespace); bound as kube-scheduler's DefaultBinder binds
+    (pods/binding), the pod `sched` left unbound for the test to place.
+    Returns the first refusal's text."""
+    selfish = pod("slurm-test-worker-cpu-9", cpu, mem, node=node)
+    selfish["metadata"]["labels"] = {"pyk8sres.io/slurm-worker": "true",
+                                     "app.kubernetes.io/name": "slurmd",
+                                     "app.kubernetes.io/component": "worker"}
+    selfish["metadata"]["annotations"] = {"pyk8sres.io/slurm-worker": "true"}
+    kube_calls.create_pod(kube, ns, pod("sched", cpu, mem, scheduler=NOBODY_SCHEDULES))
+    bodies = []
+    for attempt in (lambda: kube_calls.create_pod(kube, ns, pod("direct", cpu, mem, node=node)),
+                    lambda: kube_calls.create_pod(kube, ns, selfish),
+                    lambda: kube_calls.bind_pod(kube, ns, "sched", node)):
+        try:
+            attempt()
+        except ApiException as e:
+            assert e.status == 403 and f"does not fit on node {node}" in e.body, e.body
+            bodies.append(e.body)
+        else:
+            raise AssertionError(f"a pod of {cpu} CPUs was let onto {node}")
+    assert node_of(kube, ns, "sched") is None
+    return bodies[0]
 
 
 def no_double_booking(slurm, kube):

@@ -59,11 +59,11 @@ def pods(kube) -> dict:
     return {p["metadata"]["name"]: p for p in items}
 
 
-def put_pod(kube, name: str, host: str, cpu: str, memory: str) -> None:
+def put_pod(kube, name: str, host: str, cpu: str, memory: str, grace: int = 1) -> None:
     """A pod bound straight onto `host` (no scheduler), requesting cpu/memory."""
     body = {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default"},
-            "spec": {"nodeName": host, "terminationGracePeriodSeconds": 1, "containers": [
+            "spec": {"nodeName": host, "terminationGracePeriodSeconds": grace, "containers": [
                 {"name": "c", "image": "busybox",
                  "resources": {"requests": {"cpu": cpu, "memory": memory}}}]}}
     kube.kubectl("create", "-f", "-", input=json.dumps(body))
