@@ -94,7 +94,7 @@ def test_demo_gpus_all_views_agree(kube_binaries):
     # The four views of the same devices (Slurm's job and the pods' claims
     # both allocated in the gpu GRES; IDX printed by newer releases).
     agree = out[out.index("agree, device by device"):out.index("The job ends")]
-    assert re.search(r"GresUsed=gpu:4(\(IDX:0-3\))?,", agree), agree
+    assert re.search(r"GresUsed=gpu:(\S*:)?4(\(IDX:0-3\))?,", agree), agree
     claims = printed(agree, "kubectl get resourceclaims -A -o custom-columns="
                      "'NAMESPACE:.metadata.namespace,NAME:.metadata.name,"
                      "DEVICES:.status.allocation.devices.results[*].device'".replace("'", ""))
