@@ -5,17 +5,21 @@
 # between them as their ServiceAccounts.  The Deployment is an ordinary
 # user's (identity "developer", namespace default; its commands are shown as
 # `developer$`); cluster-wide views are the admin's.  Run as root.
-#   tools/demo.sh [--containerized] [WORKDIR]   (default /tmp/pyk8sres-demo; left running)
+#   tools/demo.sh [--containerized | --gpus] [WORKDIR]   (default /tmp/pyk8sres-demo; left running)
 #   --containerized: Slurm inside Kubernetes as ACK runs it (cluster up
 #   --containerized ack): the Slurm node is the worker pod
 #   slurm-test-worker-cpu-0 on a Kubernetes node named like a cloud's, and
 #   `kubectl get genericnode` reads as in the reference (NAME the Kubernetes
 #   node, ALIAS the worker).
+#   --gpus: GPUs instead (tools/demo-gpus.sh): one node of 4 fake GPUs, a
+#   Slurm job, a pod's ResourceClaim and a pending pod, each on its own
+#   devices; scontrol, kubectl and the ledger agree, device by device.
 #   BASE_PORT / KUBE_PORT: cluster up's --base-port / --kube-port
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LAYOUT=()
 if [ "${1:-}" = --containerized ]; then LAYOUT=(--containerized ack); shift; fi
+if [ "${1:-}" = --gpus ]; then shift; exec tools/demo-gpus.sh "$@"; fi
 WORK=${1:-/tmp/pyk8sres-demo}
 tools/install-deps.sh
 

@@ -6,7 +6,8 @@ put back what someone else edited or deleted.
 
 A mixin of sync.Reconciler: it reads the reconcile's decision (usage.Desired),
 the Slurm view and what the ledger holds beyond both (held departures,
-jobs completing); every call goes through kube.py.
+jobs completing), and the GPU indices each side holds; every call goes
+through kube.py.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from kubernetes.client.exceptions import ApiException
 
 from . import metrics
 from .config import SyncConfig
+from .gpus import slurm_gpus
 from .kube import MANAGED_BY
 from .permissions import error_text
 from ..policy import events
+from ..policy import gpus as gpu_rules
 from ..policy import status_writes
 from ..policy import usage
 
@@ -49,6 +52,8 @@ class GenericNodes:
         self.gn_patched: dict[str, float] = {}   # node -> its last update, within the interval
         self.gn_next: float | None = None   # when the first node held back by it may be written
         self.gn_beyond: dict[str, tuple] = {}   # gn_note_beyond's snapshot
+        self.gn_claimed: dict[str, tuple] = {}  # Slurm node -> GPU indices of the claims set there
+        self.gn_gpus: dict[str, tuple | None] = {}   # Slurm node -> its last _gn_gpu_key
 
     def sync_generic_nodes_safe(self, d, view, only=None) -> None:
         try:
@@ -128,7 +133,7 @@ class GenericNodes:
                 u = d.usage.get(s) or usage.NodeUsage()
                 inputs[k] = (s, n.cpus, n.real_memory, n.alloc_cpus, n.alloc_memory,
                              u.cpu, u.memory, *self._gn_beyond(s), self.cluster,
-                             self.oversubscribed.get(s, False))
+                             self._gn_gpu_key(s), self.oversubscribed.get(s, False))
         return inputs
 
     def gn_note_beyond(self, held: Mapping[str, Mapping[str, tuple[int, int]]],
@@ -144,6 +149,30 @@ class GenericNodes:
             beyond[s] = ((sum(c for c, _ in shares), sum(m for _, m in shares)),
                          completing.get(s, (0, 0)))
         self.gn_beyond = beyond
+
+    def gn_note_set(self, slurm_name: str, entries: Mapping[str, tuple]) -> None:
+        """The entries the reconcile just set in the ledger on a node: the
+        GPU indices of its claims' entries are the Kubernetes side of the
+        GenericNode's GPUs (what the ledger holds for the allocated claims)."""
+        self.gn_claimed[slurm_name] = gpu_rules.claim_indices(entries)
+
+    def _gn_gpu_key(self, slurm_name: str) -> tuple | None:
+        """(count, indices Slurm's jobs hold, indices the claims hold) of a
+        node with GPUs, None without: Slurm's side from the ledger's last
+        `show` (the poller's), the claims' from what was set.  While the
+        ledger does not answer, the last known: a GenericNode does not drop
+        its GPUs for a failed read."""
+        if self.ledger_nodes is None:
+            return self.gn_gpus.get(slurm_name)
+        count, jobs, _ = slurm_gpus(self.ledger_nodes.get(slurm_name))
+        key = None if count is None else (count, tuple(sorted(jobs)),
+                                          self.gn_claimed.get(slurm_name, ()))
+        self.gn_gpus[slurm_name] = key
+        return key
+
+    @staticmethod
+    def _gn_gpu_status(key: tuple | None) -> dict | None:
+        return None if key is None else gpu_rules.generic_node_gpus(*key)
 
     def _gn_beyond(self, slurm_name: str) -> tuple[tuple[int, int], tuple[int, int]]:
         """(held: millicores, bytes), (completing: CPUs, MB) on a node."""
@@ -167,7 +196,8 @@ class GenericNodes:
             held, completing = self._gn_beyond(key[0])
             spec, status = usage.generic_node_body(name, view[key[0]], d.usage.get(key[0]),
                                                    self.cluster, oversubscribed=key[-1],
-                                                   held=held, completing=completing)
+                                                   held=held, completing=completing,
+                                                   gpus=self._gn_gpu_status(key[-2]))
             old = self.gn_written.get(name)
             if old != (spec, status):
                 if name in self.gn_exists:    # an update: budgeted and paced (creating is not)

@@ -392,6 +392,7 @@ class Reconciler(GenericNodes):
                                      f"pods bound there hold {share.get('cpu')} CPUs and "
                                      f"{share.get('mem')} MB")
             self.last_set[name] = entries
+            self.gn_note_set(name, entries)
             if keep != ledger.MAX_KEEP_SECONDS:
                 self.fenced.discard(name)     # its pods are counted
         if repair:

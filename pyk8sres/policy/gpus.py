@@ -362,3 +362,33 @@ def claim_entries(claims: Sequence[Mapping], nodes: Mapping[str, NodeGpus],
             continue
         out.setdefault(shared[knode], {})[CLAIM_KEY_PREFIX + meta["uid"]] = (0, 0, sorted(idx))
     return out, warnings
+
+
+def claim_indices(entries: Mapping[str, Sequence]) -> tuple[int, ...]:
+    """The GPU indices the claims' entries of one node's ledger set hold."""
+    return tuple(sorted({i for k, e in entries.items() if k.startswith(CLAIM_KEY_PREFIX)
+                         and len(e) > 2 for i in e[2]}))
+
+
+def index_ranges(indices: Sequence[int]) -> str:
+    """[0, 1, 3] -> "0-1,3" (the notation of Slurm's IDX); none -> "-"."""
+    runs: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs) or "-"
+
+
+def generic_node_gpus(count: int, slurm: Sequence[int],
+                      kubernetes: Sequence[int]) -> dict:
+    """A GenericNode's status.gpus: the node's GPU count, the indices
+    Slurm's jobs hold and those the pods' claims hold, and the one line
+    `kubectl get genericnode` prints (its GPU column), e.g.
+    "slurm:0-1 k8s:2 free:3"."""
+    s, k = sorted(set(slurm)), sorted(set(kubernetes))
+    free = sorted(set(range(count)) - set(s) - set(k))
+    return {"count": count, "slurm": s, "kubernetes": k,
+            "summary": f"slurm:{index_ranges(s)} k8s:{index_ranges(k)} "
+                       f"free:{index_ranges(free)}"}

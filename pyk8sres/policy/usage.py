@@ -309,7 +309,8 @@ def refreshed_usage(usage: Mapping[str, NodeUsage], part: Mapping[str, NodeUsage
 def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
                       cluster_name: str, oversubscribed: bool = False,
                       held: tuple[int, int] = (0, 0),
-                      completing: tuple[int, int] = (0, 0)) -> tuple[dict, dict]:
+                      completing: tuple[int, int] = (0, 0),
+                      gpus: Mapping | None = None) -> tuple[dict, dict]:
     """(spec, status) of the GenericNode for one shared node.
 
     Slurm side: CPUs and memory Slurm jobs hold, with those of jobs still
@@ -319,7 +320,8 @@ def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
     still run (held: millicores, bytes), formatted like the reference
     ("2735m", "3417Mi").  The Oversubscribed condition says when pods hold
     more than Slurm's jobs leave (the ledger then carries only what fits;
-    no new job starts there).
+    no new job starts there).  gpus: the status.gpus of a node with GPUs
+    (policy/gpus.generic_node_gpus; None: none).
     """
     usage = usage or NodeUsage()
     spec = {"clusterName": cluster_name, "alias": slurm_node.name, "type": "Slurm"}
@@ -342,6 +344,8 @@ def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
                         "they leave" if oversubscribed else
                         "Slurm jobs and pods fit the node")}],
     }
+    if gpus is not None:
+        status["gpus"] = dict(gpus)
     return spec, status
 
 

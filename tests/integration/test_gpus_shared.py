@@ -137,6 +137,55 @@ def slurm_reports_gpus(c) -> bool:
     return isinstance(((shown.get("nodes") or {}).get("n1") or {}).get("gpus"), dict)
 
 
+def _ranges(indices) -> str:
+    """[0, 1, 3] -> "0-1,3" (IDX's notation), none -> "-"; written apart
+    from the product's formatter, so that the test checks it."""
+    out, run = [], []
+    for i in sorted(indices) + [None]:
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [i]
+    return ",".join(out) or "-"
+
+
+def generic_node_disagrees(c, cp, kube) -> str | None:
+    """What n1's GenericNode (status.gpus, and the GPU column of `kubectl get
+    genericnode`) or the ledger's `show` says of n1's GPUs that ground truth
+    does not (gpu_sample: `scontrol -d show job` IDX, the devices of running
+    pods' allocated claims); None when all agree, device by device."""
+    try:
+        jobs, pods, _ = gpu_sample(c.env, kube)
+    except Unreadable as e:
+        return f"ground truth unreadable: {e}"
+    slurm, k8s = sorted(jobs.get("n1", {})), sorted(pods.get("n1", {}))
+    free = sorted(set(range(GPUS)) - set(slurm) - set(k8s))
+    want = f"slurm:{_ranges(slurm)} k8s:{_ranges(k8s)} free:{_ranges(free)}"
+    g = (kubectl_json(cp, "get", "genericnode", "n1").get("status") or {}).get("gpus") or {}
+    if (g.get("count"), g.get("slurm"), g.get("kubernetes")) != (GPUS, slurm, k8s):
+        return f"status.gpus {g}; ground truth: jobs {slurm}, pods {k8s}"
+    header, row = cp.kubectl("get", "genericnode", "n1").stdout.splitlines()[:2]
+    column = row[header.index("GPU"):header.index("ALLOCATEDRESOURCES")].strip()
+    if column != want:
+        return f"GPU column {column!r}, ground truth {want!r}"
+    shown = (Ledger(ledger_socket_path(c.conf)).show("n1").get("nodes") or {}).get("n1") or {}
+    lg = shown.get("gpus") or {}
+    if (sorted(lg.get("jobs") or []), sorted(lg.get("share") or [])) != (slurm, k8s):
+        return f"ledger gpus {lg}; ground truth: jobs {slurm}, pods {k8s}"
+    return None
+
+
+def assert_generic_node_agrees(c, cp, kube, timeout: float = 20) -> None:
+    """generic_node_disagrees is None within `timeout` (GenericNode writes
+    are paced: generic_node_min_interval_seconds)."""
+    deadline = time.monotonic() + timeout
+    while (diff := generic_node_disagrees(c, cp, kube)) is not None:
+        assert time.monotonic() < deadline, f"n1's GPUs: {diff}"
+        time.sleep(0.5)
+
+
 def test_legacy_gpu_request_on_a_shared_node_is_refused(world):
     _, cp, _ = world
     pod = {"apiVersion": "v1", "kind": "Pod",
@@ -162,11 +211,13 @@ def test_gpus_apart_device_by_device(world):
         assert "gpu:2(IDX:0-1)" in job_state(c, j1)
         wait(lambda: set(holders(cp).values()) == {"gpu-0", "gpu-1"},
              "holder claims of gpu-0 and gpu-1")
+        assert_generic_node_agrees(c, cp, kube)
         # Allocating the job's GPU by hand is refused at the status write.
         assert "refused on node n1" in allocate_by_hand(cp, "by-hand", "gpu-0")
         gpu_pod(cp, "two", 2)
         wait(lambda: pod_devices(cp, "two"), "pod two running", timeout=40)
         assert pod_devices(cp, "two") == ["gpu-2", "gpu-3"]
+        assert_generic_node_agrees(c, cp, kube)
         gpu_pod(cp, "three", 3)
         time.sleep(3)
         assert pod_devices(cp, "three") is None
@@ -178,10 +229,12 @@ def test_gpus_apart_device_by_device(world):
         time.sleep(3)
         state = job_state(c, j2)
         assert "JobState=PENDING" in state and "Reason=Resources" in state, state
+        assert_generic_node_agrees(c, cp, kube)
         # The pod leaves: its devices go back and one of the two waiting gets them.
         cp.kubectl("delete", "pod", "two", "--grace-period=0", "--force", check=False)
         wait(lambda: "JobState=RUNNING" in job_state(c, j2) or pod_devices(cp, "three"),
              "the 3-GPU job or the 3-GPU pod to start", timeout=60)
+        assert_generic_node_agrees(c, cp, kube)
         time.sleep(2)
     finally:
         sampler.finish()
