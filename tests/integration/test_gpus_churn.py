@@ -353,6 +353,7 @@ def test_gpu_churn_never_overlaps(world):
     print(f"GPU churn seed {SEED} (PYK8SRES_GPU_CHURN_SEED={SEED} replays its choices)")
     sampler = Sampler(c, kube)
     churn = GpuChurn(c, kube, sampler, SEED)
+    stuck = None
     threads = [threading.Thread(target=f, daemon=True)
                for f in (churn.jobs, churn.pods, churn.restarts)]
     sampler.start()
@@ -367,8 +368,12 @@ def test_gpu_churn_never_overlaps(world):
             delete_pod(kube, p.metadata.name, force=True)
         # Nothing stuck: with the pods gone every job runs and ends
         # (6 pending at most, 5 s each, one node's worth of GPUs at a time).
-        wait(lambda: not queue(c, "PD,R,CG"), "every job run and gone", timeout=90)
-        wait(lambda: not holders(kube), "the holder claims gone with the jobs")
+        # Checked after the overlaps, which say more when both fail.
+        try:
+            wait(lambda: not queue(c, "PD,R,CG"), "every job run and gone", timeout=90)
+            wait(lambda: not holders(kube), "the holder claims gone with the jobs")
+        except AssertionError as e:
+            stuck = str(e)
     finally:
         churn.stop.set()
         sampler.finish()
@@ -380,6 +385,7 @@ def test_gpu_churn_never_overlaps(world):
     for e in churn.errors[:20]:
         print("  ", e)
     assert sampler.overlaps == [], sampler.overlaps[:20]
+    assert stuck is None, stuck
     assert sampler.samples >= SECONDS, "too few ground-truth samples"
     assert all(churn.counts[f"{n} restarted"] for n in ("slurmctld", "sync", "webhook"))
     assert len(sampler.jobs) >= 5 and len(sampler.claims) >= 5, "the churn did too little"
