@@ -158,15 +158,8 @@ class Holders:
         jobs = {s: slurm_gpus(shown.get(s))[1] for s in shared}
         wanted = gpus.wanted_holders(jobs, shared, nodes)
         create, delete = gpus.holder_changes(wanted, self.existing(), self.state.ident)
-        ok = True
         ns = self.state.holder_namespace
-        for name in delete:
-            try:
-                self._release(ns, name)
-                log.info("holder claim %s/%s released", ns, name)
-            except Exception as e:
-                log.warning("cannot release holder claim %s/%s: %s", ns, name, error_text(e))
-                ok = False
+        ok = self._release(ns, delete)
         for name in create:
             if name in delete and not ok:
                 continue
@@ -187,15 +180,32 @@ class Holders:
                 ok = False
         return ok
 
-    def _release(self, ns: str, name: str) -> None:
-        """Deallocate, then delete: kube-scheduler retries the pods waiting
-        for a device when a claim is deallocated, not when one is deleted."""
-        c = kube_calls.get_claim(self.kube, ns, name)
-        if c is None:
-            return
-        if (c.get("status") or {}).get("allocation"):
-            kube_calls.put_claim_status(self.kube, {**c, "status": {}})
-        kube_calls.delete_claim(self.kube, ns, name)
+    def _release(self, ns: str, names: list[str]) -> bool:
+        """Deallocate them all, then delete them: kube-scheduler retries the
+        pods waiting for a device when a claim is deallocated, not when one
+        is deleted, and a pod waiting for several devices gets them with
+        the last deallocation, not after the deletes before it.  False if
+        a write failed (retried next pass)."""
+        ok, deallocated = True, []
+        for name in names:
+            try:
+                c = kube_calls.get_claim(self.kube, ns, name)
+                if c is None:
+                    continue
+                if (c.get("status") or {}).get("allocation"):
+                    kube_calls.put_claim_status(self.kube, {**c, "status": {}})
+                deallocated.append(name)
+            except Exception as e:
+                log.warning("cannot release holder claim %s/%s: %s", ns, name, error_text(e))
+                ok = False
+        for name in deallocated:
+            try:
+                kube_calls.delete_claim(self.kube, ns, name)
+                log.info("holder claim %s/%s released", ns, name)
+            except Exception as e:
+                log.warning("cannot delete holder claim %s/%s: %s", ns, name, error_text(e))
+                ok = False
+        return ok
 
     def _fill(self, ns: str, name: str, status: dict) -> bool:
         """A holder made but not allocated (the status write failed): write it."""

@@ -539,7 +539,7 @@ def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False)
                                                 stop), name="gpu-holders", daemon=True).start()
     SlurmPoller(rec, cfg.resync_seconds, stop,
                 slurm.Ledger(cfg.ledger_socket, timeout=cfg.request_timeout),
-                cfg.metrics_seconds, alive, cfg.slurm_read_seconds).start()
+                cfg.metrics_seconds, alive, cfg.slurm_read_seconds, holders_wake).start()
     while not stop.is_set():
         metrics.HEALTH.beat("reconcile", alive)
         woke = cache.changed.wait(timeout=cfg.resync_seconds)

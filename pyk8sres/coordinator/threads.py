@@ -91,9 +91,12 @@ class SlurmPoller(threading.Thread):
 
     def __init__(self, rec: Reconciler, period: float, stop: threading.Event,
                  ledger=None, metrics_period: float = 5.0, alive: float = 60.0,
-                 read_period: float = 10.0):
+                 read_period: float = 10.0, gpus_moved: threading.Event | None = None):
         super().__init__(name="slurm-poller", daemon=True)
         self.rec, self.period, self.stop_event = rec, period, stop
+        # Set when the GPUs Slurm's jobs hold moved: the holder claims follow
+        # at once, not a period later (a pod waits for the device meanwhile).
+        self.gpus_moved = gpus_moved
         self.metrics_period, self.alive, self.read_period = metrics_period, alive, read_period
         self.follower = slurm.ShowFollower(ledger) if ledger is not None else None
         self.shown: dict | None = None
@@ -117,6 +120,10 @@ class SlurmPoller(threading.Thread):
         if not ok or changed is None:
             return True
         self.changed = changed
+        if self.gpus_moved is not None and any(
+                _gpu_jobs(before.get(n)) != _gpu_jobs(self.shown["nodes"].get(n))
+                for n in changed):
+            self.gpus_moved.set()
         return any(_slurm_side(before.get(n)) != _slurm_side(self.shown["nodes"].get(n))
                    for n in changed)
 
@@ -160,8 +167,12 @@ class SlurmPoller(threading.Thread):
             self.rec.cache.mark_all()
 
 
+def _gpu_jobs(view: dict | None):
+    """The GPU indices Slurm's jobs hold in a node's ledger view."""
+    return ((view or {}).get("gpus") or {}).get("jobs")
+
+
 def _slurm_side(view: dict | None) -> tuple:
     """What a node's ledger view says of Slurm (not of the pods' share)."""
     view = view or {}
-    return (view.get("unknown"), view.get("capacity"), view.get("jobs"),
-            (view.get("gpus") or {}).get("jobs"))
+    return (view.get("unknown"), view.get("capacity"), view.get("jobs"), _gpu_jobs(view))

@@ -208,3 +208,34 @@ def test_sync_holds_allocated_claims_and_never_drops_them_on_missing_data(tmp_pa
     state.replace("resourceclaims", [])
     rec.cycle()
     assert "claim:u1" not in led.sets["n1"]
+
+
+def test_holders_are_all_deallocated_before_any_is_deleted(monkeypatch, state):
+    """A pod waiting for the four GPUs a job frees is retried by
+    kube-scheduler on the last deallocation: no delete comes before it."""
+    rec = Recorder(monkeypatch, state)
+    h = cgpus.Holders(None, state)
+    assert h.sync({"n1": "n1"}, shown([0, 1, 2, 3]))
+    rec.calls.clear()
+    assert h.sync({"n1": "n1"}, shown([]))
+    names = [f"slurm-gpu-n1-gpu-{i}" for i in range(4)]
+    assert rec.calls == [("status", n, False) for n in names] + [("delete", n) for n in names]
+    assert h.existing() == {}
+
+
+def test_a_holder_that_cannot_be_deallocated_is_not_deleted(monkeypatch, state):
+    rec = Recorder(monkeypatch, state)
+    h = cgpus.Holders(None, state)
+    assert h.sync({"n1": "n1"}, shown([0, 1]))
+    rec.calls.clear()
+    status = rec.status
+
+    def refuse_gpu0(kube, claim):
+        if claim["metadata"]["name"].endswith("gpu-0"):
+            raise kube_calls.ApiException(status=500, reason="etcd timeout")
+        return status(kube, claim)
+    monkeypatch.setattr(kube_calls, "put_claim_status", refuse_gpu0)
+    assert not h.sync({"n1": "n1"}, shown([]))
+    assert rec.calls == [("status", "slurm-gpu-n1-gpu-1", False),
+                         ("delete", "slurm-gpu-n1-gpu-1")]
+    assert list(h.existing()) == ["slurm-gpu-n1-gpu-0"]   # retried next pass

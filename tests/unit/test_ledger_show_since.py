@@ -5,6 +5,7 @@ FakeCopy stands in for node_features' copy of the facts (its C twin is
 _copy_facts/_copied_changes in plugins/node_features_k8s_resources.c, run
 against slurmctld in tests/integration/test_ledger_show_since.py)."""
 import random
+import threading
 import types
 
 import pytest
@@ -335,3 +336,32 @@ def test_sync_reads_slurm_when_the_ledger_saw_a_change_and_now_and_then(world, m
     poller = SlurmPoller(rec, 1.0, Periods(), LocalLedger(ledger, copy), read_period=10)
     poller.run()
     assert [b > a for a, b in zip(seen, seen[1:])] == reads
+
+
+def test_the_poller_wakes_the_gpu_holders_when_slurms_gpu_jobs_move(world):
+    """The holder claims follow a job's GPUs in the poller's own period, not
+    one of the holders' thread later; nothing else wakes them."""
+    ledger, copy = world
+    copy.live["n1"] = Facts(8, 16000, 0, 0, 4)
+    rec = types.SimpleNamespace(ledger_nodes=None)
+    moved = threading.Event()
+    poller = SlurmPoller(rec, 1.0, threading.Event(), LocalLedger(ledger, copy),
+                         gpus_moved=moved)
+    poller.ledger_moved()        # every node new: the holders' own pass reads them
+    moved.clear()
+    steps = [("nothing", None, False),
+             ("a pod reserves on n2", lambda: serve(ledger, copy, "reserve", node="n2",
+                                                    key="pod", cpu_m=500, mem_bytes=1), False),
+             ("a CPU job on n3", lambda: copy.live.update(n3=Facts(8, 16000, 1, 100)), False),
+             ("a job takes GPUs 0-1 of n1",
+              lambda: copy.live.update(n1=Facts(8, 16000, 1, 100, 4, frozenset({0, 1}))), True),
+             ("it frees GPU 1",
+              lambda: copy.live.update(n1=Facts(8, 16000, 1, 100, 4, frozenset({0}))), True),
+             ("it ends", lambda: copy.live.update(n1=Facts(8, 16000, 0, 0, 4)), True)]
+    for what, change, woken in steps:
+        if change:
+            change()
+        poller.ledger_moved()
+        assert moved.is_set() == woken, what
+        assert rec.ledger_nodes is not None, what   # the holders read this view
+        moved.clear()
