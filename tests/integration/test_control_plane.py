@@ -202,7 +202,7 @@ def test_genericnode_crd_columns_and_status(kube_api_client, kube_server):
     assert obj["spec"]["alias"] == "a1"          # spec does not change through /status
     assert obj["status"]["allocatedResources"] == allocated
     out = kube_server.kubectl("get", "genericnode", "node-a").stdout.splitlines()
-    assert out[0].split() == ["NAME", "CLUSTERNAME", "ALIAS", "TYPE", "ALLOCATEDRESOURCES"]
+    assert out[0].split() == ["NAME", "CLUSTERNAME", "ALIAS", "TYPE", "ALLOCATEDRESOURCES", "GPU"]
     assert out[1].split() == ["node-a", "slurm1", "a1", "Slurm",
                               '[{"allocated":{"cpu":"3","memory":"4000Mi"},"type":"Slurm"},'
                               '{"allocated":{"cpu":"2735m","memory":"3417Mi"},"type":"Kubernetes"}]']

@@ -167,7 +167,7 @@ def generic_node_disagrees(c, cp, kube) -> str | None:
     if (g.get("count"), g.get("slurm"), g.get("kubernetes")) != (GPUS, slurm, k8s):
         return f"status.gpus {g}; ground truth: jobs {slurm}, pods {k8s}"
     header, row = cp.kubectl("get", "genericnode", "n1").stdout.splitlines()[:2]
-    column = row[header.index("GPU"):header.index("ALLOCATEDRESOURCES")].strip()
+    column = row[header.index("GPU"):].strip()
     if column != want:
         return f"GPU column {column!r}, ground truth {want!r}"
     shown = (Ledger(ledger_socket_path(c.conf)).show("n1").get("nodes") or {}).get("n1") or {}

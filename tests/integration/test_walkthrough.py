@@ -104,7 +104,7 @@ def test_walkthrough(world):
                                    "Kubernetes": {"cpu": "1735m", "memory": "2393Mi"}},
          "the pods in GenericNode")
     out = cp.kubectl("get", "genericnode").stdout.splitlines()
-    assert out[0].split() == ["NAME", "CLUSTERNAME", "ALIAS", "TYPE", "GPU", "ALLOCATEDRESOURCES"]
+    assert out[0].split() == ["NAME", "CLUSTERNAME", "ALIAS", "TYPE", "ALLOCATEDRESOURCES", "GPU"]
     assert out[1].split()[0] == "n1" and out[1].split()[-1] == (
         '[{"allocated":{"cpu":"0","memory":"0"},"type":"Slurm"},'
         '{"allocated":{"cpu":"1735m","memory":"2393Mi"},"type":"Kubernetes"}]')

@@ -78,7 +78,7 @@ def test_generic_node_crd_has_one_definition():
                                        "genericnode.yaml").read_text())
     assert kube.generic_node_crd() == shipped
     columns = [c["name"] for c in shipped["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert columns == ["ClusterName", "Alias", "Type", "GPU", "AllocatedResources"]
+    assert columns == ["ClusterName", "Alias", "Type", "AllocatedResources", "GPU"]
     for path in PACKAGE.rglob("*.py"):
         assert "additionalPrinterColumns" not in path.read_text(), f"a second CRD in {path}"
 
