@@ -234,6 +234,108 @@ def test_a_worker_moved_to_the_free_node_takes_no_job_before_its_pods_are_counte
                                                               sampler.unreadable)
 
 
+def k8scpu_used(c, name) -> int:
+    """Slurm's own count of k8scpu allocated on a node: its jobs' + the
+    ledger's share (scontrol -d show node: GresUsed)."""
+    m = re.search(r"k8scpu:(\d+)", node(c, name).get("GresUsed", ""))
+    return int(m.group(1)) if m else -1
+
+
+def move_w0(c, cp) -> tuple[str, str]:
+    """Cordon W0's node, delete its pod; the replacement binds on the free
+    node and its slurmd registers.  Returns (old node, new node)."""
+    hosts = {name: p["spec"]["nodeName"] for name, p in pods(cp).items()}
+    nodes = {n[5:] for n in cp.kubectl("get", "nodes", "-o", "name").stdout.split()}
+    old, (free,) = hosts[W0], nodes - set(hosts.values())
+    start = node(c, W0)["SlurmdStartTime"]
+    cp.kubectl("cordon", old)
+    cp.kubectl("delete", "pod", "-n", "slurm", W0, "--wait=false")
+    wait(lambda: (p := pods(cp).get(W0)) and p["spec"].get("nodeName") == free and
+         not p["metadata"].get("deletionTimestamp"), "the replacement bound on the free node",
+         60)
+    wait(lambda: node(c, W0).get("SlurmdStartTime", start) > start,
+         "W0's slurmd registered again", 60)
+    return old, free
+
+
+def long_lived_pod_beside_w0(c, cp, name: str, job: str | None = None) -> str:
+    """A pod that outlives any move (a DaemonSet's) on W0's node, counted on
+    W0 (1 CPU, plus `job`'s); returns that node."""
+    old = pods(cp)[W0]["spec"]["nodeName"]
+    wait(lambda: not cp.kubectl("get", "pods", "-n", "default", "-o", "name").stdout.strip(),
+         "the pods of earlier tests gone", 30)
+    put_pod(cp, name, old, "1", "1000Mi")
+    wait(lambda: k8scpu_used(c, W0) == 1 + bool(job), f"{name} counted on W0", 30)
+    return old
+
+
+def test_a_moved_workers_old_long_lived_pod_stops_counting_on_it(world):
+    """No job on W0 when it moves: once the replacement maps W0 from the free
+    node, the pod left on the old node (it never leaves) no longer counts on
+    W0, and a job needing all of W0 runs."""
+    c, cp = world
+    old = long_lived_pod_beside_w0(c, cp, "daemon-a")
+    sampler = Sampler(c, kube_calls.Kube(cp.kubeconfig))
+    sampler.start()
+    job = None
+    try:
+        move_w0(c, cp)
+        wait(lambda: k8scpu_used(c, W0) == 0, "W0's share to let the old node's pod go", 15)
+        job = sbatch(c, "-w", W0, "-c", str(WORKER_CPUS), "--wrap", "sleep 1")
+        wait(lambda: job_state(c, job) in ("RUNNING", "COMPLETING", "COMPLETED"),
+             "the job needing all of W0 to start", 20)
+        assert cp.kubectl("get", "pod", "daemon-a", "-o",
+                          "jsonpath={.spec.nodeName}").stdout == old     # still there
+    finally:
+        sampler.stop.set()
+        sampler.join(30)
+        cp.kubectl("uncordon", old)
+        cp.kubectl("delete", "pod", "daemon-a", "--wait=false")
+        subprocess.run(["scancel", *filter(None, (job,))], env=c.env, capture_output=True)
+    assert sampler.violations == [], sampler.violations
+    assert not sampler.unreadable and sampler.samples >= 5, (sampler.samples,
+                                                             sampler.unreadable)
+
+
+def test_a_moved_workers_old_pod_counts_until_the_job_of_then_ends(world):
+    """A job runs on W0 when it moves: the pod on the old node ran beside it,
+    so it counts on W0 at every sample while Slurm lists that job there,
+    and stops counting once the job is gone."""
+    c, cp = world
+    wait(lambda: k8scpu_used(c, W0) == 0, "W0 free of the last test's pods", 30)
+    job = sbatch(c, "-w", W0, "-c", "1", "--wrap", "sleep 300")
+    wait(lambda: job_state(c, job) == "RUNNING", "the job on W0", 30)
+    old = long_lived_pod_beside_w0(c, cp, "daemon-b", job)
+    seen, stop, moved = [], threading.Event(), threading.Event()
+
+    def watch():                  # (state, k8scpu used) while the job is listed
+        while not stop.is_set():
+            state, used = job_state(c, job), k8scpu_used(c, W0)
+            if state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"):
+                seen.append((state, used, moved.is_set()))
+            stop.wait(0.2)
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        move_w0(c, cp)
+        moved.set()
+        time.sleep(3)             # the replacement placed, the job of then still listed
+        subprocess.run(["scancel", job], env=c.env, capture_output=True)
+        wait(lambda: job_state(c, job) not in ("RUNNING", "COMPLETING", "CONFIGURING"),
+             "the job of then to end", 60)
+        wait(lambda: k8scpu_used(c, W0) == 0, "W0's share to let the old node's pod go", 20)
+    finally:
+        stop.set()
+        t.join(10)
+        cp.kubectl("uncordon", old)
+        cp.kubectl("delete", "pod", "daemon-b", "--wait=false")
+        subprocess.run(["scancel", job], env=c.env, capture_output=True)
+    # (state, k8scpu used on W0, W0 moved): the job (1) + the pod (1), or
+    # all of W0 while it is fenced, also once the replacement took W0.
+    assert any(after for *_, after in seen), seen
+    assert all(used >= 2 for _, used, _ in seen), seen
+
+
 def move_workers(churn, c, cp, moved: list, errors: list):
     """As an operator moves a worker off a node: drain its Slurm node
     (Slinky's does before a scale-in) until its jobs are done, cordon the
