@@ -340,8 +340,10 @@ class Reconciler(GenericNodes):
                 # What this process set there plus what it sees, and every
                 # reservation kept: the share cannot go down.
                 out[name] = ({**self.last_set[name], **entries}, ledger.MAX_KEEP_SECONDS)
-            elif name in self.fenced and (fence := backstop.fence(self.slurm_view.get(name))):
-                # Newly mapped, its pods not yet counted: no job starts there.
+            elif (name in self.fenced or name in self.unplaced) and (
+                    fence := backstop.fence(self.slurm_view.get(name))):
+                # Newly mapped, its pods not yet counted, or a worker's node
+                # possibly between pods: no job starts there.
                 out[name] = ({backstop.FENCE_KEY: fence}, ledger.MAX_KEEP_SECONDS)
             # else: never set by this process (it just started, or the ledger
             # failed): the ledger keeps what it holds until the data is trusted.

@@ -618,3 +618,14 @@ def test_a_move_while_the_pods_watch_is_broken_is_fenced(world):
     assert rec.last.k8s_to_slurm == {K20: "slinky-0"}
     assert "slurm:fence" not in slurm.core.nodes["slinky-0"]
     assert slurm.counts("slinky-0") == (1, 8000)            # z + x (kept from K19)
+
+
+def test_a_worker_node_this_process_could_not_set_is_fenced_while_the_pods_are_not_trusted(
+        world):
+    """Its last write failed (nothing this process set there to keep), then
+    the pods watch breaks: the node is held whole all the same."""
+    slurm, cache, rec = world
+    rec.last_set.clear()
+    cache.health("pods", False)
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (0, 0)
