@@ -15,7 +15,9 @@ and nothing completing (`scontrol show node`, the view the sync daemon
 reads anyway) has none of them; otherwise the jobs Slurm lists on X
 (running, completing, suspended: anything but pending), read once to learn
 which ones were there and again whenever X changes, until none of them is
-left.  Whatever is unknown keeps A's pods counted.  Pure: no I/O.
+left.  Whatever is unknown keeps A's pods counted, and so does a busy X on
+which no job is listed (PrivateData=jobs hides other users' jobs): never
+released on a listing that cannot be complete.  Pure: no I/O.
 """
 from __future__ import annotations
 
@@ -57,7 +59,9 @@ def step(left: Left, node, view_at: float, jobs_now: frozenset | None,
         return left                       # nothing known since the move
     if idle(node):
         return None if placed else left
-    if jobs_now is None:
+    if not jobs_now:
+        # Unknown, or none listed on a busy node: jobs hidden from us
+        # (PrivateData=jobs) or a listing older than the view; kept.
         return left
     if left.jobs is None:
         # The first read after the move: every job of A's that still runs is
