@@ -84,8 +84,8 @@ class Reconciler(GenericNodes):
         self.applied_total = 0
         self.slurm_view = None   # name -> SlurmNode as of the last refresh
         self.slurm_view_at = -1e9   # monotonic time that read began (set after slurm_view)
-        # (Kubernetes node, Slurm node) a worker left -> (the Slurm node as last
-        # checked, the time that read began): moves.step's inputs
+        # (Kubernetes node, Slurm node) a worker left -> (its Slurm node as last
+        # read, when that read began, when its jobs were): moves.step's inputs
         self.move_checks: dict[tuple[str, str], tuple] = {}
         self.ledger_nodes = None  # name -> the ledger's view of it (the poller's last show)
         self.gn_thread: GenericNodeWriter | None = None  # None: write inline
@@ -147,6 +147,7 @@ class Reconciler(GenericNodes):
                 log.warning("cannot read Slurm nodes: %s", e)
                 metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
                 return None
+        view_at = self.slurm_view_at   # first: set after the view, never newer than it
         view = self.slurm_view   # replaced, never changed in place: safe to share
         if dirty is not None and self.last is not None and not refresh:
             return self._cycle_pods(dirty, view)
@@ -172,29 +173,29 @@ class Reconciler(GenericNodes):
         self.holds.keep_mappings(before, d.mapping, self.cache.has_pods, time.monotonic())
         self.holds.forget_unknown(view)
         self._forget_unknown(view)
-        self._release_moves(view, counted)
+        self._release_moves(view, view_at, counted)
         self.set_shares(d, healthy)
-        if any(counted.get(s) != self.shared.get(s) for _, s in self.holds.moves):
+        if healthy and not self.failed and any(
+                counted.get(s) != self.shared.get(s) for _, s in self.holds.moves):
             self.cache.mark_all()    # placed again: a moved worker's old pods may go next
         self._publish(d, view, healthy)
         self.last = d
         return d
 
-    def _release_moves(self, view: dict, counted: dict) -> None:
+    def _release_moves(self, view: dict, view_at: float, counted: dict) -> None:
         """The pods of a Kubernetes node a worker left stop counting on its
         Slurm node once it is placed again and no job that ran beside them
         is left there (policy/moves.py).  Placed: a running worker maps it
         from another node now and did in the last cycle, which counted that
         node's pods there (counted: its Slurm node -> Kubernetes node, {}
-        when it was not trusted or a write failed).  Slurm is read for it
-        only while a move waits: the node itself when the view is older than
-        the move, its jobs when it is busy and changed (or
-        slurm_read_seconds passed)."""
+        when it was not trusted or a write failed).  Slurm is read only while
+        a move waits: the node when the view is older than the move, its jobs
+        when it is busy and changed (or slurm_read_seconds passed)."""
         for key, left in list(self.holds.moves.items()):
             k, s = key
             if s not in self.worker_nodes:
                 continue      # a host's mapping changed: its slurmd did not move
-            node, at = view.get(s), self.slurm_view_at
+            node, at = view.get(s), view_at
             old, old_at, jobs_at = self.move_checks.get(key, (None, -1e9, -1e9))
             now = time.monotonic()
             if at <= left.since and old_at > at:

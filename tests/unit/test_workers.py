@@ -630,3 +630,16 @@ def test_a_worker_node_this_process_could_not_set_is_fenced_while_the_pods_are_n
     cache.health("pods", False)
     rec.cycle()
     assert slurm.counts("slinky-0") == (0, 0)
+
+
+def test_a_move_waiting_while_the_pods_are_not_trusted_asks_no_cycle_after_cycle(world):
+    """Placed again but not trusted: no full cycle is asked for each cycle
+    (a loop that would spin), and none is released."""
+    slurm, cache, rec = world
+    moved(slurm, cache, rec)
+    cache.health("nodes", False)
+    cache.take_dirty()
+    for _ in range(2):
+        rec.cycle()
+        assert cache.take_dirty() == set()
+    assert rec.holds.moves
