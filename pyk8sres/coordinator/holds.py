@@ -12,7 +12,9 @@ the bookkeeping around it, owned by the reconcile loop (one thread):
   whose mapping label or node_map entry went away or changed, keeps
   counting its pods on the Slurm node it was mapped to for as long as it
   has pods (then their departures are held there as above).  The mapping
-  may change; the pods' containers did not move.
+  may change; the pods' containers did not move.  A worker's Slurm node
+  lets them go earlier, once no job that ran beside them is left there
+  (policy/moves.py: `moves` keeps each such node's state).
 * After a restart this process knows no departures: the first `set` of a
   node replaces what the ledger holds there, so each ledger entry with no
   bound pod behind it is held as a forced delete would be (the default
@@ -26,6 +28,7 @@ import logging
 from typing import Iterable, Mapping
 
 from ..policy import departures
+from ..policy import moves
 
 log = logging.getLogger("pyk8sres.coordinator.holds")
 
@@ -35,6 +38,8 @@ class Holds:
         self.margin = margin
         self.by_node: dict[str, dict[str, departures.Held]] = {}
         self.sticky: dict[str, set[str]] = {}     # Kubernetes node -> Slurm nodes kept
+        # (Kubernetes node, Slurm node) kept -> what its release waits for
+        self.moves: dict[tuple[str, str], moves.Left] = {}
 
     # -- departures
     def add(self, slurm_nodes: Iterable[str], uid: str, held: departures.Held | None) -> None:
@@ -72,6 +77,7 @@ class Holds:
             self.sticky[k] &= set(slurm_nodes)
             if not self.sticky[k]:
                 del self.sticky[k]
+        self._forget_moves()
 
     def advance(self, states: Mapping[str, str], now: float) -> set[str]:
         """Move every hold on as its Kubernetes node stands (states: node ->
@@ -101,12 +107,12 @@ class Holds:
 
     # -- sticky mappings
     def keep_mappings(self, before: Mapping[str, str | None], after: Mapping[str, str | None],
-                      has_pods) -> set[str]:
+                      has_pods, now: float = 0.0) -> set[str]:
         """Note the Kubernetes nodes that lost or changed their mapping
         (before/after: Kubernetes node -> Slurm node or None; a node
-        missing from `after` was deleted) and forget those that no longer
-        have pods (has_pods(k8s node) -> bool).  Returns the Slurm nodes
-        whose kept mappings changed."""
+        missing from `after` was deleted; now: the monotonic time) and
+        forget those that no longer have pods (has_pods(k8s node) -> bool).
+        Returns the Slurm nodes whose kept mappings changed."""
         changed = set()
         for k, s in before.items():
             if s is not None and after.get(k) != s and has_pods(k):
@@ -114,6 +120,7 @@ class Holds:
                     log.info("kubernetes node %s is no longer mapped to Slurm node %s: its pods "
                              "keep counting there until they are gone", k, s)
                     self.sticky[k].add(s)
+                    self.moves[(k, s)] = moves.Left(k, s, now)
                     changed.add(s)
         for k in list(self.sticky):
             kept = {s for s in self.sticky[k] if after.get(k) != s}
@@ -122,7 +129,25 @@ class Holds:
             else:
                 changed |= self.sticky[k] - kept
                 self.sticky[k] = kept
+        self._forget_moves()
         return changed
+
+    def _forget_moves(self) -> None:
+        for k, s in list(self.moves):
+            if s not in self.sticky.get(k, ()):
+                del self.moves[(k, s)]
+
+    def release(self, k8s_node: str, slurm_node: str) -> None:
+        """Kubernetes node `k8s_node`'s pods stop counting on `slurm_node`
+        (policy/moves.step said so)."""
+        kept = self.sticky.get(k8s_node, set())
+        kept.discard(slurm_node)
+        if not kept:
+            self.sticky.pop(k8s_node, None)
+        self.moves.pop((k8s_node, slurm_node), None)
+        log.info("kubernetes node %s: no job that ran beside its pods is left on Slurm node "
+                 "%s, placed again elsewhere: its pods no longer count there", k8s_node,
+                 slurm_node)
 
     def kept_for(self, k8s_node: str) -> set[str]:
         return self.sticky.get(k8s_node, set())

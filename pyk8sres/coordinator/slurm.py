@@ -161,6 +161,15 @@ def get_node(name: str) -> SlurmNode:
     return node_from_line(out.strip().splitlines()[0])
 
 
+def jobs_on(name: str) -> frozenset:
+    """The IDs of the jobs Slurm lists on node `name` in any state but
+    pending (running, completing, suspended...): those whose processes may
+    run there."""
+    out = run("squeue", "-h", "-w", name, "-o", "%A %t")
+    return frozenset(f[0] for line in out.splitlines()
+                     if len(f := line.split()) == 2 and f[1] != "PD")
+
+
 def cluster_name() -> str:
     for line in run("scontrol", "show", "config").splitlines():
         key, _, value = line.partition("=")

@@ -54,6 +54,7 @@ from ..policy import departures
 from ..policy import events
 from ..policy import gpus
 from ..policy import ledger
+from ..policy import moves
 from ..policy import usage
 from ..policy import workers as worker_pods
 
@@ -82,6 +83,10 @@ class Reconciler(GenericNodes):
         self.cluster = cfg.cluster_name
         self.applied_total = 0
         self.slurm_view = None   # name -> SlurmNode as of the last refresh
+        self.slurm_view_at = -1e9   # monotonic time that read began (set after slurm_view)
+        # (Kubernetes node, Slurm node) a worker left -> (its Slurm node as last
+        # read, when that read began, when its jobs were): moves.step's inputs
+        self.move_checks: dict[tuple[str, str], tuple] = {}
         self.ledger_nodes = None  # name -> the ledger's view of it (the poller's last show)
         self.gn_thread: GenericNodeWriter | None = None  # None: write inline
         self.events = None       # a Recorder (None: no Events)
@@ -134,17 +139,22 @@ class Reconciler(GenericNodes):
     def _cycle(self, refresh: bool, dirty: set[str] | None) -> usage.Desired | None:
         if refresh or self.slurm_view is None:
             try:
+                read_at = time.monotonic()
                 self.slurm_view = {n.name: n for n in self.slurm.list_nodes()}
+                self.slurm_view_at = read_at
                 self.backstop.read_completing(self.slurm, self.slurm_view)
             except Exception as e:  # slurmctld down: nothing we can do this cycle
                 log.warning("cannot read Slurm nodes: %s", e)
                 metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
                 return None
+        view_at = self.slurm_view_at   # first: set after the view, never newer than it
         view = self.slurm_view   # replaced, never changed in place: safe to share
         if dirty is not None and self.last is not None and not refresh:
             return self._cycle_pods(dirty, view)
         k8s_usage, knodes, healthy = self.cache.snapshot()
         before = self.last.mapping if self.last else {}
+        # What the last cycle counted where, for moves (_release_moves).
+        counted = (self.shared or {}) if self.last_healthy and not self.failed else {}
         self.last_full, self.last_healthy, self.failed = time.monotonic(), healthy, False
         found = self.cache.worker_pods() if self.cfg.worker_pods else None
         d = usage.desired_state(
@@ -155,18 +165,65 @@ class Reconciler(GenericNodes):
         self._event_over_allocatable(d.over_allocatable)
         if found is not None:
             self.worker_nodes, self.unplaced = worker_pods.unplaced(
-                self.worker_nodes, found, d.mapping, view)
+                self.worker_nodes, found, d.mapping, view, healthy)
         self.shared = mapping.by_slurm_node(d.k8s_to_slurm)
         if self.last is not None:
             self.fenced |= {s for k, s in d.k8s_to_slurm.items() if before.get(k) != s}
         self._hold_departures((before, d.mapping), view)
-        self.holds.keep_mappings(before, d.mapping, self.cache.has_pods)
+        self.holds.keep_mappings(before, d.mapping, self.cache.has_pods, time.monotonic())
         self.holds.forget_unknown(view)
         self._forget_unknown(view)
+        self._release_moves(view, view_at, counted)
         self.set_shares(d, healthy)
+        if healthy and not self.failed and any(
+                counted.get(s) != self.shared.get(s) for _, s in self.holds.moves):
+            self.cache.mark_all()    # placed again: a moved worker's old pods may go next
         self._publish(d, view, healthy)
         self.last = d
         return d
+
+    def _release_moves(self, view: dict, view_at: float, counted: dict) -> None:
+        """The pods of a Kubernetes node a worker left stop counting on its
+        Slurm node once it is placed again and no job that ran beside them
+        is left there (policy/moves.py).  Placed: a running worker maps it
+        from another node now and did in the last cycle, which counted that
+        node's pods there (counted: its Slurm node -> Kubernetes node, {}
+        when it was not trusted or a write failed).  Slurm is read only while
+        a move waits: the node when the view is older than the move, its jobs
+        when it is busy and changed (or slurm_read_seconds passed)."""
+        for key, left in list(self.holds.moves.items()):
+            k, s = key
+            if s not in self.worker_nodes:
+                continue      # a host's mapping changed: its slurmd did not move
+            node, at = view.get(s), view_at
+            old, old_at, jobs_at = self.move_checks.get(key, (None, -1e9, -1e9))
+            now = time.monotonic()
+            if at <= left.since and old_at > at:
+                node, at = old, old_at
+            if at <= left.since and now - old_at >= self.cfg.resync_seconds:
+                try:
+                    node, at = self.slurm.get_node(s), now
+                except Exception as e:
+                    log.warning("cannot read Slurm node %s: %s", s, e)
+            jobs = None
+            if moves.wants_jobs(left, node, at) and (
+                    left.jobs is None or node is not old
+                    or now - jobs_at >= self.cfg.slurm_read_seconds):
+                try:
+                    jobs, jobs_at = self.slurm.jobs_on(s), now
+                except Exception as e:   # kept: never released on missing data
+                    log.warning("cannot read the jobs on Slurm node %s: %s", s, e)
+            self.move_checks[key] = (node, at, jobs_at)
+            placed = (s not in self.unplaced and s in self.last_set
+                      and counted.get(s) not in (None, k)
+                      and (self.shared or {}).get(s) == counted.get(s))
+            new = moves.step(left, node, at, jobs, placed)
+            if new is None:
+                self.holds.release(k, s)
+            elif new != left:
+                self.holds.moves[key] = new
+        for key in set(self.move_checks) - set(self.holds.moves):
+            del self.move_checks[key]
 
     def idle_cycle_due(self) -> bool:
         """With no event since the last cycle: is a cycle over every node
@@ -284,8 +341,10 @@ class Reconciler(GenericNodes):
                 # What this process set there plus what it sees, and every
                 # reservation kept: the share cannot go down.
                 out[name] = ({**self.last_set[name], **entries}, ledger.MAX_KEEP_SECONDS)
-            elif name in self.fenced and (fence := backstop.fence(self.slurm_view.get(name))):
-                # Newly mapped, its pods not yet counted: no job starts there.
+            elif (name in self.fenced or name in self.unplaced) and (
+                    fence := backstop.fence(self.slurm_view.get(name))):
+                # Newly mapped, its pods not yet counted, or a worker's node
+                # possibly between pods: no job starts there.
                 out[name] = ({backstop.FENCE_KEY: fence}, ledger.MAX_KEEP_SECONDS)
             # else: never set by this process (it just started, or the ledger
             # failed): the ledger keeps what it holds until the data is trusted.

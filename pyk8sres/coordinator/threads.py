@@ -156,6 +156,7 @@ class SlurmPoller(threading.Thread):
             self.rec.backstop.read_completing(self.rec.slurm, view)
             unchanged = view == self.rec.slurm_view
             self.rec.slurm_view = view
+            self.rec.slurm_view_at = read_at     # after the view: never newer than it
             if unchanged and time.monotonic() - marked_at < self.rec.cfg.repair_seconds:
                 # What jobs hold moved without Slurm's nodes changing (the
                 # ledger's count read before the nodes): those nodes' backstop

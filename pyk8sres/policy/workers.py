@@ -142,7 +142,7 @@ def worker_pod(pod: Mapping, sel: Selector | None) -> WorkerPod | None:
 
 
 def unplaced(known: Iterable[str], pods: Iterable[WorkerPod], mapping: Mapping[str, str | None],
-             slurm_names) -> tuple[frozenset, frozenset]:
+             slurm_names, trusted: bool = True) -> tuple[frozenset, frozenset]:
     """(the Slurm nodes known as workers', those of them no running worker
     holds now).  A worker's Slurm node is known once a worker pod maps its
     Kubernetes node to it (mapping: this cycle's), and forgotten when Slurm
@@ -154,14 +154,20 @@ def unplaced(known: Iterable[str], pods: Iterable[WorkerPod], mapping: Mapping[s
 
     A worker that maps nothing (refused: two workers on one node, one name
     on two nodes) makes its Slurm node known too, unless something else
-    maps that node: its slurmd runs beside pods no one counts there."""
+    maps that node: its slurmd runs beside pods no one counts there.
+
+    Level-triggered: a worker's pod absent from a list is between pods
+    whether or not its deletion was seen.  While the pods are not trusted
+    (trusted False: not listed, a watch broken or silent) any worker may be
+    between pods unseen, so every known node is; a trusted list showing a
+    running worker mapped there places it again."""
     pods = list(pods)
     mapped = [p for p in pods if p.slurm_node and mapping.get(p.k8s_node) == p.slurm_node]
     names = frozenset(slurm_names)
     elsewhere = set(mapping.values())
     refused = {p.slurm_node for p in pods if p.slurm_node and p.slurm_node not in elsewhere}
     now = (frozenset(known) | {p.slurm_node for p in mapped} | refused) & names
-    held = {p.slurm_node for p in mapped if not p.leaving}
+    held = {p.slurm_node for p in mapped if not p.leaving} if trusted else set()
     return now, frozenset(now - held)
 
 

@@ -6,10 +6,12 @@ placed by the real kube-scheduler; for each bound pod the test cluster's
 container runtime starts a real `slurmd -Z` named as the pod.  Checked from
 the ground truth: the API server's pods and bindings, slurmctld's nodes
 (`scontrol show node`), the slurmd processes themselves, and a job's output.
-Then a worker moves onto the free node where a pod runs, a careless
-operator force-deletes a worker under a job and deletes the Node under
-another, test_webhook_e2e's and test_sync's double-allocation checks run
-on the workers' nodes, and a churn slice runs while workers move, all sampled: Slurm's jobs
+Then a worker moves onto the free node where a pod runs (also while the
+sync daemon's watch is cut, through a relay), the pods it left behind stop
+counting on it once no job of then is left, a careless operator
+force-deletes a worker under a job and deletes the Node under another,
+test_webhook_e2e's and test_sync's double-allocation checks run on the
+workers' nodes, and a churn slice runs while workers move, all sampled: Slurm's jobs
 (`scontrol -d show job`) + the pods bound beside each worker within its
 Slurm node (ground_truth.workers_over_capacity).
 
@@ -21,9 +23,11 @@ import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import threading
 import time
+import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,9 +41,10 @@ from conftest_kube import pick_ports, wait
 from ground_truth import Unreadable, workers_over_capacity
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.coordinator import kube as kube_calls
+from pyk8sres.coordinator import slurm as slurm_calls
 from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
 from pyk8sres.policy.ledger import REGISTERED_KEY
-from pyk8sres.testbed import containerized, daemons
+from pyk8sres.testbed import containerized, daemons, hybrid
 from webhook_world import active, node_of, pod as webhook_pod, refused_every_way
 from worker_world import containerized_world, generic_node_counting, job_state, node, \
     pends_until_pod_gone, pods, put_pod
@@ -452,6 +457,238 @@ def test_a_pod_force_deleted_beside_a_worker_holds_its_share_for_its_grace_perio
         assert time.monotonic() - t0 >= 8
     finally:
         subprocess.run(["scancel", job], env=c.env, capture_output=True)
+
+
+def k8scpu_used(c, name) -> int:
+    """Slurm's own count of k8scpu allocated on a node: its jobs' + the
+    ledger's share (scontrol -d show node: GresUsed)."""
+    m = re.search(r"k8scpu:(\d+)", node(c, name).get("GresUsed", ""))
+    return int(m.group(1)) if m else -1
+
+
+def move_w0(c, cp) -> tuple[str, str]:
+    """Cordon W0's node, delete its pod; the replacement binds on the free
+    node and its slurmd registers.  Returns (old node, new node)."""
+    hosts = {name: p["spec"]["nodeName"] for name, p in pods(cp).items()}
+    nodes = {n[5:] for n in cp.kubectl("get", "nodes", "-o", "name").stdout.split()}
+    old, (free,) = hosts[W0], nodes - set(hosts.values())
+    start = node(c, W0)["SlurmdStartTime"]
+    cp.kubectl("cordon", old)
+    cp.kubectl("delete", "pod", "-n", "slurm", W0, "--wait=false")
+    wait(lambda: (p := pods(cp).get(W0)) and p["spec"].get("nodeName") == free and
+         not p["metadata"].get("deletionTimestamp"), "the replacement bound on the free node",
+         60)
+    wait(lambda: node(c, W0).get("SlurmdStartTime", start) > start,
+         "W0's slurmd registered again", 60)
+    return old, free
+
+
+def long_lived_pod_beside_w0(c, cp, name: str, job: str | None = None) -> str:
+    """A pod that outlives any move (a DaemonSet's) on W0's node, counted on
+    W0 (1 CPU, plus `job`'s); returns that node."""
+    old = pods(cp)[W0]["spec"]["nodeName"]
+    wait(lambda: not cp.kubectl("get", "pods", "-n", "default", "-o", "name").stdout.strip(),
+         "the pods of earlier tests gone", 30)
+    put_pod(cp, name, old, "1", "1000Mi")
+    wait(lambda: k8scpu_used(c, W0) == 1 + bool(job), f"{name} counted on W0", 30)
+    return old
+
+
+def test_a_moved_workers_old_long_lived_pod_stops_counting_on_it(world):
+    """No job on W0 when it moves: once the replacement maps W0 from the free
+    node, the pod left on the old node (it never leaves) no longer counts on
+    W0, and a job needing all of W0 runs."""
+    c, cp = world
+    old = long_lived_pod_beside_w0(c, cp, "daemon-a")
+    sampler = Sampler(c, kube_calls.Kube(cp.kubeconfig))
+    sampler.start()
+    job = None
+    try:
+        move_w0(c, cp)
+        wait(lambda: k8scpu_used(c, W0) == 0, "W0's share to let the old node's pod go", 15)
+        job = sbatch(c, "-w", W0, "-c", str(WORKER_CPUS), "--wrap", "sleep 1")
+        wait(lambda: job_state(c, job) in ("RUNNING", "COMPLETING", "COMPLETED"),
+             "the job needing all of W0 to start", 20)
+        assert cp.kubectl("get", "pod", "daemon-a", "-o",
+                          "jsonpath={.spec.nodeName}").stdout == old     # still there
+    finally:
+        sampler.stop.set()
+        sampler.join(30)
+        cp.kubectl("uncordon", old)
+        cp.kubectl("delete", "pod", "daemon-a", "--wait=false")
+        subprocess.run(["scancel", *filter(None, (job,))], env=c.env, capture_output=True)
+    assert sampler.violations == [], sampler.violations
+    assert not sampler.unreadable and sampler.samples >= 5, (sampler.samples,
+                                                             sampler.unreadable)
+
+
+def test_a_moved_workers_old_pod_counts_until_the_job_of_then_ends(world):
+    """A job runs on W0 when it moves: the pod on the old node ran beside it,
+    so the ledger holds it on W0 (or all of W0, fenced) at every sample
+    while Slurm lists that job there, and lets it go once the job is gone."""
+    c, cp = world
+    wait(lambda: k8scpu_used(c, W0) == 0, "W0 free of the last test's pods", 30)
+    job = sbatch(c, "-w", W0, "-c", "1", "--wrap", "sleep 300")
+    wait(lambda: job_state(c, job) == "RUNNING", "the job on W0", 30)
+    old = long_lived_pod_beside_w0(c, cp, "daemon-b", job)
+    uid = json.loads(cp.kubectl("get", "pod", "daemon-b", "-o", "json").stdout)["metadata"]["uid"]
+    ledger = slurm_calls.Ledger(slurm_calls.ledger_socket_path(c.conf))
+    seen, stop, moved = [], threading.Event(), threading.Event()
+
+    def watch():      # (job state, what holds the pod's CPU on W0, W0 moved) while it is listed
+        while not stop.is_set():
+            state = job_state(c, job)
+            entries = ledger.show(W0)["nodes"][W0].get("entries") or {}
+            if state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"):
+                seen.append((state, "pod" if uid in entries else "fence"
+                             if "slurm:fence" in entries else "nothing", moved.is_set()))
+            stop.wait(0.2)
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        move_w0(c, cp)
+        moved.set()
+        time.sleep(3)             # the replacement placed, the job of then still listed
+        subprocess.run(["scancel", job], env=c.env, capture_output=True)
+        wait(lambda: job_state(c, job) not in ("RUNNING", "COMPLETING", "CONFIGURING"),
+             "the job of then to end", 60)
+        wait(lambda: k8scpu_used(c, W0) == 0, "W0's share to let the old node's pod go", 20)
+    finally:
+        stop.set()
+        t.join(10)
+        ledger.close()
+        cp.kubectl("uncordon", old)
+        cp.kubectl("delete", "pod", "daemon-b", "--wait=false")
+        subprocess.run(["scancel", job], env=c.env, capture_output=True)
+    assert any(after for *_, after in seen), seen     # sampled once the replacement took W0
+    assert all(held != "nothing" for _, held, _ in seen), [
+        (i, x) for i, x in enumerate(seen) if x[1] == "nothing"] + [len(seen)]
+
+
+class Cuttable(threading.Thread):
+    """A TCP relay from 127.0.0.1 to kube-apiserver for the sync daemon
+    alone: cut() drops its connections and refuses new ones (its watches
+    break, its relists fail) while everyone else reaches the API server."""
+
+    def __init__(self, port: int):
+        super().__init__(daemon=True)
+        self.upstream, self.cut_off, self.conns = port, False, []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+
+    def run(self):
+        while True:
+            try:
+                down, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.cut_off:
+                down.close()
+                continue
+            up = socket.create_connection(("127.0.0.1", self.upstream))
+            self.conns += [down, up]
+            for a, b in ((down, up), (up, down)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a, b):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self):
+        self.cut_off = True
+        for s in self.conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.conns = []
+
+    def close(self):
+        self.cut()
+        self.listener.close()
+
+
+def sync_through(c, cp, relay: Cuttable) -> None:
+    """The sync daemon restarted, reaching the API server through `relay`."""
+    c.stop("sync")
+    own = hybrid.coordinator_kubeconfig(c, cp, hybrid.SYNC_ACCOUNT)
+    with open(own) as f:
+        doc = json.load(f)
+    doc["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{relay.port}"
+    path = own.replace(".kubeconfig", "-relayed.kubeconfig")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    hybrid.own(path)
+    hybrid.start_coordinator(c, "sync", hybrid.coordinator_argv(
+        c, cp, "sync", path,
+        hybrid.coordinator_config(c, cp, "sync", containerized.coordinator_settings(
+            containerized.ACK)),
+        "--metrics-address", f"127.0.0.1:{cp.ports.sync_metrics}"))
+
+    def ready():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{cp.ports.sync_metrics}/readyz",
+                                        timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+    wait(ready, "the relayed sync daemon listed and watching", 30)
+
+
+def test_a_worker_moved_while_the_sync_daemons_watch_is_broken_takes_no_job(world):
+    """The sync daemon's connection to the API server is cut (its watch
+    broken, every relist refused) before W0's pod is deleted: it never sees
+    the deletion.  W0's replacement registers on the free node, where a pod
+    runs; a job needing all of W0 pends all along (W0 is held whole while
+    the pods are not trusted), and starts once the daemon lists again and
+    that pod is gone.  Ground truth at every sample."""
+    c, cp = world
+    wait(lambda: k8scpu_used(c, W0) == 0, "W0 free of the last test's pods", 30)
+    hosts = {name: p["spec"]["nodeName"] for name, p in pods(cp).items()}
+    nodes = {n[5:] for n in cp.kubectl("get", "nodes", "-o", "name").stdout.split()}
+    old, (free,) = hosts[W0], nodes - set(hosts.values())
+    relay = Cuttable(int(cp.url.rsplit(":", 1)[1]))
+    relay.start()
+    sync_through(c, cp, relay)
+    put_pod(cp, "on-the-free-node", free, "2", "2000Mi")
+    time.sleep(2)                # a cycle or two: W0 known as a worker's
+    sampler = Sampler(c, kube_calls.Kube(cp.kubeconfig))
+    sampler.start()
+    whole, states = None, set()
+    try:
+        relay.cut()
+        time.sleep(1)            # the daemon saw its watch break
+        move_w0(c, cp)
+        whole = sbatch(c, "-w", W0, "-c", str(WORKER_CPUS), "--wrap", "sleep 300")
+        sampler.job = whole
+        time.sleep(5)            # the new slurmd registered, the daemon still cut off
+        relay.cut_off = False
+        time.sleep(5)            # relisted: the pod beside W0 counted
+        sampler.job, states = None, set(sampler.states)
+        cp.kubectl("delete", "pod", "-n", "default", "on-the-free-node", "--wait=false")
+        wait(lambda: job_state(c, whole) == "RUNNING", "the job to start once the pod is gone",
+             60)
+    finally:
+        sampler.stop.set()
+        sampler.join(30)
+        cp.kubectl("uncordon", old)
+        subprocess.run(["scancel", *filter(None, (whole,))], env=c.env, capture_output=True)
+        c.stop("sync")
+        relay.close()
+        hybrid.start_sync(c, cp, settings=containerized.coordinator_settings(containerized.ACK))
+    assert sampler.violations == [], sampler.violations
+    assert states == {"PENDING"}, states
+    assert not sampler.unreadable and sampler.samples >= 10, (sampler.samples,
+                                                              sampler.unreadable)
 
 
 def move_workers(churn, c, cp, moved: list, errors: list):

@@ -38,6 +38,7 @@ class SlurmWorld:
     def __init__(self, directory, *names):
         self.nodes = {n: SNode(n) for n in names}
         self.completing: dict[str, tuple[int, int]] = {}   # node -> CPUs, MB of COMPLETING jobs
+        self.jobs: dict[str, set[str]] = {}    # node -> IDs of the jobs Slurm lists there
         self.directory = directory
         self.restart()
         world = self
@@ -63,6 +64,12 @@ class SlurmWorld:
 
     def cluster_name(self):
         return "c1"
+
+    def get_node(self, name):
+        return self.nodes[name]
+
+    def jobs_on(self, name):
+        return frozenset(self.jobs.get(name, ()))
 
     def completing_allocations(self):
         return dict(self.completing)

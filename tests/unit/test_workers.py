@@ -4,14 +4,18 @@ the mapping they add and its conflicts, and the sync daemon's cycle against
 the real ledger code (test_sync_logic.SlurmWorld), judged by what Slurm
 leaves to jobs."""
 
+import dataclasses
+
 import pytest
 
 from pyk8sres.coordinator import mapping, status, sync
+from pyk8sres.coordinator import slurm as slurm_calls
 from pyk8sres.coordinator.cache import Cache
 from pyk8sres.coordinator.config import ConfigError, SyncConfig, exemptions_of, load_config
-from pyk8sres.policy import usage
+from pyk8sres.policy import moves, usage
 from pyk8sres.policy import workers
 
+from memory_slurm import SNode
 from test_sync_logic import SlurmWorld, knode, pod
 
 HOST = workers.SLINKY_HOSTNAME_LABEL
@@ -472,3 +476,170 @@ def test_a_slurm_node_deleted_while_held_is_no_longer_sent(world):
         rec.cycle()
     assert ("set", "slinky-0") not in sent and not rec.failed, sent
     assert "slinky-0" not in rec.last_set
+
+
+# ----------------------------------------------------------------- a moved worker's old pods
+
+def SN(alloc=0, state="IDLE"):
+    return SNode("slinky-0", alloc_cpus=alloc, alloc_memory=alloc * 1000, state=state)
+
+
+L0 = moves.Left("k1", "slinky-0", since=10.0)
+L1 = moves.Left("k1", "slinky-0", since=10.0, jobs=frozenset({"7"}))
+
+
+@pytest.mark.parametrize("case, left, node, view_at, jobs, placed, want", [
+    ("idle after the move, placed again: released", L0, SN(), 11, None, True, None),
+    ("idle, not placed yet (fenced, its new pods not counted): kept", L0, SN(), 11, None,
+     False, L0),
+    ("a view read before the move says nothing", L0, SN(), 10, None, True, L0),
+    ("no view of the node", L0, None, 11, None, True, L0),
+    ("busy, jobs not read: kept", L0, SN(2), 11, None, True, L0),
+    ("completing, nothing allocated: busy", L0, SN(0, "IDLE+COMPLETING"), 11, None, True, L0),
+    ("first read: its jobs noted, kept while they run", L0, SN(2), 11, frozenset({"7"}), True,
+     L1),
+    ("none listed on a busy node (PrivateData hides them, or ended meanwhile): kept", L0,
+     SN(2), 11, frozenset(), True, L0),
+    ("none listed on a busy node, jobs noted: kept", L1, SN(2), 11, frozenset(), True, L1),
+    ("a job of then still runs: kept", L1, SN(2), 11, frozenset({"7", "9"}), True, L1),
+    ("only later jobs (on the new node): released", L1, SN(2), 11, frozenset({"9"}), True,
+     None),
+    ("jobs of then gone, not placed: kept", L1, SN(2), 11, frozenset({"9"}), False, L1),
+    ("the read failed: kept", L1, SN(2), 11, None, True, L1),
+    ("idle: released whatever was noted", L1, SN(), 11, None, True, None),
+])
+def test_moved_workers_old_pods_step(case, left, node, view_at, jobs, placed, want):
+    assert moves.step(left, node, view_at, jobs, placed) == want, case
+
+
+@pytest.mark.parametrize("left, node, view_at, want", [
+    (L0, SN(2), 11, True), (L0, SN(), 11, False), (L0, SN(2), 9, False), (L0, None, 11, False),
+])
+def test_moved_workers_jobs_are_read_only_when_they_can_tell(left, node, view_at, want):
+    assert moves.wants_jobs(left, node, view_at) == want
+
+
+@pytest.mark.parametrize("case, pods, mapping, want_unplaced", [
+    ("trusted, its worker running: placed", [W("s/a", "k1", "a")], {"k1": "a"}, set()),
+    ("the pods not trusted: possibly between pods unseen", [W("s/a", "k1", "a")], {"k1": "a"},
+     {"a"}),
+    ("not trusted, no pod known either", [], {"k1": None}, {"a"}),
+])
+def test_unplaced_is_level_triggered(case, pods, mapping, want_unplaced):
+    trusted = case.startswith("trusted")
+    assert workers.unplaced(("a",), pods, mapping, {"a", "b"}, trusted)[1] == want_unplaced, case
+
+
+def moved(slurm, cache, rec, job=None):
+    """slinky-0's worker leaves K19 (x, a long-lived pod, stays) for K20; a
+    job runs on slinky-0 meanwhile when `job` names one."""
+    if job:
+        slurm.nodes["slinky-0"] = dataclasses.replace(slurm.nodes["slinky-0"], alloc_cpus=1,
+                                                      alloc_memory=100, state="MIXED")
+        slurm.jobs["slinky-0"] = {job}
+    cache.event("pods", "DELETED", slinky("slinky-0", K19, "slinky-0"))
+    cache.event("pods", "ADDED", slinky("slinky-0", K20, "slinky-0"))
+    rec.cycle()
+    assert rec.last.k8s_to_slurm == {K20: "slinky-0"}
+    assert slurm.counts("slinky-0") == (3, 8000)     # x counted while the new node is fenced
+
+
+def test_a_moved_workers_old_pods_stop_counting_once_no_job_of_then_is_left(world):
+    slurm, cache, rec = world
+    moved(slurm, cache, rec)
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (4, 8000)     # x lives on, on K19: no longer counted
+    assert not rec.holds.sticky and not rec.holds.moves and not rec.move_checks
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (4, 8000)
+
+
+def test_a_moved_workers_old_pods_count_while_a_job_of_then_runs(world):
+    slurm, cache, rec = world
+    moved(slurm, cache, rec, job="7")
+    for _ in range(3):
+        rec.cycle()
+        assert slurm.counts("slinky-0") == (3, 8000)     # job 7 ran beside x: x still counts
+    slurm.jobs["slinky-0"] = {"7", "9"}                   # 9: later, on K20
+    slurm.nodes["slinky-0"] = dataclasses.replace(slurm.nodes["slinky-0"], alloc_cpus=2)
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (3, 8000)
+    slurm.jobs["slinky-0"] = {"9"}
+    slurm.nodes["slinky-0"] = dataclasses.replace(slurm.nodes["slinky-0"], alloc_cpus=1)
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (4, 8000)      # 7 ended: only K20's pods count
+
+
+def test_a_moved_workers_old_pods_count_while_its_jobs_cannot_be_read(world):
+    slurm, cache, rec = world
+    moved(slurm, cache, rec, job="7")
+
+    def unreadable(name):
+        raise slurm_calls.SlurmError("squeue: timed out")
+    slurm.jobs_on = unreadable
+    slurm.nodes["slinky-0"] = dataclasses.replace(slurm.nodes["slinky-0"], alloc_cpus=2)
+    for _ in range(2):
+        rec.cycle()
+        assert slurm.counts("slinky-0") == (3, 8000)
+
+
+def test_a_host_whose_mapping_changed_keeps_counting_its_pods_there(tmp_path):
+    """Not a worker: the Slurm node did not move with a pod, its pods stay."""
+    slurm = SlurmWorld(str(tmp_path), "n1", "n2")
+    cfg = SyncConfig(ledger_socket="unused", node_key="slurm-node")
+    cache = Cache(exemptions_of(cfg), cfg.node_key)
+    cache.replace("nodes", [knode("k1", **{"slurm-node": "n1"})])
+    cache.replace("pods", [pod("x", "k1", "1", "0")])
+    rec = sync.Reconciler(cfg, cache, slurm, ledger=slurm.ledger)
+    rec.cycle()
+    cache.event("nodes", "MODIFIED", knode("k1", **{"slurm-node": "n2"}))
+    for _ in range(3):
+        rec.cycle()
+    assert slurm.counts("n1") == (3, 8000) and slurm.counts("n2") == (3, 8000)
+
+
+def test_a_move_while_the_pods_watch_is_broken_is_fenced(world):
+    """The worker's deletion is never seen (the pods watch broken): its node
+    is held whole while the pods are not trusted, and placed again only
+    once a fresh list shows its worker running and that node's pods are
+    counted."""
+    slurm, cache, rec = world
+    cache.event("pods", "ADDED", pod("z", K20, "2", "0"))
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (3, 8000)
+    cache.health("pods", False)
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (0, 0)               # possibly between pods: whole
+    assert not rec.oversubscribed.get("slinky-0")
+    # The relist: the worker on K20 now, its old pod simply absent.
+    cache.replace("pods", [slinky("slinky-0", K20, "slinky-0"), pod("x", K19, "1", "0"),
+                           pod("z", K20, "2", "0")])
+    cache.health("pods", True)
+    rec.cycle()
+    assert rec.last.k8s_to_slurm == {K20: "slinky-0"}
+    assert "slurm:fence" not in slurm.core.nodes["slinky-0"]
+    assert slurm.counts("slinky-0") == (1, 8000)            # z + x (kept from K19)
+
+
+def test_a_worker_node_this_process_could_not_set_is_fenced_while_the_pods_are_not_trusted(
+        world):
+    """Its last write failed (nothing this process set there to keep), then
+    the pods watch breaks: the node is held whole all the same."""
+    slurm, cache, rec = world
+    rec.last_set.clear()
+    cache.health("pods", False)
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (0, 0)
+
+
+def test_a_move_waiting_while_the_pods_are_not_trusted_asks_no_cycle_after_cycle(world):
+    """Placed again but not trusted: no full cycle is asked for each cycle
+    (a loop that would spin), and none is released."""
+    slurm, cache, rec = world
+    moved(slurm, cache, rec)
+    cache.health("nodes", False)
+    cache.take_dirty()
+    for _ in range(2):
+        rec.cycle()
+        assert cache.take_dirty() == set()
+    assert rec.holds.moves
