@@ -101,11 +101,26 @@ class GenericNodes:
         self.gn_listed = time.monotonic()
         self.gn_inputs = {}
         self.gn_exists = set(existing)
-        self.gn_written = {
-            n: (o.get("spec") or {}, o.get("status") or {}) for n, o in existing.items()
-            if all((o["metadata"].get("labels") or {}).get(k) == v
-                   for k, v in MANAGED_BY.items())}
+        ours = {n: o for n, o in existing.items()
+                if all((o["metadata"].get("labels") or {}).get(k) == v
+                       for k, v in MANAGED_BY.items())}
+        self.gn_written = {n: (o.get("spec") or {}, o.get("status") or {})
+                           for n, o in ours.items()}
+        self._gn_clear_field_owners(ours)
         return True
+
+    def _gn_clear_field_owners(self, ours: dict[str, dict]) -> None:
+        """Ours that carry managedFields (written by an older version, or
+        applied server-side by someone) lose them (kube.py says why); one
+        that fails keeps them until the next relist."""
+        for name, o in sorted(ours.items()):
+            if o["metadata"].get("managedFields"):
+                try:
+                    self.kube.clear_generic_node_field_owners(name)
+                except ApiException as e:
+                    if e.status != 404:     # 404: deleted meanwhile
+                        log.warning("GenericNode %s: managedFields kept: %s",
+                                    name, error_text(e))
 
     def _gn_names(self, d: usage.Desired, only: set[str] | None):
         """The Kubernetes nodes this pass looks at (see sync_generic_nodes)."""
