@@ -49,6 +49,7 @@ class GenericNodes:
         self.gn_patched: dict[str, float] = {}   # node -> its last update, within the interval
         self.gn_next: float | None = None   # when the first node held back by it may be written
         self.gn_beyond: dict[str, tuple] = {}   # gn_note_beyond's snapshot
+        self.gn_owners: list[str] = []   # ours listed with managedFields, not yet cleared
 
     def sync_generic_nodes_safe(self, d, view, only=None) -> None:
         try:
@@ -77,6 +78,7 @@ class GenericNodes:
             only = None     # after a (re-)list, look at every node
         inputs = self._gn_inputs(d, view, self._gn_names(d, only))
         self._gn_write_changed(d, view, inputs)
+        self._gn_clear_field_owners()
         if only is None:
             self._gn_delete_unshared(inputs)
 
@@ -106,21 +108,28 @@ class GenericNodes:
                        for k, v in MANAGED_BY.items())}
         self.gn_written = {n: (o.get("spec") or {}, o.get("status") or {})
                            for n, o in ours.items()}
-        self._gn_clear_field_owners(ours)
+        self.gn_owners = sorted(n for n, o in ours.items() if o["metadata"].get("managedFields"))
         return True
 
-    def _gn_clear_field_owners(self, ours: dict[str, dict]) -> None:
-        """Ours that carry managedFields (written by an older version, or
-        applied server-side by someone) lose them (kube.py says why); one
-        that fails keeps them until the next relist."""
-        for name, o in sorted(ours.items()):
-            if o["metadata"].get("managedFields"):
-                try:
-                    self.kube.clear_generic_node_field_owners(name)
-                except ApiException as e:
-                    if e.status != 404:     # 404: deleted meanwhile
-                        log.warning("GenericNode %s: managedFields kept: %s",
-                                    name, error_text(e))
+    def _gn_clear_field_owners(self) -> None:
+        """Ours that carry managedFields (written by an earlier version, or
+        applied server-side by someone) lose them (kube.py says why), after
+        the pass's status writes and within the same write budget: an
+        upgrade does not write every object at once.  What the budget
+        leaves waits for the next pass (gn_behind); one that fails keeps
+        them until the next relist."""
+        limits = self.gn_limits()
+        while self.gn_owners and not self.gn_behind:
+            may, self.gn_bucket = events.take(self.gn_bucket, time.monotonic(), limits)
+            if not may:
+                self.gn_behind = True
+                break
+            name = self.gn_owners.pop(0)
+            try:
+                self.kube.clear_generic_node_field_owners(name)
+            except ApiException as e:
+                if e.status != 404:     # 404: deleted meanwhile
+                    log.warning("GenericNode %s: managedFields kept: %s", name, error_text(e))
 
     def _gn_names(self, d: usage.Desired, only: set[str] | None):
         """The Kubernetes nodes this pass looks at (see sync_generic_nodes)."""

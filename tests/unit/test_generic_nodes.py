@@ -149,6 +149,28 @@ def test_the_relist_clears_field_owners_of_ours_that_carry_them(tmp_path, monkey
     assert store.writes[writes + 2:] == [("clear", "n3")] and store.owners == {}
 
 
+def test_clearing_field_owners_keeps_the_write_budget(tmp_path, monkeypatch):
+    """An upgrade over many objects clears their managedFields within the
+    GenericNode write budget, the pass's status writes first, the rest on
+    later passes as tokens come back."""
+    now = [1000.0]
+    monkeypatch.setattr(sync.time, "monotonic", lambda: now[0])
+    slurm, cache, store, rec = publishing(tmp_path, 5, generic_node_qps=1.0,
+                                          generic_node_burst=2)
+    store.owners = {n: [{"manager": "m"}] for n in store.objects}
+    now[0] += generic_nodes.GN_RELIST_SECONDS + 1
+    cache.event("pods", "ADDED", pod("p", "n5", "1", "1Gi"))
+    writes = len(store.writes)
+    rec.cycle()
+    assert store.writes[writes:] == ["n5", ("clear", "n1")] and rec.gn_behind
+    now[0] += 2.0
+    rec.cycle()
+    assert store.writes[writes + 2:] == [("clear", "n2"), ("clear", "n3")]
+    now[0] += 10.0
+    rec.cycle()
+    assert store.owners == {} and not rec.gn_behind
+
+
 class LookedUp(dict):
     """A Slurm view that records which nodes a GenericNode pass looked at."""
 
