@@ -54,6 +54,7 @@ class GenericNodes:
         self.gn_beyond: dict[str, tuple] = {}   # gn_note_beyond's snapshot
         self.gn_claimed: dict[str, tuple] = {}  # Slurm node -> GPU indices of the claims set there
         self.gn_gpus: dict[str, tuple | None] = {}   # Slurm node -> its last _gn_gpu_key
+        self.gn_owners: list[str] = []   # ours listed with managedFields, not yet cleared
 
     def sync_generic_nodes_safe(self, d, view, only=None) -> None:
         try:
@@ -82,6 +83,7 @@ class GenericNodes:
             only = None     # after a (re-)list, look at every node
         inputs = self._gn_inputs(d, view, self._gn_names(d, only))
         self._gn_write_changed(d, view, inputs)
+        self._gn_clear_field_owners()
         if only is None:
             self._gn_delete_unshared(inputs)
 
@@ -106,11 +108,33 @@ class GenericNodes:
         self.gn_listed = time.monotonic()
         self.gn_inputs = {}
         self.gn_exists = set(existing)
-        self.gn_written = {
-            n: (o.get("spec") or {}, o.get("status") or {}) for n, o in existing.items()
-            if all((o["metadata"].get("labels") or {}).get(k) == v
-                   for k, v in MANAGED_BY.items())}
+        ours = {n: o for n, o in existing.items()
+                if all((o["metadata"].get("labels") or {}).get(k) == v
+                       for k, v in MANAGED_BY.items())}
+        self.gn_written = {n: (o.get("spec") or {}, o.get("status") or {})
+                           for n, o in ours.items()}
+        self.gn_owners = sorted(n for n, o in ours.items() if o["metadata"].get("managedFields"))
         return True
+
+    def _gn_clear_field_owners(self) -> None:
+        """Ours that carry managedFields (written by an earlier version, or
+        applied server-side by someone) lose them (kube.py says why), after
+        the pass's status writes and within the same write budget: an
+        upgrade does not write every object at once.  What the budget
+        leaves waits for the next pass (gn_behind); one that fails keeps
+        them until the next relist."""
+        limits = self.gn_limits()
+        while self.gn_owners and not self.gn_behind:
+            may, self.gn_bucket = events.take(self.gn_bucket, time.monotonic(), limits)
+            if not may:
+                self.gn_behind = True
+                break
+            name = self.gn_owners.pop(0)
+            try:
+                self.kube.clear_generic_node_field_owners(name)
+            except ApiException as e:
+                if e.status != 404:     # 404: deleted meanwhile
+                    log.warning("GenericNode %s: managedFields kept: %s", name, error_text(e))
 
     def _gn_names(self, d: usage.Desired, only: set[str] | None):
         """The Kubernetes nodes this pass looks at (see sync_generic_nodes)."""

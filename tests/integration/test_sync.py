@@ -117,6 +117,9 @@ def test_reference_walkthrough(slurm, api, daemon):
         "Slurm": {"cpu": "3", "memory": "4000Mi"},
         "Kubernetes": {"cpu": "2735m", "memory": "3417Mi"}}, what="both sides in GenericNode")
     wait_used(slurm, (3 + 3, 4000 + 3417))     # job 1 + the pods, in Slurm's own accounting
+    # Written by the sync daemon alone: no field owners tracked, whatever
+    # its writes since the create.
+    assert not generic_node(api, "n1")["metadata"].get("managedFields")
 
     # 8 CPUs - 3 (job 1) - 3 (pods, rounded up) = 2 left: a second -c 3 pends.
     job2 = sbatch(slurm, "-c", "3", "--mem=4000")
@@ -129,6 +132,31 @@ def test_reference_walkthrough(slurm, api, daemon):
     wait_for(lambda: job_state(slurm, job2)[0] == "RUNNING", 30, "job 2 starts after pods go")
     wait_used(slurm, (6, 8000))                # two jobs, no share
     wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "0", "memory": "0"})
+
+
+def test_generic_nodes_written_with_field_owners_lose_them(slurm, api, daemon):
+    """A GenericNode as an earlier version left it (its managedFields: who
+    created the spec, who patched the status) is kept, loses them at the
+    sync daemon's first list, and its status then follows the pods
+    without the API server tracking them again."""
+    k8s_node(api, "n1")
+    wait_for(lambda: allocated(api, "n1"), what="GenericNode n1")
+    daemon.stop()
+    old = generic_node(api, "n1")
+    api.custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "n1")
+    api.custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, {
+        "apiVersion": old["apiVersion"], "kind": old["kind"], "spec": old["spec"],
+        "metadata": {"name": "n1", "labels": old["metadata"]["labels"]}})
+    api.custom.patch_cluster_custom_object_status(GROUP, VERSION, PLURAL, "n1",
+                                                  {"status": old["status"]})
+    assert len(generic_node(api, "n1")["metadata"]["managedFields"]) == 2
+    daemon.start()
+    scheduled_pod(api, "1", "1024Mi")
+    wait_for(lambda: allocated(api, "n1")["Kubernetes"] == {"cpu": "1", "memory": "1024Mi"},
+             what="the pod in GenericNode n1")
+    gn = generic_node(api, "n1")
+    assert not gn["metadata"].get("managedFields")
+    assert gn["spec"] == old["spec"] and gn["metadata"]["uid"] != old["metadata"]["uid"]
 
 
 def test_a_terminating_pod_holds_its_share_until_it_is_gone(slurm, api, daemon):

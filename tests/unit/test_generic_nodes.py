@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from memory_slurm import SNode, SlurmWorld, knode, pod
 from pyk8sres.coordinator import generic_nodes, sync
@@ -24,13 +25,23 @@ class GenericNodeStore:
 
     def __init__(self):
         self.objects, self.writes = {}, []
+        self.owners = {}       # name -> metadata.managedFields, where not empty
+        self.refuse = set()    # names whose owners may not be cleared
 
     def ensure_crd(self):
         pass
 
     def list_generic_nodes(self):
-        return {n: {"metadata": {"name": n, "labels": dict(MANAGED_BY)}, **o}
+        return {n: {"metadata": {"name": n, "labels": dict(MANAGED_BY),
+                                 **({"managedFields": self.owners[n]} if n in self.owners else {})},
+                    **o}
                 for n, o in self.objects.items()}
+
+    def clear_generic_node_field_owners(self, name):
+        self.writes.append(("clear", name))
+        if name in self.refuse:
+            raise ApiException(status=500)
+        self.owners.pop(name, None)
 
     def create_generic_node(self, name, spec, status):
         self.writes.append(name)
@@ -113,6 +124,51 @@ def test_generic_nodes_edited_or_deleted_by_hand_are_put_back_by_the_relist(tmp_
     rec.cycle()
     assert sorted(store.writes[writes:]) == ["n1", "n2"]
     assert store.objects == want
+
+
+def test_the_relist_clears_field_owners_of_ours_that_carry_them(tmp_path, monkeypatch):
+    """Objects written by an older version (or applied server-side by
+    someone) carry managedFields: the relist clears them, once, and writes
+    nothing else; one whose clearing fails is retried at the next relist
+    and fails nothing else."""
+    now = [1000.0]
+    monkeypatch.setattr(sync.time, "monotonic", lambda: now[0])
+    slurm, cache, store, rec = publishing(tmp_path, 3)
+    store.owners = {"n1": [{"manager": "OpenAPI-Generator"}], "n3": [{"manager": "x"}]}
+    store.refuse = {"n3"}
+    writes = len(store.writes)
+    now[0] += generic_nodes.GN_RELIST_SECONDS + 1
+    rec.cycle()
+    assert store.writes[writes:] == [("clear", "n1"), ("clear", "n3")]
+    assert not rec.failed and store.owners == {"n3": [{"manager": "x"}]}
+    rec.cycle()
+    assert store.writes[writes + 2:] == [], "cleared at a relist only"
+    store.refuse = set()
+    now[0] += generic_nodes.GN_RELIST_SECONDS + 1
+    rec.cycle()
+    assert store.writes[writes + 2:] == [("clear", "n3")] and store.owners == {}
+
+
+def test_clearing_field_owners_keeps_the_write_budget(tmp_path, monkeypatch):
+    """An upgrade over many objects clears their managedFields within the
+    GenericNode write budget, the pass's status writes first, the rest on
+    later passes as tokens come back."""
+    now = [1000.0]
+    monkeypatch.setattr(sync.time, "monotonic", lambda: now[0])
+    slurm, cache, store, rec = publishing(tmp_path, 5, generic_node_qps=1.0,
+                                          generic_node_burst=2)
+    store.owners = {n: [{"manager": "m"}] for n in store.objects}
+    now[0] += generic_nodes.GN_RELIST_SECONDS + 1
+    cache.event("pods", "ADDED", pod("p", "n5", "1", "1Gi"))
+    writes = len(store.writes)
+    rec.cycle()
+    assert store.writes[writes:] == ["n5", ("clear", "n1")] and rec.gn_behind
+    now[0] += 2.0
+    rec.cycle()
+    assert store.writes[writes + 2:] == [("clear", "n2"), ("clear", "n3")]
+    now[0] += 10.0
+    rec.cycle()
+    assert store.owners == {} and not rec.gn_behind
 
 
 class LookedUp(dict):

@@ -76,6 +76,19 @@ def test_spec_and_status(api):
         ("PATCH", "/apis/pyk8sres.io/v1alpha1/genericnodes/n1/status", {"status": {"x": 1}})]
 
 
+def test_create_clears_field_owners_then_sets_the_status(api):
+    """The field owners are cleared in a request of their own, on the
+    object (not its status), before the status is written."""
+    srv, kube = api
+    kube.create_generic_node("n1", {"alias": "s1"}, {"x": 1})
+    assert [(m, p, json.loads(b)) for m, p, _, b in srv.seen[1:]] == [
+        ("PATCH", "/apis/pyk8sres.io/v1alpha1/genericnodes/n1",
+         {"metadata": {"managedFields": [{}]}}),
+        ("PATCH", "/apis/pyk8sres.io/v1alpha1/genericnodes/n1/status", {"status": {"x": 1}})]
+    assert srv.seen[0][:2] == ("POST", "/apis/pyk8sres.io/v1alpha1/genericnodes")
+    assert srv.seen[1][2]["Content-Type"] == kube_calls.MERGE_PATCH
+
+
 def test_get_pod(api):
     srv, kube = api
     srv.answers["/api/v1/namespaces/q/pods/p"] = (200, {"metadata": {"uid": "u"}})
