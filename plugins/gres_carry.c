@@ -474,16 +474,41 @@ extern const char *gres_carry_copied_node_name(int index)
 	return index >= 0 && index < copy_count ? copies[index].name : NULL;
 }
 
+static bool freed;	/* a share was lowered since gres_carry_take_freed */
+
+/* Does the new share leave anything the old one held? */
+static bool _lowers(const struct want *w, uint64_t cpu, uint64_t mem,
+		    const uint64_t *gpus)
+{
+	if (!w)
+		return false;
+	if (cpu < w->cnt[0] || mem < w->cnt[1])
+		return true;
+	for (int i = 0; i < PYK8SRES_GPU_WORDS; i++)
+		if (w->gpus[i] & ~(gpus ? gpus[i] : 0))
+			return true;
+	return false;
+}
+
 extern void gres_carry_share(const char *name, uint64_t cpu, uint64_t mem,
 			     const uint64_t *gpus)
 {
 	node_record_t *node_ptr;
 
+	freed |= _lowers(_want_find(name), cpu, mem, gpus);
 	_want_set(name, cpu, mem, gpus);
 	if ((node_ptr = find_node_record((char *) name))) {
 		_carry_node(node_ptr);
 		last_node_update = time(NULL);
 	}
+}
+
+extern bool gres_carry_take_freed(void)
+{
+	bool was = freed;
+
+	freed = false;
+	return was;
 }
 
 extern void gres_carry_stats(uint64_t *out)

@@ -39,6 +39,9 @@ extern void gres_carry_share(const char *name, uint64_t cpu, uint64_t mem,
 			     const uint64_t *gpus);
 extern void gres_carry_remember(const char *name, uint64_t cpu, uint64_t mem,
 				const uint64_t *gpus);
+/* True once after gres_carry_share lowered a node's share (CPUs, memory or
+ * any GPU index freed), under the same locks. */
+extern bool gres_carry_take_freed(void);
 extern void gres_carry_stats(uint64_t *out);
 extern void gres_carry_copy_facts(void);
 extern int gres_carry_copied_facts(const char *name, uint64_t *out);

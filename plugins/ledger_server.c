@@ -50,6 +50,7 @@
 #pragma weak slurmctld_config
 #pragma weak slurmctld_primary
 #pragma weak control_time
+#pragma weak queue_job_scheduler
 /* controller.c: when this slurmctld last took control, after recovering its
  * state (0 before that, and while a backup stands by); no header has it. */
 extern time_t control_time;
@@ -237,6 +238,7 @@ static const char *_handle(uid_t uid, const char *line)
 	slurmctld_lock_t read_lock = { .node = READ_LOCK };
 	struct timespec start, prepared;
 	int ticket = 0, read_only = 0;
+	bool freed;
 
 	reply[0] = '\0';
 	clock_gettime(CLOCK_MONOTONIC, &start);
@@ -261,7 +263,14 @@ static const char *_handle(uid_t uid, const char *line)
 			core->ledger_apply(ticket, ops.facts, ops.share,
 					   ops.node_name, ops.stats,
 					   ops.copied_changes, reply, REPLY_BYTES);
+			freed = ops.take_freed();
 			unlock_slurmctld(write_lock);
+			/* Pending jobs may fit now: ask for a scheduling pass
+			 * (controller.c runs one within a second, once
+			 * batch_sched_delay has passed since the last) rather
+			 * than wait for sched_interval or backfill. */
+			if (freed && queue_job_scheduler)
+				queue_job_scheduler();
 		}
 		/* Callers time out after 2 s: say where a slow answer waited. */
 		if ((took = ledger_ms_since(&start)) >= 1000)

@@ -40,6 +40,8 @@ struct ledger_plugin_ops {
 	pyk8sres_facts_fn copied_facts;
 	pyk8sres_node_name_fn copied_node_name;
 	pyk8sres_changes_fn copied_changes;
+	/* True once after a share was lowered (something freed for jobs). */
+	bool (*take_freed)(void);
 };
 
 /* init(): read the journal (owning it if this process should), start the

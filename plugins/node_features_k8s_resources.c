@@ -134,6 +134,7 @@ static void _give_capacity(void)
 static const struct ledger_plugin_ops ledger_ops = {
 	.facts = gres_carry_facts,
 	.share = gres_carry_share,
+	.take_freed = gres_carry_take_freed,
 	.remember = gres_carry_remember,
 	.node_name = _node_name,
 	.stats = gres_carry_stats,
