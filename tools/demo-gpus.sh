@@ -13,10 +13,7 @@ cd "$(dirname "$0")/.."
 WORK=${1:-/tmp/pyk8sres-demo}
 tools/install-deps.sh
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-run() { printf '$ %s\n' "$*"; "$@"; }
-pipe() { printf '$ %s\n' "$1"; eval "$1"; }
-user() { printf 'developer$ %s\n' "$*"; KUBECONFIG=$DEV "$@"; }
+. tools/demo-lib.sh
 wait_job() { for _ in $(seq 30); do [ "$(squeue -h -j "$1" -o %T)" = "$2" ] && return; sleep 1; done; }
 wait_pod() { for _ in $(seq 60); do [ "$(kubectl get pod "$1" -o jsonpath='{.status.phase}')" = "$2" ] && return; sleep 1; done; }
 # The GPU column once it shows what $1 matches (GenericNode writes are paced).

@@ -23,10 +23,7 @@ if [ "${1:-}" = --gpus ]; then shift; exec tools/demo-gpus.sh "$@"; fi
 WORK=${1:-/tmp/pyk8sres-demo}
 tools/install-deps.sh
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-run() { printf '$ %s\n' "$*"; "$@"; }
-pipe() { printf '$ %s\n' "$1"; eval "$1"; }
-user() { printf 'developer$ %s\n' "$*"; KUBECONFIG=$DEV "$@"; }
+. tools/demo-lib.sh
 job_named() { for _ in $(seq 50); do id=$(squeue -h -n "$1" -o %i); [ -n "$id" ] && break; sleep 0.2; done; echo "$id"; }
 wait_gn() { for _ in $(seq 30); do kubectl get genericnode "$NODE" -o jsonpath='{.status.allocatedResources}' 2>/dev/null | grep -q "$1" && return; sleep 1; done; }
 wait_job() { for _ in $(seq "${3:-30}"); do [ "$(squeue -h -j "$1" -o %T)" = "$2" ] && return; sleep 1; done; }

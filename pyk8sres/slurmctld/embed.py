@@ -63,6 +63,16 @@ _STRINGS = ("partition", "tres_per_node", "tres_per_task", "tres_per_job", "tres
 SITE_FIELDS = ("def_mem_per_cpu", "slurm_version", "select_type_param", "max_mem_per_cpu",
                "part_mem")
 
+def node_names(ffi, node_name):
+    """The names node_name(0), node_name(1), ... give until NULL (slurmctld's
+    node table; empty slots skipped)."""
+    i = 0
+    while (name := node_name(i)) != ffi.NULL:
+        if name[0] != b"\0":
+            yield ffi.string(name).decode()
+        i += 1
+
+
 def _job(ffi, c, prefix: str, exclusive: bool) -> jobspec.Job:
     numbers = [getattr(c, prefix + name) for name in _NUMBERS]
     texts = [_text(ffi, getattr(c, prefix + name)) for name in _STRINGS]
@@ -292,11 +302,8 @@ def _bind_ledger_requests(ffi) -> None:
             share(node.encode(), cpu, mem, ffi.new("uint64_t[]", gpu_mask(gpus)))
 
         def names():
-            i = 0
-            while (name := node_name(i)) != ffi.NULL:
-                if name[0] != b"\0":
-                    yield ffi.string(name).decode()
-                i += 1
+            return node_names(ffi, node_name)
+
         def stats():
             counters = ffi.new("uint64_t[3]")
             stats_fn(counters)
@@ -324,14 +331,8 @@ def _bind_ledger_nodes(ffi) -> None:
     @ffi.def_extern(error=INTERNAL_ERROR)
     def pyk8sres_ledger_meet(node_name, err, errlen):
         try:
-            def names():
-                i = 0
-                while (name := node_name(i)) != ffi.NULL:
-                    if name[0] != b"\0":
-                        yield ffi.string(name).decode()
-                    i += 1
             if _ledger is not None:
-                _ledger.meet(names())
+                _ledger.meet(node_names(ffi, node_name))
             return OK
         except BaseException as exc:
             _put(ffi, err, errlen, f"{type(exc).__name__}: {exc}")
