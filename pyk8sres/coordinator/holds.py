@@ -107,11 +107,12 @@ class Holds:
 
     # -- sticky mappings
     def keep_mappings(self, before: Mapping[str, str | None], after: Mapping[str, str | None],
-                      has_pods, now: float = 0.0) -> set[str]:
+                      has_pods, now: float = 0.0, slurmd_start=lambda s: "") -> set[str]:
         """Note the Kubernetes nodes that lost or changed their mapping
         (before/after: Kubernetes node -> Slurm node or None; a node
         missing from `after` was deleted; now: the monotonic time) and
-        forget those that no longer have pods (has_pods(k8s node) -> bool).
+        forget those that no longer have pods (has_pods(k8s node) -> bool;
+        slurmd_start(Slurm node): its SlurmdStartTime now, noted with a move).
         Returns the Slurm nodes whose kept mappings changed."""
         changed = set()
         for k, s in before.items():
@@ -120,7 +121,7 @@ class Holds:
                     log.info("kubernetes node %s is no longer mapped to Slurm node %s: its pods "
                              "keep counting there until they are gone", k, s)
                     self.sticky[k].add(s)
-                    self.moves[(k, s)] = moves.Left(k, s, now)
+                    self.moves[(k, s)] = moves.Left(k, s, now, slurmd=slurmd_start(s))
                     changed.add(s)
         for k in list(self.sticky):
             kept = {s for s in self.sticky[k] if after.get(k) != s}

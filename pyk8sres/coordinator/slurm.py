@@ -41,6 +41,7 @@ class SlurmNode:
     state: str                       # e.g. IDLE, MIXED, IDLE+DRAIN
     reported_gres: dict              # hardware capacity: {k8scpu: CPUs, k8smemory: RealMemory}
     gres_raw: str = ""               # Gres= as scontrol prints it
+    slurmd_start: str = ""           # SlurmdStartTime= (a new value: another slurmd)
 
     @property
     def drained(self) -> bool:
@@ -105,6 +106,7 @@ def node_from_record(rec: dict) -> SlurmNode:
         state=rec.get("State", ""),
         reported_gres={GRES_CPU: cpus, GRES_MEMORY: memory},
         gres_raw=rec.get("Gres", ""),
+        slurmd_start=rec.get("SlurmdStartTime", ""),
     )
 
 
@@ -112,7 +114,7 @@ def node_from_record(rec: dict) -> SlurmNode:
 # may): one findall per line picks them out, cheaply enough for the sync
 # daemon to read every node each resync period.
 _NODE_FIELDS = re.compile(
-    r"(?:^|\s)(NodeName|CPUTot|RealMemory|Gres|GresUsed|CPUAlloc|AllocMem|State)=(\S*)")
+    r"(?:^|\s)(NodeName|CPUTot|RealMemory|Gres|GresUsed|CPUAlloc|AllocMem|State|SlurmdStartTime)=(\S*)")
 
 
 def node_from_line(line: str) -> SlurmNode:

@@ -170,7 +170,8 @@ class Reconciler(GenericNodes):
         if self.last is not None:
             self.fenced |= {s for k, s in d.k8s_to_slurm.items() if before.get(k) != s}
         self._hold_departures((before, d.mapping), view)
-        self.holds.keep_mappings(before, d.mapping, self.cache.has_pods, time.monotonic())
+        self.holds.keep_mappings(before, d.mapping, self.cache.has_pods, time.monotonic(),
+                                 lambda s: getattr(view.get(s), "slurmd_start", ""))
         self.holds.forget_unknown(view)
         self._forget_unknown(view)
         self._release_moves(view, view_at, counted)

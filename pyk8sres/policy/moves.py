@@ -17,7 +17,13 @@ reads anyway) has none of them; otherwise the jobs Slurm lists on X
 which ones were there and again whenever X changes, until none of them is
 left.  Whatever is unknown keeps A's pods counted, and so does a busy X on
 which no job is listed (PrivateData=jobs hides other users' jobs): never
-released on a listing that cannot be complete.  Pure: no I/O.
+released on a listing that cannot be complete.
+
+And never before X's slurmd is another one than at the move (its
+SlurmdStartTime changed): until the replacement registers, slurmctld still
+sends X's jobs to the slurmd it knows, which may outlive its pod on A (a
+forced delete returns before the containers stop, and never stops them on
+a dead kubelet), beside A's pods.  Pure: no I/O.
 """
 from __future__ import annotations
 
@@ -28,11 +34,20 @@ from dataclasses import dataclass, replace
 class Left:
     """A's pods, still counted on X since the move was seen at `since`
     (monotonic); jobs: the jobs on X at the first read after it (None: not
-    read yet)."""
+    read yet); slurmd: X's SlurmdStartTime in the view of the cycle that saw
+    the move (None: not noted yet; "": unknown, never released)."""
     k8s_node: str
     slurm_node: str
     since: float
     jobs: frozenset | None = None
+    slurmd: str | None = None
+
+
+def restarted(left: Left, node) -> bool:
+    """Is X's slurmd another one than at the move?"""
+    now = getattr(node, "slurmd_start", "") or ""
+    return (bool(left.slurmd) and now not in ("", "None", "Unknown")
+            and now != left.slurmd)
 
 
 def idle(node) -> bool:
@@ -54,9 +69,11 @@ def step(left: Left, node, view_at: float, jobs_now: frozenset | None,
 
     node: X as a view read from view_at shows it; jobs_now: the jobs on X
     read now (None: not read, or the read failed); placed: a running
-    worker maps X again and its node's pods are counted there."""
+    worker maps X again and its node's pods are counted there (and X's
+    slurmd restarted since the move: restarted)."""
     if view_at <= left.since or node is None:
         return left                       # nothing known since the move
+    placed = placed and restarted(left, node)
     if idle(node):
         return None if placed else left
     if not jobs_now:

@@ -292,9 +292,11 @@ class Ledger:
             # but decided before it: write down the outcome, so replay agrees.
             with self.mutex:
                 self._held_meanwhile.discard(req.node)
+                # No fsync under slurmctld's locks: the next grant's makes
+                # it durable; lost, replay ends on the hold (held, not freed).
                 self._append({"t": now, "op": "undo", "node": req.node, "entries": {
                     k: _entry_doc(e) for k, e in self.nodes.get(req.node, {}).items()}},
-                    sync=True)
+                    sync=False)
         elif not reply["ok"] and journaled:
             # Replayed as granted unless undone (no fsync: a lost undo only
             # keeps a reservation the coordinator's next `set` drops).
@@ -341,15 +343,25 @@ class Ledger:
         """Once this process is in control with the ledger loaded: the nodes
         slurmctld has now (slurm.conf's, and the dynamic ones it recovered)
         are not new, whatever the ledger holds there."""
-        with self.mutex:
-            self.known = set(names)
+        try:
+            met = set(names)
+        except BaseException:
+            met = set()       # fail closed: every node registering is new
+            raise
+        finally:
+            with self.mutex:
+                self.known = met
 
     def registered(self, node: str, cpus: int, mb: int, hold: bool) -> tuple | None:
         """Under slurmctld's node write lock, when `node` registers with
         capacity (cpus, mb): its new share (CPUs, MB, gpus) if the ledger
         now holds it otherwise, else None.  With `hold`, a node not met
-        before is held whole (policy.ledger.registered), journaled (fsync)
-        before its share is handed to Slurm; before meet() nothing is."""
+        before is held whole (policy.ledger.registered), journaled before
+        its share is handed to Slurm; before meet() nothing is."""
+        known = self.known
+        if not hold and known is not None and node in known \
+                and REGISTERED_KEY not in self.nodes.get(node, ()):
+            return None       # a known node re-registering: not even the mutex
         with self.mutex:
             if self.known is None:
                 return None
@@ -363,12 +375,14 @@ class Ledger:
             if new is None:
                 return None
             # An "undo" line puts one entry as it is: older releases replay
-            # it.  No compaction here, under slurmctld's lock: prepare() does
-            # it.  A hold that cannot be written is held all the same (it
-            # grants nothing): lost on a restart, it is then not re-made.
+            # it.  No compaction and no fsync here, under slurmctld's write
+            # locks (a slow StateSaveLocation would stall every RPC): the
+            # next grant's fsync makes it durable.  A hold that cannot be
+            # written, or is lost in a crash before that, is held all the same
+            # (it grants nothing): lost on a restart, it is then not re-made.
             try:
                 self._append({"t": now, "op": "undo", "node": node, "key": REGISTERED_KEY,
-                              "entry": _entry_doc(new[REGISTERED_KEY])}, sync=True)
+                              "entry": _entry_doc(new[REGISTERED_KEY])}, sync=False)
             except OSError as exc:
                 log.error("node_features/k8s_resources: node %s: cannot journal its hold "
                           "(%s); held until slurmctld restarts", node, exc)

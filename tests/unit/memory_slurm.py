@@ -29,6 +29,7 @@ class SNode:
     alloc_memory: int = 0
     state: str = "IDLE"
     reported_gres: dict = field(default_factory=lambda: {"k8scpu": 4, "k8smemory": 8000})
+    slurmd_start: str = "2026-01-01T00:00:00"
 
 
 class SlurmWorld:

@@ -480,12 +480,14 @@ def test_a_slurm_node_deleted_while_held_is_no_longer_sent(world):
 
 # ----------------------------------------------------------------- a moved worker's old pods
 
-def SN(alloc=0, state="IDLE"):
-    return SNode("slinky-0", alloc_cpus=alloc, alloc_memory=alloc * 1000, state=state)
+def SN(alloc=0, state="IDLE", slurmd="T1"):
+    """slinky-0 after the move; slurmd: its SlurmdStartTime (T0 at the move)."""
+    return SNode("slinky-0", alloc_cpus=alloc, alloc_memory=alloc * 1000, state=state,
+                 slurmd_start=slurmd)
 
 
-L0 = moves.Left("k1", "slinky-0", since=10.0)
-L1 = moves.Left("k1", "slinky-0", since=10.0, jobs=frozenset({"7"}))
+L0 = moves.Left("k1", "slinky-0", since=10.0, slurmd="T0")
+L1 = moves.Left("k1", "slinky-0", since=10.0, jobs=frozenset({"7"}), slurmd="T0")
 
 
 @pytest.mark.parametrize("case, left, node, view_at, jobs, placed, want", [
@@ -507,6 +509,13 @@ L1 = moves.Left("k1", "slinky-0", since=10.0, jobs=frozenset({"7"}))
     ("jobs of then gone, not placed: kept", L1, SN(2), 11, frozenset({"9"}), False, L1),
     ("the read failed: kept", L1, SN(2), 11, None, True, L1),
     ("idle: released whatever was noted", L1, SN(), 11, None, True, None),
+    ("the slurmd of the move still registered (its pod force-deleted, it lives on): kept",
+     L0, SN(slurmd="T0"), 11, None, True, L0),
+    ("same, only later jobs listed: kept", L1, SN(2, slurmd="T0"), 11, frozenset({"9"}), True,
+     L1),
+    ("slurmd unknown at the move: kept", moves.Left("k1", "slinky-0", 10.0, slurmd=""), SN(),
+     11, None, True, moves.Left("k1", "slinky-0", 10.0, slurmd="")),
+    ("slurmd unknown now: kept", L0, SN(slurmd="None"), 11, None, True, L0),
 ])
 def test_moved_workers_old_pods_step(case, left, node, view_at, jobs, placed, want):
     assert moves.step(left, node, view_at, jobs, placed) == want, case
@@ -542,6 +551,27 @@ def moved(slurm, cache, rec, job=None):
     rec.cycle()
     assert rec.last.k8s_to_slurm == {K20: "slinky-0"}
     assert slurm.counts("slinky-0") == (3, 8000)     # x counted while the new node is fenced
+    registered(slurm)
+
+
+def registered(slurm):
+    """The replacement's slurmd registers slinky-0 (a new SlurmdStartTime)."""
+    slurm.nodes["slinky-0"] = dataclasses.replace(slurm.nodes["slinky-0"],
+                                                  slurmd_start="2026-01-01T00:05:00")
+
+
+def test_a_moved_workers_old_pods_count_until_its_new_slurmd_registers(world):
+    """Forced delete: the old slurmd may outlive its pod on K19, and takes
+    slinky-0's jobs until the replacement registers: x counts until then."""
+    slurm, cache, rec = world
+    cache.event("pods", "DELETED", slinky("slinky-0", K19, "slinky-0"))
+    cache.event("pods", "ADDED", slinky("slinky-0", K20, "slinky-0"))
+    for _ in range(3):
+        rec.cycle()
+        assert slurm.counts("slinky-0") == (3, 8000)
+    registered(slurm)
+    rec.cycle()
+    assert slurm.counts("slinky-0") == (4, 8000)
 
 
 def test_a_moved_workers_old_pods_stop_counting_once_no_job_of_then_is_left(world):
