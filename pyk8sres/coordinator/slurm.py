@@ -166,8 +166,8 @@ def get_node(name: str) -> SlurmNode:
 def jobs_on(name: str) -> frozenset:
     """The IDs of the jobs Slurm lists on node `name` in any state but
     pending (running, completing, suspended...): those whose processes may
-    run there."""
-    out = run("squeue", "-h", "-w", name, "-o", "%A %t")
+    run there.  -a: hidden partitions' and other groups' too."""
+    out = run("squeue", "-h", "-a", "-w", name, "-o", "%A %t")
     return frozenset(f[0] for line in out.splitlines()
                      if len(f := line.split()) == 2 and f[1] != "PD")
 
