@@ -52,6 +52,12 @@ else
 	NODE=$(kubectl get pod -n slurm "$SNODE" -o jsonpath='{.spec.nodeName}')
 	run kubectl get pods -n slurm -o wide
 	pipe "scontrol show node $SNODE | grep -E 'NodeName|CPUTot|Gres='"
+	# Its slurmd registered a moment ago: the ledger holds the node whole
+	# (HoldNewNodes) until the sync daemon has counted the pods there.
+	for _ in $(seq 30); do
+		pyk8sres ledger show "$SNODE" -o json | grep -q '"registered": true' || break
+		sleep 1
+	done
 fi
 
 step "What already runs on $NODE (add-ons, the admin's), and the user's Deployment of 1 replica"
