@@ -44,8 +44,8 @@ class Left:
 
 
 def restarted(left: Left, node) -> bool:
-    """Is X's slurmd another one than at the move?"""
-    now = getattr(node, "slurmd_start", "") or ""
+    """Is X's slurmd another one than at the move?  (node: X, not None.)"""
+    now = node.slurmd_start
     return (bool(left.slurmd) and now not in ("", "None", "Unknown")
             and now != left.slurmd)
 
