@@ -727,6 +727,22 @@ def move_workers(churn, c, cp, moved: list, errors: list):
                            env=c.env, capture_output=True)
 
 
+def roll_workers(c, cp):
+    """Replace both worker pods at once, so both carry the StatefulSet's new
+    priority: a replacement with it would otherwise preempt the other worker
+    (lower priority, in its way by the required anti-affinity)."""
+    starts = {w: node(c, w)["SlurmdStartTime"] for w in (W0, W1)}
+    cp.kubectl("delete", "pod", "-n", "slurm", W0, W1, "--wait=false")
+    for w in (W0, W1):
+        wait(lambda: (p := pods(cp).get(w)) and p["spec"].get("nodeName") and
+             p["spec"].get("priorityClassName") == "slurm-worker" and
+             not p["metadata"].get("deletionTimestamp"), f"{w}'s replacement bound", 90)
+        wait(lambda: node(c, w).get("SlurmdStartTime", starts[w]) > starts[w],
+             f"{w}'s slurmd registered again", 60)
+        subprocess.run(["scontrol", "update", f"NodeName={w}", "State=RESUME"],
+                       env=c.env, capture_output=True)
+
+
 def test_churn_with_worker_moves_never_double_books(world):
     """A slice of the churn (churn_world.Churn: jobs and sruns, pods put on
     nodes directly and placed by kube-scheduler, Deployments scaled, pods
@@ -752,6 +768,7 @@ def test_churn_with_worker_moves_never_double_books(world):
                "--type=merge", "-p",
                json.dumps({"spec": {"updateStrategy": {"type": "OnDelete", "rollingUpdate": None},
                                     "template": {"spec": {"priorityClassName": "slurm-worker"}}}}))
+    roll_workers(c, cp)
     nodes = [n[5:] for n in cp.kubectl("get", "nodes", "-o", "name").stdout.split()]
     capacity = {w: (WORKER_CPUS, WORKER_MB) for w in (W0, W1)}
     churn = Churn(c, cp, kube, seed=int(os.environ.get("PYK8SRES_CHURN_SEED", "8")), nodes=nodes,
