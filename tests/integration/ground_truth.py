@@ -228,22 +228,28 @@ def over_capacity(env, kube, capacity: dict[str, tuple[int, int]],
     return out
 
 
-def worker_hosts(pods: list[dict], namespace: str, names) -> dict[str, set[str]]:
-    """Kubernetes node -> the Slurm nodes whose worker pod (named as its
-    Slurm node, in `namespace`) is bound there and not finished, Terminating
-    ones included (their slurmd may still run jobs)."""
+def pod_named_node(p: dict) -> str:
+    """ACK's layout: a worker pod is named as its Slurm node."""
+    return p["metadata"]["name"]
+
+
+def worker_hosts(pods: list[dict], namespace: str, names, slurm_name=pod_named_node
+                 ) -> dict[str, set[str]]:
+    """Kubernetes node -> the Slurm nodes whose worker pod (in `namespace`,
+    slurm_name(pod) its Slurm node) is bound there and not finished,
+    Terminating ones included (their slurmd may still run jobs)."""
     out: dict[str, set[str]] = {}
     for p in pods:
         meta, node = p["metadata"], (p.get("spec") or {}).get("nodeName")
-        if meta["namespace"] == namespace and meta["name"] in names and node and \
+        if meta["namespace"] == namespace and slurm_name(p) in names and node and \
                 (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-            out.setdefault(node, set()).add(meta["name"])
+            out.setdefault(node, set()).add(slurm_name(p))
     return out
 
 
 def workers_over_capacity(env, kube, capacity: dict[str, tuple[int, int]],
                           namespace: str, still_running=None,
-                          crowded: list | None = None) -> list[str]:
+                          crowded: list | None = None, slurm_name=pod_named_node) -> list[str]:
     """Slurm in Kubernetes: Slurm nodes (capacity: Slurm node -> (CPUs, MB))
     where Slurm's jobs + the pods bound on the Kubernetes node their worker
     pod runs on (the workers themselves left out) exceed it, now.  A pod
@@ -253,17 +259,18 @@ def workers_over_capacity(env, kube, capacity: dict[str, tuple[int, int]],
     a Slurm node, no job there, are no double booking: pods bound while no
     worker ran on their node were admitted against nothing, and a worker
     coming back finds them (the ledger holds them, clamped, and no job
-    starts there until they leave); such samples go to `crowded`.  Raises
-    Unreadable when either side cannot be read."""
+    starts there until they leave); such samples go to `crowded`.
+    slurm_name: a worker pod's Slurm node (Slinky's: its hostname label).
+    Raises Unreadable when either side cannot be read."""
     first = all_pods(kube)
     jobs = slurm_jobs(env, capacity)
     second = all_pods(kube)
     hosts: dict[str, set[str]] = {}
     for listing in (first, second):
-        for k, names in worker_hosts(listing, namespace, capacity).items():
+        for k, names in worker_hosts(listing, namespace, capacity, slurm_name).items():
             hosts.setdefault(k, set()).update(names)
     workers = {p["metadata"]["uid"] for p in first + second
-               if p["metadata"]["namespace"] == namespace and p["metadata"]["name"] in capacity}
+               if p["metadata"]["namespace"] == namespace and slurm_name(p) in capacity}
     before, after = bound_pods(kube, first), bound_pods(kube, second)
     pods = {s: [Fraction(0), 0] for s in capacity}
     running = [after[uid] for uid in (before.keys() & after.keys()) - workers]

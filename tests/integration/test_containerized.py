@@ -19,7 +19,6 @@ Ports: port(29600) slurmctld, +1 SlurmdPort (22.05: every worker's, each at
 its own loopback address), +2, +3 the workers' own (23.02 on); the control
 plane pick_ports(29700, 29790).
 """
-import contextlib
 import json
 import os
 import re
@@ -38,7 +37,7 @@ from kubernetes.client.exceptions import ApiException
 from churn_world import DEPLOYMENTS, NAMESPACE as CHURN_NAMESPACE, QUOTA_NAMESPACE, Churn, \
     deployment
 from conftest_kube import pick_ports, wait
-from ground_truth import Unreadable, workers_over_capacity
+from ground_truth import workers_over_capacity
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.coordinator import slurm as slurm_calls
@@ -46,8 +45,8 @@ from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
 from pyk8sres.policy.ledger import REGISTERED_KEY
 from pyk8sres.testbed import containerized, daemons, hybrid
 from webhook_world import active, node_of, pod as webhook_pod, refused_every_way
-from worker_world import containerized_world, generic_node_counting, job_state, node, \
-    pends_until_pod_gone, pods, put_pod
+from worker_world import containerized_world, generic_node_counting, job_state, layout, node, \
+    pends_until_pod_gone, pods, put_pod, replaced, sampled, Sampler, sbatch, states_while
 
 pytestmark = requires_slurm
 # The churn slice (test_churn_with_worker_moves_never_double_books); a soak by hand:
@@ -56,6 +55,7 @@ CHURN_SECONDS = float(os.environ.get("PYK8SRES_CHURN_SECONDS", "60"))
 NODES, CPUS, MEMORY = 3, 4, 8000
 WORKER_CPUS, WORKER_MB = containerized.worker_limits(CPUS, MEMORY)
 W0, W1 = "slurm-test-worker-cpu-0", "slurm-test-worker-cpu-1"
+CAPACITY = {w: (WORKER_CPUS, WORKER_MB) for w in (W0, W1)}
 
 
 @pytest.fixture(scope="module")
@@ -182,85 +182,6 @@ def test_deleting_a_worker_pod_stops_its_slurmd_and_the_replacement_registers(wo
     assert run_hostname(c, W0) == W0
 
 
-def sbatch(c, *args) -> str:
-    proc = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", *args], env=c.env,
-                          capture_output=True, text=True, cwd="/tmp")
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip().split(";")[0]
-
-
-class Sampler(threading.Thread):
-    """Ground truth all along (ground_truth.workers_over_capacity): jobs +
-    the pods beside each worker within its Slurm node, at every sample."""
-
-    def __init__(self, c, kube):
-        super().__init__(daemon=True)
-        self.c, self.kube, self.stop = c, kube, threading.Event()
-        self.violations, self.unreadable, self.samples = [], [], 0
-        self.job, self.states = None, set()     # a job whose states are recorded meanwhile
-        self.cancel: list[str] = []             # jobs to cancel after (sampled)
-
-    def run(self):
-        capacity = {w: (WORKER_CPUS, WORKER_MB) for w in (W0, W1)}
-        while not self.stop.is_set():
-            try:
-                self.violations += workers_over_capacity(self.c.env, self.kube, capacity,
-                                                         "slurm")
-                self.samples += 1
-                if (job := self.job) is not None:
-                    self.states.add(job_state(self.c, job))
-            except Unreadable as e:
-                self.unreadable.append(str(e))
-            self.stop.wait(0.2)
-
-
-@contextlib.contextmanager
-def sampled(c, cp):
-    """A Sampler all along the block; after it, the jobs the block put in
-    sampler.cancel cancelled, and ground truth asserted: no sample over a
-    Slurm node, enough samples, none unreadable."""
-    sampler = Sampler(c, kube_calls.Kube(cp.kubeconfig))
-    sampler.start()
-    try:
-        yield sampler
-    finally:
-        sampler.stop.set()
-        sampler.join(30)
-        subprocess.run(["scancel", *sampler.cancel], env=c.env, capture_output=True)
-    assert sampler.violations == [], sampler.violations
-    assert not sampler.unreadable and sampler.samples >= 10, (sampler.samples,
-                                                              sampler.unreadable)
-
-
-def states_while(sampler, job, until, what: str, timeout: float = 60) -> set:
-    """The states the sampler saw `job` in until `until()` holds, and for a
-    few samples more."""
-    sampler.job = job
-    try:
-        wait(until, what, timeout)
-        time.sleep(5)
-    finally:
-        sampler.job = None
-    return set(sampler.states)
-
-
-def layout(cp) -> tuple[dict, str]:
-    """({worker: its Kubernetes node}, the free node)."""
-    hosts = {name: p["spec"]["nodeName"] for name, p in pods(cp).items()}
-    nodes = {n[5:] for n in cp.kubectl("get", "nodes", "-o", "name").stdout.split()}
-    (free,) = nodes - set(hosts.values())
-    return hosts, free
-
-
-def replaced(cp, c, name, uid, start, host) -> bool:
-    """Worker `name`'s pod is a new one (not `uid`), bound on `host`, and its
-    slurmd registered after `start` (SlurmdStartTime)."""
-    p = pods(cp).get(name)
-    return bool(p and p["metadata"]["uid"] != uid and not p["metadata"].get("deletionTimestamp")
-                and p["spec"].get("nodeName") == host and
-                node(c, name).get("SlurmdStartTime", start) > start)
-
-
 def test_a_worker_moved_to_the_free_node_takes_no_job_before_its_pods_are_counted(world):
     """W0's pod is deleted while a job runs on W1 and a pod runs on the free
     node; kube-scheduler places the replacement there (W0's old node is
@@ -275,7 +196,7 @@ def test_a_worker_moved_to_the_free_node_takes_no_job_before_its_pods_are_counte
     wait(lambda: job_state(c, running) == "RUNNING", "the job on W1", 30)
     cp.kubectl("cordon", old)
     try:
-        with sampled(c, cp) as sampler:
+        with sampled(c, cp, CAPACITY) as sampler:
             sampler.cancel.append(running)
             start, uid = node(c, W0)["SlurmdStartTime"], pods(cp)[W0]["metadata"]["uid"]
             cp.kubectl("delete", "pod", "-n", "slurm", W0, "--wait=false")
@@ -314,7 +235,7 @@ def test_a_worker_pod_force_deleted_under_a_job_leaves_no_window(world):
     wait(lambda: generic_node_counting(cp, old, "1", "1000Mi"), f"{old} counting its pod", 30)
     cp.kubectl("cordon", old)
     try:
-        with sampled(c, cp) as sampler:
+        with sampled(c, cp, CAPACITY) as sampler:
             sampler.cancel.append(running)
             start, uid = node(c, W1)["SlurmdStartTime"], pods(cp)[W1]["metadata"]["uid"]
             cp.kubectl("delete", "pod", "-n", "slurm", W1, "--grace-period=0", "--force")
@@ -354,7 +275,7 @@ def test_a_deleted_node_object_under_a_worker_releases_nothing(world):
     wait(lambda: job_state(c, running) == "RUNNING", "the job on W0", 30)
     wait(lambda: generic_node_counting(cp, host, "1", "1000Mi"), f"{host} counting its pod", 30)
     try:
-        with sampled(c, cp) as sampler:
+        with sampled(c, cp, CAPACITY) as sampler:
             sampler.cancel.append(running)
             cp.kubectl("delete", "node", host)
             rest = sbatch(c, "-w", W0, "-c", str(WORKER_CPUS - 1), "--wrap", "sleep 300")
@@ -397,7 +318,7 @@ def test_every_way_onto_a_worker_held_by_jobs_is_refused(world, admission_ns):
     c, cp = world
     kube, ns = admission_ns
     host = pods(cp)[W0]["spec"]["nodeName"]
-    with sampled(c, cp) as sampler:
+    with sampled(c, cp, CAPACITY) as sampler:
         job = sbatch(c, "-w", W0, "-c", str(WORKER_CPUS - 1), "--wrap", "sleep 300")
         sampler.cancel.append(job)
         wait(lambda: job_state(c, job) == "RUNNING", "the job on W0", 30)
@@ -427,7 +348,7 @@ def test_concurrent_admissions_and_jobs_on_a_worker_never_double_book(world, adm
         except ApiException as e:
             assert e.status == 403 and f"does not fit on node {host}" in e.body, e.body
             return "refused"
-    with sampled(c, cp) as sampler, ThreadPoolExecutor(8) as pool:
+    with sampled(c, cp, CAPACITY) as sampler, ThreadPoolExecutor(8) as pool:
         answers = pool.map(create, range(2 * WORKER_CPUS))
         for _ in range(WORKER_CPUS):
             sampler.cancel.append(sbatch(c, "-w", W1, "-c", "1", "--wrap", "sleep 300"))
@@ -500,7 +421,7 @@ def test_a_moved_workers_old_long_lived_pod_stops_counting_on_it(world):
     W0, and a job needing all of W0 runs."""
     c, cp = world
     old = long_lived_pod_beside_w0(c, cp, "daemon-a")
-    sampler = Sampler(c, kube_calls.Kube(cp.kubeconfig))
+    sampler = Sampler(c, kube_calls.Kube(cp.kubeconfig), CAPACITY)
     sampler.start()
     job = None
     try:
@@ -661,7 +582,7 @@ def test_a_worker_moved_while_the_sync_daemons_watch_is_broken_takes_no_job(worl
     sync_through(c, cp, relay)
     put_pod(cp, "on-the-free-node", free, "2", "2000Mi")
     time.sleep(2)                # a cycle or two: W0 known as a worker's
-    sampler = Sampler(c, kube_calls.Kube(cp.kubeconfig))
+    sampler = Sampler(c, kube_calls.Kube(cp.kubeconfig), CAPACITY)
     sampler.start()
     whole, states = None, set()
     try:
@@ -770,9 +691,8 @@ def test_churn_with_worker_moves_never_double_books(world):
                                     "template": {"spec": {"priorityClassName": "slurm-worker"}}}}))
     roll_workers(c, cp)
     nodes = [n[5:] for n in cp.kubectl("get", "nodes", "-o", "name").stdout.split()]
-    capacity = {w: (WORKER_CPUS, WORKER_MB) for w in (W0, W1)}
     churn = Churn(c, cp, kube, seed=int(os.environ.get("PYK8SRES_CHURN_SEED", "8")), nodes=nodes,
-                  over=lambda ch: workers_over_capacity(c.env, ch.kube, capacity, "slurm",
+                  over=lambda ch: workers_over_capacity(c.env, ch.kube, CAPACITY, "slurm",
                                                         ch.still_running(), crowded))
     moved: list[str] = []
     errors: list[str] = []

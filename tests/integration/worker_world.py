@@ -1,22 +1,28 @@
 """What the tests of Slurm inside Kubernetes (test_containerized: ACK's
 layout, test_slinky: Slinky's) read and make the same way: Slurm's nodes
 and jobs as scontrol shows them, the worker pods, a pod put straight onto a
-Kubernetes node, and the GenericNode once it counts that pod.
+Kubernetes node, the GenericNode once it counts that pod, and ground truth
+sampled all along a block while workers move.  A worker pod's Slurm node is
+slurm_name(pod): its name in ACK's layout, its hostname label in Slinky's.
 
 `kube` is the test cluster's control plane (its kubectl); `c` the Slurm
 cluster (its env).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 
 from conftest_kube import wait
+from ground_truth import Unreadable, pod_named_node, workers_over_capacity
+from pyk8sres.coordinator import kube as kube_calls
 from pyk8sres.testbed import containerized, hybrid
 
 
@@ -97,3 +103,88 @@ def pends_until_pod_gone(c, kube, job, pod: str, seconds: float = 6) -> None:
     kube.kubectl("delete", "pod", "-n", "default", pod, "--wait=false")
     assert wait(lambda: job_state(c, job) in ("RUNNING", "COMPLETED") and "ran",
                 "the job to start once the pod is gone", 60)
+
+
+def sbatch(c, *args) -> str:
+    """A batch job (output discarded): its id."""
+    proc = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", *args], env=c.env,
+                          capture_output=True, text=True, cwd="/tmp")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+class Sampler(threading.Thread):
+    """Ground truth all along (ground_truth.workers_over_capacity): jobs +
+    the pods beside each worker within its Slurm node, at every sample."""
+
+    def __init__(self, c, kube, capacity: dict, slurm_name=pod_named_node):
+        super().__init__(daemon=True)
+        self.c, self.kube, self.stop = c, kube, threading.Event()
+        self.capacity, self.slurm_name = capacity, slurm_name
+        self.violations, self.unreadable, self.samples = [], [], 0
+        self.job, self.states = None, set()     # a job whose states are recorded meanwhile
+        self.cancel: list[str] = []             # jobs to cancel after (sampled)
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                self.violations += workers_over_capacity(self.c.env, self.kube, self.capacity,
+                                                         "slurm", slurm_name=self.slurm_name)
+                self.samples += 1
+                if (job := self.job) is not None:
+                    self.states.add(job_state(self.c, job))
+            except Unreadable as e:
+                self.unreadable.append(str(e))
+            self.stop.wait(0.2)
+
+
+@contextlib.contextmanager
+def sampled(c, cp, capacity: dict, slurm_name=pod_named_node):
+    """A Sampler all along the block; after it, the jobs the block put in
+    sampler.cancel cancelled, and ground truth asserted: no sample over a
+    Slurm node, enough samples, none unreadable."""
+    sampler = Sampler(c, kube_calls.Kube(cp.kubeconfig), capacity, slurm_name)
+    sampler.start()
+    try:
+        yield sampler
+    finally:
+        sampler.stop.set()
+        sampler.join(30)
+        subprocess.run(["scancel", *sampler.cancel], env=c.env, capture_output=True)
+    assert sampler.violations == [], sampler.violations
+    assert not sampler.unreadable and sampler.samples >= 10, (sampler.samples,
+                                                              sampler.unreadable)
+
+
+def states_while(sampler, job, until, what: str, timeout: float = 60) -> set:
+    """The states the sampler saw `job` in until `until()` holds, and for a
+    few samples more."""
+    sampler.job = job
+    try:
+        wait(until, what, timeout)
+        time.sleep(5)
+    finally:
+        sampler.job = None
+    return set(sampler.states)
+
+
+def worker_pods(cp, slurm_name=pod_named_node) -> dict:
+    """The worker pods by Slurm node."""
+    return {slurm_name(p): p for p in pods(cp).values()}
+
+
+def layout(cp, slurm_name=pod_named_node) -> tuple[dict, str]:
+    """({Slurm node: the Kubernetes node its worker runs on}, the free node)."""
+    hosts = {name: p["spec"]["nodeName"] for name, p in worker_pods(cp, slurm_name).items()}
+    nodes = {n[5:] for n in cp.kubectl("get", "nodes", "-o", "name").stdout.split()}
+    (free,) = nodes - set(hosts.values())
+    return hosts, free
+
+
+def replaced(cp, c, name, uid, start, host, slurm_name=pod_named_node) -> bool:
+    """Slurm node `name`'s worker pod is a new one (not `uid`), bound on
+    `host`, and its slurmd registered after `start` (SlurmdStartTime)."""
+    p = worker_pods(cp, slurm_name).get(name)
+    return bool(p and p["metadata"]["uid"] != uid and not p["metadata"].get("deletionTimestamp")
+                and p["spec"].get("nodeName") == host and
+                node(c, name).get("SlurmdStartTime", start) > start)
