@@ -36,6 +36,7 @@
 #include "src/common/read_config.h"
 #include "src/common/xmalloc.h"
 #include "src/common/xstring.h"
+#include "src/slurmctld/job_scheduler.h"
 #include "src/slurmctld/locks.h"
 #include "src/slurmctld/slurmctld.h"
 
@@ -51,6 +52,7 @@
 #pragma weak slurmctld_primary
 #pragma weak control_time
 #pragma weak queue_job_scheduler
+#pragma weak schedule
 /* controller.c: when this slurmctld last took control, after recovering its
  * state (0 before that, and while a backup stands by); no header has it. */
 extern time_t control_time;
@@ -234,11 +236,12 @@ static const char *_handle(uid_t uid, const char *line)
 	/* A change is decided and applied atomically with job starts (job and
 	 * node write locks); a `show` reads a copy of the facts, taken under
 	 * the node read lock, and builds its reply after letting go. */
-	slurmctld_lock_t write_lock = { .job = WRITE_LOCK, .node = WRITE_LOCK };
+	slurmctld_lock_t write_lock = { .conf = READ_LOCK, .job = WRITE_LOCK,
+					.node = WRITE_LOCK };
 	slurmctld_lock_t read_lock = { .node = READ_LOCK };
 	struct timespec start, prepared;
 	int ticket = 0, read_only = 0;
-	bool freed;
+	bool freed, defer;
 
 	reply[0] = '\0';
 	clock_gettime(CLOCK_MONOTONIC, &start);
@@ -264,12 +267,17 @@ static const char *_handle(uid_t uid, const char *line)
 					   ops.node_name, ops.stats,
 					   ops.copied_changes, reply, REPLY_BYTES);
 			freed = ops.take_freed();
+			defer = xstrcasestr(slurm_conf.sched_params, "defer");
 			unlock_slurmctld(write_lock);
-			/* Pending jobs may fit now: ask for a scheduling pass
-			 * (controller.c runs one within a second, once
-			 * batch_sched_delay has passed since the last) rather
-			 * than wait for sched_interval or backfill. */
-			if (freed && queue_job_scheduler)
+			/* Pending jobs may fit now.  As slurmctld does when an
+			 * epilog frees a node (proc_req.c): a scheduling pass
+			 * now (schedule() only wakes its thread, which keeps
+			 * sched_min_interval between passes), or with
+			 * SchedulerParameters=defer one once batch_sched_delay
+			 * has passed; not at sched_interval or backfill. */
+			if (freed && !defer && schedule)
+				schedule(false);
+			else if (freed && queue_job_scheduler)
 				queue_job_scheduler();
 		}
 		/* Callers time out after 2 s: say where a slow answer waited. */
