@@ -45,8 +45,9 @@ from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
 from pyk8sres.policy.ledger import REGISTERED_KEY
 from pyk8sres.testbed import containerized, daemons, hybrid
 from webhook_world import active, node_of, pod as webhook_pod, refused_every_way
-from worker_world import containerized_world, generic_node_counting, job_state, layout, node, \
-    pends_until_pod_gone, pods, put_pod, replaced, sampled, Sampler, sbatch, states_while
+from worker_world import containerized_world, force_delete_under_a_job, generic_node_counting, \
+    job_state, layout, node, pends_until_pod_gone, pods, put_pod, replaced, sampled, Sampler, \
+    sbatch, states_while
 
 pytestmark = requires_slurm
 # The churn slice (test_churn_with_worker_moves_never_double_books); a soak by hand:
@@ -218,42 +219,13 @@ def test_a_worker_moved_to_the_free_node_takes_no_job_before_its_pods_are_counte
 
 
 def test_a_worker_pod_force_deleted_under_a_job_leaves_no_window(world):
-    """A careless operator force-deletes W1's pod (--grace-period=0 --force:
-    the object is gone at once, never seen Terminating) while a job runs on
-    it and a pod runs beside it; that node is cordoned, so kube-scheduler
-    binds the replacement on the free node, where a pod runs too.  A job
-    that fits beside the first one only if no pod counted pends while the
-    pods run; no sample shows jobs + pods over a Slurm node; W1 takes the
-    job once the pods are gone."""
+    """A careless operator force-deletes W1's pod under a running job, with
+    pods beside it and on the free node where its replacement lands
+    (worker_world.force_delete_under_a_job): a job that fits beside the
+    first one only if no pod counted pends while the pods run; no sample
+    shows jobs + pods over a Slurm node; W1 takes the job once they are gone."""
     c, cp = world
-    hosts, free = layout(cp)
-    old = hosts[W1]
-    running = sbatch(c, "-w", W1, "-c", "1", "--wrap", "sleep 300")
-    put_pod(cp, "beside-w1", old, "1", "1000Mi")
-    put_pod(cp, "on-the-free-node", free, "1", "1000Mi")
-    wait(lambda: job_state(c, running) == "RUNNING", "the job on W1", 30)
-    wait(lambda: generic_node_counting(cp, old, "1", "1000Mi"), f"{old} counting its pod", 30)
-    cp.kubectl("cordon", old)
-    try:
-        with sampled(c, cp, CAPACITY) as sampler:
-            sampler.cancel.append(running)
-            start, uid = node(c, W1)["SlurmdStartTime"], pods(cp)[W1]["metadata"]["uid"]
-            cp.kubectl("delete", "pod", "-n", "slurm", W1, "--grace-period=0", "--force")
-            rest = sbatch(c, "-w", W1, "-c", str(WORKER_CPUS - 1), "--wrap", "sleep 300")
-            sampler.cancel.append(rest)
-            states = states_while(sampler, rest, lambda: replaced(cp, c, W1, uid, start, free),
-                                  "the replacement bound on the free node, registered")
-            first = job_state(c, running)
-            # The old node's pod counts on W1 too, until it is gone (docs/ledger.md).
-            cp.kubectl("delete", "pod", "-n", "default", "on-the-free-node", "beside-w1",
-                       "--wait=false")
-            wait(lambda: job_state(c, rest) == "RUNNING", "W1 to take the job once the pods "
-                 "are gone", 60)
-            time.sleep(2)            # samples of the job running on the replacement
-    finally:
-        cp.kubectl("uncordon", old)
-        cp.kubectl("delete", "pod", "-n", "default", "beside-w1", "on-the-free-node",
-                   "--wait=false", "--ignore-not-found")
+    first, states = force_delete_under_a_job(c, cp, W1, WORKER_CPUS, CAPACITY)
     assert first == "RUNNING", f"the first job did not outlive its worker pod: {first}"
     assert states == {"PENDING"}, f"the job beside the first one did not pend: {states}"
 

@@ -15,7 +15,6 @@ plane pick_ports(29900, 29990).
 """
 import re
 import subprocess
-import time
 
 import pytest
 
@@ -23,10 +22,8 @@ from conftest_kube import pick_ports, wait
 from ground_truth import count_ids
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.testbed import slinky
-from worker_world import containerized_world, generic_node_counting, job_state, k8scpu_held, \
-    layout, node, pends_until_pod_gone, pods, put_pod, replaced, sampled, states_while, \
-    worker_pods
-from worker_world import sbatch as submit
+from worker_world import containerized_world, force_delete_under_a_job, generic_node_counting, \
+    job_state, k8scpu_held, node, pends_until_pod_gone, pods, put_pod
 
 pytestmark = requires_slurm
 NODES, CPUS, MEMORY = 3, 4, 8000
@@ -187,42 +184,13 @@ def test_generic_node_aliases_the_slurm_node_and_jobs_pend_behind_pods(world):
 
 
 def test_a_worker_pod_force_deleted_under_a_job_leaves_no_window(world):
-    """As in ACK's layout (test_containerized): a careless operator
-    force-deletes S1's pod while a job runs on it and a pod runs beside it;
-    that node is cordoned, so the operator's replacement (the same hostname
-    label: the same Slurm node) is bound on the free node, where a pod runs
-    too.  A job that fits beside the first one only if no pod counted pends
-    while the pods run; no sample shows jobs + pods over a Slurm node; S1
-    takes the job once the pods are gone."""
+    """As in ACK's layout (worker_world.force_delete_under_a_job): S1's pod
+    force-deleted under a running job; the operator's replacement (the same
+    hostname label: the same Slurm node) is bound on the free node.  A job
+    that fits beside the first one only if no pod counted pends while the
+    pods run; no sample shows jobs + pods over a Slurm node (the Slurm node
+    read from the hostname label); S1 takes the job once they are gone."""
     c, cp = world
-    hosts, free = layout(cp, slurm_name)
-    old = hosts[S1]
-    running = submit(c, "-w", S1, "-c", "1", "--wrap", "sleep 300")
-    put_pod(cp, "beside-s1", old, "1", "1000Mi")
-    put_pod(cp, "on-the-free-node", free, "1", "1000Mi")
-    wait(lambda: job_state(c, running) == "RUNNING", "the job on S1", 30)
-    wait(lambda: generic_node_counting(cp, old, "1", "1000Mi"), f"{old} counting its pod", 30)
-    cp.kubectl("cordon", old)
-    try:
-        with sampled(c, cp, CAPACITY, slurm_name) as sampler:
-            sampler.cancel.append(running)
-            pod = worker_pods(cp, slurm_name)[S1]
-            start, uid = node(c, S1)["SlurmdStartTime"], pod["metadata"]["uid"]
-            cp.kubectl("delete", "pod", "-n", "slurm", pod["metadata"]["name"],
-                       "--grace-period=0", "--force")
-            rest = submit(c, "-w", S1, "-c", str(LIMIT_CPUS - 1), "--wrap", "sleep 300")
-            sampler.cancel.append(rest)
-            states = states_while(sampler, rest,
-                                  lambda: replaced(cp, c, S1, uid, start, free, slurm_name),
-                                  "the replacement bound on the free node, registered")
-            # The old node's pod counts on S1 too, until it is gone (docs/ledger.md).
-            cp.kubectl("delete", "pod", "-n", "default", "on-the-free-node", "beside-s1",
-                       "--wait=false")
-            wait(lambda: job_state(c, rest) == "RUNNING", "S1 to take the job once the pods "
-                 "are gone", 60)
-            time.sleep(2)            # samples of the job running on the replacement
-    finally:
-        cp.kubectl("uncordon", old)
-        cp.kubectl("delete", "pod", "-n", "default", "beside-s1", "on-the-free-node",
-                   "--wait=false", "--ignore-not-found")
+    first, states = force_delete_under_a_job(c, cp, S1, LIMIT_CPUS, CAPACITY, slurm_name)
+    assert first == "RUNNING", f"the first job did not outlive its worker pod: {first}"
     assert states == {"PENDING"}, f"the job beside the first one did not pend: {states}"

@@ -188,3 +188,48 @@ def replaced(cp, c, name, uid, start, host, slurm_name=pod_named_node) -> bool:
     return bool(p and p["metadata"]["uid"] != uid and not p["metadata"].get("deletionTimestamp")
                 and p["spec"].get("nodeName") == host and
                 node(c, name).get("SlurmdStartTime", start) > start)
+
+
+def force_delete_under_a_job(c, cp, name: str, cpus: int, capacity: dict,
+                             slurm_name=pod_named_node) -> tuple[str, set]:
+    """A careless operator force-deletes Slurm node `name`'s worker pod
+    (--grace-period=0 --force: gone at once, never seen Terminating) while
+    a 1-CPU job runs there and a pod runs beside it; that node is cordoned,
+    so the replacement is bound on the free node, where a pod runs too.  A
+    job of cpus - 1 CPUs, fitting beside the first only if no pod counted,
+    is submitted meanwhile; once the replacement registered the pods go,
+    and the node must take it.  Sampled throughout (ground truth asserted
+    by `sampled`).  Returns (the first job's state once the replacement
+    registered, the second job's states until then)."""
+    hosts, free = layout(cp, slurm_name)
+    old = hosts[name]
+    running = sbatch(c, "-w", name, "-c", "1", "--wrap", "sleep 300")
+    put_pod(cp, "beside-the-worker", old, "1", "1000Mi")
+    put_pod(cp, "on-the-free-node", free, "1", "1000Mi")
+    wait(lambda: job_state(c, running) == "RUNNING", f"the job on {name}", 30)
+    wait(lambda: generic_node_counting(cp, old, "1", "1000Mi"), f"{old} counting its pod", 30)
+    cp.kubectl("cordon", old)
+    try:
+        with sampled(c, cp, capacity, slurm_name) as sampler:
+            sampler.cancel.append(running)
+            pod = worker_pods(cp, slurm_name)[name]
+            start, uid = node(c, name)["SlurmdStartTime"], pod["metadata"]["uid"]
+            cp.kubectl("delete", "pod", "-n", "slurm", pod["metadata"]["name"],
+                       "--grace-period=0", "--force")
+            rest = sbatch(c, "-w", name, "-c", str(cpus - 1), "--wrap", "sleep 300")
+            sampler.cancel.append(rest)
+            states = states_while(sampler, rest,
+                                  lambda: replaced(cp, c, name, uid, start, free, slurm_name),
+                                  "the replacement bound on the free node, registered")
+            first = job_state(c, running)
+            # The old node's pod counts on it too, until it is gone (docs/ledger.md).
+            cp.kubectl("delete", "pod", "-n", "default", "on-the-free-node",
+                       "beside-the-worker", "--wait=false")
+            wait(lambda: job_state(c, rest) == "RUNNING",
+                 f"{name} to take the job once the pods are gone", 60)
+            time.sleep(2)            # samples of the job running on the replacement
+    finally:
+        cp.kubectl("uncordon", old)
+        cp.kubectl("delete", "pod", "-n", "default", "beside-the-worker", "on-the-free-node",
+                   "--wait=false", "--ignore-not-found")
+    return first, states
