@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from . import metrics
 from . import slurm
+from ..policy import gpus
 
 if TYPE_CHECKING:
     from .sync import Reconciler
@@ -127,6 +128,15 @@ class SlurmPoller(threading.Thread):
         return any(_slurm_side(before.get(n)) != _slurm_side(self.shown["nodes"].get(n))
                    for n in changed)
 
+    def _period(self) -> float:
+        """Shorter while a pod waits for GPUs Slurm's jobs hold (policy/gpus.py)."""
+        state = getattr(self.rec, "gpus", None)
+        if state is None or self.follower is None:
+            return self.period
+        claims, _ = state.snapshot()
+        return gpus.poll_period(self.period, claims, state.holder_namespace,
+                                self.follower.nodes)
+
     def run(self) -> None:
         shown_at = marked_at = read_at = -1e9
         while True:
@@ -138,7 +148,7 @@ class SlurmPoller(threading.Thread):
                     self.rec.observe_ledger(self.shown)
                 except Exception as e:
                     log.warning("ledger show failed: %s", e)
-            if self.stop_event.wait(self.period):
+            if self.stop_event.wait(self._period()):
                 return
             # While the backstop holds something, every period: so that it
             # lets go as soon as Slurm's processes are gone.

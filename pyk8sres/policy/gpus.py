@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from . import ledger
 from .admission import Allow, Deny
@@ -392,3 +392,26 @@ def generic_node_gpus(count: int, slurm: Sequence[int],
     return {"count": count, "slurm": s, "kubernetes": k,
             "summary": f"slurm:{index_ranges(s)} k8s:{index_ranges(k)} "
                        f"free:{index_ranges(free)}"}
+
+
+# How often Slurm's side is read while a pod waits for devices Slurm's jobs
+# hold: a job's end then reaches the holder claims within this, not within
+# a whole resync period (kube-scheduler retries the pod when they go).
+WAITING_POLL_SECONDS = 0.2
+
+
+def poll_period(period: float, claims: Iterable[Mapping], holder_namespace: str,
+                ledger_nodes: Mapping[str, Mapping] | None) -> float:
+    """The Slurm poller's next wait: WAITING_POLL_SECONDS while a claim
+    (not a holder) waits unallocated and Slurm's jobs hold GPUs on some
+    node (the ledger's view), else `period`."""
+    if not any(_waiting(c, holder_namespace) for c in claims):
+        return period
+    if not any(((v or {}).get("gpus") or {}).get("jobs") for v in (ledger_nodes or {}).values()):
+        return period
+    return min(period, WAITING_POLL_SECONDS)
+
+
+def _waiting(claim: Mapping, holder_namespace: str) -> bool:
+    return not (claim.get("status") or {}).get("allocation") and \
+        not is_holder(claim, holder_namespace)

@@ -223,3 +223,30 @@ def test_claim_entries_count_allocated_claims_on_shared_nodes():
 def test_a_problem_slurm_reports_fences_the_node():
     g = gpus.node_gpus(FOUR, "n1", "s1", 4, ID, "gres.conf has no File= for gpu")
     assert "gres.conf has no File=" in g.fence
+
+
+def bare_claim(namespace="default", allocated=False, holder=False):
+    labels = {gpus.HOLDER_LABEL: "k1"} if holder else {}
+    return {"metadata": {"name": "c", "namespace": namespace, "labels": labels},
+            "status": {"allocation": {"devices": {"results": []}}} if allocated else {}}
+
+
+JOBS_HOLD = {"n1": {"gpus": {"count": 4, "jobs": [0]}}}
+NO_JOBS = {"n1": {"gpus": {"count": 4, "jobs": []}}, "n2": {}}
+
+
+@pytest.mark.parametrize("claims,nodes,want", [
+    ([], JOBS_HOLD, 1.0),                                           # nothing waits
+    ([bare_claim(allocated=True)], JOBS_HOLD, 1.0),                      # allocated: runs
+    ([bare_claim("holders", holder=True)], JOBS_HOLD, 1.0),              # a holder never waits
+    ([bare_claim()], NO_JOBS, 1.0),                                      # no job holds a GPU
+    ([bare_claim()], None, 1.0),                                         # no ledger view
+    ([bare_claim()], JOBS_HOLD, gpus.WAITING_POLL_SECONDS),              # a pod waits on jobs
+    ([bare_claim(allocated=True), bare_claim()], JOBS_HOLD, gpus.WAITING_POLL_SECONDS),
+])
+def test_slurm_is_read_often_only_while_a_claim_waits_on_jobs_gpus(claims, nodes, want):
+    assert gpus.poll_period(1.0, claims, "holders", nodes) == want
+
+
+def test_a_shorter_period_stays():
+    assert gpus.poll_period(0.1, [bare_claim()], "holders", JOBS_HOLD) == 0.1
