@@ -381,6 +381,7 @@ def test_gpu_churn_never_overlaps(world):
         except AssertionError as e:
             ledger = Ledger(ledger_socket_path(c.conf)).show()
             stuck = (f"{e}\n" + slurm(c, "squeue", "-o", "%i %T %r %b %N %S").stdout
+                     + slurm(c, "sinfo", "-R", "-o", "%n %T %E %H").stdout
                      + json.dumps({n: {k: v.get(k) for k in ("share", "gpus")}
                                    for n, v in (ledger.get("nodes") or {}).items()}))
     finally:
