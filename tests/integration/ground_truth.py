@@ -368,6 +368,47 @@ def slurm_gpus(env, restarted_at: float = 0.0) -> dict[str, dict[int, set[str]]]
     return out
 
 
+def process_gpus(conf: str, proc: str = "/proc") -> dict[str, dict[int, set[str]]]:
+    """node -> GPU index -> "<job id>(processes)" for each job whose
+    processes run now on this host with GPUs: a batch job's processes carry
+    SLURM_JOB_ID, SLURMD_NODENAME and SLURM_JOB_GPUS (Slurm's global
+    indices) in their environment, and the SLURM_CONF sbatch had (this
+    cluster's: other test clusters on the host are left out).  What really
+    runs, whatever slurmctld says: a job it forgot (killed -9 before it
+    saved the job) runs until slurmd next registers and is told to kill it,
+    and its ID may meanwhile be given to another job."""
+    want = f"SLURM_CONF={conf}".encode()
+    out: dict[str, dict[int, set[str]]] = {}
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{entry}/environ", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        if want not in data:
+            continue
+        env = dict(v.split(b"=", 1) for v in data.split(b"\0") if b"=" in v)
+        if env.get(b"SLURM_CONF") != conf.encode() or b"SLURM_JOB_ID" not in env:
+            continue
+        node = env.get(b"SLURMD_NODENAME", b"?").decode()
+        job = f"{env[b'SLURM_JOB_ID'].decode()}(processes)"
+        for i in index_set(env.get(b"SLURM_JOB_GPUS", b"").decode()):
+            out.setdefault(node, {}).setdefault(i, set()).add(job)
+    return out
+
+
+def merge_gpus(*sides: dict[str, dict[int, set[str]]]) -> dict[str, dict[int, set[str]]]:
+    """The union of node -> index -> holders maps."""
+    out: dict[str, dict[int, set[str]]] = {}
+    for side in sides:
+        for node, held in side.items():
+            for i, who in held.items():
+                out.setdefault(node, {}).setdefault(i, set()).update(who)
+    return out
+
+
 def slice_devices(slices: list[dict]) -> dict[tuple[str, str], tuple[str, int]]:
     """(pool, device) -> (node, index) of every GPU_DRIVER device a
     ResourceSlice publishes with an int `index` attribute."""
@@ -428,14 +469,15 @@ def _list_resource(kube, plural: str) -> list[dict]:
 
 def gpu_sample(env, kube, restarted_at: float = 0.0):
     """(jobs, pods, overlaps) now: GPU indices per node held by Slurm's
-    jobs (slurm_gpus) and by the claims of pods bound before and after
-    slurmctld is asked (claim_gpus; placeholders left out, as bound_pods),
-    and each GPU both hold (gpu_overlaps).  Raises Unreadable when either
-    side cannot be read."""
+    jobs (slurm_gpus, and the jobs whose processes run with GPUs:
+    process_gpus, so that a job slurmctld forgot still counts) and by the
+    claims of pods bound before and after both are read (claim_gpus;
+    placeholders left out, as bound_pods), and each GPU both hold
+    (gpu_overlaps).  Raises Unreadable when either side cannot be read."""
     before = bound_pods(kube)
     claims = _list_resource(kube, "resourceclaims")
     slices = _list_resource(kube, "resourceslices")
-    jobs = slurm_gpus(env, restarted_at)
+    jobs = merge_gpus(slurm_gpus(env, restarted_at), process_gpus(env["SLURM_CONF"]))
     running = before.keys() & bound_pods(kube).keys()
     pods = claim_gpus(claims, slices, running)
     return jobs, pods, gpu_overlaps(jobs, pods)
