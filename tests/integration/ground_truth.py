@@ -357,10 +357,17 @@ def job_gpus(line: str) -> dict[str, set[int]]:
 
 
 def slurm_gpus(env, restarted_at: float = 0.0) -> dict[str, dict[int, set[str]]]:
-    """node -> GPU index -> ids of the jobs holding it (RUNNING, and
-    COMPLETING while their processes live: slurm_jobs's rules)."""
+    """node -> GPU index -> ids of the RUNNING jobs holding it (slurm_jobs's
+    rules).  A COMPLETING job's GPUs count through its processes
+    (process_gpus), not through a slurmstepd of its ID: after a kill -9 of
+    slurmctld a job ID may be allocated again while the slurmstepd of its
+    first run still lives (slurmd then refuses the launch, "Duplicate
+    jobid", and the job completes at once without running on its new
+    GPUs), so that slurmstepd says nothing of the new IDX."""
     out: dict[str, dict[int, set[str]]] = {}
     for line in _holding_jobs(env, restarted_at):
+        if "JobState=RUNNING" not in line:
+            continue
         job = re.search(r"JobId=(\d+)", line).group(1)
         for node, held in job_gpus(line).items():
             for i in held:

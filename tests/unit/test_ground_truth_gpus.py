@@ -154,3 +154,22 @@ def test_a_forgotten_job_overlapping_a_claim_is_an_overlap(tmp_path):
     assert jobs == {"n1": {0: {"7(processes)"}, 1: {"7"}}}
     assert G.gpu_overlaps(jobs, {"n1": {0: {"default/c"}}}) == [
         "n1 gpu 0: jobs 7(processes) and claims default/c"]
+
+
+def test_a_completing_job_counts_through_its_processes_not_its_id(tmp_path, monkeypatch):
+    """Job 9 was allocated GPUs 2-3 again after a kill -9 of slurmctld while
+    the slurmstepd of its first run (on GPU 0) still lived: slurmd refused
+    the launch (Duplicate jobid) and it is COMPLETING.  Its IDX 2-3 never
+    ran anything; the first run's processes, still on GPU 0, are what count."""
+    line = ("JobId=9 JobName=wrap JobState=COMPLETING Reason=None StartTime=2026-12-07T19:39:19 "
+            "NodeList=n1 Nodes=n1 CPU_IDs=0 Mem=100 GRES=gpu:2(IDX:2-3),k8scpu(CNT:1)")
+    fake = tmp_path / "scontrol"
+    fake.write_text(f"#!/bin/sh\necho '{line}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(G, "stepd_jobs", lambda env: {"9"})
+    assert G.slurm_gpus({"PATH": f"{tmp_path}:/usr/bin:/bin"}) == {}
+    procs = tmp_path / "proc"
+    procs.mkdir()
+    _proc(procs, 20, {"SLURM_CONF": "/c", "SLURM_JOB_ID": "9", "SLURMD_NODENAME": "n1",
+                      "SLURM_JOB_GPUS": "0"})
+    assert G.process_gpus("/c", str(procs)) == {"n1": {0: {"9(processes)"}}}
