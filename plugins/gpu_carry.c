@@ -234,6 +234,7 @@ extern void gpu_carry_facts(node_record_t *node_ptr, const struct gpu_carried *c
 	gres_node_state_t *ns = _gpu_ns(node_ptr);
 	uint64_t ours[PYK8SRES_GPU_WORDS];
 	uint64_t *jobs = out + 2;
+	bool unknown;
 	int size;
 
 	memset(out, 0, (2 + PYK8SRES_GPU_WORDS) * sizeof(*out));
@@ -248,7 +249,14 @@ extern void gpu_carry_facts(node_record_t *node_ptr, const struct gpu_carried *c
 	else
 		memset(ours, 0, sizeof(ours));
 	_forget_if_rebuilt(ns, size, ours);
+	/* A node whose slurmd has not registered with this slurmctld yet
+	 * (recovered UNKNOWN, or NOT_RESPONDING) may run jobs slurmctld does
+	 * not know: a job a slurmctld killed -9 had not saved runs on its
+	 * GPUs until slurmd registers and is told to kill it.  Slurm starts no
+	 * job on such a node; every GPU not ours counts as a job's until then. */
+	unknown = (node_ptr->node_state & NODE_STATE_NO_RESPOND) ||
+		  (node_ptr->node_state & NODE_STATE_BASE) == NODE_STATE_UNKNOWN;
 	for (int i = 0; i < size; i++)
-		if (bit_test(ns->gres_bit_alloc, i) && !_has(ours, i))
+		if ((unknown || bit_test(ns->gres_bit_alloc, i)) && !_has(ours, i))
 			_put(jobs, i, true);
 }

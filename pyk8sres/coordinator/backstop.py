@@ -26,6 +26,7 @@ class Backstop:
     def __init__(self, emit: Callable[[str, str, str], None] | None = None):
         self.lock = threading.Lock()
         self.completing: dict[str, tuple[int, int]] = {}
+        self.completing_gpus: dict[str, frozenset] = {}
         self.gaps: dict[str, backstop.Gap] = {}
         # What the ledger held under backstop.KEY when this process first
         # read a node: kept until Slurm's side can be computed there (a
@@ -38,10 +39,10 @@ class Backstop:
         read only while a node is completing.  A failed read keeps the last
         (fail closed)."""
         if not any("COMPLETING" in n.state for n in view.values()):
-            completing = {}
+            completing, gpus = {}, {}
         else:
             try:
-                completing = slurm.completing_allocations()
+                completing, gpus = slurm.completing_allocations()
             except Exception as e:
                 log.warning("cannot read the completing jobs: %s; their last counts kept", e)
                 metrics.RECONCILE_ERRORS.labels("slurm_read").inc()
@@ -50,6 +51,12 @@ class Backstop:
             if completing != self.completing:
                 log.debug("jobs completing (CPUs, MB per node): %s", completing)
             self.completing = completing
+            self.completing_gpus = gpus
+
+    def gpus_completing(self) -> dict[str, frozenset]:
+        """Slurm node -> GPU indices of the jobs completing there."""
+        with self.lock:
+            return dict(self.completing_gpus)
 
     def completing_now(self) -> dict[str, tuple[int, int]]:
         """Slurm node -> (CPUs, MB) of the jobs completing there."""
@@ -59,7 +66,7 @@ class Backstop:
     def holding(self) -> bool:
         """Does any node carry something of Slurm's?"""
         with self.lock:
-            return bool(self.gaps or self.completing)
+            return bool(self.gaps or self.completing or self.completing_gpus)
 
     def entry(self, name: str, node, jobs: Mapping | None) -> tuple[int, int] | None:
         """The ledger entry (millicores, bytes) Slurm node `name` should carry

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Iterable, Mapping
 
 from . import kube as kube_calls
 from .permissions import error_text
@@ -148,14 +149,18 @@ class Holders:
         return {c["metadata"]["name"]: c for c in claims
                 if gpus.is_holder(c, self.state.holder_namespace)}
 
-    def sync(self, k8s_to_slurm: dict[str, str], shown: dict) -> bool:
-        """One pass; False if a write failed (retried next cycle)."""
+    def sync(self, k8s_to_slurm: dict[str, str], shown: dict,
+             completing: Mapping[str, Iterable[int]] | None = None) -> bool:
+        """One pass; False if a write failed (retried next cycle).
+        completing: Slurm node -> GPU indices of jobs completing there
+        (freed by Slurm, maybe still in use: held for them too)."""
         if not self.state.trusted():
             return True
         shared = {s: k for k, s in k8s_to_slurm.items()}
         _, slices = self.state.snapshot()
         nodes = self.state.node_gpus(shared, shown, slices, full=True)
-        jobs = {s: slurm_gpus(shown.get(s))[1] for s in shared}
+        jobs = {s: sorted({*slurm_gpus(shown.get(s))[1], *(completing or {}).get(s, ())})
+                for s in shared}
         wanted = gpus.wanted_holders(jobs, shared, nodes)
         create, delete = gpus.holder_changes(wanted, self.existing(), self.state.ident)
         ns = self.state.holder_namespace

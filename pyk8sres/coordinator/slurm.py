@@ -140,22 +140,29 @@ def list_nodes() -> list[SlurmNode]:
 
 
 _JOB_STATE = re.compile(r"(?:^|\s)JobState=(\S+)")
-_NODE_GROUP = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=(\S+) Mem=(\d+)")
+_NODE_GROUP = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=(\S+) Mem=(\d+)(?: GRES=(\S*))?")
+# A node group's GPUs: gpu:2(IDX:0-1), typed gpu:a100:2(IDX:0-1).
+_GPU_IDX = re.compile(r"(?:^|,)gpu(?::[^:(),]+)?:\d+\(IDX:([^)]*)\)")
 
 
-def completing_allocations() -> dict[str, tuple[int, int]]:
-    """Per node, the CPUs and MB of the jobs COMPLETING there, as Slurm
-    allocated them (`scontrol -d show job`: CPU_IDs and Mem per node group).
-    Slurm has freed them already while the jobs' processes may still run."""
-    jobs = []
+def completing_allocations() -> tuple[dict[str, tuple[int, int]], dict[str, frozenset]]:
+    """Per node, the CPUs and MB, and the GPU indices, of the jobs
+    COMPLETING there, as Slurm allocated them (`scontrol -d show job`:
+    CPU_IDs, Mem and GRES per node group).  Slurm has freed them already
+    while the jobs' processes may still run."""
+    jobs, gpus = [], []
     for line in run("scontrol", "-d", "-o", "show", "job").splitlines():
         state = _JOB_STATE.search(line)
         if not state or state.group(1) != "COMPLETING":
             continue
-        groups = [(expand_hostlist(nodes), backstop.cpu_ids_count(ids), int(mem))
-                  for nodes, ids, mem in _NODE_GROUP.findall(line)]
-        jobs.append((state.group(1), groups))
-    return backstop.completing_per_node(jobs)
+        groups = _NODE_GROUP.findall(line)
+        jobs.append((state.group(1), [(expand_hostlist(nodes), backstop.cpu_ids_count(ids),
+                                       int(mem)) for nodes, ids, mem, _ in groups]))
+        gpus.append((state.group(1), [
+            (expand_hostlist(nodes), [i for m in _GPU_IDX.findall(gres)
+                                      for i in backstop.gpu_indices(m)])
+            for nodes, _, _, gres in groups]))
+    return backstop.completing_per_node(jobs), backstop.completing_gpus_per_node(gpus)
 
 
 def get_node(name: str) -> SlurmNode:

@@ -45,7 +45,7 @@ from .config import (ConfigError, SyncConfig, exemptions_of, fill_from_slurm_con
                      load_config)
 from .events import Recorder
 from .generic_nodes import GenericNodes
-from .gpus import GpuState, Holders
+from .gpus import GpuState, Holders, slurm_gpus
 from .holds import Holds
 from .kube import Informer, Kube, get_generic_node
 from .threads import GenericNodeWriter, SlurmPoller
@@ -375,10 +375,14 @@ class Reconciler(GenericNodes):
 
     def _add_backstop(self, wanted: dict[str, dict]) -> None:
         """What Slurm allocated on each node beyond what its jobs hold as
-        k8scpu/k8smemory (policy/backstop.py), as one more entry there."""
+        k8scpu/k8smemory (policy/backstop.py), as one more entry there, with
+        the GPUs of its completing jobs (their processes may still use them)."""
         view, shown = self.slurm_view or {}, self.ledger_nodes or {}
+        gpus_completing = self.backstop.gpus_completing()
         for name, entries in wanted.items():
             held = self.backstop.entry(name, view.get(name), (shown.get(name) or {}).get("jobs"))
+            held = backstop.with_gpus(held, gpus_completing.get(name, ()),
+                                      slurm_gpus(shown.get(name))[1])
             if held is not None:
                 entries[backstop.KEY] = held
 
@@ -636,7 +640,8 @@ def keep_holders(rec: Reconciler, holders: Holders, wake: threading.Event, perio
         if rec.ledger_nodes is None or rec.last is None:
             continue
         try:
-            holders.sync(rec.last.k8s_to_slurm, rec.ledger_nodes)
+            holders.sync(rec.last.k8s_to_slurm, rec.ledger_nodes,
+                         rec.backstop.gpus_completing())
         except Exception:
             log.exception("holder claims not synced")
 

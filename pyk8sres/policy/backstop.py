@@ -21,7 +21,7 @@ mapped while its pods cannot be counted is held whole (fence).  Pure: no I/O.
 """
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple
+from typing import Iterable, Mapping, NamedTuple
 
 from .. import GRES_CPU, GRES_MEMORY
 from .ledger import REGISTERED_KEY
@@ -109,6 +109,44 @@ def completing_per_node(jobs: list[tuple[str, list[tuple[list[str], int, int]]]]
             for node in nodes:
                 c, m = out.get(node, (0, 0))
                 out[node] = (c + cpus, m + mb)
+    return out
+
+
+def completing_gpus_per_node(jobs: list[tuple[str, list[tuple[list[str], Iterable[int]]]]]
+                             ) -> dict[str, frozenset]:
+    """Per node, the GPU indices (Slurm's IDX) COMPLETING jobs were given:
+    each job as (state, [(nodes, indices on each), ...]).  Slurm freed them
+    when the job began completing; its processes may still use them."""
+    out: dict[str, frozenset] = {}
+    for state, groups in jobs:
+        if state != "COMPLETING":
+            continue
+        for nodes, indices in groups:
+            for node in nodes:
+                out[node] = out.get(node, frozenset()) | frozenset(indices)
+    return {n: g for n, g in out.items() if g}
+
+
+def with_gpus(held: tuple[int, int] | None, completing: Iterable[int],
+              jobs_hold: Iterable[int] = ()) -> tuple | None:
+    """The backstop entry `held` (millicores, bytes) with the completing
+    jobs' GPU indices added, less those a job holds now (Slurm gave them on:
+    the job's own GRES count them)."""
+    gpus = sorted(set(completing) - set(jobs_hold))
+    if not gpus:
+        return held
+    cpu_m, mem = held or (0, 0)
+    return cpu_m, mem, gpus
+
+
+def gpu_indices(text: str) -> list[int]:
+    """An IDX list -> its indices: '0-1,3' -> [0, 1, 3]; [] if malformed."""
+    out = []
+    for part in text.split(","):
+        low, dash, high = part.partition("-")
+        if not ascii_digits(low) or (dash and not ascii_digits(high)):
+            return []
+        out.extend(range(int(low), int(high) + 1) if dash else [int(low)])
     return out
 
 

@@ -133,16 +133,24 @@ def wait(pred, what: str, timeout: float = 30):
 def hybrid_world(prefix: str, **up):
     """A module's hybrid cluster (hybrid.up with `up`): yields (slurm
     cluster, control plane, Kube client); its jobs cancelled and every
-    daemon stopped after, even when it failed to come up."""
+    daemon stopped after, even when it failed to come up.  With
+    PYK8SRES_KEEP_WORK set the work directory (slurmctld's log and state,
+    the ledger's journal, the coordinator's and the control plane's logs)
+    is left for a post-mortem and its path printed."""
     work = tempfile.mkdtemp(prefix=prefix)
+    keep = bool(os.environ.get("PYK8SRES_KEEP_WORK"))
     try:
         c, cp = hybrid.up(work, **up)
     except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
         raise
     try:
         yield c, cp, Kube(cp.kubeconfig)
     finally:
         subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
         hybrid.down(work)
-        shutil.rmtree(work, ignore_errors=True)
+        if keep:
+            print(f"kept the work directory {work} (PYK8SRES_KEEP_WORK)")
+        else:
+            shutil.rmtree(work, ignore_errors=True)

@@ -364,14 +364,62 @@ def job_gpus(line: str) -> dict[str, set[int]]:
 
 
 def slurm_gpus(env, restarted_at: float = 0.0) -> dict[str, dict[int, set[str]]]:
-    """node -> GPU index -> ids of the jobs holding it (RUNNING, and
-    COMPLETING while their processes live: slurm_jobs's rules)."""
+    """node -> GPU index -> ids of the RUNNING jobs holding it (slurm_jobs's
+    rules).  A COMPLETING job's GPUs count through its processes
+    (process_gpus), not through a slurmstepd of its ID: after a kill -9 of
+    slurmctld a job ID may be allocated again while the slurmstepd of its
+    first run still lives (slurmd then refuses the launch, "Duplicate
+    jobid", and the job completes at once without running on its new
+    GPUs), so that slurmstepd says nothing of the new IDX."""
     out: dict[str, dict[int, set[str]]] = {}
     for line in _holding_jobs(env, restarted_at):
+        if "JobState=RUNNING" not in line:
+            continue
         job = re.search(r"JobId=(\d+)", line).group(1)
         for node, held in job_gpus(line).items():
             for i in held:
                 out.setdefault(node, {}).setdefault(i, set()).add(job)
+    return out
+
+
+def process_gpus(conf: str, proc: str = "/proc") -> dict[str, dict[int, set[str]]]:
+    """node -> GPU index -> "<job id>(processes)" for each job whose
+    processes run now on this host with GPUs: a batch job's processes carry
+    SLURM_JOB_ID, SLURMD_NODENAME and SLURM_JOB_GPUS (Slurm's global
+    indices) in their environment, and the SLURM_CONF sbatch had (this
+    cluster's: other test clusters on the host are left out).  What really
+    runs, whatever slurmctld says: a job it forgot (killed -9 before it
+    saved the job) runs until slurmd next registers and is told to kill it,
+    and its ID may meanwhile be given to another job."""
+    want = f"SLURM_CONF={conf}".encode()
+    out: dict[str, dict[int, set[str]]] = {}
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{entry}/environ", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        if want not in data:
+            continue
+        env = dict(v.split(b"=", 1) for v in data.split(b"\0") if b"=" in v)
+        if env.get(b"SLURM_CONF") != conf.encode() or b"SLURM_JOB_ID" not in env:
+            continue
+        node = env.get(b"SLURMD_NODENAME", b"?").decode()
+        job = f"{env[b'SLURM_JOB_ID'].decode()}(processes)"
+        for i in index_set(env.get(b"SLURM_JOB_GPUS", b"").decode()):
+            out.setdefault(node, {}).setdefault(i, set()).add(job)
+    return out
+
+
+def merge_gpus(*sides: dict[str, dict[int, set[str]]]) -> dict[str, dict[int, set[str]]]:
+    """The union of node -> index -> holders maps."""
+    out: dict[str, dict[int, set[str]]] = {}
+    for side in sides:
+        for node, held in side.items():
+            for i, who in held.items():
+                out.setdefault(node, {}).setdefault(i, set()).update(who)
     return out
 
 
@@ -435,14 +483,15 @@ def _list_resource(kube, plural: str) -> list[dict]:
 
 def gpu_sample(env, kube, restarted_at: float = 0.0):
     """(jobs, pods, overlaps) now: GPU indices per node held by Slurm's
-    jobs (slurm_gpus) and by the claims of pods bound before and after
-    slurmctld is asked (claim_gpus; placeholders left out, as bound_pods),
-    and each GPU both hold (gpu_overlaps).  Raises Unreadable when either
-    side cannot be read."""
+    jobs (slurm_gpus, and the jobs whose processes run with GPUs:
+    process_gpus, so that a job slurmctld forgot still counts) and by the
+    claims of pods bound before and after both are read (claim_gpus;
+    placeholders left out, as bound_pods), and each GPU both hold
+    (gpu_overlaps).  Raises Unreadable when either side cannot be read."""
     before = bound_pods(kube)
     claims = _list_resource(kube, "resourceclaims")
     slices = _list_resource(kube, "resourceslices")
-    jobs = slurm_gpus(env, restarted_at)
+    jobs = merge_gpus(slurm_gpus(env, restarted_at), process_gpus(env["SLURM_CONF"]))
     running = before.keys() & bound_pods(kube).keys()
     pods = claim_gpus(claims, slices, running)
     return jobs, pods, gpu_overlaps(jobs, pods)

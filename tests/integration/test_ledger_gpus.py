@@ -5,11 +5,15 @@ asking for 3 GPUs pends (Resources), one asking for 2 runs on IDX 2-3
 (`scontrol -d show job`); a reservation naming an index a job or another
 entry holds is refused nofit; the reservation and its bits are back after
 a slurmctld restart and a reconfigure (both rebuild allocations from jobs);
-its release lets the pending job start on them.
+its release lets the pending job start on them.  After a kill -9 of
+slurmctld, until n1's slurmd registers again, every GPU pods do not hold
+counts as a job's (jobs slurmctld forgot may run there): reservations of
+them are refused, then granted once it has.
 """
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +25,7 @@ from ledger_checks import sh, wait_serving
 from local_slurm import RELEASE, local_cluster, port, requires_slurm
 from pyk8sres import install
 from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
+from pyk8sres.testbed import faults
 
 pytestmark = requires_slurm + [
     pytest.mark.skipif(RELEASE is not None and
@@ -130,6 +135,48 @@ def test_gpus_reserved_jobs_pend_then_start_and_survive_a_restart(c):
     assert ledger.show("n1")["nodes"]["n1"]["gpus"]["share"] == []
     sh(c, "scancel", big)
     c.cancel_all_jobs()
+
+
+def test_gpus_of_a_node_not_registered_since_a_restart_are_not_given(c):
+    """slurmctld killed -9 forgets the jobs it had not saved, while their
+    processes run on until the node's slurmd registers and is told to kill
+    them (Slurm starts no job there meanwhile: the node is UNKNOWN or
+    NOT_RESPONDING).
+    Until then the ledger counts every GPU pods do not hold as a job's.
+    n1's slurmd is stopped (SIGSTOP) across the restart to hold that
+    window open."""
+    path = ledger_socket_path(c.conf)
+    wait_serving(path)
+    ledger = Ledger(path, timeout=10)
+    _wait("n1 registered its gpus",
+          lambda: (ledger.show("n1")["nodes"]["n1"].get("gpus") or {}).get("count") == GPUS)
+    _wait("n1's slurmd registered", lambda: re.search(
+        r"State=IDLE\S* ", sh(c, "scontrol", "-o", "show", "node", "n1")))
+    assert ledger.reserve("n1", "claim:held", 0, 0, gpus=[3]) == {"ok": True}
+    # A job run on n1 and slurmctld's state saved since (at most every 5 s):
+    # the restart recovers n1 as it was, its GPU bitmap with it.
+    job = sh(c, "sbatch", "--parsable", "--gres=gpu:1", "-w", "n1", "-n1", "--mem=100",
+             "--wrap", "true").strip().split(";")[0]
+    _wait("the job ran", lambda: _state(c, job)[0] in ("", "COMPLETED"))
+    time.sleep(7)
+    slurmd = c.pid("slurmd-n1")
+    os.kill(slurmd, signal.SIGSTOP)
+    try:
+        faults.kill_and_restart(c)
+        node = sh(c, "scontrol", "-o", "show", "node", "n1")
+        assert re.search(r"State=(UNKNOWN|\S*NOT_RESPONDING)", node), node
+        assert ledger.show("n1")["nodes"]["n1"]["gpus"] == {"count": GPUS, "jobs": [0, 1, 2],
+                                                             "share": [3]}
+        refused = ledger.reserve("n1", "claim:new", 0, 0, gpus=[0])
+        assert refused["code"] == "nofit" and "Slurm jobs hold" in refused["error"], refused
+    finally:
+        os.kill(slurmd, signal.SIGCONT)
+    _wait("n1's slurmd registered again", lambda: re.search(
+        r"State=IDLE\S* ", sh(c, "scontrol", "-o", "show", "node", "n1")), timeout=90)
+    assert ledger.show("n1")["nodes"]["n1"]["gpus"] == {"count": GPUS, "jobs": [],
+                                                         "share": [3]}
+    assert ledger.reserve("n1", "claim:new", 0, 0, gpus=[0]) == {"ok": True}
+    assert ledger.release("n1", "claim:new")["ok"] and ledger.release("n1", "claim:held")["ok"]
 
 
 def test_a_gpu_gres_without_device_files_is_refused_not_crashed(c):

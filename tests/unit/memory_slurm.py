@@ -73,7 +73,7 @@ class SlurmWorld:
         return frozenset(self.jobs.get(name, ()))
 
     def completing_allocations(self):
-        return dict(self.completing)
+        return dict(self.completing), dict(getattr(self, "completing_gpus", {}))
 
     def restart(self):
         self.core = Ledger(self.directory)

@@ -58,7 +58,8 @@ def test_completing_per_node_sums_only_completing_jobs():
 def world(tmp_path):
     slurm = SlurmWorld(str(tmp_path), "n1", "n2")
     slurm.completing = {}
-    slurm.completing_allocations = lambda: dict(slurm.completing)
+    slurm.completing_gpus = {}
+    slurm.completing_allocations = lambda: (dict(slurm.completing), dict(slurm.completing_gpus))
     cfg = config.SyncConfig(ledger_socket="unused")
     cache = cache_mod.Cache(config.exemptions_of(cfg), cfg.node_key)
     cache.replace("nodes", [knode("n1"), knode("n2")])
@@ -105,6 +106,65 @@ def test_a_completing_job_is_held_until_it_is_gone(world):
     _slurm_side(slurm, rec, "n2", state="IDLE")
     rec.cycle()
     assert backstop.KEY not in slurm.core.nodes.get("n2", {})
+
+
+def test_a_completing_jobs_gpus_are_held_until_it_is_gone(world):
+    """Slurm frees a completing job's GPUs at once; its processes may still
+    use them: held in the same entry (the webhook refuses them, holder
+    claims steer kube-scheduler away), gone with the job."""
+    slurm, rec, _ = world
+    slurm.completing = {"n2": (1, 100)}
+    slurm.completing_gpus = {"n2": frozenset({0, 1})}
+    _slurm_side(slurm, rec, "n2", state="IDLE+COMPLETING")
+    rec.cycle()
+    assert slurm.core.nodes["n2"][backstop.KEY].gpus == (0, 1)
+    slurm.completing, slurm.completing_gpus = {}, {}
+    _slurm_side(slurm, rec, "n2", state="IDLE")
+    rec.cycle()
+    assert backstop.KEY not in slurm.core.nodes.get("n2", {})
+
+
+@pytest.mark.parametrize("jobs, want", [
+    ([("COMPLETING", [(["n1", "n2"], [0, 1])]), ("RUNNING", [(["n1"], [2])])],
+     {"n1": {0, 1}, "n2": {0, 1}}),
+    ([("COMPLETING", [(["n1"], [0])]), ("COMPLETING", [(["n1"], [3]), (["n2"], [])])],
+     {"n1": {0, 3}}),
+    ([], {}),
+])
+def test_completing_gpus_per_node(jobs, want):
+    assert backstop.completing_gpus_per_node(jobs) == want
+
+
+@pytest.mark.parametrize("held, completing, jobs_hold, want", [
+    (None, (), (), None),
+    ((1000, 5), (), (), (1000, 5)),
+    (None, (1, 0), (), (0, 0, [0, 1])),
+    ((1000, 5), (0, 1), (1,), (1000, 5, [0])),       # 1 given to a job since: its own
+    ((1000, 5), (1,), (1,), (1000, 5)),
+])
+def test_with_gpus(held, completing, jobs_hold, want):
+    assert backstop.with_gpus(held, completing, jobs_hold) == want
+
+
+@pytest.mark.parametrize("text, want", [
+    ("0", [0]), ("0-1", [0, 1]), ("0-1,3", [0, 1, 3]), ("x", []), ("1-", []), ("", []),
+])
+def test_gpu_indices(text, want):
+    assert backstop.gpu_indices(text) == want
+
+
+def test_completing_allocations_reads_cpus_memory_and_gpus(monkeypatch):
+    from pyk8sres.coordinator import slurm as slurm_calls
+    lines = [
+        "JobId=7 JobState=COMPLETING Nodes=n1 CPU_IDs=0-1 Mem=100 "
+        "GRES=gpu:2(IDX:0-1),k8scpu(CNT:2),k8smemory(CNT:100)",
+        "JobId=8 JobState=COMPLETING Nodes=n[1-2] CPU_IDs=2 Mem=10 GRES=gpu:a100:1(IDX:3)",
+        "JobId=9 JobState=RUNNING Nodes=n2 CPU_IDs=0 Mem=10 GRES=gpu:1(IDX:0)",
+        "JobId=10 JobState=COMPLETING Nodes=n3 CPU_IDs=0 Mem=10"]
+    monkeypatch.setattr(slurm_calls, "run", lambda *a, **k: "\n".join(lines))
+    alloc, gpus = slurm_calls.completing_allocations()
+    assert alloc == {"n1": (3, 110), "n2": (1, 10), "n3": (1, 10)}
+    assert gpus == {"n1": {0, 1, 3}, "n2": {3}}
 
 
 def test_without_the_ledgers_count_the_last_gap_is_kept(world):

@@ -62,7 +62,7 @@ def test_the_generic_node_shows_which_gpus_each_side_holds(tmp_path, state):  # 
     Slurm's jobs' indices as the ledger shows them, the claims' as set in
     the ledger; kept while the ledger does not answer."""
     slurm = SlurmWorld(str(tmp_path), "n1", "n2")
-    slurm.completing_allocations = lambda: {}
+    slurm.completing_allocations = lambda: ({}, {})
     cfg = config.SyncConfig(ledger_socket="unused", generic_node_min_interval_seconds=0)
     cache = cache_mod.Cache(config.exemptions_of(cfg), cfg.node_key)
     cache.replace("nodes", [knode("n1"), knode("n2")])

@@ -66,6 +66,19 @@ def test_holders_follow_slurms_jobs_and_are_deallocated_before_deletion(monkeypa
     assert rec.calls == [("status", "slurm-gpu-n1-gpu-0", False), ("delete", "slurm-gpu-n1-gpu-0")]
 
 
+def test_a_completing_jobs_gpus_keep_their_holders_until_it_is_gone(monkeypatch, state):
+    """Slurm freed them (the ledger's jobs no longer name them) while the
+    job's processes may still use them: their holders stay."""
+    rec = Recorder(monkeypatch, state)
+    h = cgpus.Holders(None, state)
+    assert h.sync({"n1": "n1"}, shown([0, 1]))
+    rec.calls.clear()
+    assert h.sync({"n1": "n1"}, shown([]), {"n1": frozenset({0, 1})})
+    assert rec.calls == []
+    assert h.sync({"n1": "n1"}, shown([]), {})
+    assert [c[0] for c in rec.calls] == ["status", "status", "delete", "delete"]
+
+
 def test_a_fenced_node_holds_every_device(monkeypatch, state):
     rec = Recorder(monkeypatch, state)
     cgpus.Holders(None, state).sync({"n1": "n1"}, shown([], count=2))
@@ -187,7 +200,7 @@ def test_sync_holds_allocated_claims_and_never_drops_them_on_missing_data(tmp_pa
     from memory_slurm import SlurmWorld, knode, pod
     from pyk8sres.coordinator import cache as cache_mod, config, sync
     slurm = SlurmWorld(str(tmp_path), "n1")
-    slurm.completing_allocations = lambda: {}
+    slurm.completing_allocations = lambda: ({}, {})
     cfg = config.SyncConfig(ledger_socket="unused")
     cache = cache_mod.Cache(config.exemptions_of(cfg), cfg.node_key)
     cache.replace("nodes", [knode("n1")])

@@ -114,3 +114,62 @@ def test_a_device_no_slice_maps_is_an_unreadable_sample():
 ])
 def test_gpu_overlaps(jobs, pods, want):
     assert G.gpu_overlaps(jobs, pods) == want
+
+
+def _proc(root, pid: int, env: dict[str, str] | None) -> None:
+    d = root / str(pid)
+    d.mkdir()
+    if env is not None:
+        (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0"
+                                             for k, v in env.items()))
+
+
+def test_process_gpus_counts_the_jobs_running_on_this_cluster_only(tmp_path):
+    """A job slurmctld forgot (killed -9) still runs: its processes'
+    environment says which GPUs it has.  Other clusters' jobs, processes
+    without a job or without GPUs, unreadable entries are left out."""
+    conf = "/tmp/w/etc/slurm.conf"
+    job = {"SLURM_CONF": conf, "SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1",
+           "SLURM_JOB_GPUS": "2,3"}
+    _proc(tmp_path, 10, job)
+    _proc(tmp_path, 11, dict(job, SLURM_JOB_GPUS="0"))           # a step of it, another GPU
+    _proc(tmp_path, 12, dict(job, SLURM_CONF=conf + ".other"))   # another cluster's job 7
+    _proc(tmp_path, 13, dict(job, SLURM_JOB_ID="8", SLURMD_NODENAME="n2", SLURM_JOB_GPUS="1"))
+    _proc(tmp_path, 14, {"SLURM_CONF": conf})                   # sbatch itself, no job
+    _proc(tmp_path, 15, dict(job, SLURM_JOB_GPUS=""))            # a job without GPUs
+    _proc(tmp_path, 16, None)                                    # gone, or unreadable
+    (tmp_path / "self").mkdir()
+    assert G.process_gpus(conf, str(tmp_path)) == {
+        "n1": {0: {"7(processes)"}, 2: {"7(processes)"}, 3: {"7(processes)"}},
+        "n2": {1: {"8(processes)"}}}
+
+
+def test_a_forgotten_job_overlapping_a_claim_is_an_overlap(tmp_path):
+    """merge_gpus: slurmctld shows job 7 (its ID given again) on GPU 1
+    while the forgotten job 7's processes still use GPU 0, which a claim
+    holds: the overlap is reported."""
+    shown = {"n1": {1: {"7"}}}
+    running = {"n1": {0: {"7(processes)"}}}
+    jobs = G.merge_gpus(shown, running)
+    assert jobs == {"n1": {0: {"7(processes)"}, 1: {"7"}}}
+    assert G.gpu_overlaps(jobs, {"n1": {0: {"default/c"}}}) == [
+        "n1 gpu 0: jobs 7(processes) and claims default/c"]
+
+
+def test_a_completing_job_counts_through_its_processes_not_its_id(tmp_path, monkeypatch):
+    """Job 9 was allocated GPUs 2-3 again after a kill -9 of slurmctld while
+    the slurmstepd of its first run (on GPU 0) still lived: slurmd refused
+    the launch (Duplicate jobid) and it is COMPLETING.  Its IDX 2-3 never
+    ran anything; the first run's processes, still on GPU 0, are what count."""
+    line = ("JobId=9 JobName=wrap JobState=COMPLETING Reason=None StartTime=2026-12-07T19:39:19 "
+            "NodeList=n1 Nodes=n1 CPU_IDs=0 Mem=100 GRES=gpu:2(IDX:2-3),k8scpu(CNT:1)")
+    fake = tmp_path / "scontrol"
+    fake.write_text(f"#!/bin/sh\necho '{line}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(G, "stepd_jobs", lambda env: {"9"})
+    assert G.slurm_gpus({"PATH": f"{tmp_path}:/usr/bin:/bin"}) == {}
+    procs = tmp_path / "proc"
+    procs.mkdir()
+    _proc(procs, 20, {"SLURM_CONF": "/c", "SLURM_JOB_ID": "9", "SLURMD_NODENAME": "n1",
+                      "SLURM_JOB_GPUS": "0"})
+    assert G.process_gpus("/c", str(procs)) == {"n1": {0: {"9(processes)"}}}
