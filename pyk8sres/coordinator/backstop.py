@@ -16,6 +16,7 @@ import threading
 from typing import Callable, Mapping
 
 from . import metrics
+from .gpus import slurm_gpus
 from ..policy import backstop
 
 log = logging.getLogger("pyk8sres.coordinator.backstop")
@@ -85,6 +86,20 @@ class Backstop:
                 self._note(name, gap)
             return backstop.entry(gap)
 
+    def add(self, wanted: dict[str, dict], view: Mapping, shown: Mapping) -> None:
+        """What Slurm allocated on each node of `wanted` (Slurm node ->
+        entries) beyond what its jobs hold as k8scpu/k8smemory, as one more
+        entry there, with the GPUs of its completing jobs (their processes
+        may still use them); view: Slurm node -> SlurmNode, shown: the
+        ledger's last show of each node."""
+        gpus_completing = self.gpus_completing()
+        for name, entries in wanted.items():
+            held = self.entry(name, view.get(name), (shown.get(name) or {}).get("jobs"))
+            held = backstop.with_gpus(held, gpus_completing.get(name, ()),
+                                      slurm_gpus(shown.get(name))[1])
+            if held is not None:
+                entries[backstop.KEY] = held
+
     def inherit(self, name: str, held: tuple[int, int]) -> dict:
         """The ledger held `held` under backstop.KEY on node `name` before this
         process set it: the entry to keep there while nothing newer is
@@ -116,3 +131,13 @@ class Backstop:
             else:
                 log.info("node %s: every CPU and MB Slurm allocated is held by its jobs again",
                          name)
+
+
+def add_fences(wanted: dict[str, dict], unplaced, view: Mapping) -> None:
+    """A worker's Slurm node between pods (in `unplaced`) is held whole: its
+    next slurmd may register on a Kubernetes node whose pods are not counted
+    yet, and no job may start there before they are (workers.unplaced)."""
+    for name in unplaced & wanted.keys():
+        rest = backstop.fence_rest(view.get(name), wanted[name])
+        if rest is not None:
+            wanted[name][backstop.FENCE_KEY] = rest

@@ -156,7 +156,8 @@ class GenericNodes:
             if n is not None:
                 u = d.usage.get(s) or usage.NodeUsage()
                 inputs[k] = (s, n.cpus, n.real_memory, n.alloc_cpus, n.alloc_memory,
-                             u.cpu, u.memory, *self._gn_beyond(s), self.cluster,
+                             u.cpu, u.memory, *self._gn_beyond(s),
+                             self.allocatable.held_on(s), self.cluster,
                              self._gn_gpu_key(s), self.oversubscribed.get(s, False))
         return inputs
 
@@ -221,6 +222,7 @@ class GenericNodes:
             spec, status = usage.generic_node_body(name, view[key[0]], d.usage.get(key[0]),
                                                    self.cluster, oversubscribed=key[-1],
                                                    held=held, completing=completing,
+                                                   beyond=self.allocatable.held_on(key[0]),
                                                    gpus=self._gn_gpu_status(key[-2]))
             old = self.gn_written.get(name)
             if old != (spec, status):

@@ -39,13 +39,14 @@ import time
 from . import mapping
 from . import metrics
 from . import slurm
-from .backstop import Backstop
+from .allocatable import BeyondAllocatable
+from .backstop import Backstop, add_fences
 from .cache import Cache
 from .config import (ConfigError, SyncConfig, exemptions_of, fill_from_slurm_conf, gpu_identity,
                      load_config)
 from .events import Recorder
 from .generic_nodes import GenericNodes
-from .gpus import GpuState, Holders, slurm_gpus
+from .gpus import GpuState, Holders
 from .holds import Holds
 from .kube import Informer, Kube, get_generic_node
 from .threads import GenericNodeWriter, SlurmPoller
@@ -78,7 +79,8 @@ class Reconciler(GenericNodes):
         self.last_repair = 0.0
         self.oversubscribed: dict[str, bool] = {}
         self.warned: set[str] = set()
-        self.over_allocatable: set[str] = set()   # Kubernetes nodes, last cycle
+        # What Slurm offers beyond each Kubernetes node's allocatable, held.
+        self.allocatable = BeyondAllocatable()
         self.gn_init(cfg)
         self.cluster = cfg.cluster_name
         self.applied_total = 0
@@ -115,15 +117,6 @@ class Reconciler(GenericNodes):
         for w in sorted(now - self.warned):
             log.warning("%s", w)
         self.warned = now
-
-    def _event_over_allocatable(self, over: dict[str, str]) -> None:
-        """An Event on the GenericNode of each Kubernetes node whose Slurm
-        node newly shares more than its allocatable (the log line is among
-        the cycle's warnings).  Not held in the ledger: see docs/install.md."""
-        if self.events is not None:
-            for k in sorted(over.keys() - self.over_allocatable):
-                self.events.generic_node(k, events.OVER_ALLOCATABLE, over[k])
-        self.over_allocatable = set(over)
 
     def cycle(self, refresh: bool = True, dirty: set[str] | None = None) -> usage.Desired | None:
         """One reconcile.  refresh=False reuses the Slurm view of the last
@@ -162,7 +155,9 @@ class Reconciler(GenericNodes):
             key=self.cfg.node_key, map_by_name=self.cfg.map_by_name, node_map=self.cfg.node_map,
             workers=found, before=before)
         self._warn_new(d.warnings)
-        self._event_over_allocatable(d.over_allocatable)
+        self.allocatable.note_nodes(knodes)
+        self.allocatable.note_over(d.over_allocatable, self.events.generic_node
+                                   if self.events is not None else None)
         if found is not None:
             self.worker_nodes, self.unplaced = worker_pods.unplaced(
                 self.worker_nodes, found, d.mapping, view, healthy)
@@ -332,8 +327,12 @@ class Reconciler(GenericNodes):
             for name in only:
                 wanted.setdefault(name, {})
         self._add_claims(wanted, d, only)
-        self._add_backstop(wanted)
-        self._add_fences(wanted)
+        # Slurm's own beyond its jobs' GRES, its capacity beyond allocatable,
+        # then a worker's node between pods held whole (backstop.py).
+        view = self.slurm_view or {}
+        self.backstop.add(wanted, view, self.ledger_nodes or {})
+        self.allocatable.add(wanted, d.here, view)
+        add_fences(wanted, self.unplaced, view)
         out = {}
         for name, entries in wanted.items():
             if healthy and not (d.usage.get(name) or usage.NodeUsage()).errors:
@@ -372,28 +371,6 @@ class Reconciler(GenericNodes):
                      if k.startswith(gpus.CLAIM_KEY_PREFIX)}
             if e:
                 wanted.setdefault(name, {}).update(e)
-
-    def _add_backstop(self, wanted: dict[str, dict]) -> None:
-        """What Slurm allocated on each node beyond what its jobs hold as
-        k8scpu/k8smemory (policy/backstop.py), as one more entry there, with
-        the GPUs of its completing jobs (their processes may still use them)."""
-        view, shown = self.slurm_view or {}, self.ledger_nodes or {}
-        gpus_completing = self.backstop.gpus_completing()
-        for name, entries in wanted.items():
-            held = self.backstop.entry(name, view.get(name), (shown.get(name) or {}).get("jobs"))
-            held = backstop.with_gpus(held, gpus_completing.get(name, ()),
-                                      slurm_gpus(shown.get(name))[1])
-            if held is not None:
-                entries[backstop.KEY] = held
-
-    def _add_fences(self, wanted: dict[str, dict]) -> None:
-        """A worker's Slurm node between pods is held whole: its next slurmd
-        may register on a Kubernetes node whose pods are not counted yet,
-        and no job may start there before they are (worker_pods.unplaced)."""
-        for name in self.unplaced & wanted.keys():
-            rest = backstop.fence_rest((self.slurm_view or {}).get(name), wanted[name])
-            if rest is not None:
-                wanted[name][backstop.FENCE_KEY] = rest
 
     def _backstop_event(self, name: str, reason: str, message: str) -> None:
         if self.events is not None:
@@ -489,6 +466,8 @@ class Reconciler(GenericNodes):
         held = (view.get("entries") or {}).get(backstop.KEY)
         if held and backstop.KEY not in entries:
             entries.update(self.backstop.inherit(name, tuple(held[:2])))
+        beyond = (view.get("entries") or {}).get(backstop.BEYOND_KEY)
+        entries.update(self.allocatable.inherit(name, beyond and tuple(beyond[:2]), entries))
         for uid, e in (view.get("entries") or {}).items():
             # A claim's devices come from the claims watch (allocated or not).
             if uid.startswith(gpus.CLAIM_KEY_PREFIX):
@@ -524,6 +503,7 @@ class Reconciler(GenericNodes):
             log.error("node %s is oversubscribed: pods bound there hold more than Slurm's "
                       "jobs leave (a pod bound without admission, or a static pod); "
                       "no new job starts there until they leave", name)
+        detail += self.allocatable.detail(name)
         if self.events is not None:
             self.events.generic_node(
                 self.k8s_name(name), events.OVERSUBSCRIBED,

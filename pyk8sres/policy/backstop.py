@@ -17,15 +17,23 @@ its own (KEY), next to the pods'.  Pods are then admitted against the
 larger of what jobs hold and what Slurm allocated; jobs are not held back
 twice (Slurm's own CPU and memory accounting already counts the first case,
 and does not start jobs on a node while one completes).  A node newly
-mapped while its pods cannot be counted is held whole (fence).  Pure: no I/O.
+mapped while its pods cannot be counted is held whole (fence).
+
+A Slurm node may offer more than its Kubernetes node's allocatable (a
+worker pod whose limits exceed it, a host whose kubelet reserves CPUs and
+memory for the system): Kubernetes keeps its pods within allocatable, but
+jobs and pods together would not be.  The difference is held as one more
+entry (BEYOND_KEY), so jobs + pods never exceed allocatable.  Pure: no I/O.
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable, Mapping, NamedTuple
 
 from .. import GRES_CPU, GRES_MEMORY
 from .ledger import REGISTERED_KEY
 from .hostlist import ascii_digits
+from .quantities import QuantityError, parse_quantity
 
 # The ledger entry that holds the difference (a name no pod UID can take).
 KEY = "slurm:unheld"
@@ -33,9 +41,16 @@ KEY = "slurm:unheld"
 # the pods there cannot be counted yet (a watch broken, an unparsable pod):
 # pods may already run on it, so no job may start until they are counted.
 FENCE_KEY = "slurm:fence"
-# Entries of Slurm's, never a departed pod's (the ledger's own hold of a
-# newly registered node included).
-KEYS = (KEY, FENCE_KEY, REGISTERED_KEY)
+# The entry that holds what a Slurm node offers beyond its Kubernetes
+# node's allocatable (no pod UID has a colon).
+BEYOND_KEY = "k8s:beyond-allocatable"
+# Entries that are no pod's, never held as a departed pod's (the ledger's
+# own hold of a newly registered node included).
+KEYS = (KEY, FENCE_KEY, BEYOND_KEY, REGISTERED_KEY)
+
+# What a Kubernetes node offers pods, per resource: (millicores, bytes),
+# None for a resource not known.
+Offer = tuple  # tuple[int | None, int | None]
 
 
 class Gap(NamedTuple):
@@ -169,3 +184,48 @@ def message(node: str, g: Gap) -> str:
             "its jobs do not hold as k8scpu/k8smemory (a job submitted while "
             "job_submit/k8s_resource_completion was not loaded, or a bug in it); "
             "they are held from pods until the jobs end")
+
+
+def offered(k8s_node: Mapping) -> Offer:
+    """(millicores, bytes) of a Kubernetes node's status.allocatable (which
+    defaults to its capacity, as the API says); None for a resource missing
+    or unparsable.  Rounded down: what is held beyond it rounds up."""
+    status = k8s_node.get("status") or {}
+    alloc = status.get("allocatable") or status.get("capacity") or {}
+    out = []
+    for resource, scale in (("cpu", 1000), ("memory", 1)):
+        try:
+            value = parse_quantity(alloc[resource]) * scale
+            out.append(math.floor(value) if value >= 0 else None)
+        except (KeyError, QuantityError):
+            out.append(None)
+    return tuple(out)
+
+
+def known_offer(now: Offer, last: Offer | None) -> Offer:
+    """What a node offers as far as is known: each resource as it reads now,
+    else as it last read (a status that loses its allocatable, or one that
+    cannot be parsed, hands nothing back: fail closed)."""
+    last = last or (None, None)
+    return tuple(n if n is not None else o for n, o in zip(now, last))
+
+
+def smallest(offers: Iterable[Offer]) -> Offer:
+    """One Slurm node mapped from several Kubernetes nodes: the smallest
+    known offer of each resource (holding the most)."""
+    offers = list(offers)
+    cpu = [o[0] for o in offers if o[0] is not None]
+    mem = [o[1] for o in offers if o[1] is not None]
+    return (min(cpu) if cpu else None, min(mem) if mem else None)
+
+
+def beyond(node, offer: Offer) -> tuple[int, int] | None:
+    """The entry (millicores, bytes) that holds what Slurm node `node`
+    offers (its k8scpu/k8smemory totals) beyond `offer`; None when nothing
+    is beyond it, the node is unknown, or nothing of the offer is known
+    (a resource not known holds nothing of its own)."""
+    whole = fence(node)
+    if whole is None:
+        return None
+    held = tuple(max(0, w - o) if o is not None else 0 for w, o in zip(whole, offer))
+    return held if any(held) else None

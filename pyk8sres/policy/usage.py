@@ -17,6 +17,7 @@ from fractions import Fraction
 from typing import Iterable, Mapping
 
 from . import departures
+from .backstop import BEYOND_KEY
 from . import workers as worker_pods
 from .quantities import (MI, NANO, QuantityError, format_cpu, format_memory, held_requests,
                          parse_quantity)
@@ -310,7 +311,8 @@ def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
                       cluster_name: str, oversubscribed: bool = False,
                       held: tuple[int, int] = (0, 0),
                       completing: tuple[int, int] = (0, 0),
-                      gpus: Mapping | None = None) -> tuple[dict, dict]:
+                      gpus: Mapping | None = None,
+                      beyond: tuple[int, int] = (0, 0)) -> tuple[dict, dict]:
     """(spec, status) of the GenericNode for one shared node.
 
     Slurm side: CPUs and memory Slurm jobs hold, with those of jobs still
@@ -321,9 +323,13 @@ def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
     ("2735m", "3417Mi").  The Oversubscribed condition says when pods hold
     more than Slurm's jobs leave (the ledger then carries only what fits;
     no new job starts there).  gpus: the status.gpus of a node with GPUs
-    (policy/gpus.generic_node_gpus; None: none).
+    (policy/gpus.generic_node_gpus; None: none).  Capacity: what both
+    share, the k8scpu/k8smemory totals less what is held beyond the
+    Kubernetes node's allocatable (beyond: millicores, bytes), which is
+    neither side's: no job or pod uses it.
     """
     usage = usage or NodeUsage()
+    cpus, mb = shared_capacity(slurm_node)
     spec = {"clusterName": cluster_name, "alias": slurm_node.name, "type": "Slurm"}
     status = {
         "allocatedResources": [
@@ -334,8 +340,8 @@ def generic_node_body(k8s_name: str, slurm_node, usage: NodeUsage | None,
                 "cpu": format_cpu(Fraction(usage.cpu, NANO) + Fraction(held[0], 1000)),
                 "memory": format_memory(Fraction(usage.memory + held[1]))}},
         ],
-        "capacity": {"cpu": format_cpu(Fraction(shared_capacity(slurm_node)[0])),
-                     "memory": format_memory(Fraction(shared_capacity(slurm_node)[1]) * MI)},
+        "capacity": {"cpu": format_cpu(Fraction(cpus) - Fraction(beyond[0], 1000)),
+                     "memory": format_memory(Fraction(mb) * MI - beyond[1])},
         "conditions": [{
             "type": "Oversubscribed", "status": "True" if oversubscribed else "False",
             "reason": "PodsBeyondWhatSlurmLeaves" if oversubscribed else "WithinCapacity",
@@ -364,8 +370,8 @@ def over_allocatable(k8s_name: str, k8s_node: Mapping, slurm_node) -> str | None
     """What is wrong when the Slurm node shares more than its Kubernetes
     node's allocatable (None: nothing, or no allocatable known).  Kubernetes
     never places pods beyond allocatable, but Slurm's jobs may use all the
-    Slurm node offers: beyond allocatable they run on what the kubelet keeps
-    for the system and its eviction threshold."""
+    Slurm node offers: the sync daemon holds the difference in the ledger
+    (backstop.beyond), so that jobs and pods together stay within it."""
     alloc = ((k8s_node.get("status") or {}).get("allocatable")) or {}
     if slurm_node is None or not (alloc.get("cpu") or alloc.get("memory")):
         return None
@@ -381,9 +387,10 @@ def over_allocatable(k8s_name: str, k8s_node: Mapping, slurm_node) -> str | None
     if not over:
         return None
     return (f"Slurm node {slurm_node.name} shares more than kubernetes node {k8s_name} offers "
-            f"pods ({'; '.join(over)}): Slurm jobs may use what the kubelet keeps for the "
-            "system (kube-reserved, system-reserved, eviction threshold); lower the worker "
-            "pod's limits (Slinky holds the rest back as CoreSpecCount/MemSpecLimit) or set "
+            f"pods ({'; '.join(over)}): the difference is held in the ledger (entry "
+            f"{BEYOND_KEY}), so that Slurm's jobs and the pods together stay within "
+            "allocatable; to give Slurm's own view the same size, lower the worker pod's "
+            "limits (Slinky holds the rest back as CoreSpecCount/MemSpecLimit) or set "
             "ReserveCPUs/ReserveMemory in k8s_resources.conf")
 
 

@@ -359,11 +359,18 @@ def test_a_slurm_node_over_its_nodes_allocatable_gets_one_event(tmp_path):
     ((name, reason, message),) = rec.events.posted
     assert (name, reason) == (K19, "SlurmCapacityOverAllocatable")
     assert "4 CPUs > allocatable cpu 3500m" in message and "8000 MB" in message
-    assert message in rec.warned
+    assert message in rec.warned and "held in the ledger" in message
+    # The difference is held, the worker's own requests (4 CPUs) still not:
+    # jobs get 3500m - 0 of pods, rounded down, and 7000 MB.
+    entries = slurm.core.nodes["slinky-0"]
+    assert set(entries) == {"k8s:beyond-allocatable"}
+    assert entries["k8s:beyond-allocatable"][:2] == (500, 1000 << 20)
+    assert slurm.counts("slinky-0") == (3, 7000)
     cache.event("nodes", "MODIFIED", dict(small, status={"allocatable": {"cpu": "4",
                                                                           "memory": "8000Mi"}}))
     rec.cycle()
     assert not rec.last.over_allocatable and len(rec.events.posted) == 1
+    assert not slurm.core.nodes.get("slinky-0") and slurm.counts("slinky-0") == (4, 8000)
 
 
 # ----------------------------------------------------------------- moves
