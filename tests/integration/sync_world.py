@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -317,3 +318,28 @@ def pending_while(slurm, api, job, pod, seconds, node="n1"):
             p = exists(api, pod)
             assert p is not None and p.spec.node_name == node
         time.sleep(0.3)
+
+
+def status_writes(admin) -> float:
+    """The API server's own count of the GenericNode status writes it served
+    (apiserver_request_total), whoever made them."""
+    client = admin.core.api_client
+    resp = client.call_api(*client.param_serialize("GET", "/metrics",
+                                                   auth_settings=["BearerToken"]))
+    resp.read()
+    return sum(float(v) for labels, v in re.findall(
+        r'^apiserver_request_total\{([^}]*)\} (\S+)$', resp.data.decode(), re.M)
+        if all(f in labels for f in ('resource="genericnodes"', 'subresource="status"',
+                                     'verb="PATCH"')))
+
+
+SLINKY = ('worker_pods = "slinky"\nworker_namespace = "slurm"\n')
+
+
+def slinky_worker(api, name, node, slurm_node, cpu="4"):
+    """A worker pod as Slinky's slurm-operator labels it, bound to `node`
+    (as its StatefulSet's pod would be once placed)."""
+    ensure_namespace(api, "slurm")
+    return bound_pod(api, node, cpu, "1000Mi", name=name, ns="slurm", labels={
+        "app.kubernetes.io/name": "slurmd", "app.kubernetes.io/component": "worker",
+        "nodeset.slinky.slurm.net/pod-hostname": slurm_node})

@@ -40,11 +40,12 @@ from pyk8sres.policy import departures  # noqa: E402
 from pyk8sres.policy import quantities  # noqa: E402
 from pyk8sres.testbed import cluster as slurm_cluster  # noqa: E402
 from pyk8sres.testbed import hybrid  # noqa: E402
-from sync_world import (GROUP, NODE_CPUS, NODE_MEM, PLURAL, VERSION, Api, Daemon, allocated,  # noqa: E402
-                        as_coordinator, bound_pod, clean, coordinator_kubeconfig, delete_pod,
-                        done, ensure_namespace, exists, generic_node, held, job_state, k8s_node,
-                        new_pod, node_ready, pending_while, running, sbatch, scheduled_pod, used,
-                        wait_for, wait_used)
+from ground_truth import over_capacity  # noqa: E402
+from sync_world import (GROUP, NODE_CPUS, NODE_MEM, PLURAL, SLINKY, VERSION, Api, Daemon,  # noqa: E402
+                        allocated, as_coordinator, bound_pod, clean, coordinator_kubeconfig,
+                        delete_pod, done, ensure_namespace, exists, generic_node, held, job_state, k8s_node,
+                        new_pod, node_ready, pending_while, running, sbatch, scheduled_pod,
+                        slinky_worker, status_writes, used, wait_for, wait_used)
 
 BASE_PORT = port(27300)     # slurmctld, then one per slurmd
 KILL_WAIT = 8            # seconds a cancelled job's processes may outlive SIGTERM
@@ -317,19 +318,6 @@ def test_generic_nodes_within_a_write_budget_still_end_true(slurm, api, daemon):
     wait_used(slurm, (0, 0), "n2")
     wait_for(lambda: all(allocated(api, n)["Kubernetes"] == {"cpu": "0", "memory": "0"}
                          for n in ("n1", "n2")), 20, "GenericNodes back to nothing")
-
-
-def status_writes(admin) -> float:
-    """The API server's own count of the GenericNode status writes it served
-    (apiserver_request_total), whoever made them."""
-    client = admin.core.api_client
-    resp = client.call_api(*client.param_serialize("GET", "/metrics",
-                                                   auth_settings=["BearerToken"]))
-    resp.read()
-    return sum(float(v) for labels, v in re.findall(
-        r'^apiserver_request_total\{([^}]*)\} (\S+)$', resp.data.decode(), re.M)
-        if all(f in labels for f in ('resource="genericnodes"', 'subresource="status"',
-                                     'verb="PATCH"')))
 
 
 def test_a_burst_on_one_node_is_one_generic_node_write_per_interval(slurm, api, daemon):
@@ -631,18 +619,6 @@ def test_a_node_that_loses_its_mapping_keeps_its_pods_share(slurm, api, daemon, 
     wait_for(lambda: job_state(slurm, job)[0] == "RUNNING", 20, "the job, once the pod is gone")
 
 
-SLINKY = ('worker_pods = "slinky"\nworker_namespace = "slurm"\n')
-
-
-def slinky_worker(api, name, node, slurm_node, cpu="4"):
-    """A worker pod as Slinky's slurm-operator labels it, bound to `node`
-    (as its StatefulSet's pod would be once placed)."""
-    ensure_namespace(api, "slurm")
-    return bound_pod(api, node, cpu, "1000Mi", name=name, ns="slurm", labels={
-        "app.kubernetes.io/name": "slurmd", "app.kubernetes.io/component": "worker",
-        "nodeset.slinky.slurm.net/pod-hostname": slurm_node})
-
-
 @pytest.mark.parametrize("daemon", [SLINKY], indirect=True)
 def test_worker_pods_map_their_node_without_a_map(slurm, api, daemon):
     """Slurm run by Slinky: the Kubernetes node running the worker pod of
@@ -680,3 +656,49 @@ def test_worker_pods_map_their_node_without_a_map(slurm, api, daemon):
     delete_pod(api, q)
     delete_pod(api, p)
     wait_used(slurm, (0, 0), node="n2")
+
+
+def test_slurm_capacity_beyond_allocatable_is_held(slurm, api, daemon):
+    """n1's kubelet keeps 2 CPUs and 4000 MB for the system: its allocatable
+    (6, 12000Mi) is less than Slurm shares (8, 16000).  The difference is
+    held in the ledger: pods fill the allocatable, a job asking for one CPU
+    more or for the whole Slurm node pends, and jobs + pods (ground truth)
+    never exceed it; the entry goes when allocatable rises."""
+    k8s_node(api, "n1")
+    kube = kube_calls.Kube(api.kubeconfig, None, 10)
+
+    def offer(cpu, mem):
+        api.core.patch_node_status("n1", {"status": {"allocatable": {"cpu": cpu,
+                                                                     "memory": mem}}})
+    offer("6", "12000Mi")
+    wait_used(slurm, (2, 4000))
+    pods = [scheduled_pod(api, "4", "8000Mi"), scheduled_pod(api, "2", "4000Mi")]
+    wait_used(slurm, (8, 16000))
+    small = sbatch(slurm, "-c", "1", "--mem=1000")
+    whole = sbatch(slurm, "-c", str(NODE_CPUS), f"--mem={NODE_MEM}")
+    wait_for(lambda: job_state(slurm, small) == ("PENDING", "Resources"), 20, "one CPU more")
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        assert over_capacity(slurm.env, kube, {"n1": (6, 12000)}) == []
+        assert job_state(slurm, whole)[0] == job_state(slurm, small)[0] == "PENDING"
+        time.sleep(0.3)
+    assert allocated(api, "n1")["Kubernetes"] == {"cpu": "6", "memory": "12000Mi"}
+    wait_for(lambda: generic_node(api, "n1")["status"]["capacity"] == {
+        "cpu": "6", "memory": "12000Mi"}, what="the capacity both share")
+    assert any(e.reason == "SlurmCapacityOverAllocatable" and "held" in e.message
+               for e in api.core.list_namespaced_event("default").items)
+
+    # Without pods the whole Slurm node is still more than n1 offers.
+    subprocess.run(["scancel", small], env=slurm.env, check=True)
+    for p in pods:
+        delete_pod(api, p)
+    wait_used(slurm, (2, 4000))
+    pending_while(slurm, api, whole, None, 1.5)
+    offer("8", "16000Mi")
+    wait_for(lambda: job_state(slurm, whole)[0] == "RUNNING", 20, "the whole once allocatable rose")
+    assert over_capacity(slurm.env, kube, {"n1": (8, 16000)}) == []
+    ledger = Ledger(ledger_socket_path(slurm.conf))
+    try:
+        assert "k8s:beyond-allocatable" not in ledger.show("n1")["nodes"]["n1"]["entries"]
+    finally:
+        ledger.close()
