@@ -31,7 +31,7 @@ REFUSAL_REASONS = {
 }
 DEFAULT_REFUSAL_REASON = "AdmissionRefused"
 OVERSUBSCRIBED = "Oversubscribed"
-# A Slurm node shares more than its Kubernetes node's allocatable.
+# A Slurm node shares more than its Kubernetes node's allocatable (the difference is held).
 OVER_ALLOCATABLE = "SlurmCapacityOverAllocatable"
 LEDGER_UNREACHABLE = "LedgerUnreachable"
 GPUS_FENCED = "GPUsFenced"

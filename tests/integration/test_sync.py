@@ -635,7 +635,8 @@ def test_worker_pods_map_their_node_without_a_map(slurm, api, daemon):
     wait_used(slurm, (2, 2000), node="n2")         # the pod, not the worker's 4 CPUs
     gn = wait_for(lambda: generic_node(api, k19), what=f"GenericNode {k19}")
     assert gn["spec"]["alias"] == "n2"
-    wait_for(lambda: allocated(api, k19)["Kubernetes"] == {"cpu": "2", "memory": "2000Mi"})
+    # Created, then its status written: a moment without allocatedResources.
+    wait_for(lambda: allocated(api, k19).get("Kubernetes") == {"cpu": "2", "memory": "2000Mi"})
     assert used(slurm, "n1") == (0, 0)
 
     running(api, slinky_worker(api, "slinky-dup", k20, "n2"), ns="slurm")
