@@ -148,14 +148,18 @@ class Holders:
         return {c["metadata"]["name"]: c for c in claims
                 if gpus.is_holder(c, self.state.holder_namespace)}
 
-    def sync(self, k8s_to_slurm: dict[str, str], shown: dict) -> bool:
-        """One pass; False if a write failed (retried next cycle)."""
+    def sync(self, k8s_to_slurm: dict[str, str], shown: dict,
+             pods: dict | None = None) -> bool:
+        """One pass; False if a write failed (retried next cycle).  pods:
+        Slurm node -> the indices pods counted whole-node hold there (no
+        claim shows kube-scheduler those: their holders do)."""
         if not self.state.trusted():
             return True
         shared = {s: k for k, s in k8s_to_slurm.items()}
         _, slices = self.state.snapshot()
         nodes = self.state.node_gpus(shared, shown, slices, full=True)
-        jobs = {s: slurm_gpus(shown.get(s))[1] for s in shared}
+        jobs = {s: sorted({*slurm_gpus(shown.get(s))[1], *(pods or {}).get(s, ())})
+                for s in shared}
         wanted = gpus.wanted_holders(jobs, shared, nodes)
         create, delete = gpus.holder_changes(wanted, self.existing(), self.state.ident)
         ns = self.state.holder_namespace
