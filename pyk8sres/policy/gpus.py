@@ -311,12 +311,14 @@ def whole_node_entries(entries: Mapping[str, Sequence], view: Mapping | None,
     the GPUs of a pod counted whole-node as its reserve did.  view: the
     node's last `show` view; previous: what the last `set` there listed,
     whose indices stand in while the view cannot say the count."""
+    whole = [k for k, e in entries.items() if len(e) > 2 and e[2] == usage.WHOLE_NODE_GPUS]
+    if not whole:
+        return dict(entries), True
     out = dict(entries)
     told = True
     count = view_gpu_count(view)
-    for key, e in entries.items():
-        if len(e) < 3 or e[2] != usage.WHOLE_NODE_GPUS:
-            continue
+    for key in whole:
+        e = entries[key]
         if count is not None:
             out[key] = (e[0], e[1], list(range(count))) if count else (e[0], e[1])
             continue
