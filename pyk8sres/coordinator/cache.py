@@ -31,8 +31,9 @@ class Cache:
     KINDS = ("pods", "nodes")
 
     def __init__(self, exempt: usage.Exemptions = usage.Exemptions(),
-                 node_key: str = usage.NODE_LABEL):
+                 node_key: str = usage.NODE_LABEL, whole_gpus: tuple = ()):
         self.exempt = exempt
+        self.whole_gpus = tuple(whole_gpus)   # resources whose pods hold every GPU of their node
         self.node_key = node_key
         self.lock = threading.Lock()
         self.pods: dict[str, usage.PodUsage] = {}
@@ -61,7 +62,7 @@ class Cache:
     def _pod(self, obj: Mapping) -> usage.PodUsage | workers.WorkerPod | None:
         if self.exempt.workers is not None and workers.is_worker(obj, self.exempt.workers):
             return workers.worker_pod(obj, self.exempt.workers)
-        pu = usage.pod_usage(obj, self.exempt)
+        pu = usage.pod_usage(obj, self.exempt, self.whole_gpus)
         if pu is not None and pu.error:
             old = self.pods.get(self._key(obj))
             if old is None or old.error != pu.error:
@@ -80,7 +81,7 @@ class Cache:
             else:
                 s[2].pop(key, None)
         elif sign > 0:
-            s[3][pu.uid] = usage.ledger_entry(pu)
+            s[3][pu.uid] = usage.pod_entry(pu)
         else:
             s[3].pop(pu.uid, None)
         if s[0] == 0 and s[1] == 0 and not s[2] and not s[3] and sign < 0:
@@ -235,8 +236,10 @@ class Cache:
             per_node = {n: self._node_usage(s) for n in k8s_nodes if (s := self.sums.get(n))}
             return per_node, self._healthy()
 
-    def entries(self, k8s_node: str) -> dict[str, tuple[int, int]]:
-        """Pod UID -> (millicores, bytes) of the pods bound to `k8s_node`."""
+    def entries(self, k8s_node: str) -> dict[str, tuple]:
+        """Pod UID -> (millicores, bytes) of the pods bound to `k8s_node`
+        (usage.pod_entry: a third item, WHOLE_NODE_GPUS, for a pod that
+        holds every GPU of its node)."""
         with self.lock:
             s = self.sums.get(k8s_node)
             return dict(s[3]) if s else {}

@@ -103,8 +103,11 @@ class SyncConfig:
     gpu_name_pattern: str = r"gpu-(\d+)"
     gpu_uuid_attribute: str = "uuid"
     gpu_uuids: dict = dataclasses.field(default_factory=dict)
-    # Device-plugin resources refused on shared nodes (counted, not named).
+    # Device-plugin resources (counted, not named) on shared nodes:
+    # legacy_gpu "refuse" refuses such pods there; "whole-node" admits one
+    # only with every GPU of the node reserved for it, held while it is bound.
     legacy_gpu_resources: list = dataclasses.field(default_factory=lambda: ["nvidia.com/gpu"])
+    legacy_gpu: str = "refuse"
 
 
 class ConfigError(ValueError):
@@ -143,6 +146,7 @@ def load_config(path: str | None, base: SyncConfig | None = None) -> SyncConfig:
         usage.check_node_label(out.node_key)
         exemptions_of(out)
         gpus.check_identity(gpu_identity(out))
+        gpus.check_legacy_mode(out.legacy_gpu)
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from e
     if out.reservation_grace <= out.watch_timeout + out.request_timeout:
@@ -170,6 +174,12 @@ def gpu_identity(cfg: SyncConfig) -> gpus.Identity:
                          mode=cfg.gpu_identity, attribute=cfg.gpu_index_attribute,
                          pattern=cfg.gpu_name_pattern, uuid_attribute=cfg.gpu_uuid_attribute,
                          uuids=dict(cfg.gpu_uuids))
+
+
+def whole_node_gpu_resources(cfg: SyncConfig) -> tuple[str, ...]:
+    """The resources whose pods hold every GPU of their node (none unless
+    legacy_gpu is "whole-node")."""
+    return tuple(cfg.legacy_gpu_resources) if cfg.legacy_gpu == "whole-node" else ()
 
 
 def worker_selector(cfg: SyncConfig) -> workers.Selector | None:

@@ -171,15 +171,16 @@ class GenericNodes:
         beyond = {}
         for s in set(held) | set(completing):
             shares = (held.get(s) or {}).values()
-            beyond[s] = ((sum(c for c, _ in shares), sum(m for _, m in shares)),
+            beyond[s] = ((sum(e[0] for e in shares), sum(e[1] for e in shares)),
                          completing.get(s, (0, 0)))
         self.gn_beyond = beyond
 
     def gn_note_set(self, slurm_name: str, entries: Mapping[str, tuple]) -> None:
         """The entries the reconcile just set in the ledger on a node: the
-        GPU indices of its claims' entries are the Kubernetes side of the
-        GenericNode's GPUs (what the ledger holds for the allocated claims)."""
-        self.gn_claimed[slurm_name] = gpu_rules.claim_indices(entries)
+        GPU indices of its claims' entries, and of its pods counted
+        whole-node, are the Kubernetes side of the GenericNode's GPUs (what
+        the ledger holds for them)."""
+        self.gn_claimed[slurm_name] = gpu_rules.kubernetes_indices(entries)
 
     def _gn_gpu_key(self, slurm_name: str) -> tuple | None:
         """(count, indices Slurm's jobs hold, indices the claims hold) of a

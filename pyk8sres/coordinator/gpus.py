@@ -150,16 +150,20 @@ class Holders:
                 if gpus.is_holder(c, self.state.holder_namespace)}
 
     def sync(self, k8s_to_slurm: dict[str, str], shown: dict,
-             completing: Mapping[str, Iterable[int]] | None = None) -> bool:
+             completing: Mapping[str, Iterable[int]] | None = None,
+             pods: dict | None = None) -> bool:
         """One pass; False if a write failed (retried next cycle).
         completing: Slurm node -> GPU indices of jobs completing there
-        (freed by Slurm, maybe still in use: held for them too)."""
+        (freed by Slurm, maybe still in use: held for them too); pods:
+        Slurm node -> the indices pods counted whole-node hold there (no
+        claim shows kube-scheduler those: their holders do)."""
         if not self.state.trusted():
             return True
         shared = {s: k for k, s in k8s_to_slurm.items()}
         _, slices = self.state.snapshot()
         nodes = self.state.node_gpus(shared, shown, slices, full=True)
-        jobs = {s: sorted({*slurm_gpus(shown.get(s))[1], *(completing or {}).get(s, ())})
+        jobs = {s: sorted({*slurm_gpus(shown.get(s))[1], *(completing or {}).get(s, ()),
+                           *(pods or {}).get(s, ())})
                 for s in shared}
         wanted = gpus.wanted_holders(jobs, shared, nodes)
         create, delete = gpus.holder_changes(wanted, self.existing(), self.state.ident)

@@ -28,6 +28,7 @@ import logging
 from typing import Iterable, Mapping
 
 from ..policy import departures
+from ..policy import usage
 from ..policy import moves
 
 log = logging.getLogger("pyk8sres.coordinator.holds")
@@ -57,8 +58,11 @@ class Holds:
                          "until the node is Ready again" if held.until is None else
                          "for what is left of its grace period plus a margin")
 
-    def entries(self, slurm_node: str) -> dict[str, tuple[int, int]]:
-        return {uid: (h.cpu_m, h.mem_bytes) for uid, h in self.by_node.get(slurm_node, {}).items()}
+    def entries(self, slurm_node: str) -> dict[str, tuple]:
+        """uid -> (millicores, bytes), and usage.WHOLE_NODE_GPUS after them
+        for a pod that held every GPU of its node (as usage.pod_entry)."""
+        return {uid: (h.cpu_m, h.mem_bytes) + ((usage.WHOLE_NODE_GPUS,) if h.whole_gpus else ())
+                for uid, h in self.by_node.get(slurm_node, {}).items()}
 
     def nodes(self) -> set[str]:
         return set(self.by_node)

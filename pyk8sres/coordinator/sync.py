@@ -43,6 +43,7 @@ from .allocatable import BeyondAllocatable
 from .backstop import Backstop, add_fences
 from .cache import Cache
 from .config import (ConfigError, SyncConfig, exemptions_of, fill_from_slurm_conf, gpu_identity,
+                     whole_node_gpu_resources,
                      load_config)
 from .events import Recorder
 from .generic_nodes import GenericNodes
@@ -258,7 +259,8 @@ class Reconciler(GenericNodes):
             cpu_m, mem = usage.ledger_entry(pu)
             held = departures.first_hold(cpu_m, mem, pu.node, pu.grace, pu.kill_by,
                                 states.get(pu.node, departures.ABSENT), now=now, wall=wall,
-                                margin=self.cfg.departed_margin_seconds)
+                                margin=self.cfg.departed_margin_seconds,
+                                whole_gpus=pu.whole_gpus)
             self.holds.add(where, pu.uid, held)
             changed |= where
         return changed | (self.holds.advance(states, now) if advance else set())
@@ -327,6 +329,8 @@ class Reconciler(GenericNodes):
             for name in only:
                 wanted.setdefault(name, {})
         self._add_claims(wanted, d, only)
+        # A node whose whole-node pods' GPUs cannot be told is left as it is.
+        wanted, blind = gpus.whole_node_wanted(wanted, self.ledger_nodes or {}, self.last_set)
         # Slurm's own beyond its jobs' GRES, its capacity beyond allocatable,
         # then a worker's node between pods held whole (backstop.py).
         view = self.slurm_view or {}
@@ -335,6 +339,8 @@ class Reconciler(GenericNodes):
         add_fences(wanted, self.unplaced, view)
         out = {}
         for name, entries in wanted.items():
+            if name in blind:
+                continue
             if healthy and not (d.usage.get(name) or usage.NodeUsage()).errors:
                 out[name] = (entries, self.cfg.reservation_grace)
             elif name in self.last_set:
@@ -392,7 +398,10 @@ class Reconciler(GenericNodes):
                 if not self._seed(name, entries, now):
                     self.failed = True
                     continue
-                entries = {**self.holds.entries(name), **entries}
+                entries, told = gpus.whole_node_entries({**self.holds.entries(name), **entries},
+                                                        shown.get(name), self.last_set.get(name))
+                if not told:
+                    continue
             if self.last_set.get(name) == entries and not (
                     repair and ledger.repair_needed(shown.get(name), entries)):
                 continue
@@ -477,7 +486,8 @@ class Reconciler(GenericNodes):
                 # Its grace period and node unknown: the default, counted from now.
                 self.holds.add([name], uid, departures.first_hold(
                     cpu_m, mem, k8s, departures.DEFAULT_GRACE, None, departures.READY, now=now,
-                    wall=time.time(), margin=self.cfg.departed_margin_seconds))
+                    wall=time.time(), margin=self.cfg.departed_margin_seconds,
+                    whole_gpus=len(e) > 2 and bool(e[2])))
         self.seeded.add(name)
         return True
 
@@ -536,7 +546,7 @@ class Reconciler(GenericNodes):
 # ----------------------------------------------------------------- daemon
 
 def run(cfg: SyncConfig, slurm, kube, stop: threading.Event, once: bool = False) -> int:
-    cache = Cache(exemptions_of(cfg), cfg.node_key)
+    cache = Cache(exemptions_of(cfg), cfg.node_key, whole_node_gpu_resources(cfg))
     rec = Reconciler(cfg, cache, slurm, kube,
                      ledger=slurm.Ledger(cfg.ledger_socket, timeout=cfg.request_timeout))
     rec.gpus = GpuState(gpu_identity(cfg), cfg.placeholder_namespace, cache.changed)
@@ -621,7 +631,8 @@ def keep_holders(rec: Reconciler, holders: Holders, wake: threading.Event, perio
             continue
         try:
             holders.sync(rec.last.k8s_to_slurm, rec.ledger_nodes,
-                         rec.backstop.gpus_completing())
+                         rec.backstop.gpus_completing(),
+                         {s: gpus.pod_indices(e) for s, e in dict(rec.last_set).items()})
         except Exception:
             log.exception("holder claims not synced")
 

@@ -70,6 +70,7 @@ class Admission:
         self.confirmer = confirmer if confirmer is not None else CreateConfirmer(kube, ledger)
         self.ident = gpu_identity(scope.cfg)
         self.legacy = tuple(scope.cfg.legacy_gpu_resources)
+        self.whole_node = scope.cfg.legacy_gpu == "whole-node"
 
     def decide(self, request: dict) -> admission.Allow | admission.Deny:
         return self._decide(request)[0]
@@ -97,13 +98,19 @@ class Admission:
         if not isinstance(d, admission.Reserve):
             return d, t, pod
         found = gpus.legacy_requests(t.pod if t.pod is not None else pod or {}, self.legacy)
-        if found and not d.static:
+        whole: tuple = ()
+        if found and self.whole_node:
+            whole = self._whole_node(t, d, found)
+            if isinstance(whole, admission.Deny):
+                return whole, t, pod
+        elif found and not d.static:
             return gpus.legacy_refusal(t.namespace, t.pod_name, t.node, found), t, pod
         creates = t.op == "create" and not d.static
         if creates and (left := self.confirmer.blocked_for(t.namespace)) > 0:
             return admission.phantom_refusal(t, left), t, pod
         try:
-            reply = self.ledger.reserve(d.slurm_node, d.key, d.cpu_m, d.mem_bytes)
+            reply = self.ledger.reserve(d.slurm_node, d.key, d.cpu_m, d.mem_bytes,
+                                        **({"gpus": whole} if whole else {}))
         except Exception as e:   # LedgerError (unreachable, malformed reply) or anything else
             return admission.Deny(f"pyk8sres: Slurm's ledger did not answer for node {t.node} ({e}); "
                           "no pod is placed on a shared node until it does",
@@ -114,6 +121,23 @@ class Admission:
             self.confirmer.track(t.namespace, t.pod_name, d.key, d.slurm_node, t.node,
                                  create=creates)
         return decision, t, pod
+
+    def _whole_node(self, t: admission.Target, d: admission.Reserve, found: list[str]):
+        """legacy_gpu = "whole-node": every GPU index of the node (a static
+        pod runs whatever we answer: it gets what can be read), or a Deny."""
+        try:
+            shown = self.ledger.show(d.slurm_node)
+            if not shown.get("ok"):
+                raise RuntimeError(f"ledger show: {shown.get('error')}")
+        except Exception as e:
+            if d.static:
+                return ()
+            return admission.Deny(f"pyk8sres: Slurm's ledger did not answer for node {t.node} "
+                                  f"({e}); no GPU is given on a shared node until it does",
+                                  "ledger_unreachable")
+        count, _, _ = slurm_gpus((shown.get("nodes") or {}).get(d.slurm_node))
+        got = gpus.whole_node_gpus(t.namespace, t.pod_name, t.node, found, count)
+        return () if d.static and isinstance(got, admission.Deny) else got
 
     def _decide_claim(self, request: dict):
         """A claim's allocation on a shared node: its devices' Slurm indices

@@ -114,21 +114,23 @@ class Held(NamedTuple):
     k8s_node: str
     grace: float
     until: float | None
+    whole_gpus: bool = False   # it held every GPU of its node (usage.PodUsage.whole_gpus)
 
 
 def first_hold(cpu_m: int, mem_bytes: int, k8s_node: str, grace: float,
                was_terminating_until: float | None, state: str, *, now: float,
-               wall: float, margin: float) -> Held | None:
+               wall: float, margin: float, whole_gpus: bool = False) -> Held | None:
     """The hold of a pod that just vanished without its containers seen
     gone, or None when nothing needs holding (its node is fenced).
     was_terminating_until: the deletionTimestamp seen BEFORE it vanished
-    (None for a pod never seen Terminating, e.g. a forced delete)."""
+    (None for a pod never seen Terminating, e.g. a forced delete);
+    whole_gpus: its node's GPUs are held with its share."""
     if state == FENCED:
         return None
     if state == UNREACHABLE:
-        return Held(cpu_m, mem_bytes, k8s_node, grace, None)
+        return Held(cpu_m, mem_bytes, k8s_node, grace, None, whole_gpus)
     left = grace if was_terminating_until is None else max(0.0, was_terminating_until - wall)
-    return Held(cpu_m, mem_bytes, k8s_node, grace, now + left + margin)
+    return Held(cpu_m, mem_bytes, k8s_node, grace, now + left + margin, whole_gpus)
 
 
 def next_hold(h: Held, state: str, *, now: float, margin: float) -> Held | None:

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from . import ledger
+from . import ledger, usage
 from .admission import Allow, Deny
 
 API_VERSION = "resource.k8s.io/v1"
@@ -30,6 +30,7 @@ HOLDER_LABEL = "pyk8sres.io/slurm-gpu-holder"   # value: the Kubernetes node
 HOLDER_REQUEST = "slurm"
 MODES = ("attribute", "name", "uuid")
 LEGACY_RESOURCES = ("nvidia.com/gpu",)
+LEGACY_MODES = ("refuse", "whole-node")
 
 
 @dataclass(frozen=True)
@@ -259,15 +260,14 @@ def claim_verdict(t: ClaimTarget, r: GpuReserve, reply: Mapping) -> Allow | Deny
 
 # ----------------------------------------------------------------- legacy
 
+def check_legacy_mode(mode: str) -> None:
+    if mode not in LEGACY_MODES:
+        raise ValueError(f"legacy_gpu must be one of {', '.join(LEGACY_MODES)}, not {mode!r}")
+
+
 def legacy_requests(pod: Mapping, names: Sequence[str] = LEGACY_RESOURCES) -> list[str]:
     """The legacy device-plugin resources (nvidia.com/gpu) the pod asks for."""
-    spec = pod.get("spec") or {}
-    found = set()
-    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
-        res = c.get("resources") or {}
-        for part in ("requests", "limits"):
-            found.update(n for n in (res.get(part) or {}) if n in names)
-    return sorted(found)
+    return usage.extended_requests(pod, names)
 
 
 def legacy_refusal(namespace: str, pod_name: str, node: str, found: list[str]) -> Deny:
@@ -275,6 +275,79 @@ def legacy_refusal(namespace: str, pod_name: str, node: str, found: list[str]) -
                 "with Slurm: a device plugin's GPUs are counted, not named, so Slurm's jobs "
                 "could be given the same GPU; ask for the GPU with a ResourceClaim (or a "
                 "ResourceClaimTemplate) of the GPU DeviceClass instead", "legacy_gpu")
+
+
+def whole_node_gpus(namespace: str, pod_name: str, node: str, found: list[str],
+                    count: int | None) -> tuple[int, ...] | Deny:
+    """legacy_gpu = "whole-node": the indices a pod asking for a device
+    plugin's GPUs reserves, every GPU of the node (the kubelet may give it
+    any of them); count: Slurm's gpu count there (None: Slurm counts none,
+    or it is not known)."""
+    if not count:
+        return Deny(f"pod {namespace}/{pod_name} asks for {', '.join(found)} on node {node}, "
+                    "shared with Slurm: such pods are counted as holding every GPU of the "
+                    "node, and Slurm counts no GPU there (no gpu GRES, or not known yet); "
+                    "ask for the GPU with a ResourceClaim of the GPU DeviceClass instead",
+                    "legacy_gpu")
+    return tuple(range(count))
+
+
+def view_gpu_count(view: Mapping | None) -> int | None:
+    """Slurm's gpu count of a node from its `show` view: 0 for a node
+    slurmctld knows without GPUs, None when the view cannot say."""
+    if not isinstance(view, Mapping) or view.get("unknown"):
+        return None
+    g = view.get("gpus")
+    if g is None:
+        return 0
+    c = g.get("count") if isinstance(g, Mapping) else None
+    return c if isinstance(c, int) and not isinstance(c, bool) and c >= 0 else None
+
+
+def whole_node_entries(entries: Mapping[str, Sequence], view: Mapping | None,
+                       previous: Mapping[str, Sequence] | None) -> tuple[dict, bool]:
+    """(the entries of one node, every WHOLE_NODE_GPUS put as the node's
+    indices; False when one could not be): the sync daemon's `set` holds
+    the GPUs of a pod counted whole-node as its reserve did.  view: the
+    node's last `show` view; previous: what the last `set` there listed,
+    whose indices stand in while the view cannot say the count."""
+    whole = [k for k, e in entries.items() if len(e) > 2 and e[2] == usage.WHOLE_NODE_GPUS]
+    if not whole:
+        return dict(entries), True
+    out = dict(entries)
+    told = True
+    count = view_gpu_count(view)
+    for key in whole:
+        e = entries[key]
+        if count is not None:
+            out[key] = (e[0], e[1], list(range(count))) if count else (e[0], e[1])
+            continue
+        prev = (previous or {}).get(key)
+        if prev is not None and len(prev) > 2 and prev[2]:
+            out[key] = (e[0], e[1], list(prev[2]))
+        else:
+            out[key], told = (e[0], e[1]), False
+    return out, told
+
+
+def whole_node_wanted(wanted: Mapping[str, Mapping], views: Mapping[str, Mapping],
+                      previous: Mapping[str, Mapping]) -> tuple[dict[str, dict], set[str]]:
+    """whole_node_entries of every node (Slurm node -> entries; views: the
+    last `show`; previous: the last `set` of each), and the nodes where
+    they could not be told."""
+    out, blind = {}, set()
+    for name, entries in wanted.items():
+        out[name], told = whole_node_entries(entries, views.get(name), previous.get(name))
+        if not told:
+            blind.add(name)
+    return out, blind
+
+
+def pod_indices(entries: Mapping[str, Sequence]) -> tuple[int, ...]:
+    """The GPU indices pods' own entries (keyed by pod UID: no claim, no
+    slurm: key) hold among one node's ledger entries."""
+    return tuple(sorted({i for k, e in entries.items() if ":" not in k and len(e) > 2
+                         and isinstance(e[2], (list, tuple)) for i in e[2]}))
 
 
 # ----------------------------------------------------------------- holders
@@ -368,6 +441,12 @@ def claim_indices(entries: Mapping[str, Sequence]) -> tuple[int, ...]:
     """The GPU indices the claims' entries of one node's ledger set hold."""
     return tuple(sorted({i for k, e in entries.items() if k.startswith(CLAIM_KEY_PREFIX)
                          and len(e) > 2 for i in e[2]}))
+
+
+def kubernetes_indices(entries: Mapping[str, Sequence]) -> tuple[int, ...]:
+    """The GPU indices the Kubernetes side holds in one node's ledger set:
+    the claims' and those of pods counted whole-node."""
+    return tuple(sorted({*claim_indices(entries), *pod_indices(entries)}))
 
 
 def index_ranges(indices: Sequence[int]) -> str:

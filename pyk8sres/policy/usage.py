@@ -48,11 +48,39 @@ class PodUsage:
     # and its deletionTimestamp (seconds since the epoch) once Terminating.
     grace: float = departures.DEFAULT_GRACE
     kill_by: float | None = None
+    # It asks for a device plugin's GPUs (nvidia.com/gpu) where the admin
+    # counts those whole-node (legacy_gpu = "whole-node"): it holds every
+    # GPU of its node.
+    whole_gpus: bool = False
+
+
+# In a pod's entry, for every GPU index of its node: the sync daemon puts
+# the node's indices in its place (policy/gpus.whole_node_entries) once
+# it knows how many GPUs Slurm counts there.
+WHOLE_NODE_GPUS = "whole-node"
 
 
 def ledger_entry(pu: PodUsage) -> tuple[int, int]:
     """(millicores, bytes) of a pod as the ledger counts it (rounded up)."""
     return -(-pu.cpu // 1_000_000), pu.memory
+
+
+def pod_entry(pu: PodUsage) -> tuple:
+    """The pod's entry as the sync daemon gathers it: ledger_entry, and
+    WHOLE_NODE_GPUS after it for a pod that holds every GPU of its node."""
+    return ledger_entry(pu) + ((WHOLE_NODE_GPUS,) if pu.whole_gpus else ())
+
+
+def extended_requests(pod: Mapping, names) -> list[str]:
+    """Which of the resource `names` (e.g. nvidia.com/gpu) any container or
+    init container of the pod requests or limits, sorted."""
+    spec = pod.get("spec") or {}
+    found = set()
+    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        res = c.get("resources") or {}
+        for part in ("requests", "limits"):
+            found.update(n for n in (res.get(part) or {}) if n in names)
+    return sorted(found)
 
 
 # --------------------------------------------------------------------------
@@ -138,12 +166,15 @@ def exempt_reason(pod: Mapping, ex: Exemptions) -> str | None:
     return None
 
 
-def pod_usage(pod: Mapping, exempt: Exemptions = Exemptions()) -> PodUsage | None:
+def pod_usage(pod: Mapping, exempt: Exemptions = Exemptions(),
+              whole_gpus: Iterable[str] = ()) -> PodUsage | None:
     """The usage a pod adds to its node, or None if it holds nothing.
 
     Unbound, terminal (Succeeded/Failed) and exempt pods (exempt_reason: only
     what the admin configured) hold nothing; any other pod holds
-    held_requests (its spec, or more while its kubelet runs it larger).
+    held_requests (its spec, or more while its kubelet runs it larger),
+    and every GPU of its node if it asks for one of the resources
+    `whole_gpus` (the legacy device plugin's, counted whole-node).
     """
     spec = pod.get("spec") or {}
     node = spec.get("nodeName")
@@ -162,7 +193,8 @@ def pod_usage(pod: Mapping, exempt: Exemptions = Exemptions()) -> PodUsage | Non
         return PodUsage(node=node, uid=uid, error=(
             f"pod {meta.get('namespace')}/{meta.get('name')}: {e}"), **leaving)
     return PodUsage(node=node, cpu=math.ceil(req["cpu"] * NANO), memory=math.ceil(req["memory"]),
-                    uid=uid, **leaving)
+                    uid=uid, whole_gpus=bool(whole_gpus and extended_requests(pod, whole_gpus)),
+                    **leaving)
 
 
 # --------------------------------------------------------------------------

@@ -16,19 +16,25 @@ kube-scheduler, kwok.
   on its GenericNode saying why; set right, the waiting pod runs.
 - A pod asking for nvidia.com/gpu on the shared node is refused, saying to
   use a ResourceClaim.
+- With legacy_gpu = "whole-node" (sync and webhook restarted with it) such
+  a pod is refused while a job holds one GPU of n1, admitted once none
+  does, and holds all four: holder claims name every device, a job asking
+  one GPU pends until the pod is gone.  Ground truth (`scontrol -d show
+  job` IDX) is sampled all along: no job holds a GPU of n1 while it runs.
 """
 import json
 import subprocess
 import threading
 import time
+import urllib.request
 
 import pytest
 
 from conftest_kube import hybrid_world, pick_ports, wait
-from ground_truth import Unreadable, gpu_sample
+from ground_truth import Unreadable, gpu_sample, slurm_gpus
 from local_slurm import SLURM, port, requires_slurm
 from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
-from pyk8sres.testbed import gpus
+from pyk8sres.testbed import cluster, gpus, hybrid
 
 pytestmark = requires_slurm
 GPUS = 4
@@ -274,3 +280,90 @@ def test_a_device_slurm_does_not_have_fences_the_node(world):
              timeout=40)
     cp.kubectl("delete", "pod", "fenced", "--grace-period=0", "--force", "--ignore-not-found",
                check=False)
+
+
+def ready(metrics_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def restart_coordinator(c, cp, settings: str = "") -> None:
+    """sync and the webhook again, with these more [sync] settings, both ready."""
+    for name in ("webhook", "sync"):
+        cluster.stop_process(c.work, name)
+    hybrid.start_sync(c, cp, settings=settings)
+    hybrid.start_webhook(c, cp, settings=settings)
+    wait(lambda: ready(cp.ports.sync_metrics) and ready(cp.ports.webhook_metrics),
+         "sync and webhook ready", timeout=60)
+
+
+def legacy_pod(cp, name: str):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+           # Its share (GPUs too) is held its grace period after a forced delete.
+           "spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 0, "containers": [
+               {"name": "c", "image": "busybox",
+                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
+                              "limits": {"nvidia.com/gpu": "1"}}}]}}
+    return cp.kubectl("create", "-f", "-", identity="developer", input=json.dumps(pod),
+                      check=False)
+
+
+def running(cp, name: str) -> bool:
+    r = cp.kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}", check=False)
+    return r.stdout.strip() == "Running"
+
+
+GRACE = 11.0
+SHORT_GRACE = (f"reservation_grace = {GRACE}\nwatch_timeout = 5\nrequest_timeout = 5.0\n"
+               "repair_seconds = 3.0\n")
+
+
+def test_legacy_gpu_counted_whole_node(world):
+    c, cp, _ = world
+    if not slurm_reports_gpus(c):
+        pytest.skip("the ledger does not report n1's GPUs (the Slurm side of GPU sharing "
+                    "is not in this build)")
+    # A short reservation grace (and repair period): the ledger stops
+    # keeping what the reserve gave within the test, and the sync daemon's
+    # own hold must carry on.
+    restart_coordinator(c, cp, 'legacy_gpu = "whole-node"\n' + SHORT_GRACE)
+    every = {f"gpu-{i}" for i in range(GPUS)}
+    try:
+        j1 = sbatch(c, "gpu:1")
+        wait(lambda: "JobState=RUNNING" in job_state(c, j1), f"job {j1} running")
+        r = legacy_pod(cp, "whole")
+        assert r.returncode != 0, r.stdout
+        assert "does not fit on node n1" in r.stderr and "GPU" in r.stderr, r.stderr
+        subprocess.run(["scancel", j1], env=c.env, check=True)
+        wait(lambda: not slurm_gpus(c.env).get("n1"), "job 1's GPU back")
+        # The ledger sees the job gone within its show: admitted then.
+        wait(lambda: legacy_pod(cp, "whole").returncode == 0, "the pod admitted", timeout=20)
+        admitted = time.monotonic()
+        wait(lambda: running(cp, "whole"), "the pod running")
+        wait(lambda: set(holders(cp).values()) == every, "holder claims of every device")
+        # Past the reservation grace and a repair period: what holds the GPUs
+        # now is the sync daemon's set, computed from the pod.  A job
+        # submitted now is scheduled at once if it could run.
+        time.sleep(max(0.0, admitted + GRACE + 4 - time.monotonic()))
+        j2 = sbatch(c, "gpu:1")
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            held = slurm_gpus(c.env).get("n1")
+            assert not held, f"jobs hold GPUs {held} of n1 while the whole-node pod runs"
+            time.sleep(0.3)
+        state = job_state(c, j2)
+        assert "JobState=PENDING" in state and "IDX" not in state, state
+        assert running(cp, "whole")
+        cp.kubectl("delete", "pod", "whole", "--grace-period=0", "--force", check=False)
+        wait(lambda: "JobState=RUNNING" in job_state(c, j2), "job 2 running once the pod is gone",
+             timeout=40)
+        assert "gpu:1(IDX:" in job_state(c, j2)
+        wait(lambda: len(holders(cp)) == 1, "holder claims back to job 2's one device")
+    finally:
+        subprocess.run(["scancel", "-u", "root"], env=c.env, capture_output=True)
+        cp.kubectl("delete", "pod", "whole", "--grace-period=0", "--force",
+                   "--ignore-not-found", check=False)
+        restart_coordinator(c, cp)

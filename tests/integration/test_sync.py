@@ -22,7 +22,6 @@ The control plane, the daemon and the helpers are in sync_world.py.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import tempfile

@@ -90,6 +90,7 @@ departed_margin_seconds = {{ .Values.sync.departedMarginSeconds | float64 }}
 generic_node_qps = {{ .Values.sync.genericNodeQPS | float64 }}
 generic_node_burst = {{ .Values.sync.genericNodeBurst | int }}
 generic_node_min_interval_seconds = {{ .Values.sync.genericNodeMinIntervalSeconds | float64 }}
+legacy_gpu = {{ .Values.sync.legacyGpu | quote }}
 create_crd = false
 {{- with .Values.slurm.clusterName }}
 cluster_name = {{ . | quote }}
