@@ -253,8 +253,11 @@ extern void gpu_carry_facts(node_record_t *node_ptr, const struct gpu_carried *c
 	 * (recovered UNKNOWN, or NOT_RESPONDING) may run jobs slurmctld does
 	 * not know: a job a slurmctld killed -9 had not saved runs on its
 	 * GPUs until slurmd registers and is told to kill it.  Slurm starts no
-	 * job on such a node; every GPU not ours counts as a job's until then. */
+	 * job on such a node; every GPU not ours counts as a job's until then.
+	 * So while a job completes there: Slurm freed its GPUs when it began
+	 * completing, and its processes may use them until KillWait. */
 	unknown = (node_ptr->node_state & NODE_STATE_NO_RESPOND) ||
+		  (node_ptr->node_state & NODE_STATE_COMPLETING) ||
 		  (node_ptr->node_state & NODE_STATE_BASE) == NODE_STATE_UNKNOWN;
 	for (int i = 0; i < size; i++)
 		if ((unknown || bit_test(ns->gres_bit_alloc, i)) && !_has(ours, i))

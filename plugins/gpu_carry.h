@@ -27,8 +27,8 @@ extern bool gpu_carry(node_record_t *node_ptr, const uint64_t *want,
 
 /* out[0] gpu count (0: no gpu GRES), out[1] PYK8SRES_GPU_* problem,
  * out[2..] the mask of indices jobs hold (set, and not in `carried`; on a
- * node not registered since slurmctld started or not responding, every
- * index not in `carried`). */
+ * node not registered since slurmctld started, not responding or
+ * completing a job, every index not in `carried`). */
 extern void gpu_carry_facts(node_record_t *node_ptr, const struct gpu_carried *carried,
 			    uint64_t *out);
 #endif

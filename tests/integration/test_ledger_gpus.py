@@ -26,6 +26,7 @@ from local_slurm import RELEASE, local_cluster, port, requires_slurm
 from pyk8sres import install
 from pyk8sres.coordinator.slurm import Ledger, ledger_socket_path
 from pyk8sres.testbed import faults
+from pyk8sres.testbed.stress import stepd_jobs
 
 pytestmark = requires_slurm + [
     pytest.mark.skipif(RELEASE is not None and
@@ -35,10 +36,15 @@ pytestmark = requires_slurm + [
 GPUS = 4
 
 
+# Seconds between SIGTERM and SIGKILL of a job's processes: a job that
+# ignores SIGTERM completes for this long.
+KILL_WAIT = 8
+
+
 @pytest.fixture(scope="module")
 def c(tmp_path_factory):
     yield from local_cluster(tmp_path_factory, "ledger-gpus", nodes=1, cpus=8, memory=8000,
-                             gpus=GPUS, base_port=port(18300))
+                             gpus=GPUS, base_port=port(18300), extra_conf=f"KillWait={KILL_WAIT}\n")
 
 
 def _wait(what, check, timeout=40):
@@ -177,6 +183,34 @@ def test_gpus_of_a_node_not_registered_since_a_restart_are_not_given(c):
                                                          "share": [3]}
     assert ledger.reserve("n1", "claim:new", 0, 0, gpus=[0]) == {"ok": True}
     assert ledger.release("n1", "claim:new")["ok"] and ledger.release("n1", "claim:held")["ok"]
+
+
+def test_gpus_of_a_node_completing_a_job_are_not_given(c):
+    """Slurm frees a job's GPUs when it begins completing, while its
+    processes run on until they exit or KillWait has passed (here they
+    ignore SIGTERM).  While the node completes, the ledger counts every GPU
+    pods do not hold as a job's: the job's GPU is given to no pod until its
+    processes are gone (ground truth: their slurmstepd)."""
+    path = ledger_socket_path(c.conf)
+    wait_serving(path)
+    ledger = Ledger(path, timeout=10)
+    job = sh(c, "sbatch", "--parsable", "--gres=gpu:1", "-w", "n1", "-n1", "--mem=100",
+             "--wrap", 'trap "" TERM; sleep 600').strip().split(";")[0]
+    _wait("the job running", lambda: _state(c, job)[0] == "RUNNING")
+    idx = sorted(_job_idx(c, job))
+    time.sleep(1)                  # the script's trap set
+    sh(c, "scancel", job)
+    _wait("n1 completing", lambda: "COMPLETING" in sh(c, "scontrol", "-o", "show", "node", "n1"))
+    refused = ledger.reserve("n1", "claim:completing", 0, 0, gpus=idx)
+    alive = job in stepd_jobs(c.env)
+    assert alive, f"job {job}'s processes were gone before the check"
+    assert refused.get("code") == "nofit", refused
+    assert ledger.show("n1")["nodes"]["n1"]["gpus"]["jobs"] == list(range(GPUS))
+    _wait("n1 done completing", lambda: "COMPLETING" not in sh(
+        c, "scontrol", "-o", "show", "node", "n1"), timeout=KILL_WAIT + 30)
+    assert job not in stepd_jobs(c.env)
+    assert ledger.reserve("n1", "claim:completing", 0, 0, gpus=idx) == {"ok": True}
+    assert ledger.release("n1", "claim:completing")["ok"]
 
 
 def test_a_gpu_gres_without_device_files_is_refused_not_crashed(c):
