@@ -9,8 +9,7 @@ from pyk8sres.coordinator import config, webhook
 from pyk8sres.coordinator import gpus as cgpus
 from pyk8sres.coordinator.scope import Scope
 from pyk8sres.policy import admission, gpus, usage
-from pyk8sres.testbed import gpus as fake
-from test_gpu_holders import ID, NS, GpuLedger, Recorder, SetLedger, shown
+from test_gpu_holders import GpuLedger, Recorder, SetLedger, shown, state  # noqa: F401 (a fixture)
 from test_not_ready import knode, pod as review_pod, req
 
 WHOLE = usage.WHOLE_NODE_GPUS
@@ -194,14 +193,6 @@ def reconciler(tmp_path, state, pods):
     rec = sync.Reconciler(cfg, cache, slurm, ledger=led)
     rec.gpus = state
     return rec, cache, led
-
-
-@pytest.fixture
-def state():
-    s = cgpus.GpuState(ID, NS)
-    s.replace("resourceslices", [fake.resource_slice("n1", 4)])
-    s.replace("resourceclaims", [])
-    return s
 
 
 def test_sync_holds_every_gpu_of_a_whole_node_pod_until_it_is_gone(tmp_path, state):
