@@ -71,6 +71,7 @@ _Static_assert(offsetof(slurmctld_config_t, shutdown_time) == 328, "shutdown_tim
 #define REPLY_BYTES (4 << 20)
 #define POLL_MS 100			/* how soon a change of control is seen */
 #define WATCH_MS 500			/* idle re-carry after a rebuild */
+#define SCHED_GAP_MS 500		/* between the scheduling passes we run */
 #define RETRY_LOAD_S 10			/* a journal or socket that failed */
 
 static const struct pyk8sres_core *core;
@@ -229,6 +230,29 @@ static void _resync_if_due(void)
 	}
 }
 
+/* A lowered share since the last scheduling pass we ran (this thread only). */
+static bool sched_due, sched_defer;
+static struct timespec sched_last;
+
+/* Pending jobs may fit in room a lowered share freed.  As slurmctld does when
+ * an epilog frees a node (proc_req.c): a scheduling pass now (schedule() only
+ * wakes its thread), or with SchedulerParameters=defer one once
+ * batch_sched_delay has passed; not at sched_interval or backfill.  At most
+ * one pass per SCHED_GAP_MS: a flood of releases must not keep slurmctld's
+ * scheduler (and its write locks) busy back to back; the rest wait for the
+ * next round of this thread. */
+static void _schedule_if_due(void)
+{
+	if (!sched_due || ledger_ms_since(&sched_last) < SCHED_GAP_MS)
+		return;
+	sched_due = false;
+	clock_gettime(CLOCK_MONOTONIC, &sched_last);
+	if (!sched_defer && schedule)
+		schedule(false);
+	else if (queue_job_scheduler)
+		queue_job_scheduler();
+}
+
 /* Decide one request: Python parses and journals outside slurmctld's locks,
  * then decides and applies under them.  Its reply line, in `reply`. */
 static const char *_handle(uid_t uid, const char *line)
@@ -241,7 +265,6 @@ static const char *_handle(uid_t uid, const char *line)
 	slurmctld_lock_t read_lock = { .node = READ_LOCK };
 	struct timespec start, prepared;
 	int ticket = 0, read_only = 0;
-	bool freed, defer;
 
 	reply[0] = '\0';
 	clock_gettime(CLOCK_MONOTONIC, &start);
@@ -266,19 +289,13 @@ static const char *_handle(uid_t uid, const char *line)
 			core->ledger_apply(ticket, ops.facts, ops.share,
 					   ops.node_name, ops.stats,
 					   ops.copied_changes, reply, REPLY_BYTES);
-			freed = ops.take_freed();
-			defer = xstrcasestr(slurm_conf.sched_params, "defer");
+			if (ops.take_freed()) {
+				sched_due = true;
+				sched_defer = xstrcasestr(slurm_conf.sched_params,
+							  "defer");
+			}
 			unlock_slurmctld(write_lock);
-			/* Pending jobs may fit now.  As slurmctld does when an
-			 * epilog frees a node (proc_req.c): a scheduling pass
-			 * now (schedule() only wakes its thread, which keeps
-			 * sched_min_interval between passes), or with
-			 * SchedulerParameters=defer one once batch_sched_delay
-			 * has passed; not at sched_interval or backfill. */
-			if (freed && !defer && schedule)
-				schedule(false);
-			else if (freed && queue_job_scheduler)
-				queue_job_scheduler();
+			_schedule_if_due();
 		}
 		/* Callers time out after 2 s: say where a slow answer waited. */
 		if ((took = ledger_ms_since(&start)) >= 1000)
@@ -376,6 +393,7 @@ static void *_thread(void *arg)
 			sleep(1);
 			continue;
 		}
+		_schedule_if_due();
 		if (_in_control() && ledger_ms_since(&watched) >= WATCH_MS) {
 			_watch_rebuilds();
 			clock_gettime(CLOCK_MONOTONIC, &watched);

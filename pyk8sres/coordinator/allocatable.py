@@ -64,11 +64,11 @@ class BeyondAllocatable:
         held = dict(self.held)
         for name, entries in wanted.items():
             offer = self._offer(name)
-            if offer == (None, None) and name in here:
-                entry = self.inherited.get(name)
+            entry = backstop.beyond(view.get(name), offer)
+            if name in here and None in offer and name in self.inherited:
+                entry = backstop.keep_unknown(entry, offer, self.inherited[name])
             else:
                 self.inherited.pop(name, None)
-                entry = backstop.beyond(view.get(name), offer)
             if entry is None:
                 held.pop(name, None)
                 continue
@@ -81,13 +81,14 @@ class BeyondAllocatable:
 
     def inherit(self, name: str, held: tuple[int, int] | None, entries: Mapping) -> dict:
         """The ledger held `held` under BEYOND_KEY on Slurm node `name` before
-        this process set it: the entry to keep while nothing of the offer
-        of its Kubernetes nodes is known ({} otherwise)."""
-        if (not held or backstop.BEYOND_KEY in entries or name not in self.here
-                or self._offer(name) != (None, None)):
+        this process set it: for each resource its Kubernetes nodes' offer
+        of is not known yet, what to keep of it ({} when all is known)."""
+        offer = self._offer(name)
+        if not held or name not in self.here or None not in offer:
             return {}
         self.inherited[name] = held
-        return {backstop.BEYOND_KEY: held}
+        kept = backstop.keep_unknown(entries.get(backstop.BEYOND_KEY), offer, held)
+        return {backstop.BEYOND_KEY: kept} if kept else {}
 
     def held_on(self, slurm_name: str) -> tuple[int, int]:
         """(millicores, bytes) held on a node beyond its allocatable."""

@@ -150,10 +150,12 @@ class SlurmPoller(threading.Thread):
                     log.warning("ledger show failed: %s", e)
             if self.stop_event.wait(self._period()):
                 return
-            # While the backstop holds something, every period: so that it
-            # lets go as soon as Slurm's processes are gone.
-            if (not moved and not self.rec.backstop.holding()
-                    and time.monotonic() - read_at < self.read_period):
+            # While the backstop holds something, every resync period (not
+            # at the faster pace of a waiting GPU pod): so that it lets go as
+            # soon as Slurm's processes are gone.
+            since = time.monotonic() - read_at
+            if not moved and (since < 0.9 * self.period or (
+                    not self.rec.backstop.holding() and since < self.read_period)):
                 continue
             read_at = time.monotonic()
             try:
@@ -184,6 +186,9 @@ def _gpu_jobs(view: dict | None):
 
 
 def _slurm_side(view: dict | None) -> tuple:
-    """What a node's ledger view says of Slurm (not of the pods' share)."""
+    """What a node's ledger view says of Slurm (not of the pods' share):
+    its GPU count too, which whole-node pods' holds follow."""
     view = view or {}
-    return (view.get("unknown"), view.get("capacity"), view.get("jobs"), _gpu_jobs(view))
+    gpus_view = view.get("gpus") or {}
+    return (view.get("unknown"), view.get("capacity"), view.get("jobs"), _gpu_jobs(view),
+            gpus_view.get("count"), gpus_view.get("problem"))

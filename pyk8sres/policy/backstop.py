@@ -229,3 +229,12 @@ def beyond(node, offer: Offer) -> tuple[int, int] | None:
         return None
     held = tuple(max(0, w - o) if o is not None else 0 for w, o in zip(whole, offer))
     return held if any(held) else None
+
+
+def keep_unknown(entry: tuple[int, int] | None, offer: Offer,
+                 inherited: tuple[int, int]) -> tuple[int, int] | None:
+    """A restarted sync daemon's BEYOND_KEY entry: `entry` as computed, with
+    what the ledger held before (`inherited`) for each resource whose offer
+    is not known yet (nothing is handed back that cannot be computed)."""
+    got = tuple(i if o is None else e for e, o, i in zip(entry or (0, 0), offer, inherited))
+    return got if any(got) else None

@@ -162,6 +162,28 @@ def test_a_restarted_daemon_keeps_the_entry_while_the_offer_is_unknown(world):
     assert slurm.core.nodes["n1"][KEY][:2] == (0, 1000 * MI)
 
 
+def test_a_restarted_daemon_keeps_what_it_cannot_compute_of_one_resource(world):
+    slurm, cache, rec = world
+    # Restarted while n1's status reads its CPUs only: memory as held before.
+    cache.event("nodes", "MODIFIED", kn("n1", {"cpu": "3500m"}))
+    again = sync.Reconciler(rec.cfg, cache, slurm, ledger=slurm.ledger)
+    again.cycle()
+    assert slurm.core.nodes["n1"][KEY][:2] == (500, 2000 * MI)
+    cache.event("nodes", "MODIFIED", kn("n1", {"cpu": "3500m", "memory": "8000Mi"}))
+    again.cycle()
+    assert slurm.core.nodes["n1"][KEY][:2] == (500, 0)
+
+
+@pytest.mark.parametrize("entry,offer,inherited,want", [
+    ((500, 0), (3500, None), (1000, 7), (500, 7)),      # memory not known: as held
+    (None, (None, None), (1000, 7), (1000, 7)),         # nothing known: all as held
+    ((0, 0), (4000, None), (1000, 0), None),            # nothing to hold
+    ((500, 9), (3500, 1), (1000, 7), (500, 9)),         # all known: as computed
+])
+def test_keep_unknown(entry, offer, inherited, want):
+    assert backstop.keep_unknown(entry, offer, inherited) == want
+
+
 def test_a_restarted_daemon_drops_an_entry_the_offer_no_longer_needs(world):
     slurm, cache, rec = world
     cache.event("nodes", "MODIFIED", kn("n1", {"cpu": "4", "memory": "8000Mi"}))

@@ -365,3 +365,16 @@ def test_the_poller_wakes_the_gpu_holders_when_slurms_gpu_jobs_move(world):
         assert moved.is_set() == woken, what
         assert rec.ledger_nodes is not None, what   # the holders read this view
         moved.clear()
+
+
+def test_a_gpu_count_change_is_slurms_side_moving(world):
+    """Whole-node pods hold every GPU of their node: a count Slurm changes
+    (gres.conf, reconfigure) is a change of Slurm's side, read at once."""
+    ledger, copy = world
+    copy.live["n1"] = Facts(8, 16000, 0, 0, 4)
+    poller = SlurmPoller(types.SimpleNamespace(ledger_nodes=None), 1.0, threading.Event(),
+                         LocalLedger(ledger, copy))
+    poller.ledger_moved()
+    assert not poller.ledger_moved()
+    copy.live["n1"] = Facts(8, 16000, 0, 0, 6)
+    assert poller.ledger_moved()
