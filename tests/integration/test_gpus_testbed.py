@@ -134,8 +134,10 @@ def test_checker_reports_disjoint_gpus_then_an_overlap(world):
     job, idx = sbatch_gpu(c)
     other = 1 - idx
     apart = gpu_pod(cp, "gpu-apart", other)
+    # The job is seen twice: as slurmctld shows it and through its processes.
+    seen = {job, f"{job}(processes)"}
     jobs, pods, overlaps = gpu_sample(c.env, kube)
-    assert jobs == {"n1": {idx: {job}}}
+    assert jobs == {"n1": {idx: seen}}
     assert pods == {"n1": {other: {f"default/{apart}"}}}
     assert overlaps == []
 
@@ -143,7 +145,8 @@ def test_checker_reports_disjoint_gpus_then_an_overlap(world):
     same = forced_gpu_pod(cp, "gpu-same", "n1", idx)
     jobs, pods, overlaps = gpu_sample(c.env, kube)
     assert pods == {"n1": {other: {f"default/{apart}"}, idx: {f"{FORCED_NS}/{same}"}}}
-    assert overlaps == [f"n1 gpu {idx}: jobs {job} and claims {FORCED_NS}/{same}"]
+    assert overlaps == [f"n1 gpu {idx}: jobs {','.join(sorted(seen))} and claims "
+                        f"{FORCED_NS}/{same}"]
 
     # Once that pod is gone its claim no longer counts.
     cp.kubectl("delete", "pod", "-n", FORCED_NS, "gpu-same", "--grace-period=1", "--wait=true")
