@@ -140,14 +140,20 @@ def _holding_jobs(env, restarted_at: float) -> list[str]:
     held = []
     for line in lines:
         job = re.search(r"JobId=(\d+)", line).group(1)
-        start = re.search(r"StartTime=(\S+)", line).group(1)
         if "JobState=COMPLETING" in line and job not in alive:
             continue
-        if restarted_at and job not in alive and start != "Unknown" and \
-                time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S")) < restarted_at:
+        if job not in alive and _started_before(line, restarted_at):
             continue
         held.append(line)
     return held
+
+
+def _started_before(line: str, restarted_at: float) -> bool:
+    """Did the job of a `scontrol -o show job` line start before the last
+    slurmctld restart (restarted_at, 0: none)?"""
+    start = re.search(r"StartTime=(\S+)", line).group(1)
+    return bool(restarted_at) and start != "Unknown" and \
+        time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S")) < restarted_at
 
 
 def slurm_jobs(env, nodes, restarted_at: float = 0.0) -> dict[str, list[int]]:
@@ -363,19 +369,26 @@ def job_gpus(line: str) -> dict[str, set[int]]:
     return out
 
 
-def slurm_gpus(env, restarted_at: float = 0.0) -> dict[str, dict[int, set[str]]]:
+def slurm_gpus(env, restarted_at: float = 0.0,
+               running: set[str] | None = None) -> dict[str, dict[int, set[str]]]:
     """node -> GPU index -> ids of the RUNNING jobs holding it (slurm_jobs's
     rules).  A COMPLETING job's GPUs count through its processes
     (process_gpus), not through a slurmstepd of its ID: after a kill -9 of
     slurmctld a job ID may be allocated again while the slurmstepd of its
     first run still lives (slurmd then refuses the launch, "Duplicate
     jobid", and the job completes at once without running on its new
-    GPUs), so that slurmstepd says nothing of the new IDX."""
+    GPUs), so that slurmstepd says nothing of the new IDX.  So does a job
+    started before the last restart (running: the ids whose processes run
+    now, when known): one that ended while slurmctld was down is recovered
+    RUNNING, its slurmstepd lingering to report the end, and nothing of it
+    runs on its GPUs."""
     out: dict[str, dict[int, set[str]]] = {}
     for line in _holding_jobs(env, restarted_at):
         if "JobState=RUNNING" not in line:
             continue
         job = re.search(r"JobId=(\d+)", line).group(1)
+        if running is not None and job not in running and _started_before(line, restarted_at):
+            continue
         for node, held in job_gpus(line).items():
             for i in held:
                 out.setdefault(node, {}).setdefault(i, set()).add(job)
@@ -491,7 +504,11 @@ def gpu_sample(env, kube, restarted_at: float = 0.0):
     before = bound_pods(kube)
     claims = _list_resource(kube, "resourceclaims")
     slices = _list_resource(kube, "resourceslices")
-    jobs = merge_gpus(slurm_gpus(env, restarted_at), process_gpus(env["SLURM_CONF"]))
+    # Processes first: a job recovered from before a restart whose processes
+    # ran then still runs when slurmctld is asked, or has ended.
+    procs = process_gpus(env["SLURM_CONF"])
+    running = {j.split("(")[0] for held in procs.values() for js in held.values() for j in js}
+    jobs = merge_gpus(slurm_gpus(env, restarted_at, running), procs)
     running = before.keys() & bound_pods(kube).keys()
     pods = claim_gpus(claims, slices, running)
     return jobs, pods, gpu_overlaps(jobs, pods)

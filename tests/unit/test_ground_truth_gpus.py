@@ -4,6 +4,7 @@ which index each running pod's ResourceClaim holds (its allocation mapped
 through the ResourceSlice's `index` attribute), and the GPUs both hold."""
 import os
 import sys
+import time
 
 import pytest
 
@@ -173,3 +174,23 @@ def test_a_completing_job_counts_through_its_processes_not_its_id(tmp_path, monk
     _proc(procs, 20, {"SLURM_CONF": "/c", "SLURM_JOB_ID": "9", "SLURMD_NODENAME": "n1",
                       "SLURM_JOB_GPUS": "0"})
     assert G.process_gpus("/c", str(procs)) == {"n1": {0: {"9(processes)"}}}
+
+
+def test_a_job_recovered_from_before_a_restart_counts_only_while_it_runs(tmp_path, monkeypatch):
+    """Job 1 ended while slurmctld was down (killed -9 before it saved the
+    end): recovered RUNNING on GPUs 0-1, its slurmstepd lingering to report
+    the end, nothing of it running.  It holds them only while its
+    processes run; a job started after the restart counts as Slurm says."""
+    lines = ["JobId=1 JobName=wrap JobState=RUNNING Reason=None StartTime=2026-12-07T21:10:11 "
+             "NodeList=n2 Nodes=n2 CPU_IDs=0 Mem=100 GRES=gpu:2(IDX:0-1),k8scpu(CNT:1)",
+             "JobId=2 JobName=wrap JobState=RUNNING Reason=None StartTime=2026-12-07T21:10:30 "
+             "NodeList=n2 Nodes=n2 CPU_IDs=1 Mem=100 GRES=gpu:1(IDX:2),k8scpu(CNT:1)"]
+    fake = tmp_path / "scontrol"
+    fake.write_text("#!/bin/sh\n" + "".join(f"echo '{x}'\n" for x in lines))
+    fake.chmod(0o755)
+    monkeypatch.setattr(G, "stepd_jobs", lambda env: {"1", "2"})
+    restarted = time.mktime(time.strptime("2026-12-07T21:10:17", "%Y-%m-%dT%H:%M:%S"))
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    assert G.slurm_gpus(env, restarted, running=set()) == {"n2": {2: {"2"}}}
+    assert G.slurm_gpus(env, restarted, running={"1"}) == {"n2": {0: {"1"}, 1: {"1"}, 2: {"2"}}}
+    assert G.slurm_gpus(env) == {"n2": {0: {"1"}, 1: {"1"}, 2: {"2"}}}
