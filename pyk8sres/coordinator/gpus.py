@@ -105,6 +105,11 @@ class GpuState:
             return (list(self.objs["resourceclaims"].values()),
                     list(self.objs["resourceslices"].values()))
 
+    def claims(self) -> list[dict]:
+        """The claims alone (the poller's check, every fast period)."""
+        with self.lock:
+            return list(self.objs["resourceclaims"].values())
+
     def node_gpus(self, shared: dict[str, str], shown: dict, slices: list[dict],
                   full: bool = False) -> dict[str, gpus.NodeGpus]:
         """Kubernetes node -> its mapped devices (shared: Slurm node ->

@@ -133,8 +133,7 @@ class SlurmPoller(threading.Thread):
         state = getattr(self.rec, "gpus", None)
         if state is None or self.follower is None:
             return self.period
-        claims, _ = state.snapshot()
-        return gpus.poll_period(self.period, claims, state.holder_namespace,
+        return gpus.poll_period(self.period, state.claims(), state.holder_namespace,
                                 self.follower.nodes)
 
     def run(self) -> None:
@@ -190,5 +189,5 @@ def _slurm_side(view: dict | None) -> tuple:
     its GPU count too, which whole-node pods' holds follow."""
     view = view or {}
     gpus_view = view.get("gpus") or {}
-    return (view.get("unknown"), view.get("capacity"), view.get("jobs"), _gpu_jobs(view),
+    return (view.get("unknown"), view.get("capacity"), view.get("jobs"), gpus_view.get("jobs"),
             gpus_view.get("count"), gpus_view.get("problem"))
