@@ -78,14 +78,7 @@ class Handover:
 
     def pod(self, name: str) -> None:
         """Pod `name` on n1 whose claim (a ResourceClaimTemplate) asks all GPUs."""
-        resources = {"requests": {"cpu": "100m", "memory": "64Mi"}, "claims": [{"name": "gpu"}]}
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "namespace": "default"},
-               "spec": {"nodeSelector": {"kubernetes.io/hostname": "n1"},
-                        "terminationGracePeriodSeconds": 0,
-                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-                        "containers": [{"name": "c", "image": "busybox",
-                                        "resources": resources}]}}
+        pod = gpus.gpu_pod(name, name, "n1", grace=0)
         self.cp.kubectl("create", "-f", "-", input=json.dumps(
             {"apiVersion": "v1", "kind": "List",
              "items": [gpus.claim_template(name, GPUS), pod]}))

@@ -65,3 +65,19 @@ def claim_template(name: str, count: int = 1, namespace: str = "default") -> dic
             "spec": {"spec": {"devices": {"requests": [
                 {"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS,
                                             "count": count}}]}}}}
+
+
+def gpu_pod(name: str, template: str, node: str | None = None, namespace: str = "default",
+            grace: int | None = None, labels: dict | None = None) -> dict:
+    """A pod whose one claim comes from ResourceClaimTemplate `template`,
+    pinned to `node` when given (its hostname label, as a user pins one);
+    grace: its terminationGracePeriodSeconds (None: the API's default)."""
+    resources = {"requests": {"cpu": "100m", "memory": "64Mi"}, "claims": [{"name": "gpu"}]}
+    spec: dict = {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                  "containers": [{"name": "c", "image": "busybox", "resources": resources}]}
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
+    meta = {"name": name, "namespace": namespace, **({"labels": labels} if labels else {})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}

@@ -271,7 +271,7 @@ class Churn:
     def _sample(self):
         """One sample from ground truth; one that cannot read Slurm or the
         API server is recorded, never counted as clean."""
-        t0 = time.monotonic()
+        t0, since = time.monotonic(), self.ctld_restarted_at
         try:
             over = self.over(self)
             pods = kube_calls.list_pods(self.kube, NAMESPACE)
@@ -280,6 +280,10 @@ class Churn:
             return
         except (kube_calls.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
             self._not_sampled("kubernetes", t0, f"list pods: {type(e).__name__}: {e}"[:300])
+            return
+        if self.ctld_restarted_at != since:
+            # Jobs recovered from before the restart were not told apart.
+            self._not_sampled("slurm", t0, "slurmctld restarted during the sample")
             return
         if over and not self.first_violation:
             try:

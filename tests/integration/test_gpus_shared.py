@@ -64,11 +64,7 @@ def holders(cp) -> dict[str, str]:
 
 def gpu_pod(cp, name: str, count: int) -> None:
     """Pod `name` on n1 with a claim for `count` GPUs (a ResourceClaimTemplate)."""
-    resources = {"requests": {"cpu": "100m", "memory": "64Mi"}, "claims": [{"name": "gpu"}]}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-           "spec": {"nodeSelector": {"kubernetes.io/hostname": "n1"},
-                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-                    "containers": [{"name": "c", "image": "busybox", "resources": resources}]}}
+    pod = gpus.gpu_pod(name, name, "n1")
     cp.kubectl("create", "-f", "-", identity="developer", input=json.dumps(
         {"apiVersion": "v1", "kind": "List", "items": [gpus.claim_template(name, count), pod]}))
 
@@ -251,11 +247,25 @@ def test_gpus_apart_device_by_device(world):
     assert sampler.overlaps == []
 
 
+def n1_gpus_free(c, cp) -> bool:
+    """No job, pod or holder claim has any of n1's GPUs, as the ledger and
+    the API server say: the tests before leave n1 at once, not waiting for
+    its GPUs to come back (a force-deleted pod's stay held its grace
+    period)."""
+    shown = (Ledger(ledger_socket_path(c.conf)).show("n1").get("nodes") or {}).get("n1") or {}
+    g = shown.get("gpus") or {}
+    return not (g.get("jobs") or g.get("share") or holders(cp))
+
+
 def test_a_device_slurm_does_not_have_fences_the_node(world):
     """A fifth device published for n1 (Slurm has four): n1's GPUs are
     fenced, every device held for Slurm, a claim there pends; the slice
     set right again lifts the fence."""
     c, cp, _ = world
+    # Free first: the pod is to run once the fence lifts, and a claim
+    # deleted with the pods before wakes no waiting pod (kube-scheduler's
+    # DynamicResources retries on claims added and updated only).
+    wait(lambda: n1_gpus_free(c, cp), "n1's GPUs free of the tests before", timeout=60)
     good = gpus.resource_slice("n1", GPUS)
     bad = gpus.resource_slice("n1", GPUS + 1)
     bad["spec"]["pool"]["generation"] = 2

@@ -74,11 +74,7 @@ def gpu_pod(cp, name: str, index: int) -> str:
     template = gpus.claim_template(name)
     template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
         {"cel": {"expression": f'device.attributes["{gpus.DRIVER}"].index == {index}'}}]
-    resources = {"requests": {"cpu": "100m", "memory": "64Mi"}, "claims": [{"name": "gpu"}]}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-           "spec": {"nodeSelector": {"kubernetes.io/hostname": "n1"},
-                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-                    "containers": [{"name": "c", "image": "busybox", "resources": resources}]}}
+    pod = gpus.gpu_pod(name, name, "n1")
     cp.kubectl("create", "-f", "-", identity="developer",
                input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [template, pod]}))
 
