@@ -170,13 +170,23 @@ def get_node(name: str) -> SlurmNode:
     return node_from_line(out.strip().splitlines()[0])
 
 
-def jobs_on(name: str) -> frozenset:
-    """The IDs of the jobs Slurm lists on node `name` in any state but
-    pending (running, completing, suspended...): those whose processes may
-    run there.  -a: hidden partitions' and other groups' too."""
-    out = run("squeue", "-h", "-a", "-w", name, "-o", "%A %t")
-    return frozenset(f[0] for line in out.splitlines()
-                     if len(f := line.split()) == 2 and f[1] != "PD")
+def jobs_on_nodes(names) -> dict[str, frozenset]:
+    """Per node of `names`, the IDs of the jobs Slurm lists there in any
+    state but pending (running, completing, suspended...): those whose
+    processes may run there.  One squeue for them all; -a: hidden
+    partitions' and other groups' too."""
+    out: dict[str, set] = {n: set() for n in names}
+    if not out:
+        return {}
+    text = run("squeue", "-h", "-a", "-w", ",".join(sorted(out)), "-o", "%A %t %N")
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) != 3 or f[1] == "PD":
+            continue
+        for node in expand_hostlist(f[2]):
+            if node in out:
+                out[node].add(f[0])
+    return {n: frozenset(jobs) for n, jobs in out.items()}
 
 
 def cluster_name() -> str:

@@ -186,9 +186,11 @@ class Reconciler(GenericNodes):
         from another node now and did in the last cycle, which counted that
         node's pods there (counted: its Slurm node -> Kubernetes node, {}
         when it was not trusted or a write failed).  Slurm is read only while
-        a move waits: the node when the view is older than the move, its jobs
-        when it is busy and changed (or slurm_read_seconds passed)."""
-        for key, left in list(self.holds.moves.items()):
+        a move waits: the node when the view is older than the move, the
+        jobs of the busy ones that changed (or slurm_read_seconds passed),
+        all in one squeue."""
+        checks = {}
+        for key, left in self.holds.moves.items():
             k, s = key
             if s not in self.worker_nodes:
                 continue      # a host's mapping changed: its slurmd did not move
@@ -202,15 +204,18 @@ class Reconciler(GenericNodes):
                     node, at = self.slurm.get_node(s), now
                 except Exception as e:
                     log.warning("cannot read Slurm node %s: %s", s, e)
-            jobs = None
-            if moves.wants_jobs(left, node, at) and (
-                    left.jobs is None or node is not old
-                    or now - jobs_at >= self.cfg.slurm_read_seconds):
-                try:
-                    jobs, jobs_at = self.slurm.jobs_on(s), now
-                except Exception as e:   # kept: never released on missing data
-                    log.warning("cannot read the jobs on Slurm node %s: %s", s, e)
-            self.move_checks[key] = (node, at, jobs_at)
+            wants = moves.wants_jobs(left, node, at) and (
+                left.jobs is None or node is not old
+                or now - jobs_at >= self.cfg.slurm_read_seconds)
+            checks[key] = (node, at, jobs_at, wants)
+        read, read_at = self._jobs_on({key[1] for key, c in checks.items() if c[3]})
+        for key, (node, at, jobs_at, wants) in checks.items():
+            k, s = key
+            left = self.holds.moves.get(key)
+            if left is None:
+                continue
+            jobs = read.get(s) if wants else None    # None: kept, never released on it
+            self.move_checks[key] = (node, at, read_at if jobs is not None else jobs_at)
             placed = (s not in self.unplaced and s in self.last_set
                       and counted.get(s) not in (None, k)
                       and (self.shared or {}).get(s) == counted.get(s))
@@ -221,6 +226,17 @@ class Reconciler(GenericNodes):
                 self.holds.moves[key] = new
         for key in set(self.move_checks) - set(self.holds.moves):
             del self.move_checks[key]
+
+    def _jobs_on(self, nodes: set) -> tuple[dict, float]:
+        """(Slurm node -> its jobs, when read) for the nodes whose moves
+        wait on them, in one read; {} when none or the read failed."""
+        if not nodes:
+            return {}, 0.0
+        try:
+            return self.slurm.jobs_on_nodes(nodes), time.monotonic()
+        except Exception as e:
+            log.warning("cannot read the jobs on Slurm nodes %s: %s", sorted(nodes), e)
+            return {}, 0.0
 
     def idle_cycle_due(self) -> bool:
         """With no event since the last cycle: is a cycle over every node

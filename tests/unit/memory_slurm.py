@@ -69,8 +69,8 @@ class SlurmWorld:
     def get_node(self, name):
         return self.nodes[name]
 
-    def jobs_on(self, name):
-        return frozenset(self.jobs.get(name, ()))
+    def jobs_on_nodes(self, names):
+        return {n: frozenset(self.jobs.get(n, ())) for n in names}
 
     def completing_allocations(self):
         return dict(self.completing), dict(getattr(self, "completing_gpus", {}))

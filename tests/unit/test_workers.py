@@ -611,9 +611,9 @@ def test_a_moved_workers_old_pods_count_while_its_jobs_cannot_be_read(world):
     slurm, cache, rec = world
     moved(slurm, cache, rec, job="7")
 
-    def unreadable(name):
+    def unreadable(names):
         raise slurm_calls.SlurmError("squeue: timed out")
-    slurm.jobs_on = unreadable
+    slurm.jobs_on_nodes = unreadable
     slurm.nodes["slinky-0"] = dataclasses.replace(slurm.nodes["slinky-0"], alloc_cpus=2)
     for _ in range(2):
         rec.cycle()
@@ -680,3 +680,18 @@ def test_a_move_waiting_while_the_pods_are_not_trusted_asks_no_cycle_after_cycle
         rec.cycle()
         assert cache.take_dirty() == set()
     assert rec.holds.moves
+
+
+def test_jobs_on_nodes_reads_every_waiting_node_in_one_squeue(monkeypatch):
+    calls = []
+    out = ["7 R slinky-[0-1]", "8 CG slinky-1", "9 PD (null)", "10 S slinky-0,other",
+           "11 R other", "garbled"]
+
+    def run(*argv, **kw):
+        calls.append(argv)
+        return "\n".join(out)
+    monkeypatch.setattr(slurm_calls, "run", run)
+    assert slurm_calls.jobs_on_nodes({"slinky-0", "slinky-1", "slinky-2"}) == {
+        "slinky-0": {"7", "10"}, "slinky-1": {"7", "8"}, "slinky-2": frozenset()}
+    assert len(calls) == 1 and calls[0][calls[0].index("-w") + 1] == "slinky-0,slinky-1,slinky-2"
+    assert slurm_calls.jobs_on_nodes(set()) == {} and len(calls) == 1
