@@ -6,8 +6,10 @@ Kubernetes keeps the pods of a node within its allocatable; Slurm's jobs
 may use all of the Slurm node's k8scpu/k8smemory.  Where the second is
 larger, the difference is one more entry in that node's ledger
 (backstop.BEYOND_KEY), next to the pods': jobs + pods never exceed
-allocatable.  It follows the mapping (a node unmapped carries none) and
-the node's status (allocatable rising shrinks it); a status whose
+allocatable.  It follows the Kubernetes nodes whose pods count on the
+Slurm node: the mapped ones, and one that lost its mapping (or its Node
+object) while its pods count where they were, with its last allocatable
+known; and their status (allocatable rising shrinks it).  A status whose
 allocatable is missing or unparsable keeps the last one known (fail
 closed: nothing handed back on missing data).
 """
@@ -38,8 +40,11 @@ class BeyondAllocatable:
 
     def note_nodes(self, k8s_nodes: Mapping[str, Mapping]) -> None:
         """A full cycle's Kubernetes nodes (slim, with their allocatable):
-        what each offers, as far as is known.  A node gone forgets it."""
-        known, unreadable = {}, set()
+        what each offers, as far as is known.  A node gone forgets it, once
+        no Slurm node counts its pods any more."""
+        counted = {k for ks in self.here.values() for k in ks}
+        known = {k: o for k, o in self.known.items() if k in counted and k not in k8s_nodes}
+        unreadable = set()
         for k, n in k8s_nodes.items():
             offer = backstop.offered(n)
             known[k] = backstop.known_offer(offer, self.known.get(k))
@@ -57,9 +62,9 @@ class BeyondAllocatable:
     def add(self, wanted: dict[str, dict], here: Mapping[str, tuple[str, ...]],
             view: Mapping) -> None:
         """Add the entry to each node of `wanted` (Slurm node -> entries)
-        whose mapped Kubernetes nodes offer less than its Slurm capacity;
-        here: Slurm node -> the Kubernetes nodes mapped to it, view: Slurm
-        node -> SlurmNode."""
+        whose Kubernetes nodes offer less than its Slurm capacity; here:
+        Slurm node -> the Kubernetes nodes whose pods count on it, view:
+        Slurm node -> SlurmNode."""
         self.here = here
         held = dict(self.held)
         for name, entries in wanted.items():

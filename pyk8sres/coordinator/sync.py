@@ -227,6 +227,16 @@ class Reconciler(GenericNodes):
         for key in set(self.move_checks) - set(self.holds.moves):
             del self.move_checks[key]
 
+    def _counted_here(self, d: usage.Desired) -> dict[str, tuple[str, ...]]:
+        """Slurm node -> the Kubernetes nodes whose pods count on it: those
+        mapped to it, and those that lost their mapping while their pods
+        count where they were (their allocatable bounds it as before)."""
+        out = {s: set(ks) for s, ks in d.here.items()}
+        for k, kept in self.holds.sticky.items():
+            for s in kept:
+                out.setdefault(s, set()).add(k)
+        return {s: tuple(sorted(ks)) for s, ks in out.items()}
+
     def _jobs_on(self, nodes: set) -> tuple[dict, float]:
         """(Slurm node -> its jobs, when read) for the nodes whose moves
         wait on them, in one read; {} when none or the read failed."""
@@ -351,7 +361,7 @@ class Reconciler(GenericNodes):
         # then a worker's node between pods held whole (backstop.py).
         view = self.slurm_view or {}
         self.backstop.add(wanted, view, self.ledger_nodes or {})
-        self.allocatable.add(wanted, d.here, view)
+        self.allocatable.add(wanted, self._counted_here(d), view)
         add_fences(wanted, self.unplaced, view)
         out = {}
         for name, entries in wanted.items():

@@ -138,17 +138,27 @@ def test_allocatable_missing_or_unparsable_keeps_the_last_known(world, status):
     assert slurm.core.nodes["n1"][KEY][:2] == (0, 2000 * MI)
 
 
-def test_the_entry_goes_with_the_mapping(world):
+def test_the_entry_follows_the_nodes_whose_pods_count_there(world):
     slurm, cache, rec = world
-    # n1 mapped by its label to the Slurm node n2 now, and to n1 no more.
+    # n1 mapped by its label to the Slurm node n2 now: its pod's containers
+    # did not move, they count on both, and so does n1's allocatable.
     cache.event("nodes", "MODIFIED",
                 kn("n1", {"cpu": "3", "memory": "6000Mi"}, **{rec.cfg.node_key: "n2"}))
     rec.cycle()
-    assert KEY not in slurm.core.nodes["n1"]
-    assert slurm.core.nodes["n2"][KEY][:2] == (1000, 2000 * MI)
+    for s in ("n1", "n2"):
+        assert slurm.core.nodes[s][KEY][:2] == (1000, 2000 * MI) and "uid-a" in slurm.core.nodes[s]
+    # Its Node object deleted while the pod runs: its last allocatable still bounds both.
     cache.event("nodes", "DELETED", kn("n1"))
     rec.cycle()
-    assert KEY not in slurm.core.nodes.get("n2", {})
+    for s in ("n1", "n2"):
+        assert slurm.core.nodes[s][KEY][:2] == (1000, 2000 * MI)
+    # The pod gone, nothing of n1 counts anywhere: neither does its allocatable.
+    cache.event("pods", "DELETED", pod("a", "n1", phase="Succeeded"))
+    rec.cycle()
+    assert not rec.holds.sticky
+    assert all(KEY not in slurm.core.nodes.get(s, {}) for s in ("n1", "n2"))
+    rec.cycle()                                   # and its offer is forgotten
+    assert "n1" not in rec.allocatable.known
 
 
 def test_a_restarted_daemon_keeps_the_entry_while_the_offer_is_unknown(world):
