@@ -67,6 +67,10 @@ class Holds:
     def nodes(self) -> set[str]:
         return set(self.by_node)
 
+    def k8s_nodes_on(self, slurm_node: str) -> set[str]:
+        """The Kubernetes nodes the pods held on `slurm_node` left."""
+        return {h.k8s_node for h in self.by_node.get(slurm_node, {}).values()}
+
     def k8s_nodes(self) -> set[str]:
         """The Kubernetes nodes the held pods left."""
         return {h.k8s_node for held in self.by_node.values() for h in held.values()}

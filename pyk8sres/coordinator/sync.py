@@ -181,12 +181,15 @@ class Reconciler(GenericNodes, WorkerMoves):
 
     def _counted_here(self, d: usage.Desired) -> dict[str, tuple[str, ...]]:
         """Slurm node -> the Kubernetes nodes whose pods count on it: those
-        mapped to it, and those that lost their mapping while their pods
-        count where they were (their allocatable bounds it as before)."""
+        mapped to it, those that lost their mapping while their pods count
+        where they were, and those whose departed pods are held there (their
+        allocatable bounds it as before)."""
         out = {s: set(ks) for s, ks in d.here.items()}
         for k, kept in self.holds.sticky.items():
             for s in kept:
                 out.setdefault(s, set()).add(k)
+        for s in self.holds.nodes():
+            out.setdefault(s, set()).update(self.holds.k8s_nodes_on(s))
         return {s: tuple(sorted(ks)) for s, ks in out.items()}
 
     def idle_cycle_due(self) -> bool:

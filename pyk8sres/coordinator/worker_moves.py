@@ -3,9 +3,11 @@ Kubernetes node for another, the pods of the node it left keep counting
 on its Slurm node until it is placed again and no job that ran beside them
 is left there (policy/moves.py says when; holds.py keeps their state).
 
-A mixin of sync.Reconciler, run on its thread: Slurm is read only while a
-move waits (slurm.py: the node, and the jobs of every waiting node in one
-squeue).
+A mixin of sync.Reconciler, run on its thread, on the Reconciler's state:
+holds (holds.py), move_checks (each move's last node, view time and jobs
+read time: moves.step's inputs), worker_nodes, unplaced, last_set and
+shared, cfg and slurm.  Slurm is read only while a move waits (slurm.py:
+the node, and the jobs of every waiting node in one squeue).
 """
 
 from __future__ import annotations
@@ -69,11 +71,22 @@ class WorkerMoves:
 
     def _jobs_on(self, nodes: set) -> tuple[dict, float]:
         """(Slurm node -> its jobs, when read) for the nodes whose moves
-        wait on them, in one read; {} when none or the read failed."""
+        wait on them: one read for them all, else one each (squeue refuses
+        the lot for a name it does not know: a node deleted meanwhile).  A
+        node whose read failed is left out: its move is kept."""
+        now = time.monotonic()
         if not nodes:
-            return {}, 0.0
+            return {}, now
         try:
-            return self.slurm.jobs_on_nodes(nodes), time.monotonic()
+            return self.slurm.jobs_on_nodes(nodes), now
         except Exception as e:
-            log.warning("cannot read the jobs on Slurm nodes %s: %s", sorted(nodes), e)
-            return {}, 0.0
+            if len(nodes) == 1:
+                log.warning("cannot read the jobs on Slurm node %s: %s", *nodes, e)
+                return {}, now
+        out: dict = {}
+        for name in sorted(nodes):
+            try:
+                out.update(self.slurm.jobs_on_nodes({name}))
+            except Exception as e:
+                log.warning("cannot read the jobs on Slurm node %s: %s", name, e)
+        return out, now

@@ -161,6 +161,20 @@ def test_the_entry_follows_the_nodes_whose_pods_count_there(world):
     assert "n1" not in rec.allocatable.known
 
 
+def test_a_deleted_nodes_pods_held_after_they_left_keep_its_entry(world):
+    """Node n1 deleted, then its pod force-deleted (as the pod garbage
+    collector does): the pod's share is held its grace period, and n1's
+    last allocatable still bounds the Slurm node meanwhile."""
+    slurm, cache, rec = world
+    cache.event("nodes", "DELETED", kn("n1"))
+    rec.cycle()
+    cache.event("pods", "DELETED", pod("a", "n1", "1", "1000Mi"))
+    rec.cycle()
+    assert "uid-a" in slurm.core.nodes["n1"]
+    assert slurm.core.nodes["n1"][KEY][:2] == (1000, 2000 * MI)
+    assert slurm.counts("n1") == (2, 5000)
+
+
 def test_a_restarted_daemon_keeps_the_entry_while_the_offer_is_unknown(world):
     slurm, cache, rec = world
     cache.event("nodes", "MODIFIED", knode("n1"))

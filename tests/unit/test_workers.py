@@ -695,3 +695,23 @@ def test_jobs_on_nodes_reads_every_waiting_node_in_one_squeue(monkeypatch):
         "slinky-0": {"7", "10"}, "slinky-1": {"7", "8"}, "slinky-2": frozenset()}
     assert len(calls) == 1 and calls[0][calls[0].index("-w") + 1] == "slinky-0,slinky-1,slinky-2"
     assert slurm_calls.jobs_on_nodes(set()) == {} and len(calls) == 1
+
+
+def test_a_node_squeue_does_not_know_fails_only_its_own_read(world):
+    """squeue -w refuses every name for one it does not know (a node
+    deleted meanwhile): each node is read alone then, and only that one's
+    move is kept unread."""
+    slurm, _, rec = world
+    read = slurm.jobs_on_nodes
+    calls = []
+
+    def jobs_on_nodes(names):
+        calls.append(set(names))
+        if "gone" in names:
+            raise slurm_calls.SlurmError("squeue: error: Invalid node name specified")
+        return read(names)
+    slurm.jobs["slinky-0"] = {"7"}
+    rec.slurm.jobs_on_nodes = jobs_on_nodes
+    got, _ = rec._jobs_on({"slinky-0", "gone"})
+    assert got == {"slinky-0": {"7"}}
+    assert calls == [{"slinky-0", "gone"}, {"gone"}, {"slinky-0"}]
