@@ -257,6 +257,23 @@ def n1_gpus_free(c, cp) -> bool:
     return not (g.get("jobs") or g.get("share") or holders(cp))
 
 
+def why_pending(c, cp, name: str) -> str:
+    """What a CI log needs to explain a GPU pod still pending: its events,
+    every claim's allocation, the slices, the ledger's n1, and the
+    coordinator's last words."""
+    claims = [(x["metadata"]["namespace"], x["metadata"]["name"],
+               ((x.get("status") or {}).get("allocation") or {}).get("devices"))
+              for x in kubectl_json(cp, "get", "resourceclaims", "-A")["items"]]
+    slices = [(x["metadata"]["name"], x["spec"]["pool"],
+               [d["name"] for d in x["spec"].get("devices") or []])
+              for x in kubectl_json(cp, "get", "resourceslices")["items"]]
+    shown = (Ledger(ledger_socket_path(c.conf)).show("n1").get("nodes") or {}).get("n1") or {}
+    events = cp.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}").stdout
+    return (f"events: {events}\nclaims: {claims}\nslices: {slices}\n"
+            f"ledger n1 gpus: {shown.get('gpus')}\nsync: {c.log_tail('sync.out', 15)}\n"
+            f"webhook: {c.log_tail('webhook.out', 10)}")
+
+
 def test_a_device_slurm_does_not_have_fences_the_node(world):
     """A fifth device published for n1 (Slurm has four): n1's GPUs are
     fenced, every device held for Slurm, a claim there pends; the slice
@@ -286,8 +303,11 @@ def test_a_device_slurm_does_not_have_fences_the_node(world):
         good["spec"]["pool"]["generation"] = 3
         cp.kubectl("apply", "-f", "-", input=json.dumps(good))
     if slurm_reports_gpus(c):
-        wait(lambda: pod_devices(cp, "fenced"), "the pod to run once the fence is lifted",
-             timeout=40)
+        try:
+            wait(lambda: pod_devices(cp, "fenced"), "the pod to run once the fence is lifted",
+                 timeout=40)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{why_pending(c, cp, 'fenced')}") from None
     cp.kubectl("delete", "pod", "fenced", "--grace-period=0", "--force", "--ignore-not-found",
                check=False)
 
