@@ -135,9 +135,13 @@ class Sampler(threading.Thread):
         self.join(10)
 
 
+def ledger_n1(c) -> dict:
+    """The ledger's `show` of n1 ({} when it says nothing of it)."""
+    return (Ledger(ledger_socket_path(c.conf)).show("n1").get("nodes") or {}).get("n1") or {}
+
+
 def slurm_reports_gpus(c) -> bool:
-    shown = Ledger(ledger_socket_path(c.conf)).show("n1")
-    return isinstance(((shown.get("nodes") or {}).get("n1") or {}).get("gpus"), dict)
+    return isinstance(ledger_n1(c).get("gpus"), dict)
 
 
 def _ranges(indices) -> str:
@@ -173,7 +177,7 @@ def generic_node_disagrees(c, cp, kube) -> str | None:
     column = row[header.index("GPU"):].strip()
     if column != want:
         return f"GPU column {column!r}, ground truth {want!r}"
-    shown = (Ledger(ledger_socket_path(c.conf)).show("n1").get("nodes") or {}).get("n1") or {}
+    shown = ledger_n1(c)
     lg = shown.get("gpus") or {}
     if (sorted(lg.get("jobs") or []), sorted(lg.get("share") or [])) != (slurm, k8s):
         return f"ledger gpus {lg}; ground truth: jobs {slurm}, pods {k8s}"
@@ -253,7 +257,7 @@ def n1_gpus_free(c, cp) -> bool:
     the API server say: the tests before leave n1 at once, not waiting for
     its GPUs to come back (a force-deleted pod's stay held its grace
     period)."""
-    shown = (Ledger(ledger_socket_path(c.conf)).show("n1").get("nodes") or {}).get("n1") or {}
+    shown = ledger_n1(c)
     g = shown.get("gpus") or {}
     return not (g.get("jobs") or g.get("share") or holders(cp))
 
@@ -268,7 +272,7 @@ def why_pending(c, cp, name: str) -> str:
     slices = [(x["metadata"]["name"], x["spec"]["pool"],
                [d["name"] for d in x["spec"].get("devices") or []])
               for x in kubectl_json(cp, "get", "resourceslices")["items"]]
-    shown = (Ledger(ledger_socket_path(c.conf)).show("n1").get("nodes") or {}).get("n1") or {}
+    shown = ledger_n1(c)
     events = cp.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}").stdout
     return (f"events: {events}\nclaims: {claims}\nslices: {slices}\n"
             f"ledger n1 gpus: {shown.get('gpus')}\nsync: {c.log_tail('sync.out', 15)}\n"
